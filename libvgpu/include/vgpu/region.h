@@ -1,0 +1,102 @@
+/*
+ * region.h - the shared region: the one contract between the C hook
+ * (libvgpu.so) and the Python daemon (vgpuctl/region.py reads this very file
+ * through cffi, so the two sides cannot drift).
+ *
+ * A job's region is two files in the job's directory:
+ *
+ *   limits  struct vgpu_limits   written by the daemon only. Owned by the
+ *                                daemon's user, mode 0644: the job maps it
+ *                                read-only and cannot raise its own limits.
+ *   usage   struct vgpu_usage    written by the hook with atomic builtins,
+ *                                owned by the job's user, mode 0600.
+ *
+ * The job's environment carries VGPU_REGION=<job directory>.
+ *
+ * Rules for this file (cffi parses it after dropping preprocessor lines
+ * other than simple integer #defines):
+ *   - only fixed-width integer types, char arrays and nested structs;
+ *   - no _Atomic, no bitfields, no unions, no expressions in #defines;
+ *   - every field naturally aligned (libvgpu/src checks sizes at build time).
+ * Atomics on the C side use the __atomic builtins on these plain fields.
+ * Bump VGPU_REGION_VERSION on every layout change.
+ */
+#ifndef VGPU_REGION_H
+#define VGPU_REGION_H
+
+#include <stdint.h>
+
+#define VGPU_REGION_MAGIC 0x55504756
+#define VGPU_REGION_VERSION 1
+#define VGPU_MAX_DEVICES 16
+#define VGPU_MAX_PROCS 128
+#define VGPU_UUID_LEN 96
+#define VGPU_JOB_ID_LEN 32
+
+/* vgpu_dev_limit.policy */
+#define VGPU_POLICY_HARD 0
+#define VGPU_POLICY_SOFT 1
+
+/* One launch costs VGPU_TOKEN_SCALE tokens; refill_rate is in tokens per
+ * second, so the rate can express fractions of a launch per second. */
+#define VGPU_TOKEN_SCALE 1000
+
+/* Written by the daemon only. */
+struct vgpu_dev_limit {
+    char uuid[VGPU_UUID_LEN];  /* physical GPU UUID, "GPU-..."; "" = unused */
+    uint64_t mem_limit;        /* bytes for the whole job on this GPU; 0 = none */
+    uint64_t ctx_overhead;     /* bytes per context, measured by the daemon
+                                  from NVML; 0 = not yet measured */
+    uint32_t core_share;       /* target share of compute, percent 1..100 */
+    uint32_t policy;           /* VGPU_POLICY_* */
+    uint32_t throttle;         /* 0: launches are not gated (fast path) */
+    uint32_t pad0;
+    uint64_t refill_rate;      /* tokens per second (see VGPU_TOKEN_SCALE) */
+    uint64_t bucket_size;      /* tokens the bucket holds at most */
+};
+
+struct vgpu_limits {
+    uint32_t magic;            /* VGPU_REGION_MAGIC, written last at creation */
+    uint32_t version;          /* VGPU_REGION_VERSION */
+    char job_id[VGPU_JOB_ID_LEN];
+    uint32_t owner_uid;        /* uid the job runs as */
+    uint32_t ndevices;         /* entries of dev[] in use */
+    uint64_t generation;       /* bumped by the daemon after each change */
+    struct vgpu_dev_limit dev[VGPU_MAX_DEVICES];
+};
+
+/* Written by the hook (atomics). One per device, job-wide. */
+struct vgpu_dev_usage {
+    uint64_t used;             /* bytes reserved by all processes of the job,
+                                  contexts included */
+    uint64_t peak;             /* highest value of used */
+    int64_t tokens;            /* token bucket level */
+    uint64_t last_refill_ns;   /* CLOCK_MONOTONIC of the last refill */
+    uint64_t launches;         /* kernel launches that went through the hook */
+    uint64_t throttled_ns;     /* time launching threads spent waiting */
+    uint64_t oom_refusals;     /* allocations refused for the limit */
+    uint64_t pad0;
+};
+
+/* One per process of the job. A slot is claimed by CAS on pid (0 = free). */
+struct vgpu_proc_slot {
+    int32_t pid;
+    uint32_t pad0;
+    uint64_t start_time;       /* /proc/<pid>/stat starttime (clock ticks),
+                                  tells a reused pid from the original */
+    uint64_t used[VGPU_MAX_DEVICES];      /* bytes this process reserved */
+    uint64_t ctx_bytes[VGPU_MAX_DEVICES]; /* part of used[] for contexts */
+    uint64_t launches[VGPU_MAX_DEVICES];
+    uint64_t allocs;           /* allocation calls through the hook */
+    uint64_t get_proc_calls;   /* cuGetProcAddress lookups through the hook */
+};
+
+struct vgpu_usage {
+    uint32_t magic;            /* VGPU_REGION_MAGIC */
+    uint32_t version;          /* VGPU_REGION_VERSION */
+    uint64_t pad0;
+    struct vgpu_dev_usage dev[VGPU_MAX_DEVICES];
+    struct vgpu_proc_slot procs[VGPU_MAX_PROCS];
+};
+
+#endif /* VGPU_REGION_H */
