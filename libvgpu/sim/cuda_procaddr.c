@@ -1,0 +1,68 @@
+/*
+ * cuda_procaddr.c - cuGetProcAddress and cuGetProcAddress_v2: resolve
+ * (name, cudaVersion, flags) to an entry point the way the driver does, from
+ * the one table in cuda_api.def.
+ */
+#include <string.h>
+
+#include "cuda_sim.h"
+
+struct proc_entry {
+    const char *name;
+    int version;
+    int per_thread;
+    void (*fn)(void);
+};
+
+const struct proc_entry *cu_proc_table(size_t *n); /* cuda_proctable.c */
+
+static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                        CUdriverProcAddressQueryResult *status)
+{
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (!symbol || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
+                              CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
+        return CUDA_ERROR_INVALID_VALUE;
+    int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    size_t n;
+    const struct proc_entry *table = cu_proc_table(&n);
+    const struct proc_entry *best = NULL;
+    int known = 0;
+    for (size_t i = 0; i < n; i++) {
+        const struct proc_entry *e = &table[i];
+        if (strcmp(e->name, symbol) != 0)
+            continue;
+        known = 1;
+        if (e->version > version || (e->per_thread && !want_pt))
+            continue;
+        /* the newest version wins; at equal versions, the per-thread form */
+        if (!best || e->version > best->version ||
+            (e->version == best->version && e->per_thread))
+            best = e;
+    }
+    if (!best) {
+        if (known && status)
+            *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = (void *)best->fn;
+    if (status)
+        *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                         cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    return resolve(symbol, pfn, version, flags, status);
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags)
+{
+    return resolve(symbol, pfn, version, flags, NULL);
+}

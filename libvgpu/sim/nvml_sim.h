@@ -1,0 +1,20 @@
+/*
+ * nvml_sim.h - what the simulated NVML's files share.
+ */
+#ifndef VGPU_NVML_SIM_H
+#define VGPU_NVML_SIM_H
+
+#include "sim.h"
+#include "vgpu/nvml_types.h"
+
+/* Start of every NVML call: UNINITIALIZED before nvmlInit, or an injected
+ * fault (vgpuctl sim fault --nvml-error); NVML_SUCCESS to go on. */
+nvmlReturn_t nvml_enter(void);
+
+/* The physical GPU behind a handle, or -1 if the handle is not one. */
+int nvml_index(nvmlDevice_t d);
+
+/* GPU utilization (percent) over the last complete sample period. */
+unsigned int nvml_recent_util(int dev);
+
+#endif /* VGPU_NVML_SIM_H */

@@ -1,0 +1,105 @@
+/*
+ * sim.h - the simulated GPU's internal interface, shared by both libraries:
+ * sim_*.c (in libcuda.so.1 and libnvidia-ml.so.1) implement it; cuda_*.c and
+ * nvml_*.c build the two public APIs on it.
+ */
+#ifndef VGPU_SIM_H
+#define VGPU_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vgpu/sim_state.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+/* Export `sym` as another name of `impl` (defined in the same file): older
+ * or per-thread-stream entry points that behave the same here. */
+#define VGPU_ALIAS(impl, sym) \
+    extern __typeof__(impl) sym __attribute__((alias(#impl), visibility("default")));
+
+#define SIM_NAME "vgpu-sim GPU"
+#define SIM_SM_COUNT 132
+#define SIM_CC_MAJOR 9
+#define SIM_CC_MINOR 0
+#define SIM_DRIVER_VERSION "580.65.06"
+#define SIM_CUDA_VERSION 13000 /* what cuDriverGetVersion reports */
+#define SIM_GRANULARITY (2ull << 20) /* allocation granularity: 2 MiB */
+#define SIM_DEFAULT_MEMORY (16ull << 30)
+#define SIM_DEFAULT_CTX_MEM (300ull << 20)
+#define SIM_DEFAULT_SAMPLE_MS 167 /* 1/6 s: the fastest period NVML documents */
+
+/* ---- sim_state.c: the mapped state ---- */
+
+/* The state, mapped and initialised on first use; NULL if the file cannot be
+ * created or VGPU_SIM is malformed (said once on stderr). Everything else
+ * here needs it to have succeeded. */
+struct vgpu_sim_state *sim_state(void);
+
+/* The state lock. sim_lock() reclaims the memory of dead processes when
+ * `reclaim` is set, as the real driver frees a process's memory when it dies. */
+void sim_lock(int reclaim);
+void sim_unlock(void);
+
+/* This process's slot (attached on first call, with VGPU_SIM_TAG); -1 if
+ * the table is full. Needs the lock. */
+int sim_self_slot(void);
+
+/* True if slot's process is alive (not gone, not a zombie, not a new process
+ * that reused its pid). */
+int sim_proc_alive(const struct vgpu_sim_proc *p);
+
+uint64_t sim_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* VGPU_SIM_STATE, or /dev/shm/vgpu-sim-<uid>. */
+const char *sim_state_path(char *buf, size_t len);
+
+/* Processes other than this one that use the state and are alive. Needs the
+ * lock. */
+int sim_live_processes(void);
+
+/* Parse "2x16G" (count x size per GPU); 0 on success. */
+int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);
+/* Parse "512M", "4G", "1.5GiB", "1073741824"; 0 on success. */
+int sim_parse_size(const char *text, uint64_t *out);
+
+/* Device identity, the same in both libraries. */
+void sim_device_uuid(int index, unsigned char out[16]);
+void sim_device_uuid_string(int index, char *out, size_t len); /* "GPU-..." */
+void sim_device_bus_id(int index, char *out, size_t len, int nvml_form);
+
+/* ---- sim_account.c: memory and time on the shared devices ---- */
+
+/* Charge `bytes` of device `dev` to this process. `alloc` marks a device
+ * allocation (fault injection applies to those, not to contexts).
+ * Returns 0, or -1 when the device is out of memory. */
+int sim_charge(int dev, uint64_t bytes, int alloc);
+void sim_uncharge(int dev, uint64_t bytes);
+void sim_context_count(int dev, int delta);
+
+/* Device memory as seen by everyone: total and free bytes. */
+void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* Run a kernel of `ns` on device `dev`: reserve the next slot on the shared
+ * timeline, record it, then sleep until its end. */
+void sim_run_kernel(int dev, uint64_t ns);
+
+/* ---- sim_ctl.c: fault injection, and control functions for vgpuctl ---- */
+
+/* Fault injection for NVML: the error to fail this call with, or 0. */
+int sim_nvml_fault(void);
+
+/* Exported from both libraries for `vgpuctl sim` (vgpuctl/simstate.py).
+ * stats: the state as one JSON object into buf; returns its length (call
+ *   again with a bigger buffer if that is >= len), -1 if there is no state.
+ * fail_allocs: the next n allocations on gpu fail; -1 if no such gpu.
+ * nvml_error: the next n NVML calls (n < 0: all, until cleared) return code.
+ * clear_faults: no more injected faults.
+ * reset: delete the state file; returns the number of live processes using
+ *   it instead when there are some and force is 0. */
+VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len);
+VGPU_EXPORT int vgpu_sim_ctl_fail_allocs(int gpu, long long n);
+VGPU_EXPORT int vgpu_sim_ctl_nvml_error(int code, long long n);
+VGPU_EXPORT int vgpu_sim_ctl_clear_faults(void);
+VGPU_EXPORT int vgpu_sim_ctl_reset(int force);
+
+#endif /* VGPU_SIM_H */
