@@ -4,8 +4,8 @@
  *
  * Every stream of the process feeds the one queue in submission order, which
  * keeps each stream's order and makes cross-stream event waits hold
- * trivially. The worker runs a kernel by reserving its slot on the device's
- * shared timeline and sleeping until the slot ends (sim_run_kernel), so
+ * trivially. The worker gives each kernel its slot on the device's shared
+ * timeline (sim_reserve_kernel) and completes it when the slot ends, so
  * kernels of all processes take turns on the device. Copies and memsets do not
  * wait in the queue: kernels never touch memory here, so doing them at once,
  * in program order, gives the same bytes.
@@ -13,11 +13,13 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_sim.h"
 
 #define QUEUE_MAX 1024 /* launches queued before a launch blocks, as the driver's */
+#define LEAD_NS 1000000ull /* how far ahead of the device the worker plans */
 
 enum { OP_KERNEL, OP_EVENT, OP_HOST };
 
@@ -27,22 +29,74 @@ struct op {
     uint64_t seq;
     int phys;
     uint64_t ns;
+    uint64_t done_at; /* when it completes (CLOCK_MONOTONIC), once planned */
     CUevent event;
     void (*fn)(void *);
     void *data;
 };
 
+struct fifo {
+    struct op *head, *tail;
+};
+
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t q_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t q_work; /* CLOCK_MONOTONIC; set up in init_conds */
 static pthread_cond_t q_done = PTHREAD_COND_INITIALIZER;
-static struct op *q_head, *q_tail;
+static struct fifo q_queued;  /* launched, not yet planned */
+static struct fifo q_planned; /* given their place on the device timeline */
 static int q_len;
 static uint64_t q_submitted, q_completed;
+static uint64_t q_horizon;    /* completion time of the last planned op */
 static int q_worker;
 static pthread_once_t q_once = PTHREAD_ONCE_INIT;
 static unsigned long long g_stream_ids = 1;
 
-/* ---- the worker ---- */
+static void push(struct fifo *f, struct op *op)
+{
+    op->next = NULL;
+    if (f->tail)
+        f->tail->next = op;
+    else
+        f->head = op;
+    f->tail = op;
+}
+
+static struct op *pop(struct fifo *f)
+{
+    struct op *op = f->head;
+    f->head = op->next;
+    if (!f->head)
+        f->tail = NULL;
+    return op;
+}
+
+static void init_conds(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&q_work, &a);
+    pthread_condattr_destroy(&a);
+    pthread_cond_init(&q_done, NULL);
+}
+
+/* ---- the worker ----
+ * Like a GPU's front end, the worker keeps the device fed: it gives the next
+ * queued kernel its slot on the shared timeline while the current one still
+ * runs (up to LEAD_NS ahead), so kernels run back to back however late the
+ * host thread wakes. Ops complete in queue order at their planned times;
+ * events are stamped with the time their predecessors completed; a host
+ * function runs on this thread when it is reached, and nothing behind it is
+ * planned until it has returned. */
+
+static int may_plan(uint64_t now)
+{
+    if (!q_queued.head)
+        return 0;
+    if (!q_planned.head)
+        return 1;
+    return q_planned.tail->kind != OP_HOST && q_horizon <= now + LEAD_NS;
+}
 
 static void *worker(void *arg)
 {
@@ -50,38 +104,52 @@ static void *worker(void *arg)
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
-    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake at the kernel's end, not 50 us later */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake on time, not 50 us later */
+    pthread_mutex_lock(&q_lock);
     for (;;) {
-        pthread_mutex_lock(&q_lock);
-        while (!q_head)
-            pthread_cond_wait(&q_work, &q_lock);
-        struct op *op = q_head;
-        q_head = op->next;
-        if (!q_head)
-            q_tail = NULL;
-        q_len--;
-        pthread_mutex_unlock(&q_lock);
-
-        switch (op->kind) {
-        case OP_KERNEL:
-            sim_run_kernel(op->phys, op->ns);
-            break;
-        case OP_EVENT:
-            pthread_mutex_lock(&q_lock);
-            if (cu_obj_is(op->event, MAGIC_EVENT) && op->event->seq == op->seq)
-                op->event->time_ns = sim_now_ns();
-            pthread_mutex_unlock(&q_lock);
-            break;
-        case OP_HOST:
-            op->fn(op->data);
-            break;
+        uint64_t now = sim_now_ns();
+        if (may_plan(now)) {
+            struct op *op = pop(&q_queued);
+            q_len--;
+            pthread_cond_broadcast(&q_done); /* room in the queue */
+            uint64_t after = q_horizon > now ? q_horizon : now;
+            if (op->kind == OP_KERNEL) {
+                pthread_mutex_unlock(&q_lock);
+                uint64_t end = sim_reserve_kernel(op->phys, op->ns);
+                pthread_mutex_lock(&q_lock);
+                op->done_at = end > after ? end : after;
+            } else {
+                op->done_at = after;
+            }
+            q_horizon = op->done_at;
+            push(&q_planned, op);
+            continue;
         }
-
-        pthread_mutex_lock(&q_lock);
-        q_completed = op->seq;
-        pthread_cond_broadcast(&q_done);
-        pthread_mutex_unlock(&q_lock);
-        free(op);
+        if (q_planned.head && q_planned.head->done_at <= now) {
+            struct op *op = pop(&q_planned);
+            if (op->kind == OP_HOST) {
+                pthread_mutex_unlock(&q_lock);
+                op->fn(op->data);
+                pthread_mutex_lock(&q_lock);
+            } else if (op->kind == OP_EVENT && cu_obj_is(op->event, MAGIC_EVENT) &&
+                       op->event->seq == op->seq) {
+                op->event->time_ns = op->done_at;
+            }
+            q_completed = op->seq;
+            pthread_cond_broadcast(&q_done);
+            free(op);
+            continue;
+        }
+        if (!q_planned.head) {
+            pthread_cond_wait(&q_work, &q_lock);
+            continue;
+        }
+        uint64_t wake = q_planned.head->done_at;
+        if (q_queued.head && q_planned.tail->kind != OP_HOST && q_horizon - LEAD_NS < wake)
+            wake = q_horizon - LEAD_NS;
+        struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ull),
+                              .tv_nsec = (long)(wake % 1000000000ull)};
+        pthread_cond_timedwait(&q_work, &q_lock, &ts);
     }
     return NULL;
 }
@@ -92,23 +160,23 @@ static void atfork_parent(void) { pthread_mutex_unlock(&q_lock); }
 static void atfork_child(void)
 {
     pthread_mutex_init(&q_lock, NULL);
-    pthread_cond_init(&q_work, NULL);
-    pthread_cond_init(&q_done, NULL);
-    q_head = q_tail = NULL;
+    init_conds();
+    q_queued.head = q_queued.tail = q_planned.head = q_planned.tail = NULL;
     q_len = 0;
     q_completed = q_submitted;
     q_worker = 0;
 }
 
-static void register_atfork(void)
+static void setup(void)
 {
+    init_conds();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
 /* Queue op; returns its sequence number. */
 static uint64_t enqueue(CUcontext ctx, CUstream s, struct op *op)
 {
-    pthread_once(&q_once, register_atfork);
+    pthread_once(&q_once, setup);
     pthread_mutex_lock(&q_lock);
     if (!q_worker) {
         pthread_t t;
@@ -122,12 +190,7 @@ static uint64_t enqueue(CUcontext ctx, CUstream s, struct op *op)
     while (q_len >= QUEUE_MAX)
         pthread_cond_wait(&q_done, &q_lock);
     op->seq = ++q_submitted;
-    op->next = NULL;
-    if (q_tail)
-        q_tail->next = op;
-    else
-        q_head = op;
-    q_tail = op;
+    push(&q_queued, op);
     q_len++;
     if (s)
         s->last_seq = op->seq;

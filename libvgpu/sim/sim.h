@@ -79,9 +79,10 @@ void sim_context_count(int dev, int delta);
 /* Device memory as seen by everyone: total and free bytes. */
 void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 
-/* Run a kernel of `ns` on device `dev`: reserve the next slot on the shared
- * timeline, record it, then sleep until its end. */
-void sim_run_kernel(int dev, uint64_t ns);
+/* Give a kernel of `ns` the next slot on device `dev`'s shared timeline
+ * (starting now, or when the device's last reserved kernel ends) and record
+ * it; returns when it will end (CLOCK_MONOTONIC ns). */
+uint64_t sim_reserve_kernel(int dev, uint64_t ns);
 
 /* ---- sim_ctl.c: fault injection, and control functions for vgpuctl ---- */
 

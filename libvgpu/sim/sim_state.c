@@ -405,7 +405,9 @@ static struct vgpu_sim_state *open_state(void)
                 continue;
             }
         }
-        close(fd); /* drops the flock; the mapping stays */
+        /* The mapping holds the open file, and with it the flock: drop it. */
+        flock(fd, LOCK_UN);
+        close(fd);
         return s;
     }
     errno = EAGAIN;
