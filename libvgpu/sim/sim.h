@@ -12,10 +12,21 @@
 #include "vgpu/sim_state.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
-/* Export `sym` as another name of `impl` (defined in the same file): older
- * or per-thread-stream entry points that behave the same here. */
-#define VGPU_ALIAS(impl, sym) \
-    extern __typeof__(impl) sym __attribute__((alias(#impl), visibility("default")));
+/* Export `sym` as an entry point that behaves as `impl` (older versions and
+ * per-thread-stream forms that are the same here). It is a one-instruction
+ * tail jump rather than a linker alias so that it has an address of its own,
+ * as in NVIDIA's driver: a preload library that hands out the wrong variant
+ * is then caught on the simulator too. */
+#if defined(__x86_64__)
+#define VGPU_TAIL_JUMP "jmp"
+#elif defined(__aarch64__)
+#define VGPU_TAIL_JUMP "b"
+#else
+#error "VGPU_ALIAS needs this architecture's tail jump"
+#endif
+#define VGPU_ALIAS(impl, sym)                                                        \
+    __asm__(".text\n.globl " #sym "\n.type " #sym ", @function\n.p2align 4\n" #sym \
+            ":\n\t" VGPU_TAIL_JUMP " " #impl "\n.size " #sym ", .-" #sym "\n");
 
 #define SIM_NAME "vgpu-sim GPU"
 #define SIM_SM_COUNT 132

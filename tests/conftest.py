@@ -1,0 +1,47 @@
+"""Fixtures every part of the suite may use. Keep this file small and general:
+an area's own fixtures live in its own module and are imported at the end.
+
+The simulated GPU: `sim_env` is an environment for subprocesses that puts
+them on a private simulated GPU (2x16G, state file under tmp_path, the
+simulator's libraries first on LD_LIBRARY_PATH). A process loads one
+libcuda.so.1 for life, so anything that talks to the (simulated) driver runs
+in a subprocess with that environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vgpuctl import native
+
+
+@pytest.fixture(scope="session")
+def sim_libdir() -> Path:
+    """The folder of the simulated libcuda.so.1 and libnvidia-ml.so.1."""
+    return native.sim_libdir()
+
+
+@pytest.fixture(scope="session")
+def burn_program() -> Path:
+    """The compiled vgpu-burn."""
+    return native.burn_program()
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path, sim_libdir: Path) -> dict[str, str]:
+    """os.environ for a subprocess on its own simulated GPU: VGPU_SIM=2x16G,
+    VGPU_SIM_STATE in tmp_path, the simulator first on LD_LIBRARY_PATH, and no
+    VGPU_ setting or preload inherited from the caller. Change VGPU_SIM in the
+    returned dict before the first process starts to get another size."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VGPU_") and k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
+    old = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    env.update({
+        "VGPU_SIM": "2x16G",
+        "VGPU_SIM_STATE": str(tmp_path / "sim-state"),
+        "LD_LIBRARY_PATH": ":".join([str(sim_libdir), *old]),
+    })
+    return env

@@ -1,0 +1,106 @@
+"""Helpers for the simulated-GPU tests (test_sim_*.py): run a snippet of
+Python that uses cuda-bindings or pynvml in a subprocess on the simulated GPU
+(a process loads one libcuda for life), and hold a process on the GPU while a
+test looks at it from another one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+# Every snippet starts with this: the driver API, NVML, and `out` to report.
+PRELUDE = """
+import ctypes, json, os, sys, time
+def out(value):
+    print(json.dumps(value), flush=True)
+try:
+    from cuda.bindings import driver as cu
+    def ck(r):
+        if r[0] != cu.CUresult.CUDA_SUCCESS:
+            raise SystemExit(f"driver call failed: {r[0]!r}")
+        return r[1] if len(r) == 2 else (r[1:] if len(r) > 2 else None)
+    def err(r):
+        return (r[0] if isinstance(r, tuple) else r).name
+except ImportError:
+    pass
+"""
+
+# A spin kernel, as vgpu-burn embeds it: runs for its u64 argument in ns.
+SPIN_PTX = rb"""
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry vgpu_spin(.param .u64 ns)
+{
+    ret;
+}
+.visible .entry work(.param .u64 buf, .param .u32 n)
+{
+    ret;
+}
+"""
+
+
+def script(*parts: str) -> str:
+    """PRELUDE and the parts, each dedented, as one program."""
+    return PRELUDE + "".join(textwrap.dedent(p) for p in parts)
+
+
+def run_py(env: dict[str, str], *parts: str, timeout: float = 60) -> Any:
+    """Run the parts (after PRELUDE) in a subprocess with env; return the
+    value of the last JSON line it printed (with out())."""
+    res = subprocess.run([sys.executable, "-c", script(*parts)], env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise AssertionError(f"snippet failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
+class Holder:
+    """A process that runs `code` on the simulated GPU, reports with out(),
+    then keeps everything it holds until stop() (or kill())."""
+
+    def __init__(self, env: dict[str, str], *parts: str) -> None:
+        program = script(*parts, "\nsys.stdin.readline()\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", program], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"holder failed to start: {err}")
+        self.report = json.loads(line)
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=30)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def __enter__(self) -> "Holder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+
+
+def burn(env: dict[str, str], program: str, *args: str, timeout: float = 60) -> dict[str, Any]:
+    """Run vgpu-burn; return its JSON line (plus its exit status as "rc")."""
+    res = subprocess.run([program, *args], env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    lines = res.stdout.strip().splitlines()
+    out = json.loads(lines[-1]) if lines else {}
+    out["rc"] = res.returncode
+    out["stderr"] = res.stderr
+    return out
