@@ -11,6 +11,9 @@ import sys
 import textwrap
 from typing import Any
 
+# The command line, run with this interpreter (no PATH needed).
+VGPUCTL = [sys.executable, "-c", "from vgpuctl.cli import main; main()"]
+
 # Every snippet starts with this: the driver API, NVML, and `out` to report.
 PRELUDE = """
 import ctypes, json, os, sys, time

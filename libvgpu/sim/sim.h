@@ -45,6 +45,9 @@
  * created or VGPU_SIM is malformed (said once on stderr). Everything else
  * here needs it to have succeeded. */
 struct vgpu_sim_state *sim_state(void);
+/* The same, but an existing state is kept whatever its configuration (what
+ * `vgpuctl sim` reads must not be replaced by reading it). */
+struct vgpu_sim_state *sim_state_as_is(void);
 
 /* The state lock. sim_lock() reclaims the memory of dead processes when
  * `reclaim` is set, as the real driver frees a process's memory when it dies. */

@@ -35,6 +35,15 @@ static int state_exists(void)
     return stat(sim_state_path(buf, sizeof buf), &st) == 0 && st.st_size > 0;
 }
 
+/* The state for a control function: as it is if it exists; created from
+ * VGPU_SIM only when `create` (a fault injected before any program ran). */
+static struct vgpu_sim_state *ctl_state(int create)
+{
+    if (state_exists())
+        return sim_state_as_is();
+    return create ? sim_state() : NULL;
+}
+
 /* ---- stats as JSON ---- */
 
 struct out {
@@ -70,9 +79,7 @@ static void put_string(struct out *o, const char *s)
 
 VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
 {
-    if (!state_exists())
-        return -1;
-    struct vgpu_sim_state *s = sim_state();
+    struct vgpu_sim_state *s = ctl_state(0);
     if (!s)
         return -1;
     struct out o = {buf, len, 0};
@@ -142,7 +149,7 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
 
 VGPU_EXPORT int vgpu_sim_ctl_fail_allocs(int gpu, long long n)
 {
-    struct vgpu_sim_state *s = sim_state();
+    struct vgpu_sim_state *s = ctl_state(1);
     if (!s || gpu < 0 || (uint32_t)gpu >= s->count || n < 0)
         return -1;
     sim_lock(0);
@@ -153,7 +160,7 @@ VGPU_EXPORT int vgpu_sim_ctl_fail_allocs(int gpu, long long n)
 
 VGPU_EXPORT int vgpu_sim_ctl_nvml_error(int code, long long n)
 {
-    struct vgpu_sim_state *s = sim_state();
+    struct vgpu_sim_state *s = ctl_state(1);
     if (!s || code <= 0)
         return -1;
     sim_lock(0);
@@ -165,9 +172,9 @@ VGPU_EXPORT int vgpu_sim_ctl_nvml_error(int code, long long n)
 
 VGPU_EXPORT int vgpu_sim_ctl_clear_faults(void)
 {
-    struct vgpu_sim_state *s = sim_state();
+    struct vgpu_sim_state *s = ctl_state(0);
     if (!s)
-        return -1;
+        return state_exists() ? -1 : 0; /* no state: nothing to clear */
     sim_lock(0);
     for (uint32_t d = 0; d < VGPU_SIM_MAX_DEVICES; d++)
         s->dev[d].fail_allocs = 0;
@@ -181,7 +188,7 @@ VGPU_EXPORT int vgpu_sim_ctl_reset(int force)
 {
     if (!state_exists())
         return 0;
-    struct vgpu_sim_state *s = sim_state();
+    struct vgpu_sim_state *s = ctl_state(0);
     if (!s)
         return -1;
     sim_lock(1);

@@ -348,7 +348,8 @@ static struct vgpu_sim_state *map_fd(int fd)
     return p == MAP_FAILED ? NULL : p;
 }
 
-static struct vgpu_sim_state *open_state(void)
+/* as_is: map the state as it is, whatever its configuration (vgpuctl sim). */
+static struct vgpu_sim_state *open_state(int as_is)
 {
     char buf[PATH_MAX];
     const char *path = sim_state_path(buf, sizeof buf);
@@ -392,8 +393,8 @@ static struct vgpu_sim_state *open_state(void)
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
             init_state(s, count, memory, sample_ns);
-        } else if ((spec_given && (s->count != count || s->memory != memory)) ||
-                   (sample_given && s->sample_ns != sample_ns)) {
+        } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
+                              (sample_given && s->sample_ns != sample_ns))) {
             /* Another configuration: replace it unless someone uses it. */
             lock_state(s);
             int busy = live_processes(s);
@@ -414,7 +415,7 @@ static struct vgpu_sim_state *open_state(void)
     return NULL;
 }
 
-struct vgpu_sim_state *sim_state(void)
+static struct vgpu_sim_state *get_state(int as_is)
 {
     struct vgpu_sim_state *s = __atomic_load_n(&g_state, __ATOMIC_ACQUIRE);
     if (s)
@@ -422,7 +423,7 @@ struct vgpu_sim_state *sim_state(void)
     static int failed;
     pthread_mutex_lock(&g_open_lock);
     if (!g_state && !failed) {
-        s = open_state();
+        s = open_state(as_is);
         if (s)
             __atomic_store_n(&g_state, s, __ATOMIC_RELEASE);
         else
@@ -430,6 +431,16 @@ struct vgpu_sim_state *sim_state(void)
     }
     pthread_mutex_unlock(&g_open_lock);
     return g_state;
+}
+
+struct vgpu_sim_state *sim_state(void)
+{
+    return get_state(0);
+}
+
+struct vgpu_sim_state *sim_state_as_is(void)
+{
+    return get_state(1);
 }
 
 /* ---- device identity ---- */
