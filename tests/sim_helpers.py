@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 # The command line, run with this interpreter (no PATH needed).
@@ -56,7 +58,7 @@ def run_py(env: dict[str, str], *parts: str, timeout: float = 60) -> Any:
     """Run the parts (after PRELUDE) in a subprocess with env; return the
     value of the last JSON line it printed (with out())."""
     res = subprocess.run([sys.executable, "-c", script(*parts)], env=env,
-                         capture_output=True, text=True, timeout=timeout)
+                         capture_output=True, text=True, timeout=timeout, check=False)
     if res.returncode != 0:
         raise AssertionError(f"snippet failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     lines = [ln for ln in res.stdout.splitlines() if ln.strip()]
@@ -90,18 +92,22 @@ class Holder:
         self.proc.kill()
         self.proc.wait(timeout=30)
 
-    def __enter__(self) -> "Holder":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.kill()
+@contextmanager
+def holding(env: dict[str, str], *parts: str) -> Iterator[Holder]:
+    """A Holder for the block; killed at its end if still running."""
+    h = Holder(env, *parts)
+    try:
+        yield h
+    finally:
+        if h.proc.poll() is None:
+            h.kill()
 
 
 def burn(env: dict[str, str], program: str, *args: str, timeout: float = 60) -> dict[str, Any]:
     """Run vgpu-burn; return its JSON line (plus its exit status as "rc")."""
     res = subprocess.run([program, *args], env=env, capture_output=True, text=True,
-                         timeout=timeout)
+                         timeout=timeout, check=False)
     lines = res.stdout.strip().splitlines()
     out = json.loads(lines[-1]) if lines else {}
     out["rc"] = res.returncode

@@ -6,7 +6,6 @@ error codes the real driver gives for wrong programs."""
 from __future__ import annotations
 
 import pytest
-
 from sim_helpers import SPIN_PTX, run_py
 
 pytest.importorskip("cuda.bindings")
@@ -39,8 +38,8 @@ def test_enumeration(sim_env):
                 "uuid": bytes(ck(cu.cuDeviceGetUuid(d)).bytes).hex(),
                 "total": ck(cu.cuDeviceTotalMem(d)),
                 "sms": ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d)),
-                "cc": [ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d)),
-                       ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d))],
+                "cc": [ck(cu.cuDeviceGetAttribute(getattr(A, f"CU_DEVICE_ATTRIBUTE_{w}"), d))
+                       for w in ("COMPUTE_CAPABILITY_MAJOR", "COMPUTE_CAPABILITY_MINOR")],
                 "bus": ck(cu.cuDeviceGetPCIBusId(32, d)).split(b"\\0")[0].decode(),
             })
         out({"version": ck(cu.cuDriverGetVersion()), "devs": devs,
@@ -275,3 +274,31 @@ def test_created_contexts_cost_memory_and_stack(sim_env):
     """)
     assert out == {"each": 300 * MiB, "back": True, "stack": [True, True],
                    "destroyed": "CUDA_ERROR_INVALID_CONTEXT"}
+
+
+def test_extended_and_cooperative_launches(sim_env):
+    out = run_py(sim_env, SETUP, """
+        def config(blocks, stream):
+            c = cu.CUlaunchConfig()
+            c.gridDimX, c.gridDimY, c.gridDimZ = blocks, 1, 1
+            c.blockDimX = c.blockDimY = c.blockDimZ = 1
+            c.sharedMemBytes = 0
+            c.hStream = stream
+            c.numAttrs = 0
+            return c
+        s = ck(cu.cuStreamCreate(0))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000, s))
+        ck(cu.cuEventRecord(a, s))
+        ck(cu.cuLaunchKernelEx(config(1, s), fn, ((20_000_000,), (ctypes.c_uint64,)), 0))
+        ck(cu.cuEventRecord(b, s))
+        ck(cu.cuEventSynchronize(b))
+        args = ((1000,), (ctypes.c_uint64,))
+        out({"ex_ms": ck(cu.cuEventElapsedTime(a, b)),
+             "coop": err(cu.cuLaunchCooperativeKernel(fn, 132, 1, 1, 1, 1, 1, 0, s, args)),
+             "coop_too_large": err(cu.cuLaunchCooperativeKernel(fn, 5000, 1, 1, 1, 1, 1, 0, s,
+                                                                args))})
+    """)
+    assert out["ex_ms"] == pytest.approx(20.0, abs=0.5)
+    assert out["coop"] == "CUDA_SUCCESS"
+    assert out["coop_too_large"] == "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"

@@ -5,8 +5,7 @@ rates and per-process utilization samples, and injected NVML errors."""
 from __future__ import annotations
 
 import pytest
-
-from sim_helpers import SPIN_PTX, VGPUCTL, Holder, run_py
+from sim_helpers import SPIN_PTX, VGPUCTL, holding, run_py
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -93,7 +92,7 @@ def test_uuids_match_the_driver_api(sim_env):
 
 def test_another_process_memory_and_process_list(sim_env):
     pytest.importorskip("cuda.bindings")
-    with Holder(sim_env, HOLD_1G_ON_GPU1) as holder:
+    with holding(sim_env, HOLD_1G_ON_GPU1) as holder:
         out = run_py(sim_env, """
             import pynvml as N
             N.nvmlInit()
@@ -136,7 +135,7 @@ def test_utilization_samples(sim_env):
             out("not found")
     """)
     assert idle == "not found"
-    with Holder(sim_env, BUSY) as busy:
+    with holding(sim_env, BUSY) as busy:
         out = run_py(sim_env, """
             import pynvml as N
             N.nvmlInit()

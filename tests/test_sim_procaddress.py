@@ -6,7 +6,6 @@ CUDA_ERROR_NOT_FOUND with the reason for names it cannot give."""
 from __future__ import annotations
 
 import pytest
-
 from sim_helpers import run_py
 
 RESOLVE = """
@@ -74,7 +73,7 @@ def test_every_symbol_the_table_names_is_exported(sim_env, sim_libdir):
     from pathlib import Path
 
     table = Path(__file__).parent.parent / "libvgpu" / "sim" / "cuda_api.def"
-    rows = re.findall(r"^CU_API(?:_PT)?\((\w+), (\d+), (\w+)\)", table.read_text(), re.M)
+    rows = re.findall(r"^CU_API(?:_PT)?\((\w+), (\d+), (\w+)\)", table.read_text(), re.MULTILINE)
     assert len(rows) > 200
     out = run_py(sim_env, RESOLVE, f"""
         rows = {rows!r}

@@ -11,8 +11,7 @@ import subprocess
 import threading
 
 import pytest
-
-from sim_helpers import VGPUCTL, Holder, burn, run_py
+from sim_helpers import VGPUCTL, Holder, burn, holding, run_py
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -44,7 +43,7 @@ def sim_stats(env: dict[str, str]) -> dict:
 
 
 def test_memory_held_by_one_process_is_gone_for_the_others(sim_env):
-    with Holder(sim_env, hold(1, 3 * GiB)):
+    with holding(sim_env, hold(1, 3 * GiB)):
         free, total = run_py(sim_env, MEM_INFO_GPU1)
     assert total == 16 * GiB
     assert free == 16 * GiB - (3 * GiB + CTX) - CTX  # the holder's, then our own context
@@ -64,7 +63,7 @@ def test_memory_of_a_killed_process_comes_back(sim_env):
 
 
 def test_a_device_cannot_be_overcommitted_across_processes(sim_env):
-    with Holder(sim_env, hold(0, 10 * GiB)):
+    with holding(sim_env, hold(0, 10 * GiB)):
         out = run_py(sim_env, """
             ck(cu.cuInit(0))
             ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
@@ -183,19 +182,21 @@ def test_tags_record_a_jobs_peak_and_time(sim_env, burn_program):
 
 
 def test_stats_text_and_reset(sim_env):
-    res = subprocess.run([*VGPUCTL, "sim", "stats"], env=sim_env, capture_output=True, text=True)
+    res = subprocess.run([*VGPUCTL, "sim", "stats"], env=sim_env, capture_output=True, text=True,
+                         check=False)
     assert res.returncode != 0 and "no simulated GPU state" in res.stderr
-    with Holder(sim_env, hold(0, GiB)) as holder:
+    with holding(sim_env, hold(0, GiB)) as holder:
         text = subprocess.run([*VGPUCTL, "sim", "stats"], env=sim_env, capture_output=True,
                               text=True, check=True).stdout
         assert "2 GPU(s)" in text and str(holder.pid) in text
         refused = subprocess.run([*VGPUCTL, "sim", "reset"], env=sim_env, capture_output=True,
-                                 text=True)
+                                 text=True, check=False)
         assert refused.returncode != 0 and "1 live process" in refused.stderr
         assert sim_stats(sim_env)["devices"][0]["used"] == GiB + CTX
         subprocess.run([*VGPUCTL, "sim", "reset", "--force"], env=sim_env, check=True)
         holder.stop()
-    res = subprocess.run([*VGPUCTL, "sim", "stats"], env=sim_env, capture_output=True, text=True)
+    res = subprocess.run([*VGPUCTL, "sim", "stats"], env=sim_env, capture_output=True, text=True,
+                         check=False)
     assert res.returncode != 0
 
 
@@ -205,7 +206,7 @@ def test_another_configuration_replaces_an_unused_state_only(sim_env):
         out(ck(cu.cuDeviceGetCount()))
     """
     assert run_py(sim_env, count) == 2
-    with Holder(sim_env, hold(0, MiB)):
+    with holding(sim_env, hold(0, MiB)):
         busy = dict(sim_env, VGPU_SIM="4x8G")
         assert run_py(busy, count) == 2  # in use: kept as it is
     assert run_py(dict(sim_env, VGPU_SIM="4x8G"), count) == 4
