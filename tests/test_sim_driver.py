@@ -156,6 +156,7 @@ def test_events_time_the_kernels(sim_env):
     out = run_py(sim_env, SETUP, """
         s = ck(cu.cuStreamCreate(0))
         a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000, s))  # busy while the host queues the rest
         ck(cu.cuEventRecord(a, s))
         ck(spin(30_000_000, s))
         ck(spin(20_000_000, s))

@@ -253,6 +253,26 @@ class Region:
                     allocs=s.allocs, get_proc_calls=s.get_proc_calls))
         return Usage(devs, procs)
 
+    def slot_pids(self) -> list[tuple[int, int]]:
+        """(pid, start_time) of every claimed process slot, read straight from
+        the mapping (cheap enough to call for every job on every pass)."""
+        if self._umap is None:
+            return []
+        f = ffi()
+        base = f.offsetof("struct vgpu_usage", "procs")
+        size = f.sizeof("struct vgpu_proc_slot")
+        off_pid = f.offsetof("struct vgpu_proc_slot", "pid")
+        off_start = f.offsetof("struct vgpu_proc_slot", "start_time")
+        buf = self._umap
+        out = []
+        for i in range(const("VGPU_MAX_PROCS")):
+            at = base + i * size
+            pid = int.from_bytes(buf[at + off_pid:at + off_pid + 4], "little", signed=True)
+            if pid > 0:
+                start = int.from_bytes(buf[at + off_start:at + off_start + 8], "little")
+                out.append((pid, start))
+        return out
+
     def close(self) -> None:
         self.limits = None
         self.usage = None

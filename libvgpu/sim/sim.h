@@ -58,10 +58,6 @@ void sim_unlock(void);
  * the table is full. Needs the lock. */
 int sim_self_slot(void);
 
-/* True if slot's process is alive (not gone, not a zombie, not a new process
- * that reused its pid). */
-int sim_proc_alive(const struct vgpu_sim_proc *p);
-
 uint64_t sim_now_ns(void); /* CLOCK_MONOTONIC */
 
 /* VGPU_SIM_STATE, or /dev/shm/vgpu-sim-<uid>. */

@@ -2,7 +2,15 @@
  * sim_state.c - the shared device state file: where it lives, creating it
  * from VGPU_SIM, the robust lock, this process's slot and the reclaim of dead
  * processes' memory.
+ *
+ * A process that takes a slot also takes an open-file-description lock on
+ * one byte of the state file (far past its end), through a descriptor of
+ * its own that is closed on exec and in forked children. The kernel drops
+ * that lock when the process dies, however it dies, or execs: a slot whose
+ * lock is free belongs to no live process, and its memory is given back.
+ * (Where such locks are unavailable, /proc/<pid>/stat decides instead.)
  */
+#define _GNU_SOURCE
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,11 +27,14 @@
 
 #include "sim.h"
 
+#define SLOT_LOCK_BASE ((off_t)1 << 40)
+
 static struct vgpu_sim_state *g_state;
 static pthread_mutex_t g_open_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_slot = -1;
 static pid_t g_slot_pid;
-static const struct vgpu_sim_state *g_slot_state;
+static int g_check_fd = -1; /* the state file: asks who holds slot locks */
+static int g_lock_fd = -1;  /* the state file again: holds this process's slot lock */
 
 uint64_t sim_now_ns(void)
 {
@@ -152,15 +163,37 @@ static int proc_stat(pid_t pid, char *state, uint64_t *start)
     return 0;
 }
 
-int sim_proc_alive(const struct vgpu_sim_proc *p)
+/* 1 if slot i's lock is held, 0 if free, -1 if that cannot be told. */
+static int slot_locked(int i)
 {
-    char st;
-    uint64_t start;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = SLOT_LOCK_BASE + i, .l_len = 1};
+    if (g_check_fd < 0 || fcntl(g_check_fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+/* Is slot i's process alive (not gone, not a zombie, not exec'd into another
+ * program, not a new process that reused its pid)? */
+static int proc_alive(const struct vgpu_sim_proc *p, int i)
+{
     if (p->pid <= 0)
         return 0;
+    if (p->locked) {
+        int held = slot_locked(i);
+        if (held >= 0)
+            return held;
+    }
+    char st;
+    uint64_t start;
     if (proc_stat(p->pid, &st, &start) < 0)
         return 0;
     return st != 'Z' && st != 'X' && start == p->start_time;
+}
+
+static int is_self(int i)
+{
+    return i == g_slot && g_slot_pid == getpid();
 }
 
 /* Give back what a dead process held, as the driver does when it dies. */
@@ -179,20 +212,19 @@ static void release_slot(struct vgpu_sim_state *s, struct vgpu_sim_proc *p)
 
 static void reclaim_dead(struct vgpu_sim_state *s)
 {
-    pid_t self = getpid();
     for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
         struct vgpu_sim_proc *p = &s->procs[i];
-        if (p->pid && p->pid != self && !sim_proc_alive(p))
+        if (p->pid && !is_self(i) && !proc_alive(p, i))
             release_slot(s, p);
     }
 }
 
+/* Live processes using the state, this one aside. */
 static int live_processes(struct vgpu_sim_state *s)
 {
     int n = 0;
-    pid_t self = getpid();
     for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++)
-        if (s->procs[i].pid && s->procs[i].pid != self && sim_proc_alive(&s->procs[i]))
+        if (s->procs[i].pid && !is_self(i) && proc_alive(&s->procs[i], i))
             n++;
     return n;
 }
@@ -201,6 +233,7 @@ int sim_live_processes(void)
 {
     return live_processes(g_state);
 }
+
 
 static int find_tag(struct vgpu_sim_state *s, const char *name)
 {
@@ -218,37 +251,59 @@ static int find_tag(struct vgpu_sim_state *s, const char *name)
     return free_i;
 }
 
+/* A forked child is not its parent: it must not keep the parent's slot lock
+ * (and so the parent's memory) alive, and takes a slot of its own. */
+static void forget_slot_in_child(void)
+{
+    if (g_lock_fd >= 0)
+        close(g_lock_fd);
+    g_lock_fd = -1;
+    g_slot = -1;
+}
+
+static void register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, forget_slot_in_child);
+}
+
+static int take_slot_lock(int slot)
+{
+    if (g_lock_fd < 0 && g_check_fd >= 0) {
+        /* a description of our own, on the very file we mapped */
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", g_check_fd);
+        g_lock_fd = open(path, O_RDWR | O_CLOEXEC);
+    }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = SLOT_LOCK_BASE + slot, .l_len = 1};
+    return g_lock_fd >= 0 && fcntl(g_lock_fd, F_OFD_SETLK, &fl) == 0;
+}
+
 int sim_self_slot(void)
 {
     struct vgpu_sim_state *s = g_state;
     pid_t self = getpid();
-    if (g_slot >= 0 && g_slot_pid == self && g_slot_state == s)
+    if (g_slot >= 0 && g_slot_pid == self)
         return g_slot;
-    char st;
-    uint64_t start = 0;
-    proc_stat(self, &st, &start);
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_atfork);
+    reclaim_dead(s); /* our own slot from before an exec, among others */
     int slot = -1;
-    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
-        struct vgpu_sim_proc *p = &s->procs[i];
-        if (p->pid == self && p->start_time == start) {
-            slot = i; /* already ours */
-            goto found;
-        }
-        if (slot < 0 && p->pid == 0)
+    for (int i = 0; i < VGPU_SIM_MAX_PROCS && slot < 0; i++)
+        if (s->procs[i].pid == 0)
             slot = i;
-    }
     if (slot < 0)
         return -1;
     struct vgpu_sim_proc *p = &s->procs[slot];
     memset(p, 0, sizeof *p);
+    char st;
+    proc_stat(self, &st, &p->start_time);
     p->pid = self;
-    p->start_time = start;
+    p->locked = (uint32_t)take_slot_lock(slot);
     const char *tag = getenv("VGPU_SIM_TAG");
     p->tag = (tag && *tag) ? find_tag(s, tag) : -1;
-found:
     g_slot = slot;
     g_slot_pid = self;
-    g_slot_state = s;
     return slot;
 }
 
@@ -406,9 +461,10 @@ static struct vgpu_sim_state *open_state(int as_is)
                 continue;
             }
         }
-        /* The mapping holds the open file, and with it the flock: drop it. */
+        /* The mapping holds the open file, and with it the flock: drop it.
+         * The descriptor stays, to ask about other processes' slot locks. */
         flock(fd, LOCK_UN);
-        close(fd);
+        g_check_fd = fd;
         return s;
     }
     errno = EAGAIN;

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 1
+#define VGPU_SIM_LAYOUT 2
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
 #define VGPU_SIM_MAX_TAGS 64
@@ -62,6 +62,8 @@ struct vgpu_sim_device {
 struct vgpu_sim_proc {
     int32_t pid;             /* 0: free slot */
     int32_t tag;             /* index into tags[], -1: none */
+    uint32_t locked;         /* the process holds its slot's lock (see sim_state.c) */
+    uint32_t pad;
     uint64_t start_time;     /* /proc/<pid>/stat field 22, tells pid reuse apart */
     uint64_t used[VGPU_SIM_MAX_DEVICES];
     uint64_t peak[VGPU_SIM_MAX_DEVICES];

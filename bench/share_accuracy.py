@@ -1,0 +1,528 @@
+"""Compute share accuracy: does ``--core N`` give N % of the GPU's time?
+
+Runs saturating ``vgpu-burn`` jobs on the simulated GPU and measures each
+job's share from the simulator's OWN device timeline (busy time per
+``VGPU_SIM_TAG``, from ``vgpuctl sim stats --json``), never from vgpuctl's
+figures, over ``--seconds`` (10) after ``--settle`` (2) seconds:
+
+  1  one job 30 hard alone                       30 +- 2
+  2  two jobs 30 / 60 hard                       each +- 2
+  3  three jobs 20 / 30 / 50 hard, kernels of    each +- 2
+     50 us, 500 us, 5 ms
+  4  two jobs 30 / 30 soft                       GPU >= 95 % busy, 50/50 +- 5
+  5  one job changed from 30 to 60 while running +- 2 of 60 in under 1 s
+  6  two jobs 50 / 50 hard                       summed throughput >= 97 % of
+                                                 one job alone, ungated
+
+Two harnesses:
+  daemon  (default) a private daemon on a temporary socket; jobs started with
+          ``vgpuctl run --core N --policy P``, scenario 5 with ``vgpuctl set``.
+  direct  no daemon: regions created here, jobs run with the hook preloaded,
+          and this process drives ``ComputeGovernor.tick`` itself.
+
+Prints a table and writes bench/results/share_accuracy.json. One run takes
+about two minutes. Timings are not pass/fail for the test suite.
+
+    python bench/share_accuracy.py [--harness daemon|direct] [--only 1,3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from vgpuctl import native, sim  # noqa: E402
+
+SIM_SPEC = "1x16G"
+DEFAULT_KERNEL_US = 1000
+
+
+@dataclass
+class JobSpec:
+    name: str
+    core: int
+    policy: str = "hard"
+    kernel_us: int = DEFAULT_KERNEL_US
+
+
+@dataclass
+class Scenario:
+    number: int
+    title: str
+    jobs: list[JobSpec]
+    change_to: int | None = None       # scenario 5: new core of the first job
+
+
+SCENARIOS = [
+    Scenario(1, "one job 30 hard", [JobSpec("a", 30)]),
+    Scenario(2, "two jobs 30/60 hard", [JobSpec("a", 30), JobSpec("b", 60)]),
+    Scenario(3, "three jobs 20/30/50 hard, 50us/500us/5ms kernels",
+             [JobSpec("a", 20, kernel_us=50), JobSpec("b", 30, kernel_us=500),
+              JobSpec("c", 50, kernel_us=5000)]),
+    Scenario(4, "two jobs 30/30 soft", [JobSpec("a", 30, "soft"), JobSpec("b", 30, "soft")]),
+    Scenario(5, "one job 30 -> 60 live", [JobSpec("a", 30)], change_to=60),
+    Scenario(6, "two jobs 50/50 hard: throughput vs one alone",
+             [JobSpec("a", 50), JobSpec("b", 50)]),
+]
+
+
+# ---- the simulator's own record ------------------------------------------------
+
+class DeviceRecord:
+    """Busy nanoseconds per VGPU_SIM_TAG on GPU 0, as the simulator counts
+    them on its timeline. Read in this process through the simulator's
+    control function (what `vgpuctl sim stats --json` prints), so a reading
+    takes microseconds, not a Python start-up."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self._fn: Any = None
+        try:
+            lib = ctypes.CDLL(str(native.sim_libdir() / "libnvidia-ml.so.1"))
+            fn = lib.vgpu_sim_ctl_stats
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+            fn.restype = ctypes.c_int
+            self._fn = fn
+            self._buf = ctypes.create_string_buffer(1 << 20)
+        except (OSError, AttributeError):
+            self._fn = None
+
+    def _stats(self) -> Any:
+        if self._fn is not None:
+            n = self._fn(self._buf, len(self._buf))
+            if n >= 0:
+                return json.loads(self._buf.value.decode())
+        out = subprocess.run([sys.executable, "-m", "vgpuctl.cli", "sim", "stats", "--json"],
+                             env=self.env, capture_output=True, text=True, timeout=30)
+        if out.returncode != 0:
+            raise RuntimeError(f"vgpuctl sim stats failed: {out.stderr.strip()}")
+        return json.loads(out.stdout)
+
+    def busy_ns(self) -> tuple[float, dict[str, int]]:
+        """(monotonic time of the reading, busy ns per tag)."""
+        t0 = time.monotonic()
+        data = self._stats()
+        t1 = time.monotonic()
+        return (t0 + t1) / 2, _tag_busy(data)
+
+
+def _tag_busy(data: Any) -> dict[str, int]:
+    """Busy ns on GPU 0 per tag, from `vgpuctl sim stats --json`."""
+    res: dict[str, int] = {}
+    for t in data.get("tags", []):
+        devs = t.get("devices", [])
+        res[t["name"]] = int(devs[0]["busy_ns"]) if devs else 0
+    return res
+
+
+# ---- harnesses ------------------------------------------------------------------
+
+@dataclass
+class Running:
+    spec: JobSpec
+    tag: str
+    proc: subprocess.Popen
+    job_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Harness:
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        self.tmp = tmp
+        self.env = env
+
+    def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
+        raise NotImplementedError
+
+    def set_core(self, job: Running, core: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def burn_cmd(self, spec: JobSpec, seconds: float) -> list[str]:
+        return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
+                "--seconds", f"{seconds:g}"]
+
+
+class DirectHarness(Harness):
+    """Regions made here; the governor driven by a thread of this process."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], tick_s: float = 0.1) -> None:
+        super().__init__(tmp, env)
+        from vgpuctl.compute import ComputeGovernor
+
+        self.tick_s = tick_s
+        self.gov = ComputeGovernor(tick_s=tick_s)
+        import pynvml
+
+        self.uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+        if isinstance(self.uuid, bytes):
+            self.uuid = self.uuid.decode()
+        self.jobs: list[Running] = []
+        self.trace: list[tuple[Any, ...]] | None = [] if os.environ.get("SHARE_TRACE") else None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        self.n = 0
+
+    def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
+        from vgpuctl.region import DeviceLimit, Region, const
+
+        self.n += 1
+        job_id = str(self.n)
+        path = self.tmp / "jobs" / job_id
+        policy = const("VGPU_POLICY_SOFT") if spec.policy == "soft" else const("VGPU_POLICY_HARD")
+        region = Region.create(path, job_id, os.getuid(),
+                               [DeviceLimit(uuid=self.uuid, core_share=spec.core, policy=policy)])
+        env = dict(self.env)
+        env.update(LD_PRELOAD=str(native.hook_library()), VGPU_REGION=str(path),
+                   VGPU_JOB=job_id, VGPU_SIM_TAG=tag, CUDA_VISIBLE_DEVICES=self.uuid)
+        proc = subprocess.Popen(self.burn_cmd(spec, seconds), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = Running(spec, tag, proc, job_id, {"region": region, "core": spec.core})
+        with self.lock:
+            self.jobs.append(job)
+        return job
+
+    def set_core(self, job: Running, core: int) -> None:
+        with self.lock:
+            job.extra["core"] = core
+            job.extra["region"].update_device(0, core_share=core)
+
+    def _loop(self) -> None:
+        from vgpuctl.compute import JobDevice
+
+        nxt = time.monotonic()
+        while not self.stop.is_set():
+            with self.lock:
+                live = [j for j in self.jobs if j.proc.poll() is None]
+                jd = []
+                for j in live:
+                    u = j.extra["region"].read_usage()
+                    jd.append(JobDevice(j.job_id, self.uuid, frozenset({j.proc.pid}),
+                                        j.extra["core"], j.spec.policy, u.devices[0].launches))
+                now = time.monotonic()
+                gates = self.gov.tick(jd, now) if jd else {}
+                for j, d in zip(live, jd):
+                    g = gates[(j.job_id, self.uuid)]
+                    j.extra["region"].update_device(0, throttle=g.throttle,
+                                                    refill_rate=g.refill_rate,
+                                                    bucket_size=g.bucket_size)
+                    j.extra["measured"] = g.measured
+                    if self.trace is not None:
+                        self.trace.append((round(now, 3), j.tag, round(g.measured, 4),
+                                           g.throttle, g.refill_rate, g.bucket_size,
+                                           d.launches))
+            nxt += self.tick_s
+            self.stop.wait(max(0.0, nxt - time.monotonic()))
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.gov.close()
+
+
+class DaemonHarness(Harness):
+    """A private daemon; jobs through `vgpuctl run`, changes through `set`."""
+
+    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+        super().__init__(tmp, env)
+        self.sock = tmp / "vgpud.sock"
+        self.env = dict(env)
+        self.env.update(VGPU_SOCKET=str(self.sock), VGPU_RUNTIME_DIR=str(tmp / "run"),
+                        VGPU_STATE_DIR=str(tmp / "state"))
+        cfg = tmp / "vgpu.toml"
+        cfg.write_text("tick_ms = 100\n")
+        self.env["VGPU_CONFIG"] = str(cfg)
+        self.log = open(tmp / "daemon.log", "w")
+        self.daemon = subprocess.Popen([sys.executable, "-m", "vgpuctl.cli", "daemon"],
+                                       env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self.sock.exists():
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the daemon did not start: "
+                                   + (tmp / "daemon.log").read_text()[-2000:])
+            time.sleep(0.05)
+
+    def _vgpuctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "vgpuctl.cli", *args], env=self.env,
+                              capture_output=True, text=True, timeout=30)
+
+    def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
+        env = dict(self.env)
+        env["VGPU_SIM_TAG"] = tag
+        cmd = [sys.executable, "-m", "vgpuctl.cli", "run", "--mem", "1G",
+               "--core", str(spec.core), "--policy", spec.policy, "--name", tag, "--",
+               *self.burn_cmd(spec, seconds)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        return Running(spec, tag, proc)
+
+    def job_id(self, job: Running) -> str:
+        if job.job_id:
+            return job.job_id
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            out = self._vgpuctl("ps", "--json")
+            if out.returncode == 0:
+                data = json.loads(out.stdout)
+                rows = data.get("jobs", data) if isinstance(data, dict) else data
+                for r in rows:
+                    if r.get("name") == job.tag:
+                        job.job_id = str(r.get("id"))
+                        return job.job_id
+            time.sleep(0.1)
+        raise RuntimeError(f"job {job.tag} never showed in `vgpuctl ps`")
+
+    def set_core(self, job: Running, core: int) -> None:
+        out = self._vgpuctl("set", self.job_id(job), "--core", str(core))
+        if out.returncode != 0:
+            raise RuntimeError(f"vgpuctl set failed: {out.stderr.strip()}")
+
+    def close(self) -> None:
+        if self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait()
+        self.log.close()
+
+
+# ---- scenarios ------------------------------------------------------------------
+
+def run_scenario(sc: Scenario, harness: Harness, record: DeviceRecord, settle: float,
+                 seconds: float, run_id: str, ungated: bool = False) -> dict[str, Any]:
+    total = settle + seconds + 1.5
+    jobs = []
+    for spec in sc.jobs:
+        tag = f"s{sc.number}{run_id}-{spec.name}"
+        if ungated:
+            env = dict(record.env)
+            env["VGPU_SIM_TAG"] = tag
+            proc = subprocess.Popen(harness.burn_cmd(spec, total), env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            jobs.append(Running(spec, tag, proc))
+        else:
+            jobs.append(harness.start(spec, tag, total))
+    t_start = time.monotonic()
+    series: list[tuple[float, dict[str, int]]] = []
+    try:
+        if sc.change_to is not None:
+            _sleep_until(t_start + settle)
+            series.append(record.busy_ns())
+            harness.set_core(jobs[0], sc.change_to)
+            t_change = time.monotonic()
+            # a reading every ~100 ms for 2 s, to see how fast it gets there
+            while time.monotonic() < t_change + 2.0:
+                series.append(record.busy_ns())
+            _sleep_until(t_change + seconds)
+            series.append(record.busy_ns())
+            window = [s for s in series if s[0] >= t_change + 1.0]
+            a, b = window[0], series[-1]
+            res = _shares(jobs, a, b)
+            res["t_change"] = t_change
+            res["converge_s"] = _convergence(series, jobs[0].tag, t_change,
+                                             sc.change_to / 100, 0.02)
+        else:
+            _sleep_until(t_start + settle)
+            a = record.busy_ns()
+            _sleep_until(a[0] + seconds)
+            b = record.busy_ns()
+            res = _shares(jobs, a, b)
+    finally:
+        for j in jobs:
+            if j.proc.poll() is None:
+                j.proc.send_signal(signal.SIGTERM)
+        for j in jobs:
+            try:
+                j.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                j.proc.kill()
+                j.proc.wait()
+    for j in jobs:
+        out = j.proc.stdout.read() if j.proc.stdout else ""
+        line = out.strip().splitlines()[-1] if out.strip() else ""
+        try:
+            j.extra["burn"] = json.loads(line)
+        except ValueError:
+            j.extra["burn"] = None
+    res["burn"] = {j.spec.name: j.extra["burn"] for j in jobs}
+    return res
+
+
+def _sleep_until(t: float) -> None:
+    while True:
+        d = t - time.monotonic()
+        if d <= 0:
+            return
+        time.sleep(min(d, 0.5))
+
+
+def _shares(jobs: list[Running], a: tuple[float, dict[str, int]],
+            b: tuple[float, dict[str, int]]) -> dict[str, Any]:
+    dt_ns = (b[0] - a[0]) * 1e9
+    shares = {j.spec.name: (b[1].get(j.tag, 0) - a[1].get(j.tag, 0)) / dt_ns for j in jobs}
+    return {"window_s": round(dt_ns / 1e9, 3), "shares": shares}
+
+
+def _convergence(series: list[tuple[float, dict[str, int]]], tag: str, t_change: float,
+                 target: float, tol: float) -> float | None:
+    """Seconds from the change until the share over 200 ms windows is within
+    tol of target for good (over the readings taken)."""
+    pts = [(t, d.get(tag, 0)) for t, d in series]
+    ok_since: float | None = None
+    for i in range(len(pts)):
+        # the window of readings ending at i and spanning >= 200 ms
+        j = i
+        while j > 0 and pts[i][0] - pts[j][0] < 0.2:
+            j -= 1
+        if j == i or pts[i][0] - pts[j][0] < 0.2:
+            continue
+        share = (pts[i][1] - pts[j][1]) / ((pts[i][0] - pts[j][0]) * 1e9)
+        if abs(share - target) <= tol:
+            if ok_since is None:
+                ok_since = pts[i][0]
+        else:
+            ok_since = None
+    return None if ok_since is None else round(max(0.0, ok_since - t_change), 3)
+
+
+def judge(sc: Scenario, res: dict[str, Any], solo: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Rows of the table: (scenario, what, target, measured, error, pass)."""
+    rows = []
+    sh = res["shares"]
+    if sc.number in (1, 2, 3):
+        for spec in sc.jobs:
+            m = sh[spec.name] * 100
+            rows.append(_row(sc, f"job {spec.name} ({spec.kernel_us} us)", spec.core, m, 2.0))
+    elif sc.number == 4:
+        busy = sum(sh.values()) * 100
+        rows.append(dict(scenario=4, what="GPU busy", target=">= 95", measured=round(busy, 2),
+                         error=round(min(0.0, busy - 95), 2), ok=busy >= 95))
+        for spec in sc.jobs:
+            part = sh[spec.name] / sum(sh.values()) * 100 if busy > 0 else 0.0
+            rows.append(_row(sc, f"job {spec.name} part of busy", 50, part, 5.0))
+    elif sc.number == 5:
+        m = sh[sc.jobs[0].name] * 100
+        rows.append(_row(sc, "share after change", sc.change_to or 0, m, 2.0))
+        conv = res.get("converge_s")
+        rows.append(dict(scenario=5, what="time to +-2 of 60 (s)", target="< 1",
+                         measured=conv, error=None, ok=conv is not None and conv < 1.0))
+    elif sc.number == 6:
+        summed = sum(sh.values())
+        alone = sum(solo["shares"].values()) if solo else float("nan")
+        ratio = summed / alone * 100 if alone else float("nan")
+        for spec in sc.jobs:
+            rows.append(_row(sc, f"job {spec.name}", spec.core, sh[spec.name] * 100, 2.0))
+        rows.append(dict(scenario=6, what="summed throughput vs alone (%)", target=">= 97",
+                         measured=round(ratio, 2), error=round(min(0.0, ratio - 97), 2),
+                         ok=ratio >= 97))
+    return rows
+
+
+def _row(sc: Scenario, what: str, target: float, measured: float, tol: float) -> dict[str, Any]:
+    err = measured - target
+    return dict(scenario=sc.number, what=what, target=target, measured=round(measured, 2),
+                error=round(err, 2), ok=abs(err) <= tol)
+
+
+def print_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| scenario | what | target | measured | error | pass |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['what']} | {r['target']} | {r['measured']} | "
+                     f"{'' if r['error'] is None else r['error']} | "
+                     f"{'yes' if r['ok'] else 'NO'} |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--harness", choices=("daemon", "direct"), default="daemon")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--settle", type=float, default=2.0)
+    ap.add_argument("--only", default="", help="comma-separated scenario numbers")
+    ap.add_argument("--out", default=str(HERE / "results" / "share_accuracy.json"))
+    args = ap.parse_args(argv)
+    only = {int(x) for x in args.only.split(",") if x.strip()}
+
+    tmp = Path(tempfile.mkdtemp(prefix="vgpu-share-"))
+    os.environ["VGPU_SIM"] = SIM_SPEC
+    os.environ["VGPU_SIM_STATE"] = str(tmp / "simstate")
+    os.environ.pop("LD_PRELOAD", None)
+    env = dict(sim.child_env(dict(os.environ)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE.parent), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    record = DeviceRecord(env)
+    harness: Harness = (DirectHarness(tmp, env) if args.harness == "direct"
+                        else DaemonHarness(tmp, env))
+    rows: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    t0 = time.monotonic()
+    try:
+        solo = None
+        for sc in SCENARIOS:
+            if only and sc.number not in only:
+                continue
+            if sc.number == 6:
+                alone = Scenario(6, "one job alone, ungated", [JobSpec("solo", 100)])
+                solo = run_scenario(alone, harness, record, args.settle, args.seconds,
+                                    "solo", ungated=True)
+                results["6-solo"] = solo
+            res = run_scenario(sc, harness, record, args.settle, args.seconds, "")
+            results[str(sc.number)] = res
+            r = judge(sc, res, solo)
+            rows.extend(r)
+            print(f"scenario {sc.number}: {sc.title}: "
+                  + ", ".join(f"{x['what']} {x['measured']}" for x in r), file=sys.stderr)
+    finally:
+        harness.close()
+    table = print_table(rows)
+    trace = getattr(harness, "trace", None)
+    if trace:
+        results["trace"] = trace
+    out = {
+        "benchmark": "share_accuracy",
+        "harness": args.harness,
+        "device": f"simulated GPU (VGPU_SIM={SIM_SPEC})",
+        "cpus": os.cpu_count(),
+        "settle_s": args.settle,
+        "seconds": args.seconds,
+        "tick_ms": 100,
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "rows": rows,
+        "runs": results,
+        "all_pass": all(r["ok"] for r in rows),
+        "table": table,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if out["all_pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

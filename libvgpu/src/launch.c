@@ -1,0 +1,153 @@
+/*
+ * launch.c - the compute gate on every kernel launch path.
+ *
+ * Not throttled (limits.dev[d].throttle == 0): one relaxed atomic add on the
+ * process's launch counter, then the real call - no lock, no syscall, no
+ * clock read. Throttled: a lock-free token bucket in usage.dev[d] (tokens,
+ * last_refill_ns), refilled lazily from CLOCK_MONOTONIC at the rate the
+ * daemon writes; a launch takes VGPU_TOKEN_SCALE tokens. When the bucket is
+ * empty only the launching thread waits, in naps of at most 5 ms that
+ * re-read the rate, so a live change applies at once. The hook never talks
+ * to the daemon here.
+ */
+#define _GNU_SOURCE
+#include <time.h>
+
+#include "hook.h"
+
+#define MAX_NAP_NS 5000000ull     /* 5 ms */
+#define MIN_NAP_NS 20000ull       /* 20 us */
+
+/* Add the tokens accrued since last_refill_ns, capped at the bucket size.
+ * Whoever moves last_refill_ns forward (CAS) owns that interval's tokens. */
+static void refill(struct vgpu_dev_usage *u, uint64_t rate, int64_t cap, uint64_t now)
+{
+    uint64_t last = __atomic_load_n(&u->last_refill_ns, __ATOMIC_ACQUIRE);
+    if (now <= last)
+        return;
+    uint64_t elapsed = now - last;
+    uint64_t add, next;
+    if (rate == 0)
+        return;
+    unsigned __int128 t = (unsigned __int128)elapsed * rate / 1000000000u;
+    if (t >= (unsigned __int128)cap) {
+        add = (uint64_t)cap;   /* a full bucket's worth: start over from now */
+        next = now;
+    } else {
+        add = (uint64_t)t;
+        if (add == 0)
+            return;
+        /* advance by exactly the time those tokens took, keeping the rest */
+        next = last + (uint64_t)((unsigned __int128)add * 1000000000u / rate);
+    }
+    if (!__atomic_compare_exchange_n(&u->last_refill_ns, &last, next, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return;   /* another thread refilled */
+    int64_t cur = __atomic_load_n(&u->tokens, __ATOMIC_RELAXED);
+    int64_t want;
+    do {
+        want = cur + (int64_t)add;
+        if (want > cap || want < cur)
+            want = cap > cur ? cap : cur;
+    } while (!__atomic_compare_exchange_n(&u->tokens, &cur, want, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+}
+
+static __attribute__((noinline)) void take_token(int d)
+{
+    const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
+    struct vgpu_dev_usage *u = &vgpu_g_usage->dev[d];
+    for (;;) {
+        if (!__atomic_load_n(&l->throttle, __ATOMIC_RELAXED))
+            break;   /* throttling was lifted while we waited */
+        uint64_t rate = __atomic_load_n(&l->refill_rate, __ATOMIC_RELAXED);
+        uint64_t bucket = __atomic_load_n(&l->bucket_size, __ATOMIC_RELAXED);
+        int64_t cap = bucket < VGPU_TOKEN_SCALE ? VGPU_TOKEN_SCALE
+                      : bucket > INT64_MAX / 2  ? INT64_MAX / 2 : (int64_t)bucket;
+        uint64_t now = vgpu_now_ns();
+        refill(u, rate, cap, now);
+        int64_t cur = __atomic_load_n(&u->tokens, __ATOMIC_RELAXED);
+        int got = 0;
+        while (cur >= VGPU_TOKEN_SCALE) {
+            if (__atomic_compare_exchange_n(&u->tokens, &cur, cur - VGPU_TOKEN_SCALE, 1,
+                                            __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                got = 1;
+                break;
+            }
+        }
+        if (got)
+            break;
+        /* about the time the missing tokens take to arrive, bounded */
+        uint64_t need = (uint64_t)(VGPU_TOKEN_SCALE - (cur > 0 ? cur : 0));
+        uint64_t nap = rate ? (uint64_t)((unsigned __int128)need * 1000000000u / rate)
+                            : MAX_NAP_NS;
+        if (nap > MAX_NAP_NS)
+            nap = MAX_NAP_NS;
+        if (nap < MIN_NAP_NS)
+            nap = MIN_NAP_NS;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap};
+        nanosleep(&ts, NULL);
+        /* counted nap by nap, so the daemon sees a thread that is waiting */
+        __atomic_fetch_add(&u->throttled_ns, vgpu_now_ns() - now, __ATOMIC_RELAXED);
+    }
+    __atomic_fetch_add(&u->launches, 1, __ATOMIC_RELAXED);
+}
+
+static inline __attribute__((always_inline)) void gate(void)
+{
+    int d = vgpu_dev_for_launch();
+    if (VGPU_UNLIKELY(d < 0))
+        return;
+    __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
+    if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_g_limits->dev[d].throttle, __ATOMIC_RELAXED)))
+        take_token(d);
+}
+
+#define GATED(sym, args) \
+    do { \
+        CU_PROLOGUE(sym, args); \
+        gate(); \
+        return REAL(sym) args; \
+    } while (0)
+
+CUresult hook_cuLaunchKernel VGPU_LAUNCH_PARAMS
+{
+    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS);
+}
+
+CUresult hook_cuLaunchKernel_ptsz VGPU_LAUNCH_PARAMS
+{
+    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS);
+}
+
+CUresult hook_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra)
+{
+    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra));
+}
+
+CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                    void **kernelParams, void **extra)
+{
+    GATED(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra));
+}
+
+CUresult hook_cuLaunchCooperativeKernel VGPU_COOP_PARAMS
+{
+    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS);
+}
+
+CUresult hook_cuLaunchCooperativeKernel_ptsz VGPU_COOP_PARAMS
+{
+    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS);
+}
+
+CUresult hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    GATED(cuGraphLaunch, (hGraphExec, hStream));
+}
+
+CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream));
+}

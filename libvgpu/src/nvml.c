@@ -1,0 +1,186 @@
+/*
+ * nvml.c - NVML as the job sees it: memory info shows the job's limit and use
+ * on its GPUs (v1 and v2), and the process lists show only the job's own
+ * processes. Reached by programs linked against libnvidia-ml.so.1 and by
+ * dlsym (nvidia-ml-py). Also the hook's own measure of a context's memory.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hook.h"
+
+/* ---- memory info -------------------------------------------------------- */
+static int job_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *free,
+                    unsigned long long *used)
+{
+    int d = vgpu_dev_of_nvml(device);
+    if (d < 0)
+        return 0;
+    uint64_t limit = vgpu_dev_limit(d);
+    if (limit == 0)
+        return 0;
+    uint64_t u = vgpu_job_used(d);
+    uint64_t left = limit > u ? limit - u : 0;
+    if (left < *free)
+        *free = left;
+    *total = limit;
+    *used = u;
+    return 1;
+}
+
+nvmlReturn_t hook_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    NVML_PROLOGUE(nvmlDeviceGetMemoryInfo, (device, memory));
+    nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo)(device, memory);
+    if (r == NVML_SUCCESS)
+        job_view(device, &memory->total, &memory->free, &memory->used);
+    return r;
+}
+
+nvmlReturn_t hook_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    NVML_PROLOGUE(nvmlDeviceGetMemoryInfo_v2, (device, memory));
+    nvmlReturn_t r = REAL(nvmlDeviceGetMemoryInfo_v2)(device, memory);
+    if (r == NVML_SUCCESS && job_view(device, &memory->total, &memory->free, &memory->used))
+        memory->reserved = 0;   /* the driver's own share is not the job's */
+    return r;
+}
+
+/* ---- process lists ---------------------------------------------------------- */
+typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, void *);
+
+/* The real list, in a buffer of our own (malloc'd; *n entries of `size`). */
+static nvmlReturn_t real_procs(procs_fn fn, nvmlDevice_t device, size_t size, void **out,
+                               unsigned *n)
+{
+    unsigned cap = 64;
+    for (int tries = 0; tries < 8; tries++) {
+        void *buf = calloc(cap, size);
+        if (buf == NULL)
+            return NVML_ERROR_MEMORY;
+        unsigned cnt = cap;
+        nvmlReturn_t r = fn(device, &cnt, buf);
+        if (r == NVML_SUCCESS) {
+            *out = buf;
+            *n = cnt;
+            return r;
+        }
+        free(buf);
+        if (r != NVML_ERROR_INSUFFICIENT_SIZE)
+            return r;
+        cap = cnt > cap ? cnt + 16 : cap * 2;
+    }
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+}
+
+static nvmlReturn_t job_procs(procs_fn fn, nvmlDevice_t device, unsigned int *infoCount,
+                              void *infos, size_t size)
+{
+    if (infoCount == NULL)
+        return fn(device, infoCount, infos);
+    void *all;
+    unsigned n;
+    nvmlReturn_t r = real_procs(fn, device, size, &all, &n);
+    if (r != NVML_SUCCESS)
+        return r;
+    int32_t pids[VGPU_MAX_PROCS];
+    int np = vgpu_job_pids(pids, VGPU_MAX_PROCS);
+    unsigned kept = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char *e = (char *)all + i * size;
+        unsigned int pid;
+        memcpy(&pid, e, sizeof(pid));   /* pid is the first field of every version */
+        for (int k = 0; k < np; k++) {
+            if ((unsigned int)pids[k] == pid) {
+                memmove((char *)all + kept * size, e, size);
+                kept++;
+                break;
+            }
+        }
+    }
+    if (*infoCount < kept || (kept > 0 && infos == NULL)) {
+        *infoCount = kept;
+        free(all);
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (kept > 0)
+        memcpy(infos, all, kept * size);
+    *infoCount = kept;
+    free(all);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
+                                                       unsigned int *infoCount,
+                                                       nvmlProcessInfo_v1_t *infos)
+{
+    NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses, (device, infoCount, infos));
+    return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses), device, infoCount,
+                     infos, sizeof(nvmlProcessInfo_v1_t));
+}
+
+nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
+                                                          unsigned int *infoCount,
+                                                          nvmlProcessInfo_t *infos)
+{
+    NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses_v2, (device, infoCount, infos));
+    return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v2), device,
+                     infoCount, infos, sizeof(nvmlProcessInfo_t));
+}
+
+nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
+                                                          unsigned int *infoCount,
+                                                          nvmlProcessInfo_t *infos)
+{
+    NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses_v3, (device, infoCount, infos));
+    return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v3), device,
+                     infoCount, infos, sizeof(nvmlProcessInfo_t));
+}
+
+/* ---- the hook's own measure --------------------------------------------------- */
+
+/* This process's usedGpuMemory on the GPU with this UUID, from the real
+ * NVML; 0 when NVML can't tell (no NVML, pid namespaces, no entry). */
+uint64_t vgpu_nvml_process_used(const char *uuid)
+{
+    static int inited;
+    if (vgpu_nvml_state() != VGPU_ACTIVE)
+        return 0;
+    if (!__atomic_load_n(&inited, __ATOMIC_ACQUIRE)) {
+        if (REAL(nvmlInit_v2)() != NVML_SUCCESS)
+            return 0;
+        __atomic_store_n(&inited, 1, __ATOMIC_RELEASE);
+    }
+    nvmlDevice_t h;
+    if (REAL(nvmlDeviceGetHandleByUUID)(uuid, &h) != NVML_SUCCESS)
+        return 0;
+    procs_fn fn;
+    size_t size = sizeof(nvmlProcessInfo_t);
+    if (vgpu_real_present(VGPU_H_nvmlDeviceGetComputeRunningProcesses_v3)) {
+        fn = (procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v3);
+    } else if (vgpu_real_present(VGPU_H_nvmlDeviceGetComputeRunningProcesses_v2)) {
+        fn = (procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v2);
+    } else {
+        fn = (procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses);
+        size = sizeof(nvmlProcessInfo_v1_t);
+    }
+    void *all;
+    unsigned n;
+    if (real_procs(fn, h, size, &all, &n) != NVML_SUCCESS)
+        return 0;
+    uint64_t used = 0;
+    unsigned int me = (unsigned int)getpid();
+    for (unsigned i = 0; i < n; i++) {
+        const char *e = (const char *)all + i * size;
+        unsigned int pid;
+        unsigned long long mem;
+        memcpy(&pid, e, sizeof(pid));
+        memcpy(&mem, e + __builtin_offsetof(nvmlProcessInfo_v1_t, usedGpuMemory), sizeof(mem));
+        if (pid == me && mem != NVML_VALUE_NOT_AVAILABLE)
+            used += mem;
+    }
+    free(all);
+    return used;
+}

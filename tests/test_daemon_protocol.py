@@ -1,0 +1,67 @@
+"""The wire protocol, checked at the edge: typed requests or a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vgpuctl import errors, protocol as P
+
+
+def req(**fields):
+    return json.dumps({"v": 1, **fields})
+
+
+def test_a_good_run_request_becomes_a_typed_request():
+    r = P.parse_request(req(op="run", command=["python", "x.py"], cwd="/", mem=1 << 30,
+                            core=30, policy="soft", gpu="0", name="train"))
+    assert r == P.Run(command=["python", "x.py"], cwd="/", mem=1 << 30, core=30,
+                      policy="soft", gpu="0", name="train")
+
+
+def test_optional_fields_may_be_null():
+    assert P.parse_request(req(op="run", command=["x"], cwd="/", mem=None)).mem is None
+
+
+@pytest.mark.parametrize("line,needle", [
+    (b"not json", "not JSON"),
+    (b"\xff\xfe\x00garbage", "not JSON"),
+    (b"[1, 2]", "JSON object"),
+    (req(op="run"), "missing field 'command'"),
+    (req(op="fly"), "unknown op"),
+    (req(op=3), "unknown op"),
+    (json.dumps({"op": "ping"}), "version"),
+    (json.dumps({"v": 2, "op": "ping"}), "version"),
+    (req(op="ping", extra=1), "unknown field"),
+    (req(op="run", command="ls", cwd="/"), "list of strings"),
+    (req(op="run", command=[], cwd="/"), "non-empty"),
+    (req(op="run", command=[1], cwd="/"), "string"),
+    (req(op="run", command=["x"], cwd="/", core=0), "1 to 100"),
+    (req(op="run", command=["x"], cwd="/", core=True), "integer"),
+    (req(op="run", command=["x"], cwd="/", mem=-5), "must be"),
+    (req(op="run", command=["x"], cwd="/", mem="4G"), "integer"),
+    (req(op="run", command=["x"], cwd="/", policy="fair"), "hard"),
+    (req(op="kill", job="../1"), "job id"),
+    (req(op="kill", job=1), "job id"),
+    (req(op="ps", all="yes"), "true or false"),
+])
+def test_bad_requests_are_refused_with_a_reason(line, needle):
+    with pytest.raises(P.RequestInvalid, match=needle):
+        P.parse_request(line)
+
+
+def test_replies_round_trip_to_the_right_exception():
+    for cls in (errors.UsageError, errors.NotFound, errors.PermissionDenied,
+                errors.AdmissionRefused, errors.ProtocolError):
+        wire = json.loads(P.encode(P.error(P.error_code(cls("boom")), "boom")))
+        exc = P.reply_exception(wire)
+        assert type(exc) is cls and str(exc) == "boom"
+    assert P.reply_exception(json.loads(P.encode(P.ok(x=1)))) is None
+    assert isinstance(P.reply_exception({"hello": 1}), errors.ProtocolError)
+
+
+def test_encoded_request_is_one_line():
+    line = P.encode_request("run", command=["echo", "a\nb"], cwd="/", mem=None)
+    assert line.count(b"\n") == 1 and line.endswith(b"\n")
+    assert P.parse_request(line) == P.Run(command=["echo", "a\nb"], cwd="/")

@@ -1,0 +1,180 @@
+"""vgpuctl doctor: each problem found, named, and given a fix; exit 1 on any."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from vgpuctl import doctor as dr
+from vgpuctl import native, protocol as P
+
+
+def vgpuctl(args, env=None):
+    exe = Path(sys.executable).parent / "vgpuctl"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
+                                           "from vgpuctl.cli import main; main()"]
+    e = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
+    e.update(env or {})
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, env=e,
+                          stdin=subprocess.DEVNULL, timeout=120)
+
+
+def native_built() -> bool:
+    try:
+        native.hook_library()
+        native.sim_libdir()
+    except Exception:
+        return False
+    return True
+
+
+# -- config ---------------------------------------------------------------------
+def test_config_missing_is_fine(tmp_path):
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    c = dr.check_config(env)
+    assert c.status == dr.OK and "defaults" in c.detail
+
+
+def test_config_bad_key_is_named(tmp_path):
+    p = tmp_path / "vgpu.toml"
+    p.write_text('tick_ms = "fast"\n')
+    c = dr.check_config({"VGPU_CONFIG": str(p)})
+    assert c.status == dr.FAIL
+    assert str(p) in c.detail and "tick_ms" in c.detail and c.fix
+
+
+def test_config_not_toml(tmp_path):
+    p = tmp_path / "vgpu.toml"
+    p.write_text("this is = = not toml\n")
+    c = dr.check_config({"VGPU_CONFIG": str(p)})
+    assert c.status == dr.FAIL and "TOML" in c.detail
+
+
+def test_config_good(tmp_path):
+    p = tmp_path / "vgpu.toml"
+    p.write_text("tick_ms = 50\n")
+    assert dr.check_config({"VGPU_CONFIG": str(p)}).status == dr.OK
+
+
+# -- daemon socket ------------------------------------------------------------------
+def test_no_daemon_is_a_warning(tmp_path):
+    c = dr.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
+    assert c.status == dr.WARN and "no daemon" in c.detail and "vgpuctl run" in c.fix
+
+
+def test_stale_socket(tmp_path):
+    path = tmp_path / "vgpud.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.close()                               # a socket file nobody listens on
+    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    assert c.status == dr.WARN and "no daemon listens" in c.detail
+
+
+def test_not_a_socket(tmp_path):
+    path = tmp_path / "vgpud.sock"
+    path.write_text("")
+    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    assert c.status == dr.FAIL and "not a socket" in c.detail and "remove" in c.fix
+
+
+def _serve_once(path: Path, reply: bytes) -> threading.Thread:
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(1)
+    srv.settimeout(30)
+
+    def run() -> None:
+        try:
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
+        finally:
+            srv.close()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_daemon_answers(tmp_path):
+    path = tmp_path / "vgpud.sock"
+    t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, "version": "9.9", "system": False,
+                                                "jobs": 3})))
+    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    t.join(10)
+    assert c.status == dr.OK and "pid 42" in c.detail and "3 job(s)" in c.detail
+
+
+def test_daemon_speaking_another_protocol(tmp_path):
+    path = tmp_path / "vgpud.sock"
+    t = _serve_once(path, P.encode(P.error("protocol", "protocol version 1 not supported")))
+    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    t.join(10)
+    assert c.status == dr.FAIL and "refused a ping" in c.detail and c.fix
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may connect to any socket")
+def test_socket_closed_to_us(tmp_path):
+    path = tmp_path / "vgpud.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(path))
+    s.listen(1)
+    os.chmod(path, 0)
+    try:
+        c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    finally:
+        s.close()
+    assert c.status == dr.FAIL and "does not let you connect" in c.detail
+
+
+# -- driver, NVML, hook ----------------------------------------------------------
+def test_hook_missing(tmp_path):
+    r = vgpuctl(["doctor"], env={"VGPU_NATIVE_DIR": str(tmp_path), "VGPU_SOCKET":
+                                 str(tmp_path / "none.sock"), "VGPU_CONFIG": "/nonexistent"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    hook = [ln for ln in lines if ln.split()[1:2] == ["hook"]]
+    assert hook and hook[0].startswith("FAIL") and "libvgpu.so" in hook[0]
+    assert lines[lines.index(hook[0]) + 1].strip().startswith("fix:")
+    config = [ln for ln in lines if ln.split()[1:2] == ["config"]]
+    assert config[0].startswith("FAIL") and "/nonexistent" in config[0]
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_vgpu_sim_stops_early(tmp_path):
+    r = vgpuctl(["doctor", "--json"], env={"VGPU_SIM": "lots", "VGPU_SOCKET":
+                                           str(tmp_path / "none.sock")})
+    assert r.returncode == 1
+    checks = json.loads(r.stdout)
+    assert [c["name"] for c in checks] == ["simulator"]
+    assert checks[0]["status"] == "fail" and "COUNTxSIZE" in checks[0]["detail"]
+
+
+def test_no_driver_points_to_the_simulator():
+    if dr._probe_driver().get("loaded"):
+        pytest.skip("a CUDA driver is installed here")
+    c = dr.check_driver({k: v for k, v in os.environ.items() if k != "VGPU_SIM"})
+    assert c.status == dr.FAIL and "libcuda.so.1" in c.detail and "VGPU_SIM" in c.fix
+
+
+@pytest.mark.skipif(not native_built(), reason="native parts not built")
+def test_simulated_node_is_healthy(tmp_path):
+    env = {"VGPU_SIM": "2x8G", "VGPU_SIM_STATE": str(tmp_path / "sim"),
+           "VGPU_SOCKET": str(tmp_path / "none.sock"), "HOME": str(tmp_path)}
+    r = vgpuctl(["doctor", "--json"], env=env)
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert r.returncode == 0, r.stdout
+    for name in ("simulator", "driver", "nvml", "hook", "config"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert "2 device(s)" in checks["driver"]["detail"]
+    assert "2 GPU(s)" in checks["nvml"]["detail"]
+    assert checks["daemon"]["status"] == "warn"

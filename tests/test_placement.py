@@ -1,0 +1,99 @@
+"""Admission and placement, driven directly (no daemon)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpuctl.config import UserLimits
+from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
+from vgpuctl.placement import (Commitment, Gpu, capacity, check_resize, check_user_limits,
+                               place, resolve_gpu)
+
+G = 1 << 30
+M = 1 << 20
+GPUS = [Gpu(0, "GPU-aaaa1111-0000", "Sim GPU", 16 * G),
+        Gpu(1, "GPU-bbbb2222-0000", "Sim GPU", 16 * G)]
+
+
+def test_capacity_is_total_less_reserve_times_oversubscription():
+    assert capacity(GPUS[0], 512 * M) == 16 * G - 512 * M
+    assert capacity(GPUS[0], 0, 1.5) == 24 * G
+    assert capacity(Gpu(0, "u", "n", 100), 512 * M) == 0
+
+
+def test_picks_the_gpu_with_most_uncommitted_memory():
+    jobs = [Commitment("1", GPUS[0].uuid, 4 * G)]
+    assert place(GPUS, jobs, 1 * G, reserve=512 * M).gpu.index == 1
+    jobs.append(Commitment("2", GPUS[1].uuid, 8 * G))
+    assert place(GPUS, jobs, 1 * G, reserve=512 * M).gpu.index == 0
+
+
+def test_ties_go_to_the_lowest_index():
+    assert place(GPUS, [], 1 * G).gpu.index == 0
+
+
+def test_fills_up_to_exactly_the_capacity_and_not_a_byte_more():
+    cap = 16 * G - 512 * M
+    p = place(GPUS, [Commitment("1", GPUS[0].uuid, cap - G)], G, pin="0", reserve=512 * M)
+    assert p.left_after == 0
+    with pytest.raises(AdmissionRefused):
+        place(GPUS, [Commitment("1", GPUS[0].uuid, cap - G)], G + 1, pin="0", reserve=512 * M)
+
+
+def test_refusal_names_each_gpu_and_what_it_has_left():
+    jobs = [Commitment("1", GPUS[0].uuid, 10 * G), Commitment("2", GPUS[1].uuid, 12 * G)]
+    with pytest.raises(AdmissionRefused) as e:
+        place(GPUS, jobs, 8 * G, reserve=512 * M)
+    msg = str(e.value)
+    assert "GPU 0" in msg and "5.5G left" in msg
+    assert "GPU 1" in msg and "3.5G left" in msg
+    assert e.value.exit_code == 6
+
+
+def test_oversubscription_admits_more_than_the_memory():
+    jobs = [Commitment("1", GPUS[0].uuid, 16 * G)]
+    assert place(GPUS[:1], jobs, 4 * G, oversubscribe=1.5).gpu.index == 0
+    with pytest.raises(AdmissionRefused):
+        place(GPUS[:1], jobs, 4 * G, oversubscribe=1.0)
+
+
+def test_pin_by_index_uuid_and_unique_prefix():
+    assert resolve_gpu(GPUS, "1").index == 1
+    assert resolve_gpu(GPUS, "GPU-bbbb2222-0000").index == 1
+    assert resolve_gpu(GPUS, "gpu-bbbb").index == 1
+    assert resolve_gpu(GPUS, "aaaa").index == 0
+    with pytest.raises(UsageError):
+        resolve_gpu(GPUS, "GPU-")          # both match
+    with pytest.raises(NotFound):
+        resolve_gpu(GPUS, "7")
+    with pytest.raises(NotFound):
+        resolve_gpu(GPUS, "GPU-cccc")
+
+
+def test_pinned_job_is_refused_when_its_gpu_is_full_even_if_another_has_room():
+    jobs = [Commitment("1", GPUS[0].uuid, 15 * G)]
+    with pytest.raises(AdmissionRefused) as e:
+        place(GPUS, jobs, 2 * G, pin="0", reserve=512 * M)
+    assert "GPU 1" not in str(e.value)
+
+
+def test_no_gpus_is_a_refusal():
+    with pytest.raises(AdmissionRefused):
+        place([], [], G)
+
+
+def test_resize_does_not_count_the_jobs_own_limit():
+    jobs = [Commitment("1", GPUS[0].uuid, 8 * G), Commitment("2", GPUS[0].uuid, 7 * G)]
+    check_resize(GPUS, jobs, "1", GPUS[0].uuid, 8 * G + 512 * M, reserve=512 * M)
+    with pytest.raises(AdmissionRefused):
+        check_resize(GPUS, jobs, "1", GPUS[0].uuid, 9 * G, reserve=512 * M)
+
+
+def test_user_limits():
+    lim = UserLimits(max_mem=8 * G, max_core=50)
+    check_user_limits(lim, "alice", 8 * G, 50)
+    with pytest.raises(AdmissionRefused, match="at most 8G"):
+        check_user_limits(lim, "alice", 8 * G + 1, 10)
+    with pytest.raises(AdmissionRefused, match="at most 50%"):
+        check_user_limits(lim, "alice", G, 51)
+    check_user_limits(UserLimits(), "bob", 100 * G, 100)

@@ -1,0 +1,28 @@
+"""``vgpuctl ps``: the jobs, as a table or as JSON for scripts."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON (fields in docs/cli.md).")
+@click.option("-a", "--all", "all_jobs", is_flag=True, help="Recently ended jobs too.")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+def ps(as_json: bool, all_jobs: bool, socket_path: str | None) -> None:
+    """List the jobs: id, name, user, pids, GPU, memory, compute share."""
+    from .status import fetch
+
+    data = fetch(socket_path, all_jobs)
+    if as_json:
+        import json
+
+        out = {"v": data.get("v", 1), "daemon": data.get("daemon"), "gpus": data.get("gpus", []),
+               "jobs": data.get("jobs", [])}
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        return
+    from .. import render
+
+    render.print_jobs(data.get("jobs", []))

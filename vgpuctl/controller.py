@@ -1,0 +1,271 @@
+"""The compute-share controller: plain functions and dataclasses, no I/O.
+
+Every quantity is in share units (0..1 of one GPU's time), never in SM-count
+scaled units, so the same gains hold on a 16-SM and on a 132-SM device.
+
+One `ShareLoop` per job per GPU turns (target share, measured share, launches)
+into a launch rate for the hook's token bucket:
+
+- **cost per launch** `c`: GPU seconds one launch of this job takes, estimated
+  as a ratio of two exponentially weighted sums, GPU-busy seconds over
+  launches, each pair taken over the same time window. It does not depend on
+  the rate, so the feed-forward `rate = target / c` lands on the target in one
+  step for kernels of 10 us as well as of 10 ms.
+- **PI correction** on the share error `target - measured`, added to the
+  target in share units: it removes what the cost estimate cannot see
+  (measurement bias, queueing). Anti-windup: the integral does not grow while
+  the job launched fewer kernels than it was allowed (idle, busy on the host,
+  or held back by the device), and it is clamped.
+
+`effective_targets` implements the two policies on one GPU: `hard` jobs get
+their share and never more; `soft` jobs that want more share the capacity
+that idle jobs leave, in proportion to their shares, and give it back as soon
+as an owner launches again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Hashable, Iterable
+
+HARD = "hard"
+SOFT = "soft"
+POLICIES = (HARD, SOFT)
+
+# A target at or above this is "the whole GPU": no gate at all.
+FULL = 0.999
+
+
+@dataclass(frozen=True)
+class Gains:
+    """Tuning of the share loop. All shares in 0..1, times in seconds."""
+
+    kp: float = 0.1                 # proportional gain on the share error
+    ki: float = 0.2                 # integral gain per measurement
+    integral_limit: float = 0.25    # |integral| at most this (share units)
+    cost_halflife_s: float = 0.4    # half-life of the cost-per-launch average
+    bucket_s: float = 0.03          # bucket holds this much time's worth of launches
+    backlog_ratio: float = 0.85     # launched >= this x allowed: the bucket limits the job
+    initial_cost_s: float = 1e-3    # assumed GPU time per launch before any measurement
+    resolution: float = 0.01        # smallest share NVML reports (1 %)
+    min_rate: float = 1.0           # launches/s never below this (the job can make progress)
+    settle_steps: int = 2           # measurements the PI ignores after a rate jump
+    rate_jump: float = 0.1          # a rate change this large (relative) is a jump
+    target_jump: float = 0.02       # a target change this large is a jump
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one step of the loop sees.
+
+    target     effective target share 0..1 this step
+    dt         seconds since the previous step
+    launches   launches through the hook during those dt seconds
+    measured   the job's share over the latest measurement window, or None
+               when no new measurement arrived this step
+    busy_s     GPU-busy seconds of the job over that window (None: no window)
+    window_launches  launches of the job over that same window (None: unknown)
+    window_s   length of that window in seconds (None: dt)
+    """
+
+    target: float
+    dt: float
+    launches: float
+    measured: float | None = None
+    busy_s: float | None = None
+    window_launches: float | None = None
+    window_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the hook's bucket gets: launches per second and bucket size in
+    launches (the caller scales both to tokens). throttle False: no gate."""
+
+    throttle: bool
+    rate: float = 0.0
+    bucket: float = 0.0
+
+
+@dataclass
+class ShareLoop:
+    """The state of one job's loop on one GPU."""
+
+    busy_sum: float = 0.0           # EWMA of GPU-busy seconds
+    launch_sum: float = 0.0         # EWMA of launches over the same windows
+    integral: float = 0.0           # share units
+    rate: float | None = None       # launches/s granted last step; None: ungated
+    target: float | None = None     # target of the last step
+    settle: int = 0                 # measurements the PI still ignores
+    commanded: float | None = None  # share asked for last step (target + PI)
+    backlogged: bool = False        # last step: the bucket was what limited the job
+
+    @property
+    def cost(self) -> float | None:
+        """Estimated GPU seconds per launch, None before the first estimate."""
+        if self.launch_sum <= 0.0 or self.busy_sum <= 0.0:
+            return None
+        return self.busy_sum / self.launch_sum
+
+    def observe_cost(self, busy_s: float, launches: float, window_s: float,
+                     gains: Gains) -> None:
+        """Fold one window's (busy seconds, launches) pair into the estimate."""
+        if busy_s < 0.0 or launches < 0.0 or (busy_s == 0.0 and launches == 0.0):
+            return
+        decay = 0.5 ** (max(window_s, 0.0) / gains.cost_halflife_s)
+        self.busy_sum = self.busy_sum * decay + busy_s
+        self.launch_sum = self.launch_sum * decay + launches
+
+
+def step(loop: ShareLoop, obs: Observation, gains: Gains = Gains()) -> Command:
+    """One control step: update the loop's state from obs, return the gate."""
+    target = min(max(obs.target, 0.0), 1.0)
+    if obs.busy_s is not None and obs.window_launches is not None:
+        window_s = obs.window_s if obs.window_s is not None else obs.dt
+        busy_s = obs.busy_s
+        if busy_s <= 0.0 and obs.window_launches > 0.0:
+            # Launches too short for NVML to report (it counts whole percents
+            # of a period): the cost is below that resolution. Take half of it,
+            # so the rate grows until the job shows up in the samples.
+            busy_s = 0.5 * gains.resolution * window_s
+        loop.observe_cost(busy_s, obs.window_launches, window_s, gains)
+
+    # Did the bucket limit the job, or did it launch less than allowed?
+    prev_rate = loop.rate
+    if prev_rate is None:
+        backlogged = False
+    else:
+        allowed = prev_rate * obs.dt
+        backlogged = obs.launches >= gains.backlog_ratio * allowed and obs.launches > 0
+    # The measurement window lags the step: after a jump of the target, or
+    # when the job just started using its allowance (it was idle), the next
+    # windows still show the past. The PI ignores them.
+    if loop.target is not None and abs(target - loop.target) >= gains.target_jump:
+        loop.settle = gains.settle_steps
+    if backlogged and not loop.backlogged:
+        loop.settle = gains.settle_steps
+    loop.backlogged = backlogged
+    loop.target = target
+    if target >= FULL:
+        loop.rate = None
+        loop.integral = 0.0
+        loop.settle = 0
+        loop.commanded = None
+        return Command(throttle=False)
+
+    error = 0.0
+    if obs.measured is not None:
+        raw = target - obs.measured
+        if loop.settle > 0:
+            # The window still shows the rate before the last jump.
+            loop.settle -= 1
+        elif raw < 0.0 or backlogged:
+            # Anti-windup: a job below its target that did not use what it
+            # was allowed (idle, busy on the host, or held back by the
+            # device) says nothing about its rate: neither term pushes it up.
+            # Pushing down is always allowed.
+            error = raw
+        loop.integral += gains.ki * error
+        limit = gains.integral_limit * max(target, 0.05) / 0.5
+        loop.integral = min(max(loop.integral, -min(limit, 0.8 * target)), limit)
+
+    commanded = target + loop.integral + gains.kp * error
+    commanded = min(max(commanded, 0.2 * target), 1.0)
+    cost = loop.cost if loop.cost is not None else gains.initial_cost_s
+    rate = max(commanded / cost, gains.min_rate)
+    # A jump of the rate (new target, first cost estimate, soft capacity
+    # lent or taken back): the next windows still show the old rate.
+    if prev_rate is None or abs(rate - prev_rate) > gains.rate_jump * prev_rate:
+        loop.settle = gains.settle_steps
+    loop.rate = rate
+    loop.commanded = commanded
+    return Command(throttle=True, rate=rate, bucket=max(1.0, rate * gains.bucket_s))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One job on one GPU, as the policy sees it.
+
+    share      its own share 0..1
+    policy     "hard" or "soft"
+    active     it launched kernels recently (an idle job lends its share)
+    wants_more its bucket limited it, or it runs ungated: it would use more
+    """
+
+    key: Hashable
+    share: float
+    policy: str = HARD
+    active: bool = True
+    wants_more: bool = True
+
+
+def effective_targets(claims: Iterable[Claim]) -> dict[Hashable, float]:
+    """Each job's target share on one GPU under the hard/soft policies.
+
+    hard: exactly its share. soft: its share plus, if it wants more, its part
+    (in proportion to shares) of what the jobs that are idle leave unclaimed.
+    A soft job alone on its GPU gets the whole GPU.
+    """
+    claims = list(claims)
+    out: dict[Hashable, float] = {c.key: min(max(c.share, 0.0), 1.0) for c in claims}
+    if len(claims) == 1 and claims[0].policy == SOFT:
+        out[claims[0].key] = 1.0
+        return out
+    claimed = sum(min(max(c.share, 0.0), 1.0) for c in claims if c.active)
+    free = max(0.0, 1.0 - claimed)
+    borrowers = [c for c in claims if c.policy == SOFT and c.active and c.wants_more]
+    weight = sum(c.share for c in borrowers)
+    if free <= 0.0 or weight <= 0.0:
+        return out
+    for c in borrowers:
+        out[c.key] = min(1.0, out[c.key] + free * c.share / weight)
+    return out
+
+
+@dataclass
+class LaunchHistory:
+    """Cumulative launch counts at known wall times, to count the launches
+    that fall inside a measurement window whose edges are not tick times."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+    keep_s: float = 5.0
+
+    def add(self, t: float, cumulative: float) -> None:
+        if self.points and t <= self.points[-1][0]:
+            return
+        self.points.append((t, cumulative))
+        cutoff = t - self.keep_s
+        while len(self.points) > 2 and self.points[1][0] < cutoff:
+            self.points.pop(0)
+
+    def at(self, t: float) -> float | None:
+        """Cumulative launches at time t (linear between points), None when t
+        lies outside the history (beyond a small tolerance at the new end)."""
+        pts = self.points
+        if not pts or t < pts[0][0]:
+            return None
+        if t >= pts[-1][0]:
+            return pts[-1][1] if t - pts[-1][0] <= 0.25 else None
+        lo, hi = 0, len(pts) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if pts[mid][0] <= t:
+                lo = mid
+            else:
+                hi = mid
+        (t0, c0), (t1, c1) = pts[lo], pts[hi]
+        return c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+
+    def between(self, t0: float, t1: float) -> float | None:
+        a, b = self.at(t0), self.at(t1)
+        if a is None or b is None:
+            return None
+        return max(0.0, b - a)
+
+
+def to_tokens(launches: float, scale: int) -> int:
+    """Launches (or launches/s) to the hook's integer tokens, at least 1."""
+    if not math.isfinite(launches):
+        return 2**62
+    return max(1, int(round(launches * scale)))

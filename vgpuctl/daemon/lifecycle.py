@@ -1,0 +1,371 @@
+"""Start, run and stop the daemon: the asyncio shell around the Supervisor.
+
+Start: resolve paths and config (a bad config stops here, before anything
+else), take the state dir's lock (one daemon per state dir), open the
+database and NVML, re-adopt the jobs a previous daemon left, listen, tell
+systemd READY=1. Run: the loops below. SIGHUP re-reads the config (a bad
+file keeps the old one); SIGTERM/SIGINT stop the daemon and leave the jobs
+running under their last limits, their regions on disk for the next start.
+
+Loops (the blocking parts run in the default executor):
+  tick      every tick_ms: the compute governor's gates into each region,
+            accounting samples, the metrics snapshot
+  track     every 0.5 s while jobs exist: one /proc scan -> job processes,
+            jobs whose processes are all gone end
+  inventory every 1 s: NVML memory, utilization and per-process memory
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import native, paths
+from ..config import Config, load_config
+from ..errors import DaemonUnavailable, VgpuError
+from ..gpus import Nvml
+from ..store import Store
+from . import tracking
+from .server import Server, listen
+from .supervisor import Supervisor
+
+log = logging.getLogger("vgpuctl.daemon")
+
+TRACK_S = 0.5
+INVENTORY_S = 1.0
+
+
+@dataclass
+class Options:
+    socket: str | None = None
+    runtime_dir: str | None = None
+    state_dir: str | None = None
+    config: str | None = None
+    user: bool = False        # the user layout even as root
+
+
+def _log_setup(level: str) -> None:
+    root = logging.getLogger("vgpuctl")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s vgpud[%(process)d] %(levelname)s "
+                                         "%(message)s"))
+        root.addHandler(h)
+        root.propagate = False
+    root.setLevel(level.upper())
+
+
+def resolve(opts: Options) -> tuple[paths.DaemonPaths, Config]:
+    user = opts.user or os.geteuid() != 0
+    cfg_path = Path(opts.config) if opts.config else paths.default_config(user)
+    config = load_config(cfg_path)
+    dp = paths.daemon_paths(user, socket=opts.socket, runtime_dir=opts.runtime_dir,
+                            state_dir=opts.state_dir, config=cfg_path,
+                            from_config={"socket": config.socket,
+                                         "runtime_dir": config.runtime_dir,
+                                         "state_dir": config.state_dir})
+    return dp, config
+
+
+def _prepare_dirs(dp: paths.DaemonPaths) -> None:
+    os.umask(0o022)
+    if dp.system:
+        paths.ensure_shared_dir(dp.runtime_dir)
+        paths.ensure_shared_dir(dp.jobs_dir)
+        try:
+            dp.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError as e:
+            raise VgpuError(f"{dp.state_dir}: {e.strerror}", exit_code=3) from None
+    else:
+        paths.ensure_private_dir(dp.runtime_dir)
+        paths.ensure_private_dir(dp.jobs_dir)
+        paths.ensure_private_dir(dp.state_dir)
+
+
+def _lock(dp: paths.DaemonPaths) -> int:
+    fd = os.open(dp.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DaemonUnavailable(f"another daemon runs with state dir {dp.state_dir}") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _sim_env() -> dict[str, str]:
+    """What a job needs to see the same (simulated) GPUs as the daemon."""
+    out = {}
+    for k in ("VGPU_SIM", "VGPU_SIM_STATE"):
+        if os.environ.get(k):
+            out[k] = os.environ[k]
+    return out
+
+
+def _optional(module: str) -> Any:
+    """Import a part of vgpuctl that may not be installed yet, else None."""
+    import importlib
+    try:
+        return importlib.import_module(f"vgpuctl.{module}")
+    except ImportError as e:
+        log.warning("vgpuctl.%s unavailable (%s): running without it", module, e)
+        return None
+
+
+class Daemon:
+    def __init__(self, dp: paths.DaemonPaths, config: Config) -> None:
+        self.dp = dp
+        self.config = config
+        self.stop_event: asyncio.Event | None = None
+        self.governor: Any = None
+        self.accountant: Any = None
+        self.metrics: Any = None
+        self.metrics_box: Any = None
+        self._notify: Any = None
+        self._last_metrics = 0.0
+        self._tick_errors = 0
+
+    def run(self) -> int:
+        _log_setup(self.config.log_level)
+        _prepare_dirs(self.dp)
+        lock_fd = _lock(self.dp)
+        try:
+            return asyncio.run(self._main())
+        finally:
+            os.close(lock_fd)
+
+    async def _main(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        store = Store.open(self.dp.db)
+        nvml = await loop.run_in_executor(None, Nvml)
+        devices = nvml.devices()
+        sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
+                         sim_env=_sim_env())
+        self.sup = sup
+        self._notify = _optional("notify")
+        self._start_compute(loop)
+        self._start_accounting(store)
+        sup.on_config = self._config_changed
+        sup.on_job_end = self._job_ended
+        sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
+        sup.adopt(await loop.run_in_executor(None, tracking.scan))
+        self._start_metrics()
+        server = Server(sup)
+        sock = listen(self.dp.socket, 0o666 if self.dp.system else 0o600)
+        sock_inode = os.stat(self.dp.socket).st_ino
+        aserver = await server.start(sock)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        loop.add_signal_handler(signal.SIGHUP, self._sighup)
+        log.info("vgpud %s listening on %s (%d GPU%s, %s daemon, config %s, compute %s)",
+                 os.getpid(), self.dp.socket, len(devices), "" if len(devices) == 1 else "s",
+                 "system" if self.dp.system else "user", self.config.source,
+                 "on" if self.governor else "off")
+        if self._notify:
+            self._notify.ready(f"{len(sup.jobs)} jobs, {len(devices)} GPUs")
+        tasks = [asyncio.ensure_future(c) for c in
+                 (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml))]
+        try:
+            await self.stop_event.wait()
+        finally:
+            log.info("stopping; %d jobs keep running", len(sup.jobs))
+            if self._notify:
+                self._notify.stopping()
+            aserver.close()
+            await server.close()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._unlink_socket(sock_inode)
+            if self.accountant is not None:
+                try:
+                    self.accountant.flush(store.conn)
+                except Exception:
+                    log.exception("accounting flush failed")
+            if self.metrics is not None:
+                self.metrics.stop()
+            if self.governor is not None:
+                self.governor.close()
+            sup.close()
+            store.close()
+            nvml.close()
+        return 0
+
+    def _unlink_socket(self, inode: int) -> None:
+        """Remove our socket file, unless another daemon has replaced it."""
+        try:
+            if os.stat(self.dp.socket).st_ino == inode:
+                os.unlink(self.dp.socket)
+        except OSError:
+            pass
+
+    # -- optional parts -----------------------------------------------------------
+    def _start_compute(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Temporary guard: until vgpuctl.compute is in every tree, a daemon
+        # without it runs with no throttling and "measured" unknown.
+        compute = _optional("compute")
+        if compute is None:
+            return
+        try:
+            self.governor = compute.ComputeGovernor(tick_s=self.config.tick_ms / 1000)
+            self._compute = compute
+            self.sup.compute = True
+        except Exception as e:
+            log.error("compute limits off: %s", e)
+            self.governor = None
+
+    def _start_accounting(self, store: Store) -> None:
+        acc = _optional("accounting")
+        if acc is None:
+            return
+        try:
+            acc.create_schema(store.conn)
+            self.accountant = acc.Accountant()
+            # Re-adopted jobs' counters continue; usage past retention goes.
+            active = [r.id for r in store.active_jobs()]
+            self.accountant.seed(store.conn, active)
+            acc.prune(store.conn, time.time() - self.config.retention_days * 86400,
+                      keep=active)
+        except Exception as e:
+            log.error("accounting off: %s", e)
+
+    def _start_metrics(self) -> None:
+        if not self.config.metrics_address:
+            return
+        m = _optional("metrics")
+        if m is None:
+            return
+        self._metrics_mod = m
+        self.metrics_box = m.SnapshotBox()
+        self.metrics = m.serve(self.config.metrics_address, self.metrics_box.get, log)
+
+    def _config_changed(self, config: Config) -> None:
+        self.config = config
+        logging.getLogger("vgpuctl").setLevel(config.log_level.upper())
+        if self.governor is not None:
+            self.governor.tick_s = config.tick_ms / 1000
+
+    def _job_ended(self, job_id: str) -> None:
+        if self.accountant is not None:
+            self.accountant.end_job(job_id)
+            try:   # a report right after the job's end sees all of it
+                self.accountant.flush(self.sup.store.conn)
+            except Exception:
+                log.exception("accounting flush failed")
+
+    def _sighup(self) -> None:
+        if self._notify:
+            self._notify.reloading()
+        try:
+            self.sup.reload()
+        except VgpuError as e:
+            log.error("reload failed, keeping the previous configuration: %s", e)
+        if self._notify:
+            self._notify.ready()
+
+    # -- loops --------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = time.monotonic()
+            try:
+                await self._tick(loop)
+                self._tick_errors = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._tick_errors += 1
+                if self._tick_errors <= 3 or self._tick_errors % 600 == 0:
+                    log.exception("tick failed (%d in a row)", self._tick_errors)
+            period = self.sup.config.tick_ms / 1000
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - t0)))
+
+    async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        sup = self.sup
+        inputs = sup.gate_inputs()
+        now = time.monotonic()
+        gates: dict[tuple[str, str], Any] = {}
+        if self.governor is not None and inputs:
+            jd = [self._compute.JobDevice(job.id, uuid, frozenset(job.rec.pids),
+                                          job.rec.core_share, job.rec.policy, launches)
+                  for job, _, uuid, launches in inputs]
+            gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
+        for job, i, uuid, _ in inputs:
+            g = gates.get((job.id, uuid))
+            if g is not None:
+                sup.apply_gate(job, i, uuid, g.throttle, g.refill_rate, g.bucket_size,
+                               g.measured, getattr(g, "target", None))
+        wall = time.time()
+        if self.accountant is not None:
+            for job, i, uuid, _ in inputs:
+                if job.rec.state == "ended":
+                    continue
+                u = sup._dev_usage(job, i)
+                self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
+                                        u.get("used", 0), u.get("peak"))
+            self.accountant.maybe_flush(sup.store.conn, wall)
+        if self.metrics_box is not None and wall - self._last_metrics >= 1.0:
+            self._last_metrics = wall
+            self.metrics_box.set(self._metrics_snapshot())
+
+    def _metrics_snapshot(self) -> Any:
+        m = self._metrics_mod
+        sup = self.sup
+        gpus = [m.GpuMetrics(uuid=g["uuid"], index=g["index"], name=g["name"],
+                             memory_used=g["memory_used"] or 0, memory_total=g["memory_total"],
+                             utilization=None if g["utilization"] is None
+                             else g["utilization"] / 100)
+                for g in sup.gpu_views()]
+        jobs = []
+        for job in sup.jobs.values():
+            v = sup.view(job)
+            acc = self.accountant.totals(job.id)[0] if self.accountant is not None else None
+            jobs.append(m.JobMetrics(
+                job_id=job.id, gpu_uuid=v["gpu_uuid"], gpu_index=v["gpu"], name=v["name"],
+                user=v["user"], memory_used=v["mem_used"] or 0, memory_limit=v["mem_limit"],
+                share_target=v["core"] / 100,
+                share_measured=v["core_measured"] or 0.0,
+                throttled_seconds=v["throttled_s"] or 0.0, gpu_seconds=acc))
+        return m.Snapshot(gpus=gpus, jobs=jobs, jobs_running=len(sup.jobs))
+
+    async def _track_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TRACK_S)
+            if not self.sup.jobs:
+                continue
+            try:
+                table = await loop.run_in_executor(None, tracking.scan)
+                self.sup.track(table)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("process tracking failed")
+
+    async def _inventory_loop(self, nvml: Nvml) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(INVENTORY_S)
+            try:
+                self.sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("NVML inventory failed")
+
+
+def run(opts: Options) -> int:
+    """Run the daemon in the foreground until SIGTERM; returns the exit code.
+    Raises VgpuError (bad config, another daemon, no NVML) before serving."""
+    dp, config = resolve(opts)
+    return Daemon(dp, config).run()

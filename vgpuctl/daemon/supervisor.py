@@ -1,0 +1,509 @@
+"""The daemon's state and its answer to each request.
+
+Everything here runs on the event loop's thread and is synchronous: the
+asyncio shell (server.py, lifecycle.py) reads the socket, runs the blocking
+readers (/proc scan, NVML, the compute governor) in an executor, and hands
+their results to the methods below. No method here blocks for long: the
+longest is `kill`, which reads /proc once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal as _signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .. import __version__, placement, protocol as P
+from ..config import Config, load_config
+from ..errors import NotFound, PermissionDenied, UsageError, VgpuError
+from ..gpus import GpuStats
+from ..paths import DaemonPaths
+from ..region import DeviceLimit, Region
+from ..sizes import format_size
+from ..store import ENDED, RUNNING, STARTING, JobRecord, Store
+from . import tracking
+
+log = logging.getLogger("vgpuctl.daemon")
+
+POLICY_CODES = {"hard": 0, "soft": 1}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The process at the other end of a connection (SO_PEERCRED)."""
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass
+class Job:
+    """A live job: its record plus what only exists while it runs."""
+    rec: JobRecord
+    region: Region | None = None
+    measured: dict[str, float] = field(default_factory=dict)   # uuid -> share 0..1
+    target: dict[str, float] = field(default_factory=dict)     # uuid -> share 0..1
+    over_limit_logged: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.rec.id
+
+    def uuids(self) -> list[str]:
+        return [str(g["uuid"]) for g in self.rec.gpus]
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class Supervisor:
+    def __init__(self, config: Config, paths: DaemonPaths, store: Store,
+                 devices: list[GpuStats], hook_library: Callable[[], Path],
+                 clock: Callable[[], float] = time.time,
+                 sim_env: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.paths = paths
+        self.store = store
+        self.gpus = [placement.Gpu(d.index, d.uuid, d.name, d.memory_total) for d in devices]
+        self.stats: dict[str, GpuStats] = {d.uuid: d for d in devices}
+        self.hook_library = hook_library
+        self.clock = clock
+        self.sim_env = dict(sim_env or {})
+        self.jobs: dict[str, Job] = {}
+        self.started = clock()
+        self.compute = False            # set by the shell when a governor runs
+        self.on_config: Callable[[Config], None] | None = None
+        self.on_job_end: Callable[[str], None] | None = None
+        self._handlers: dict[type, Callable[[Peer, Any], dict[str, Any]]] = {
+            P.Ping: self.op_ping, P.Run: self.op_run, P.Started: self.op_started,
+            P.Exited: self.op_exited, P.Ps: self.op_ps, P.Set: self.op_set,
+            P.Kill: self.op_kill, P.Reload: self.op_reload,
+        }
+
+    # -- requests ---------------------------------------------------------------
+    def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
+        """The reply to one request line. Never raises."""
+        try:
+            req = P.parse_request(line)
+        except P.RequestInvalid as e:
+            return P.error("protocol", str(e))
+        return self.handle(peer, req)
+
+    def handle(self, peer: Peer, req: P.Request) -> dict[str, Any]:
+        try:
+            return self._handlers[type(req)](peer, req)
+        except VgpuError as e:
+            return P.error(P.error_code(e), str(e))
+        except Exception as e:  # a bug: answer, log, keep serving
+            log.exception("request %r failed", req)
+            return P.error("internal", f"internal error: {type(e).__name__}: {e}")
+
+    def is_admin(self, peer: Peer) -> bool:
+        return peer.uid == 0 or peer.uid == os.geteuid()
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            rec = self.store.get_job(job_id)
+            if rec is not None:
+                raise NotFound(f"job {job_id} has ended")
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def _authorize(self, peer: Peer, job: Job, what: str) -> None:
+        if peer.uid != job.rec.uid and not self.is_admin(peer):
+            raise PermissionDenied(f"job {job.id} belongs to {job.rec.user}: only its owner "
+                                   f"or root may {what} it")
+
+    def op_ping(self, peer: Peer, req: P.Ping) -> dict[str, Any]:
+        return P.ok(daemon=self.info())
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "version": __version__, "uid": os.geteuid(),
+                "socket": str(self.paths.socket), "system": self.paths.system,
+                "started": self.started, "compute": self.compute,
+                "config": self.config.source, "jobs": len(self.jobs)}
+
+    def commitments(self) -> list[placement.Commitment]:
+        return [placement.Commitment(j.id, u, j.rec.mem_limit)
+                for j in self.jobs.values() for u in j.uuids()]
+
+    def op_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
+        cfg = self.config
+        user = user_name(peer.uid)
+        mem = req.mem if req.mem is not None else cfg.default_mem
+        if mem is None:
+            raise UsageError("--mem is required (this daemon has no default_mem)")
+        core = req.core if req.core is not None else 100
+        policy = req.policy or cfg.default_policy
+        placement.check_user_limits(cfg.limits_for(user, peer.uid), user, mem, core)
+        where = placement.place(self.gpus, self.commitments(), mem, pin=req.gpu,
+                                reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
+        hook = str(self.hook_library())
+        now = self.clock()
+        name = req.name or os.path.basename(req.command[0]) or req.command[0]
+        rec = JobRecord(name=name, uid=peer.uid, user=user, command=list(req.command),
+                        cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],
+                        mem_limit=mem, core_share=core, policy=policy, created=now,
+                        state=STARTING, launcher_pid=peer.pid,
+                        launcher_start=tracking.start_time(peer.pid))
+        self.store.insert_job(rec)
+        job_dir = self.paths.jobs_dir / rec.id
+        try:
+            if job_dir.exists():       # left by a database that was deleted
+                shutil.rmtree(job_dir)
+            region = Region.create(job_dir, rec.id, peer.uid, [DeviceLimit(
+                uuid=where.gpu.uuid, mem_limit=mem, core_share=core,
+                policy=POLICY_CODES[policy])])
+        except (OSError, ValueError) as e:
+            rec.state, rec.ended = ENDED, now
+            self.store.update_job(rec)
+            raise VgpuError(f"could not create the job's region in {job_dir}: {e}") from None
+        rec.region = str(job_dir)
+        self.store.update_job(rec, ["region"])
+        self.jobs[rec.id] = Job(rec, region)
+        log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
+                 user, where.gpu.index, format_size(mem), core, policy)
+        env = {"LD_PRELOAD": hook, "VGPU_REGION": str(job_dir), "VGPU_JOB": rec.id,
+               "CUDA_VISIBLE_DEVICES": where.gpu.uuid, **self.sim_env}
+        return P.ok(job=self.view(self.jobs[rec.id]), env=env)
+
+    def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
+        job = self._job(req.job)
+        self._authorize(peer, job, "start")
+        if job.rec.state != STARTING:
+            raise UsageError(f"job {job.id} has already started")
+        start = tracking.start_time(req.pid)
+        if start is None:
+            st = tracking.read_stat(req.pid)   # a zombie (exited already) still names itself
+            start = st[1] if st else None
+        uid = tracking.proc_uid(req.pid)
+        if start is not None and uid != job.rec.uid and job.rec.uid != 0:
+            raise PermissionDenied(f"process {req.pid} does not run as {job.rec.user}")
+        rec = job.rec
+        rec.state, rec.started = RUNNING, self.clock()
+        rec.root_pid, rec.root_start = req.pid, start
+        if start is not None and tracking.start_time(req.pid) is not None:
+            rec.pids = {req.pid: start}
+        self.store.update_job(rec, ["state", "started", "root_pid", "root_start", "pids"])
+        return P.ok(job=self.view(job))
+
+    def op_exited(self, peer: Peer, req: P.Exited) -> dict[str, Any]:
+        job = self._job(req.job)
+        self._authorize(peer, job, "end")
+        rec = job.rec
+        rec.exit_code, rec.exit_signal = req.code, req.signal
+        rec.launcher_pid = rec.launcher_start = None    # the launcher is leaving
+        self.store.update_job(rec, ["exit_code", "exit_signal", "launcher_pid",
+                                    "launcher_start"])
+        # The command's own process is gone: end the job now unless something
+        # it left behind still runs (the next pass looks for descendants).
+        seeds = dict(rec.pids)
+        seeds.update(self._slot_seeds(job))
+        if not any(tracking.start_time(p) == s for p, s in seeds.items()):
+            self.end_job(job)
+        return P.ok()
+
+    def op_ps(self, peer: Peer, req: P.Ps) -> dict[str, Any]:
+        if req.job is not None:
+            job = self.jobs.get(req.job)
+            if job is not None:
+                jobs = [self.view(job)]
+            else:
+                rec = self.store.get_job(req.job)
+                if rec is None:
+                    raise NotFound(f"no job {req.job}")
+                jobs = [self.view(Job(rec))]
+        else:
+            jobs = []
+            if req.all:
+                jobs = [self.view(Job(r)) for r in self.store.ended_jobs()]
+            jobs += [self.view(j) for j in sorted(self.jobs.values(), key=lambda j: int(j.id))]
+        return P.ok(daemon=self.info(), gpus=self.gpu_views(), jobs=jobs)
+
+    def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:
+        job = self._job(req.job)
+        self._authorize(peer, job, "change")
+        if req.mem is None and req.core is None and req.policy is None:
+            raise UsageError("nothing to change: give --mem, --core or --policy")
+        rec = job.rec
+        if not self.is_admin(peer):
+            placement.check_user_limits(self.config.limits_for(rec.user, rec.uid), rec.user,
+                                        req.mem, req.core)
+        warnings = []
+        if req.mem is not None and req.mem > rec.mem_limit:
+            for u in job.uuids():
+                placement.check_resize(self.gpus, self.commitments(), rec.id, u, req.mem,
+                                       reserve=self.config.reserve,
+                                       oversubscribe=self.config.oversubscribe)
+        changes: dict[str, Any] = {}
+        if req.mem is not None:
+            rec.mem_limit = changes["mem_limit"] = req.mem
+        if req.core is not None:
+            rec.core_share = changes["core_share"] = req.core
+        if req.policy is not None:
+            rec.policy = req.policy
+            changes["policy"] = POLICY_CODES[req.policy]
+        if job.region is not None:
+            for i in range(len(rec.gpus)):
+                job.region.update_device(i, **changes)
+        self.store.update_job(rec, ["mem_limit", "core_share", "policy"])
+        if req.mem is not None:
+            used = self._dev_usage(job).get("used")
+            if used is not None and used > req.mem:
+                warnings.append(
+                    f"job {rec.id} holds {format_size(used)}, more than its new limit of "
+                    f"{format_size(req.mem)}: it keeps what it holds, and its allocations "
+                    f"fail until it is back under the limit")
+        log.info("job %s changed by uid %d: %s", rec.id, peer.uid,
+                 ", ".join(f"{k}={v}" for k, v in changes.items()))
+        return P.ok(job=self.view(job), warnings=warnings)
+
+    def op_kill(self, peer: Peer, req: P.Kill) -> dict[str, Any]:
+        job = self._job(req.job)
+        self._authorize(peer, job, "kill")
+        try:
+            sig = _signal.Signals(req.signal)
+        except ValueError:
+            raise UsageError(f"no signal {req.signal}") from None
+        table = tracking.scan()
+        pids = self._processes(job, table, tracking.children_map(table))
+        done = []
+        for pid in sorted(pids):
+            if job.rec.uid != 0 and tracking.proc_uid(pid) != job.rec.uid:
+                continue
+            try:
+                os.kill(pid, sig)
+                done.append(pid)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                log.warning("job %s: may not signal pid %d", job.id, pid)
+        log.info("job %s: %s sent to %s by uid %d", job.id, sig.name, done, peer.uid)
+        return P.ok(job=job.id, signal=sig.name, pids=done)
+
+    def op_reload(self, peer: Peer, req: P.Reload) -> dict[str, Any]:
+        if not self.is_admin(peer):
+            raise PermissionDenied("only root may reload the daemon's configuration")
+        self.reload()
+        return P.ok(config=self.config.source)
+
+    def reload(self) -> None:
+        """Re-read the config file; on error keep the old one and raise."""
+        new = load_config(self.paths.config)
+        old = self.config
+        for key in ("socket", "runtime_dir", "state_dir"):
+            if getattr(new, key) != getattr(old, key):
+                log.warning("config %s: %s changed: takes effect at the next start",
+                            new.source, key)
+        self.config = new
+        if self.on_config is not None:
+            self.on_config(new)
+        log.info("configuration reloaded from %s", new.source)
+
+    # -- views ------------------------------------------------------------------
+    def _dev_usage(self, job: Job, i: int = 0) -> dict[str, int]:
+        reg = job.region
+        if reg is None or reg.usage is None or reg.limits is None:
+            return {}
+        d = reg.usage.dev[i]
+        return {"used": int(d.used), "peak": int(d.peak), "launches": int(d.launches),
+                "throttled_ns": int(d.throttled_ns), "oom_refusals": int(d.oom_refusals)}
+
+    def view(self, job: Job) -> dict[str, Any]:
+        """A job as `ps --json` shows it (fields documented in docs/cli.md)."""
+        rec = job.rec
+        now = self.clock()
+        gpu = rec.gpus[0] if rec.gpus else {"index": None, "uuid": None}
+        active = rec.state != ENDED
+        u = self._dev_usage(job) if active else {}
+        pids = sorted(rec.pids) if active else []
+        nvml_mem = None
+        st = self.stats.get(str(gpu["uuid"]))
+        if active and st is not None and st.memory_used is not None:
+            nvml_mem = sum(st.processes.get(p, 0) for p in pids)
+        if nvml_mem is not None and nvml_mem > rec.mem_limit and not job.over_limit_logged:
+            job.over_limit_logged = True
+            log.warning("job %s holds %s by NVML, above its limit of %s: a process without "
+                        "the hook?", rec.id, format_size(nvml_mem), format_size(rec.mem_limit))
+        begin = rec.started or rec.created
+        end = rec.ended if rec.ended is not None else now
+        throttled_ns = u.get("throttled_ns")
+        return {
+            "id": rec.id, "name": rec.name, "user": rec.user, "uid": rec.uid,
+            "state": rec.state, "pids": pids,
+            "gpu": gpu["index"], "gpu_uuid": gpu["uuid"],
+            "mem_limit": rec.mem_limit, "mem_used": u.get("used"), "mem_peak": u.get("peak"),
+            "mem_nvml": nvml_mem,
+            "over_limit": bool(nvml_mem is not None and nvml_mem > rec.mem_limit),
+            "oom_refusals": u.get("oom_refusals"),
+            "core": rec.core_share, "core_measured": job.measured.get(str(gpu["uuid"])),
+            "policy": rec.policy, "launches": u.get("launches"),
+            "throttled_s": None if throttled_ns is None else throttled_ns / 1e9,
+            "created": rec.created, "started": rec.started, "ended": rec.ended,
+            "runtime_s": max(0.0, end - begin),
+            "command": rec.command, "cwd": rec.cwd,
+            "exit_code": rec.exit_code, "exit_signal": rec.exit_signal,
+        }
+
+    def gpu_views(self) -> list[dict[str, Any]]:
+        used = placement.committed(self.commitments())
+        out = []
+        for g in self.gpus:
+            st = self.stats.get(g.uuid)
+            out.append({
+                "index": g.index, "uuid": g.uuid, "name": g.name, "memory_total": g.total,
+                "memory_used": st.memory_used if st else None,
+                "utilization": st.utilization if st else None,
+                "committed": used.get(g.uuid, 0),
+                "capacity": placement.capacity(g, self.config.reserve,
+                                               self.config.oversubscribe),
+                "jobs": sum(1 for j in self.jobs.values() if g.uuid in j.uuids()),
+            })
+        return out
+
+    # -- tracking -----------------------------------------------------------------
+    def _slot_seeds(self, job: Job) -> dict[int, int]:
+        """Slot pids of the job's region that run as the job's user (the
+        usage file is the job's to write: never trust it for anyone else's
+        processes)."""
+        if job.region is None or job.region.usage is None:
+            return {}
+        out = {}
+        for pid, start in job.region.slot_pids():
+            if job.rec.uid == 0 or tracking.proc_uid(pid) == job.rec.uid:
+                out[pid] = start
+        return out
+
+    def _processes(self, job: Job, table: tracking.ProcTable,
+                   children: Mapping[int, list[int]]) -> dict[int, int]:
+        seeds = dict(job.rec.pids)
+        rec = job.rec
+        if rec.root_pid is not None and rec.root_start is not None:
+            seeds.setdefault(rec.root_pid, rec.root_start)
+        seeds.update(self._slot_seeds(job))
+        others = [j.rec.root_pid for j in self.jobs.values()
+                  if j is not job and j.rec.root_pid is not None]
+        return tracking.job_processes(seeds, table, children, exclude=others)
+
+    def track(self, table: tracking.ProcTable) -> None:
+        """Apply one /proc scan: update each job's processes; end the jobs
+        that have none left and no launcher waiting to start them."""
+        children = tracking.children_map(table)
+        for job in list(self.jobs.values()):
+            rec = job.rec
+            live = self._processes(job, table, children)
+            if live != rec.pids:
+                rec.pids = live
+                self.store.update_job(rec, ["pids"])
+            launcher = (rec.launcher_pid is not None
+                        and tracking.alive(rec.launcher_pid, rec.launcher_start, table))
+            if not live and not launcher:
+                self.end_job(job)
+
+    def end_job(self, job: Job) -> None:
+        rec = job.rec
+        self._remove_region(job)
+        rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
+        self.store.update_job(rec, ["state", "ended", "pids"])
+        self.jobs.pop(rec.id, None)
+        if self.on_job_end is not None:
+            self.on_job_end(rec.id)
+        log.info("job %s (%s) ended (exit %s)", rec.id, rec.name,
+                 f"signal {rec.exit_signal}" if rec.exit_signal else rec.exit_code)
+
+    def _remove_region(self, job: Job) -> None:
+        if job.region is not None:
+            job.region.remove()
+            job.region = None
+        elif job.rec.region:
+            p = Path(job.rec.region)
+            if p.parent == self.paths.jobs_dir:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def adopt(self, table: tracking.ProcTable) -> None:
+        """At start: take back the jobs a previous daemon left running (their
+        root, launcher or slot pids alive with the same start time, region
+        still on disk); mark the others ended and remove their regions."""
+        for rec in self.store.active_jobs():
+            job = Job(rec)
+            if rec.region:
+                try:
+                    job.region = Region.open(rec.region, writable_limits=True)
+                except (OSError, ValueError) as e:
+                    log.warning("job %s: region %s unusable (%s)", rec.id, rec.region, e)
+            self.jobs[rec.id] = job
+        children = tracking.children_map(table)
+        for job in list(self.jobs.values()):
+            rec = job.rec
+            live = self._processes(job, table, children)
+            launcher = (rec.launcher_pid is not None
+                        and tracking.alive(rec.launcher_pid, rec.launcher_start, table))
+            if job.region is None or (not live and not launcher):
+                if job.region is None and (live or launcher):
+                    log.warning("job %s: processes %s run without a region: not adopted",
+                                rec.id, sorted(live))
+                self.end_job(job)
+                continue
+            rec.pids = live
+            self.store.update_job(rec, ["pids"])
+            log.info("job %s (%s) of %s re-adopted: pids %s", rec.id, rec.name, rec.user,
+                     sorted(live) or [rec.launcher_pid])
+        self._remove_stray_regions()
+
+    def _remove_stray_regions(self) -> None:
+        d = self.paths.jobs_dir
+        if not d.is_dir():
+            return
+        for p in d.iterdir():
+            if p.name not in self.jobs and p.name.isdigit():
+                log.info("removing the region of ended job %s", p.name)
+                shutil.rmtree(p, ignore_errors=True)
+
+    # -- compute ------------------------------------------------------------------
+    def gate_inputs(self) -> list[tuple[Job, int, str, int]]:
+        """(job, device index, uuid, launches) of every running job's GPU."""
+        out = []
+        for job in self.jobs.values():
+            if job.rec.state != RUNNING or job.region is None:
+                continue
+            for i, u in enumerate(job.uuids()):
+                out.append((job, i, u, self._dev_usage(job, i).get("launches", 0)))
+        return out
+
+    def apply_gate(self, job: Job, i: int, uuid: str, throttle: bool, refill_rate: int,
+                   bucket_size: int, measured: float | None, target: float | None) -> None:
+        if job.region is None or job.rec.state == ENDED:
+            return
+        if measured is not None:
+            job.measured[uuid] = measured
+        if target is not None:
+            job.target[uuid] = target
+        if job.rec.core_share >= 100 and job.rec.policy == "hard":
+            throttle, refill_rate, bucket_size = False, 0, 0   # no gate: the fast path
+        cur = job.region.device(i)
+        if (cur.throttle, cur.refill_rate, cur.bucket_size) != (throttle, refill_rate,
+                                                                 bucket_size):
+            job.region.update_device(i, throttle=throttle, refill_rate=refill_rate,
+                                     bucket_size=bucket_size)
+
+    def update_stats(self, stats: list[GpuStats]) -> None:
+        for s in stats:
+            self.stats[s.uuid] = s
+
+    def close(self) -> None:
+        """Let go of every region (left on disk: the jobs keep running)."""
+        for job in self.jobs.values():
+            if job.region is not None:
+                job.region.close()
+                job.region = None

@@ -1,0 +1,100 @@
+"""Which processes belong to a job: pure functions over a process table, and
+the one /proc reader that builds that table.
+
+A process is named by (pid, start time), the start time being field 22 of
+/proc/<pid>/stat in clock ticks since boot -- the same value the hook writes
+into its slot -- so a reused pid is never taken for the original. A job's
+processes are the pids it was seen with (its root pid, slot pids, earlier
+descendants) that are still alive with the same start time, plus all their
+descendants. Remembering every descendant once seen keeps a grandchild whose
+parent exited (and which was reparented to init) in the job.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    ppid: int
+    start: int      # clock ticks since boot
+
+
+ProcTable = Mapping[int, ProcInfo]
+
+
+def read_stat(pid: int) -> tuple[int, int, str] | None:
+    """(ppid, start time, state) of a process; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[1]), int(rest[19]), rest[0].decode()
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of a live (not zombie) process, None when gone."""
+    st = read_stat(pid)
+    if st is None or st[2] in ("Z", "X"):
+        return None
+    return st[1]
+
+
+def proc_uid(pid: int) -> int | None:
+    """The (effective) uid a process runs as, None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def scan() -> dict[int, ProcInfo]:
+    """Every live process of the machine (zombies excluded)."""
+    out: dict[int, ProcInfo] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = read_stat(int(name))
+        if st is not None and st[2] not in ("Z", "X"):
+            out[int(name)] = ProcInfo(st[0], st[1])
+    return out
+
+
+def children_map(table: ProcTable) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        out.setdefault(info.ppid, []).append(pid)
+    return out
+
+
+def alive(pid: int, start: int | None, table: ProcTable) -> bool:
+    info = table.get(pid)
+    return info is not None and start is not None and info.start == start
+
+
+def job_processes(seeds: Mapping[int, int], table: ProcTable,
+                  children: Mapping[int, list[int]] | None = None,
+                  exclude: Iterable[int] = ()) -> dict[int, int]:
+    """{pid: start} of the job: the seeds still alive (same start time) and
+    all their descendants; pids in exclude (another job's roots) and their
+    subtrees are left out."""
+    if children is None:
+        children = children_map(table)
+    skip = set(exclude)
+    out = {p: s for p, s in seeds.items() if alive(p, s, table) and p not in skip}
+    stack = list(out)
+    while stack:
+        p = stack.pop()
+        for c in children.get(p, ()):
+            if c not in out and c not in skip:
+                out[c] = table[c].start
+                stack.append(c)
+    return out
