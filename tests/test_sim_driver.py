@@ -206,6 +206,7 @@ def test_graph_launch(sim_env):
         ck(cu.cuGraphAddKernelNode(g, [n2], 1, p))
         ex = ck(cu.cuGraphInstantiate(g, 0))
         a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000))  # busy while the host queues the rest
         ck(cu.cuEventRecord(a, 0)); ck(cu.cuGraphLaunch(ex, 0)); ck(cu.cuEventRecord(b, 0))
         ck(cu.cuEventSynchronize(b))
         out({"nodes": len(ck(cu.cuGraphGetNodes(g, 3))[0]), "ms": ck(cu.cuEventElapsedTime(a, b))})

@@ -7,8 +7,11 @@ same state."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
+import time
 
 import pytest
 from sim_helpers import VGPUCTL, Holder, burn, holding, run_py
@@ -211,3 +214,52 @@ def test_another_configuration_replaces_an_unused_state_only(sim_env):
         assert run_py(busy, count) == 2  # in use: kept as it is
     assert run_py(dict(sim_env, VGPU_SIM="4x8G"), count) == 4
     assert sim_stats(sim_env)["memory"] == 8 * GiB
+
+
+def wait_for_memory_back(env: dict[str, str], gpu: int) -> dict:
+    deadline = time.monotonic() + 10
+    while True:
+        stats = sim_stats(env)
+        if stats["devices"][gpu]["used"] == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_exec_gives_the_memory_back(sim_env):
+    """A process that execs another program loses its CUDA state, as with the
+    real driver (its device files close on exec): same pid, memory back."""
+    with holding(sim_env, """
+        ck(cu.cuInit(0))
+        ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+        p = ck(cu.cuMemAlloc(2 << 30))
+        out({"pid": os.getpid()})
+        os.execv("/bin/sleep", ["sleep", "60"])
+    """) as holder:
+        stats = wait_for_memory_back(sim_env, 0)
+        assert holder.proc.poll() is None  # still there, as `sleep`
+    assert stats["devices"][0]["used"] == 0
+    assert stats["processes"] == []
+
+
+def test_a_forked_child_does_not_keep_its_parents_memory(sim_env):
+    """A child forked after CUDA init (a data-loader worker) and outliving its
+    parent must not keep the parent's memory alive."""
+    with holding(sim_env, """
+        ck(cu.cuInit(0))
+        ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+        p = ck(cu.cuMemAlloc(2 << 30))
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        out({"child": child})
+    """) as parent:
+        child = parent.report["child"]
+        try:
+            assert sim_stats(sim_env)["devices"][0]["used"] == 2 * GiB + CTX
+            parent.kill()
+            stats = wait_for_memory_back(sim_env, 0)
+            os.kill(child, 0)  # the child still runs
+        finally:
+            os.kill(child, signal.SIGKILL)
+    assert stats["devices"][0]["used"] == 0
