@@ -57,12 +57,18 @@ def build(outdir: str, cc: str | None = None, verbose: bool = False) -> list[str
         cmd = [cc, *COMMON_CFLAGS, *flags, *extra]
         if kind == "shared":
             cmd += ["-shared", "-Wl,-soname," + soname, "-Wl,-z,defs"]
-        cmd += ["-o", out, *srcs, *libs]
+        # Write beside the target, then rename: a process that has the old
+        # library mapped keeps it intact while the new one replaces it.
+        tmp = f"{out}.tmp{os.getpid()}"
+        cmd += ["-o", tmp, *srcs, *libs]
         if verbose:
             print(" ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
             raise RuntimeError(f"building {name} failed:\n{res.stderr}")
+        os.replace(tmp, out)
         if res.stderr.strip():
             # Warnings are errors in spirit: show them.
             print(res.stderr, file=sys.stderr)
