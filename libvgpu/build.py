@@ -28,9 +28,13 @@ COMMON_CFLAGS = [
 #        kind: "shared" or "exe", soname)
 TARGETS = {
     "hook": ("libvgpu.so", ["src/*.c"], [], ["-ldl"], "shared", "libvgpu.so"),
-    "sim-cuda": ("sim/libcuda.so.1", ["sim/sim_*.c", "sim/cuda_*.c"], [],
+    # -Bsymbolic-functions: the simulator's own calls between its entry points
+    # stay inside it, as in the real driver; a preloaded hook sees only the
+    # program's calls.
+    "sim-cuda": ("sim/libcuda.so.1", ["sim/sim_*.c", "sim/cuda_*.c"], ["-Wl,-Bsymbolic-functions"],
                  ["-ldl", "-lrt"], "shared", "libcuda.so.1"),
-    "sim-nvml": ("sim/libnvidia-ml.so.1", ["sim/sim_*.c", "sim/nvml_*.c"], [],
+    "sim-nvml": ("sim/libnvidia-ml.so.1", ["sim/sim_*.c", "sim/nvml_*.c"],
+                 ["-Wl,-Bsymbolic-functions"],
                  ["-ldl", "-lrt"], "shared", "libnvidia-ml.so.1"),
     "vgpu-burn": ("bin/vgpu-burn", ["tools/vgpu_burn*.c"], [], ["-ldl"], "exe", None),
 }

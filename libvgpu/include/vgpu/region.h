@@ -72,7 +72,8 @@ struct vgpu_dev_usage {
     uint64_t peak;             /* highest value of used */
     int64_t tokens;            /* token bucket level */
     uint64_t last_refill_ns;   /* CLOCK_MONOTONIC of the last refill */
-    uint64_t launches;         /* kernel launches that went through the hook */
+    uint64_t launches;         /* launches that went through the token bucket
+                                  (throttled); every launch is in procs[] */
     uint64_t throttled_ns;     /* time launching threads spent waiting */
     uint64_t oom_refusals;     /* allocations refused for the limit */
     uint64_t pad0;
