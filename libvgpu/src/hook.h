@@ -4,7 +4,10 @@
  *   interpose.c  exports, dlsym, cuGetProcAddress, real entry points
  *   state.c      configuration, the job's region, process slots, sweeping
  *   devmap.c     CUDA ordinal / NVML handle -> device of the region
- *   memory.c     reservation, allocation table, contexts, memory info
+ *   reserve.c    the job's memory count: reserve, give back, dead slots
+ *   alloctab.c   the process's allocations and what each reserved
+ *   memory.c     allocating entry points, their frees, memory info
+ *   context.c    contexts: measured, reserved, given back
  *   launch.c     the launch gate (token bucket)
  *   nvml.c       NVML memory info and process lists
  *   log.c        "vgpu:" messages, each once
@@ -149,11 +152,57 @@ static inline int vgpu_dev_for_launch(void)
     return d >= 0 ? d : vgpu_dev_current();
 }
 
-/* ---- memory (memory.c) -------------------------------------------------- */
+/* ---- memory (reserve.c, alloctab.c, memory.c, context.c) -------------------- */
+#define VGPU_GRANULARITY (2ull << 20)   /* what the driver reserves in */
+
+uint64_t vgpu_round_gran(uint64_t n);
 uint64_t vgpu_job_used(int d);
 uint64_t vgpu_dev_limit(int d);
-void vgpu_memory_atfork_child(void);
+/* Reserve bytes on region device d for this process (is_ctx: a context's
+ * memory); 1 on success, 0 when over the limit (after sweeping dead slots). */
+int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what);
+void vgpu_unreserve(int d, uint64_t bytes, int is_ctx);
 void vgpu_release_slot_memory(struct vgpu_proc_slot *slot);
+uint64_t vgpu_nvml_process_used(const char *uuid);   /* nvml.c */
+
+enum { VGPU_K_EMPTY = 0, VGPU_K_PTR, VGPU_K_HANDLE, VGPU_K_ARRAY, VGPU_K_MIPMAP };
+
+struct vgpu_alloc {
+    uint64_t key;      /* device pointer, or handle */
+    uint64_t size;     /* bytes reserved for it */
+    CUcontext ctx;     /* made in; NULL for cuMemCreate handles */
+    int32_t dev;       /* region device */
+    uint32_t kind;     /* VGPU_K_* */
+};
+
+/* Remember an allocation: 0, or 1 when the key was there already (its free
+ * went another way; the old entry is in *old), or -1 (no host memory). */
+int vgpu_track(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
+               struct vgpu_alloc *old);
+/* Take an allocation out of the table; 1 if it was there. */
+int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out);
+/* Take out every allocation made in ctx, adding their sizes per device. */
+void vgpu_untrack_ctx(CUcontext ctx, uint64_t per_dev[VGPU_MAX_DEVICES]);
+void vgpu_alloctab_atfork_child(void);
+void vgpu_context_atfork_child(void);
+
+/* Accounting happens once, at the outermost call: when a driver implements
+ * one entry point by calling another exported one (the call then comes back
+ * through our export), the inner call goes straight to the driver. */
+extern __thread int vgpu_t_inside __attribute__((tls_model("initial-exec")));
+
+static inline void vgpu_leave_hook(int *unused)
+{
+    (void)unused;
+    vgpu_t_inside = 0;
+}
+
+#define ENTER(sym, args) \
+    if (VGPU_UNLIKELY(vgpu_t_inside)) \
+        return REAL(sym) args; \
+    vgpu_t_inside = 1; \
+    __attribute__((cleanup(vgpu_leave_hook))) int guard_ = 1; \
+    (void)guard_
 
 /* ---- logging (log.c) -------------------------------------------------------- */
 enum { VGPU_LOG_ERROR = 0, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };

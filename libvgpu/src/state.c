@@ -398,7 +398,8 @@ static void after_fork_child(void)
 {
     pthread_mutex_init(&state_lock, NULL);
     vgpu_interpose_atfork_child();
-    vgpu_memory_atfork_child();
+    vgpu_alloctab_atfork_child();
+    vgpu_context_atfork_child();
     vgpu_devmap_atfork_child();
     if (vgpu_g_private)
         memset(priv_usage.dev, 0, sizeof(priv_usage.dev));

@@ -1,0 +1,103 @@
+/*
+ * reserve.c - the job's memory count: reserve before allocating, with a
+ * compare-and-swap on the job's per-device total (usage->dev[d].used) that
+ * never takes it past the limit, and give back exactly what was reserved.
+ * Also the re-entrancy guard of the accounting wrappers.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+
+#include "hook.h"
+
+__thread int vgpu_t_inside __attribute__((tls_model("initial-exec")));
+
+uint64_t vgpu_round_gran(uint64_t n)
+{
+    if (n > UINT64_MAX - VGPU_GRANULARITY)
+        return UINT64_MAX;
+    return (n + VGPU_GRANULARITY - 1) & ~(VGPU_GRANULARITY - 1);
+}
+
+static void sub_sat(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(p, &cur, cur > v ? cur - v : 0, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
+uint64_t vgpu_job_used(int d)
+{
+    return __atomic_load_n(&vgpu_g_usage->dev[d].used, __ATOMIC_ACQUIRE);
+}
+
+uint64_t vgpu_dev_limit(int d)
+{
+    return __atomic_load_n(&vgpu_g_limits->dev[d].mem_limit, __ATOMIC_RELAXED);
+}
+
+/* Reserve `bytes` on region device d for this process; 1 on success. A
+ * refusal sweeps dead processes' slots first and retries once. */
+int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what)
+{
+    char a[32], b[32], c[32];
+    if (d < 0) {
+        vgpu_log(VGPU_LOG_WARN, "%s refused: the current GPU is not one of the job's GPUs",
+                 what);
+        return 0;
+    }
+    struct vgpu_dev_usage *u = &vgpu_g_usage->dev[d];
+    uint64_t cur = 0, limit = 0;
+    for (int attempt = 0;; attempt++) {
+        limit = vgpu_dev_limit(d);
+        cur = __atomic_load_n(&u->used, __ATOMIC_RELAXED);
+        int fits;
+        for (;;) {
+            fits = limit == 0 ? bytes <= UINT64_MAX - cur : (bytes <= limit && cur <= limit - bytes);
+            if (!fits || __atomic_compare_exchange_n(&u->used, &cur, cur + bytes, 1,
+                                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                break;
+        }
+        if (fits)
+            break;
+        if (attempt == 0 && vgpu_sweep() != 0)
+            continue;
+        __atomic_fetch_add(&u->oom_refusals, 1, __ATOMIC_RELAXED);
+        vgpu_log(VGPU_LOG_WARN, "%s of %s refused: the job holds %s of its %s on %s", what,
+                 vgpu_fmt_size(bytes, a, sizeof(a)), vgpu_fmt_size(cur, b, sizeof(b)),
+                 vgpu_fmt_size(limit, c, sizeof(c)), vgpu_dev_uuid(d));
+        return 0;
+    }
+    uint64_t now = cur + bytes;
+    uint64_t peak = __atomic_load_n(&u->peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&u->peak, &peak, now, 1, __ATOMIC_RELAXED,
+                                                      __ATOMIC_RELAXED))
+        ;
+    struct vgpu_proc_slot *s = vgpu_g_slot;
+    __atomic_fetch_add(&s->used[d], bytes, __ATOMIC_RELAXED);
+    if (is_ctx)
+        __atomic_fetch_add(&s->ctx_bytes[d], bytes, __ATOMIC_RELAXED);
+    return 1;
+}
+
+void vgpu_unreserve(int d, uint64_t bytes, int is_ctx)
+{
+    if (d < 0 || bytes == 0)
+        return;
+    struct vgpu_proc_slot *s = vgpu_g_slot;
+    sub_sat(&s->used[d], bytes);
+    if (is_ctx)
+        sub_sat(&s->ctx_bytes[d], bytes);
+    sub_sat(&vgpu_g_usage->dev[d].used, bytes);
+}
+
+/* A slot whose process is gone (or exiting): its bytes leave the job. */
+void vgpu_release_slot_memory(struct vgpu_proc_slot *slot)
+{
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t n = __atomic_exchange_n(&slot->used[d], 0, __ATOMIC_ACQ_REL);
+        __atomic_store_n(&slot->ctx_bytes[d], 0, __ATOMIC_RELAXED);
+        if (n != 0)
+            sub_sat(&vgpu_g_usage->dev[d].used, n);
+    }
+}
