@@ -201,3 +201,26 @@ def test_prune_keeps_recent_and_running(conn):
     a.flush(conn)
     assert prune(conn, 500.0, keep=["running"]) == 1
     assert {r.job_id for r in read_usage(conn)} == {"running", "new"}
+
+
+def test_end_counts_the_unmeasured_tail(conn):
+    """Shares arrive one sample period late: at the end, the last share
+    stands for the time since the last sample plus that lag."""
+    a = Accountant()
+    a.observe("1", GPU, 0.0, 0.0, G)
+    a.observe("1", GPU, 10.0, 0.5, G)         # 5 GPU-s measured
+    a.end_job("1", now=10.2, lag_s=0.2)       # + 0.5 x (0.2 + 0.2)
+    a.flush(conn)
+    gs, gh, _, rows = totals(conn)
+    assert gs == pytest.approx(5.2)
+    assert gh == pytest.approx(10.2 / 3600)
+    assert rows[-1].t1 == pytest.approx(10.2)
+    assert a.jobs() == set()
+
+
+def test_end_without_samples_adds_nothing(conn):
+    a = Accountant()
+    a.observe("1", GPU, 0.0, 1.0, 0)          # baseline only
+    a.end_job("1", now=0.05, lag_s=0.2)
+    a.flush(conn)
+    assert totals(conn)[0] == 0.0

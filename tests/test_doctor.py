@@ -122,18 +122,41 @@ def test_daemon_speaking_another_protocol(tmp_path):
     assert c.status == dr.FAIL and "refused a ping" in c.detail and c.fix
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may connect to any socket")
-def test_socket_closed_to_us(tmp_path):
-    path = tmp_path / "vgpud.sock"
+def test_socket_closed_to_us():
+    """A daemon socket whose mode shuts the caller out (as root: the check runs
+    as nobody)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="vgpu-doctor-"))
+    os.chmod(d, 0o755)
+    path = d / "vgpud.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(path))
     s.listen(1)
-    os.chmod(path, 0)
+    os.chmod(path, 0o600)
     try:
-        c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+        if os.geteuid() != 0:
+            os.chmod(path, 0)
+            c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+            status, detail = c.status, c.detail
+        else:
+            code = ("import json, sys; from vgpuctl import doctor as d; "
+                    f"c = d.check_daemon({{'VGPU_SOCKET': {str(path)!r}}}); "
+                    "print(json.dumps(c.to_dict()))")
+            try:
+                r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                   text=True, user=65534, timeout=60, cwd="/")
+            except PermissionError as e:
+                pytest.skip(f"can't run this Python as nobody: {e}")
+            if r.returncode != 0:
+                pytest.skip(f"can't run Python as nobody here: {r.stderr.strip()[-200:]}")
+            c = json.loads(r.stdout)
+            status, detail = c["status"], c["detail"]
     finally:
         s.close()
-    assert c.status == dr.FAIL and "does not let you connect" in c.detail
+        shutil.rmtree(d, ignore_errors=True)
+    assert status == dr.FAIL and "does not let you connect" in detail, detail
 
 
 # -- driver, NVML, hook ----------------------------------------------------------
@@ -178,3 +201,17 @@ def test_simulated_node_is_healthy(tmp_path):
     assert "2 device(s)" in checks["driver"]["detail"]
     assert "2 GPU(s)" in checks["nvml"]["detail"]
     assert checks["daemon"]["status"] == "warn"
+
+
+@pytest.mark.skipif(not native_built(), reason="native parts not built")
+def test_running_daemon_answers():
+    from vgpuctl.demo import Demo
+
+    with Demo(jobs=()) as d:
+        d.start_daemon()
+        r = vgpuctl(["doctor", "--json"], env={k: v for k, v in d.env.items()
+                                               if k.startswith("VGPU_")})
+        checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert checks["daemon"]["status"] == "ok", checks["daemon"]
+    assert "user daemon pid" in checks["daemon"]["detail"]
+    assert r.returncode == 0, r.stdout

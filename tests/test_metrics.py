@@ -139,3 +139,58 @@ def test_parse_address(text, expected):
 def test_parse_address_rejects(text):
     with pytest.raises(metrics.MetricsUnavailable):
         metrics.parse_address(text)
+
+
+# -- the daemon's endpoint ---------------------------------------------------------
+def _native_built() -> bool:
+    from vgpuctl import native
+
+    try:
+        native.hook_library()
+        native.sim_libdir()
+        native.burn_program()
+    except Exception:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not _native_built(), reason="native parts not built")
+def test_daemon_serves_metrics_of_a_running_job():
+    import time
+
+    from vgpuctl.demo import Demo, DemoJob
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    job = DemoJob("scraped", "1G", 30, "hard", 1000)
+    with Demo(seconds=30, jobs=(job,), config=f'metrics_address = "127.0.0.1:{port}"\n') as d:
+        d.start_daemon()
+        d.start_jobs()
+        deadline = time.monotonic() + 20
+        m: dict = {}
+        while time.monotonic() < deadline:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                text = r.read().decode()
+            m = {}
+            for fam in text_string_to_metric_families(text):
+                for s in fam.samples:
+                    m.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+            gs = m.get("vgpu_job_gpu_seconds_total", {})
+            if m.get("vgpu_jobs_running", {}).get(()) == 1 and gs and max(gs.values()) > 0.5:
+                break
+            time.sleep(0.2)
+        assert m["vgpu_jobs_running"][()] == 1
+        assert one(m["vgpu_gpu_memory_total_bytes"], gpu="0") == 16 * G
+        jl = {"name": "scraped"}
+        assert one(m["vgpu_job_memory_limit_bytes"], **jl) == G
+        assert one(m["vgpu_job_memory_used_bytes"], **jl) > 0         # its context
+        assert one(m["vgpu_job_compute_share_target_ratio"], **jl) == pytest.approx(0.3)
+        assert 0.15 <= one(m["vgpu_job_compute_share_measured_ratio"], **jl) <= 0.45
+        assert one(m["vgpu_job_throttled_seconds_total"], **jl) > 0    # a 30 % gate waits
+        assert one(m["vgpu_job_gpu_seconds_total"], **jl) > 0.5

@@ -150,3 +150,64 @@ def test_watchdog_interval():
     assert notify.watchdog_interval({}) is None
     assert notify.watchdog_interval({"WATCHDOG_USEC": "4000000"}) == 2.0
     assert notify.watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}) is None
+
+
+# -- the daemon's side of the handshake ---------------------------------------------
+def _native_built() -> bool:
+    from vgpuctl import native
+
+    try:
+        native.hook_library()
+        native.sim_libdir()
+        native.burn_program()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _native_built(), reason="native parts not built")
+def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
+    import signal
+    import threading
+
+    import psutil
+
+    from vgpuctl.demo import Demo, DemoJob
+
+    path, s = notify_socket
+    with Demo(seconds=60, jobs=(DemoJob("survivor", "1G", 50, "hard", 1000),)) as d:
+        seen: dict[str, object] = {}
+
+        def first_message() -> None:
+            # The moment READY=1 arrives, clients must be able to connect.
+            seen["msg"] = recv(s)
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(d.socket))
+                seen["connect"] = True
+            except OSError as e:
+                seen["connect"] = e
+            finally:
+                probe.close()
+
+        t = threading.Thread(target=first_message, daemon=True)
+        t.start()
+        d.start_daemon(extra_env={"NOTIFY_SOCKET": path})
+        t.join(15)
+        assert seen["msg"]["READY"] == "1" and "STATUS" in seen["msg"]
+        assert seen["connect"] is True
+
+        d.start_jobs()
+        job = psutil.Process(d.procs["survivor"].pid)
+        os.kill(d.daemon.pid, signal.SIGHUP)
+        msg = recv(s)
+        assert msg["RELOADING"] == "1" and int(msg["MONOTONIC_USEC"]) > 0
+        assert recv(s)["READY"] == "1"
+        assert d.ps()["daemon"]["pid"] == d.daemon.pid      # still serving
+
+        os.kill(d.daemon.pid, signal.SIGTERM)
+        assert recv(s)["STOPPING"] == "1"
+        assert d.daemon.wait(15) == 0
+        # The job is not the daemon's child: it runs on.
+        assert job.is_running() and job.status() != psutil.STATUS_ZOMBIE
+        assert all(c.is_running() for c in job.children())

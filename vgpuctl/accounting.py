@@ -74,6 +74,7 @@ class _Open:
     t0: float                 # start of the current row
     t1: float                 # time of the last sample integrated
     last_mem: int             # bytes at the last sample
+    last_share: float = 0.0   # share at the last sample
     gpu_seconds: float = 0.0  # in the current row, flushed or not
     mem_gib_hours: float = 0.0
     peak: int = 0
@@ -122,32 +123,51 @@ class Accountant:
             self._roll(key, cur, now, mem, peak)
             return
         if cur.row_id is not None and now - cur.t0 > self.row_seconds:
-            cur = self._roll(key, cur, cur.t1, cur.last_mem, 0)
+            cur = self._roll(key, cur, cur.t1, cur.last_mem, 0, cur.last_share)
         cur.gpu_seconds += share * dt
         self._total[key] = self._total.get(key, 0.0) + share * dt
         # Memory changes somewhere between the two samples: the trapezoid.
         cur.mem_gib_hours += (cur.last_mem + mem) / 2 / GIB * dt / 3600.0
         cur.t1 = now
         cur.last_mem = mem
+        cur.last_share = share
         cur.peak = max(cur.peak, peak)
         cur.dirty = True
 
     def _roll(self, key: tuple[str, str], old: _Open, t0: float, mem: int,
-              peak: int) -> _Open:
+              peak: int, share: float = 0.0) -> _Open:
         """Close ``old`` (the next flush writes its last sums) and open a
         fresh row for ``key`` starting at ``t0``."""
         if old.dirty and (old.t1 > old.t0 or old.row_id is not None or old.peak):
             self._closed.append(_snapshot(key, old))
-        new = _Open(t0=t0, t1=t0, last_mem=mem, peak=max(peak, mem))
+        new = _Open(t0=t0, t1=t0, last_mem=mem, last_share=share, peak=max(peak, mem))
         self._open[key] = new
         return new
 
-    def end_job(self, job_id: str) -> None:
-        """The job ended: its rows are written by the next flush, then
-        forgotten."""
-        for key in list(self._open):
-            if key[0] == job_id:
-                self._ended.add(key)
+    def end_job(self, job_id: str, now: float | None = None, lag_s: float = 0.0) -> None:
+        """The job ended (at ``now``): its rows are written by the next flush,
+        then forgotten.
+
+        A measured share arrives late: it describes the sampler's last
+        window, which closes up to one sample period after the work was
+        done, so the integral of the shares trails the real use by about
+        ``lag_s`` (the sampler's period) and the job's last moments are never
+        measured. The last measured share stands in for them: from the last
+        sample to ``now``, plus ``lag_s``."""
+        for key, o in list(self._open.items()):
+            if key[0] != job_id:
+                continue
+            self._ended.add(key)
+            if now is None:
+                continue
+            tail = min(max(now - o.t1, 0.0), self.max_gap)
+            extra = o.last_share * (tail + max(lag_s, 0.0))
+            if extra > 0 or tail > 0:
+                o.gpu_seconds += extra
+                self._total[key] = self._total.get(key, 0.0) + extra
+                o.mem_gib_hours += o.last_mem / GIB * tail / 3600.0
+                o.t1 = max(o.t1, now)
+                o.dirty = True
 
     def jobs(self) -> set[str]:
         """Job ids with samples in memory."""
@@ -250,7 +270,8 @@ class Accountant:
 
 
 def _snapshot(key: tuple[str, str], o: _Open) -> tuple[tuple[str, str], _Open]:
-    return key, _Open(t0=o.t0, t1=o.t1, last_mem=o.last_mem, gpu_seconds=o.gpu_seconds,
+    return key, _Open(t0=o.t0, t1=o.t1, last_mem=o.last_mem, last_share=o.last_share,
+                      gpu_seconds=o.gpu_seconds,
                       mem_gib_hours=o.mem_gib_hours, peak=o.peak, row_id=o.row_id)
 
 

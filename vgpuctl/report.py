@@ -350,8 +350,19 @@ def to_text(report: Report, tz: tzinfo | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+_SHORT_HEADERS = {"job_id": "job", "exit_status": "exit", "memory_limit": "mem limit",
+                  "core_limit": "core", "gpu_time": "GPU time", "memory_time": "mem time",
+                  "peak_memory": "peak mem", "gpu_uuid": "GPU"}
+
+
+def _short_time(t: float | None, tz: tzinfo | None) -> str:
+    return "" if t is None else _to_datetime(t, tz).strftime("%m-%d %H:%M")
+
+
 def to_rich(report: Report, tz: tzinfo | None = None) -> Any:
-    """A rich Table (for terminals) or a Text line when the report is empty."""
+    """A rich Table (for terminals) or a Text line when the report is empty.
+    Compacter than the plain text: short GPU ids and times, no uid, the
+    command cut to fit."""
     from rich.table import Table
     from rich.text import Text
 
@@ -359,13 +370,23 @@ def to_rich(report: Report, tz: tzinfo | None = None) -> Any:
         return Text(empty_line(report, tz).rstrip(), style="dim")
     title = (f"GPU usage by {report.by}, {_iso(report.since, tz)} to "
              f"{_iso(report.until, tz)}")
-    t = Table(title=title, title_justify="left")
-    cols = columns(report.by, tz)
+    t = Table(title=title, title_justify="left", header_style="bold", box=None,
+              pad_edge=False)
+    compact: dict[str, Callable[[ReportRow], str]] = {
+        "gpus": lambda r: " ".join(g[:12] for g in _job(r).gpus),
+        "start": lambda r: _short_time(_job(r).start, tz),
+        "end": lambda r: _short_time(_job(r).end, tz),
+    }
+    cols = [c for c in columns(report.by, tz) if c.json_key != "uid"]
     for c in cols:
-        t.add_column(c.header, justify="right" if c.numeric else "left",
-                     overflow="fold")
+        last = c.json_key == "command"
+        name, _, unit = c.header.partition(" ")
+        name = _SHORT_HEADERS.get(name, name.replace("_", " "))
+        t.add_column(Text(f"{name}\n{unit}" if unit else name),
+                     justify="right" if c.numeric else "left",
+                     no_wrap=True, overflow="ellipsis", max_width=24 if last else None)
     for r in report.rows:
-        t.add_row(*[c.text(r) for c in cols])
+        t.add_row(*[Text(compact.get(c.json_key, c.text)(r)) for c in cols])
     return t
 
 

@@ -61,6 +61,7 @@ def demo(seconds: float) -> None:
         if console is not None:
             console.print(report.to_rich(result))
         else:
+            click.echo()
             click.echo(report.to_text(result), nl=False)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:

@@ -257,7 +257,11 @@ class Daemon:
 
     def _job_ended(self, job_id: str) -> None:
         if self.accountant is not None:
-            self.accountant.end_job(job_id)
+            # Measured shares trail the work by about one NVML sample period.
+            sampler = getattr(self.governor, "_sampler", None)
+            lag = max((sampler.period_s(g.uuid) for g in self.sup.gpus), default=0.0) \
+                if sampler is not None else 0.0
+            self.accountant.end_job(job_id, time.time(), lag)
             try:   # a report right after the job's end sees all of it
                 self.accountant.flush(self.sup.store.conn)
             except Exception:
@@ -297,8 +301,9 @@ class Daemon:
         gates: dict[tuple[str, str], Any] = {}
         if self.governor is not None and inputs:
             jd = [self._compute.JobDevice(job.id, uuid, frozenset(job.rec.pids),
-                                          job.rec.core_share, job.rec.policy, launches)
-                  for job, _, uuid, launches in inputs]
+                                          job.rec.core_share, job.rec.policy,
+                                          usage.get("launches", 0))
+                  for job, _, uuid, usage in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
         for job, i, uuid, _ in inputs:
             g = gates.get((job.id, uuid))
@@ -307,10 +312,9 @@ class Daemon:
                                g.measured, getattr(g, "target", None))
         wall = time.time()
         if self.accountant is not None:
-            for job, i, uuid, _ in inputs:
+            for job, _, uuid, u in inputs:
                 if job.rec.state == "ended":
                     continue
-                u = sup._dev_usage(job, i)
                 self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
                                         u.get("used", 0), u.get("peak"))
             self.accountant.maybe_flush(sup.store.conn, wall)
