@@ -38,6 +38,20 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         time.sleep(0.02)
 
 
+def read_line(stream: Any, timeout: float = 30.0) -> str:
+    """One line from a child's pipe, or fail the test after timeout seconds
+    (a hung job must not hang the test run)."""
+    import threading
+
+    got: list[str] = []
+    t = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    if not got:
+        raise AssertionError(f"no line from the job within {timeout} s")
+    return got[0]
+
+
 def vgpuctl_argv() -> list[str]:
     exe = Path(sys.executable).parent / "vgpuctl"
     if exe.exists():

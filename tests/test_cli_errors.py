@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from daemon_fixture import vgpuctl_argv
 
 
@@ -28,6 +27,8 @@ def vgpuctl(*args, env=None, tmp_path=None):
     (["run", "--mem", "1G", "--core", "half", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--policy", "fair", "--", "true"], 2, "hard or soft"),
     (["run", "--mem", "1G"], 2, "no command given"),
+    (["run", "--mem", "1G", "--cores", "3", "--", "true"], 2, "no such option: --cores"),
+    (["run", "--mem"], 2, "--mem needs a value"),
     (["run", "--mem", "1G", "--"], 2, "no command given"),
     (["kill", "abc"], 2, "not a job id"),
     (["kill", "1", "--signal", "NOPE"], 2, "not a signal"),
@@ -61,3 +62,14 @@ def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
                 "--runtime-dir", str(tmp_path / "run"), "--state-dir", str(tmp_path / "st"))
     assert r.returncode == 78
     assert r.stderr.strip() == f"vgpuctl: error: {cfg}: tick_ms: must be 10 to 10000, got 1"
+
+
+def test_run_parses_its_options_like_click_would():
+    from vgpuctl.launch import parse_argv
+
+    opts, cmd = parse_argv(["--mem=1G", "--core", "30", "-v", "python", "-c", "x", "--mem", "2"])
+    assert (opts["mem"], opts["core"], opts["verbose"]) == ("1G", "30", True)
+    assert cmd == ["python", "-c", "x", "--mem", "2"]
+    opts, cmd = parse_argv(["--gpu", "1", "--", "--odd-name", "-v"])
+    assert opts["gpu"] == "1" and cmd == ["--odd-name", "-v"]
+    assert parse_argv(["--mem", "1G", "--help"]) is None       # click prints the help

@@ -12,8 +12,7 @@ import sys
 import textwrap
 
 import pytest
-
-from daemon_fixture import wait_for
+from daemon_fixture import read_line, wait_for
 
 G = 1 << 30
 M = 1 << 20
@@ -59,8 +58,8 @@ def test_running_job_shows_in_ps_json_and_disappears_when_it_exits(daemon, probe
     p = daemon.popen("run", "--mem", "1G", "--core", "50", "--name", "probe", "--",
                      sys.executable, probe, str(256 * M), stdin=subprocess.PIPE)
     try:
-        assert p.stdout.readline().startswith("total")
-        assert p.stdout.readline().strip() == f"holding {256 * M}"
+        assert read_line(p.stdout).startswith("total")
+        assert read_line(p.stdout).strip() == f"holding {256 * M}"
 
         def listed():
             r = daemon.cli("ps", "--json")
@@ -143,7 +142,7 @@ def test_signals_sent_to_vgpuctl_reach_the_command(daemon, tmp_path, sig):
     """))
     p = daemon.popen("run", "--mem", "64M", "--", sys.executable, str(script))
     try:
-        assert p.stdout.readline().strip() == "ready"
+        assert read_line(p.stdout).strip() == "ready"
         p.send_signal(sig)
         assert p.wait(20) == 42
         # Sent once, not twice (the handler would print twice before exiting otherwise).

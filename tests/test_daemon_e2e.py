@@ -13,10 +13,9 @@ import threading
 import time
 
 import pytest
+from daemon_fixture import read_line, wait_for
 
 from vgpuctl.region import Region
-
-from daemon_fixture import wait_for
 
 G = 1 << 30
 
@@ -256,3 +255,75 @@ def test_another_user_can_look_but_not_change_or_kill(daemon):
     finally:
         p.kill()
         p.wait()
+
+
+HOLDER = """
+import sys
+from cuda.bindings import driver as cu
+def ck(r):
+    if r[0] != cu.CUresult.CUDA_SUCCESS:
+        raise SystemExit(f"cuda error {r[0]}")
+    return r[1:]
+ck(cu.cuInit(0))
+ctx, = ck(cu.cuDevicePrimaryCtxRetain(ck(cu.cuDeviceGet(0))[0]))
+ck(cu.cuCtxSetCurrent(ctx))
+print("ready", ck(cu.cuMemGetInfo())[1], flush=True)
+held = []
+for line in sys.stdin:
+    err, ptr = cu.cuMemAlloc(int(line))
+    if err == cu.CUresult.CUDA_SUCCESS:
+        held.append(ptr)
+    print(err.name, flush=True)
+"""
+
+
+def test_limits_hold_while_the_daemon_is_down_and_use_survives_it(daemon, tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    p = daemon.popen("run", "--mem", "1G", "--", sys.executable, str(script),
+                     stdin=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout).split() == ["ready", str(G)]
+        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
+                       what="the job")
+        daemon.stop(signal.SIGKILL)
+
+        def alloc(n):
+            p.stdin.write(f"{n}\n")
+            p.stdin.flush()
+            return read_line(p.stdout).strip()
+        assert alloc(G + 1) == "CUDA_ERROR_OUT_OF_MEMORY"   # no daemon, same limit
+        assert alloc(256 << 20) == "CUDA_SUCCESS"
+        daemon.start()
+        again = wait_for(lambda: daemon.job(job["id"]) if daemon.job(job["id"])["mem_used"]
+                         else None, what="the job's use")
+        assert again["mem_used"] >= 256 << 20 and again["pids"] == job["pids"]
+        assert daemon.cli("set", job["id"], "--mem", "512M").returncode == 0
+        assert alloc(300 << 20) == "CUDA_ERROR_OUT_OF_MEMORY"  # the new limit, live
+        p.stdin.close()
+        assert p.wait(20) == 0
+        wait_for(lambda: daemon.jobs() == [], what="the job to end")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_top_refreshes_and_ctrl_c_ends_it_cleanly(daemon, tmp_path):
+    out = open(tmp_path / "top.out", "w+")
+    p = daemon.popen("top", "-i", "0.1", env={"COLUMNS": "150"}, stdout=out)
+    try:
+        # Off a terminal each refresh is printed: wait for a few.
+        wait_for(lambda: (tmp_path / "top.out").read_text().count("Limits/capacity") >= 3,
+                 what="three refreshes")
+        p.send_signal(signal.SIGINT)
+        assert p.wait(10) == 0
+        assert "Traceback" not in p.stderr.read()
+    finally:
+        out.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from daemon_fixture import read_line
 
 from vgpuctl import protocol as P
 from vgpuctl.config import Config, UserLimits
@@ -83,7 +84,7 @@ def test_run_places_creates_the_region_and_returns_the_env(tmp_path):
     assert job["gpu"] == 0 and job["mem_limit"] == 4 * G and job["core"] == 30
     env = r["env"]
     assert env["VGPU_JOB"] == "1" and env["CUDA_VISIBLE_DEVICES"] == DEVICES[0].uuid
-    assert env["LD_PRELOAD"].endswith("libvgpu.so")
+    assert r["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
     reg = Region.open(env["VGPU_REGION"])
     d = reg.device(0)
     assert (d.uuid, d.mem_limit, d.core_share, d.throttle) == (DEVICES[0].uuid, 4 * G, 30,
@@ -167,7 +168,7 @@ def test_descendants_belong_to_the_job_even_after_their_parent_exits(tmp_path, p
     # sh starts a grandchild sleep and waits on a pipe.
     sh = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; read x"], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, text=True)
-    grandchild = int(sh.stdout.readline())
+    grandchild = int(read_line(sh.stdout))
     try:
         call(sup, ME, "started", job=jid, pid=sh.pid)
         sup.track(tracking.scan())
@@ -266,3 +267,14 @@ def test_core_100_hard_gets_no_gate(tmp_path):
     sup.apply_gate(job, 0, DEVICES[0].uuid, True, 5000, 1000, 0.25, 0.3)
     d = job.region.device(0)
     assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
+
+
+def test_job_env_puts_the_hook_and_libraries_first_once():
+    from vgpuctl.launch import job_env
+
+    env = job_env({"LD_PRELOAD": "/a.so /hook.so:/b.so", "LD_LIBRARY_PATH": "/x:/sim",
+                   "KEEP": "1"}, {"VGPU_JOB": "4"},
+                  {"LD_PRELOAD": "/hook.so", "LD_LIBRARY_PATH": "/sim"})
+    assert env == {"LD_PRELOAD": "/hook.so:/a.so:/b.so", "LD_LIBRARY_PATH": "/sim:/x",
+                   "KEEP": "1", "VGPU_JOB": "4"}
+    assert job_env({}, {}, {"LD_PRELOAD": "/hook.so"}) == {"LD_PRELOAD": "/hook.so"}

@@ -97,7 +97,8 @@ def run_job(*, mem: str | None, core: str | None, gpu: str | None, policy: str |
         if verbose:
             print(f"vgpuctl: job {job['id']} on GPU {job['gpu']} ({job['gpu_uuid']}) "
                   f"via {cl.path}", file=sys.stderr)
-        return launch(cl, job["id"], reply["env"], list(command), verbose)
+        return launch(cl, job["id"], reply["env"], list(command), verbose,
+                      prepend=reply.get("prepend"))
 
 
 # Forwarded to the command. A signal the kernel sent to the whole foreground
@@ -108,16 +109,17 @@ FORWARD = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT,
 SI_KERNEL = 0x80
 
 
-def job_env(base: Mapping[str, str], add: Mapping[str, str]) -> dict[str, str]:
-    """The command's environment: base with the daemon's variables;
-    LD_PRELOAD gets the hook in front of what was there."""
+def job_env(base: Mapping[str, str], add: Mapping[str, str],
+            prepend: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The command's environment: base with the daemon's variables set, and
+    its paths put first on path-list variables (LD_PRELOAD: the hook;
+    LD_LIBRARY_PATH: the simulated GPU's libraries), once."""
     env = dict(base)
-    for k, v in add.items():
-        if k == "LD_PRELOAD" and env.get("LD_PRELOAD"):
-            rest = [p for p in env["LD_PRELOAD"].replace(" ", ":").split(":") if p and p != v]
-            env[k] = ":".join([v, *rest])
-        else:
-            env[k] = v
+    env.update(add)
+    for k, first in (prepend or {}).items():
+        # ld.so splits LD_PRELOAD at spaces and colons, LD_LIBRARY_PATH at colons.
+        old = env.get(k, "").replace(" ", ":") if k == "LD_PRELOAD" else env.get(k, "")
+        env[k] = ":".join([first, *[p for p in old.split(":") if p and p != first]])
     return env
 
 
@@ -147,15 +149,11 @@ def _tell(cl: Client, op: str, verbose: bool, **fields: Any) -> Client | None:
 
 
 def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[str],
-           verbose: bool = False) -> int:
+           verbose: bool = False, prepend: Mapping[str, str] | None = None) -> int:
     """Run command as the job's root process, like exec: it keeps the
     terminal and stdin, gets the signals sent to us, and its exit code
     (128+N for signal N) is returned. Tells the daemon its pid and its end."""
-    env: MutableMapping[str, str] = job_env(os.environ, env_add)
-    if env.get("VGPU_SIM"):
-        from . import sim
-
-        sim.child_env(env)
+    env: MutableMapping[str, str] = job_env(os.environ, env_add, prepend)
     block = {signal.SIGCHLD, *FORWARD}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

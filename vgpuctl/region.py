@@ -261,17 +261,22 @@ class Region:
         f = ffi()
         base = f.offsetof("struct vgpu_usage", "procs")
         size = f.sizeof("struct vgpu_proc_slot")
-        off_pid = f.offsetof("struct vgpu_proc_slot", "pid")
         off_start = f.offsetof("struct vgpu_proc_slot", "start_time")
-        buf = self._umap
-        out = []
-        for i in range(const("VGPU_MAX_PROCS")):
-            at = base + i * size
-            pid = int.from_bytes(buf[at + off_pid:at + off_pid + 4], "little", signed=True)
-            if pid > 0:
-                start = int.from_bytes(buf[at + off_start:at + off_start + 8], "little")
-                out.append((pid, start))
-        return out
+        n = const("VGPU_MAX_PROCS")
+        mv = memoryview(self._umap)
+        try:
+            # Every slot's pid in one strided view (pid is the slot's first field).
+            assert f.offsetof("struct vgpu_proc_slot", "pid") == 0 and size % 4 == 0
+            pids = mv[base:base + n * size].cast("i")[::size // 4]
+            out = []
+            for i, pid in enumerate(pids.tolist()):
+                if pid > 0:
+                    at = base + i * size + off_start
+                    out.append((pid, int.from_bytes(mv[at:at + 8], "little")))
+            pids.release()
+            return out
+        finally:
+            mv.release()
 
     def close(self) -> None:
         self.limits = None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 
@@ -15,14 +13,13 @@ def ps(as_json: bool, all_jobs: bool, socket_path: str | None) -> None:
     """List the jobs: id, name, user, pids, GPU, memory, compute share."""
     from .status import fetch
 
-    data = fetch(socket_path, all_jobs)
-    if as_json:
-        import json
+    if as_json:   # the same as `vgpuctl ps --json` without click
+        from ..__main__ import ps_json
 
-        out = {"v": data.get("v", 1), "daemon": data.get("daemon"), "gpus": data.get("gpus", []),
-               "jobs": data.get("jobs", [])}
-        sys.stdout.write(json.dumps(out, indent=1) + "\n")
+        ps_json(["--json", *(["--all"] if all_jobs else []),
+                 *(["--socket", socket_path] if socket_path else [])])
         return
+    data = fetch(socket_path, all_jobs)
     from .. import render
 
     render.print_jobs(data.get("jobs", []))

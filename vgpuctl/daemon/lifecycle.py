@@ -102,13 +102,16 @@ def _lock(dp: paths.DaemonPaths) -> int:
     return fd
 
 
-def _sim_env() -> dict[str, str]:
-    """What a job needs to see the same (simulated) GPUs as the daemon."""
-    out = {}
-    for k in ("VGPU_SIM", "VGPU_SIM_STATE"):
-        if os.environ.get(k):
-            out[k] = os.environ[k]
-    return out
+def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
+    """What a job needs to see the same (simulated) GPUs as the daemon: the
+    variables to set, and the library dir to put first on LD_LIBRARY_PATH."""
+    if not os.environ.get("VGPU_SIM"):
+        return {}, {}
+    from .. import sim
+
+    sim.parse_spec(os.environ["VGPU_SIM"])
+    env = {k: os.environ[k] for k in ("VGPU_SIM", "VGPU_SIM_STATE") if os.environ.get(k)}
+    return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
 
 
 def _optional(module: str) -> Any:
@@ -149,8 +152,9 @@ class Daemon:
         store = Store.open(self.dp.db)
         nvml = await loop.run_in_executor(None, Nvml)
         devices = nvml.devices()
+        sim_set, sim_prepend = _sim_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
-                         sim_env=_sim_env())
+                         sim_env=sim_set, sim_prepend=sim_prepend)
         self.sup = sup
         self._notify = _optional("notify")
         self._start_compute(loop)

@@ -50,6 +50,7 @@ class Job:
     measured: dict[str, float] = field(default_factory=dict)   # uuid -> share 0..1
     target: dict[str, float] = field(default_factory=dict)     # uuid -> share 0..1
     over_limit_logged: bool = False
+    gates: dict[int, tuple[bool, int, int]] = field(default_factory=dict)  # last written
 
     @property
     def id(self) -> str:
@@ -70,7 +71,8 @@ class Supervisor:
     def __init__(self, config: Config, paths: DaemonPaths, store: Store,
                  devices: list[GpuStats], hook_library: Callable[[], Path],
                  clock: Callable[[], float] = time.time,
-                 sim_env: Mapping[str, str] | None = None) -> None:
+                 sim_env: Mapping[str, str] | None = None,
+                 sim_prepend: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.paths = paths
         self.store = store
@@ -79,6 +81,7 @@ class Supervisor:
         self.hook_library = hook_library
         self.clock = clock
         self.sim_env = dict(sim_env or {})
+        self.sim_prepend = dict(sim_prepend or {})
         self.jobs: dict[str, Job] = {}
         self.started = clock()
         self.compute = False            # set by the shell when a governor runs
@@ -174,9 +177,11 @@ class Supervisor:
         self.jobs[rec.id] = Job(rec, region)
         log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
                  user, where.gpu.index, format_size(mem), core, policy)
-        env = {"LD_PRELOAD": hook, "VGPU_REGION": str(job_dir), "VGPU_JOB": rec.id,
+        env = {"VGPU_REGION": str(job_dir), "VGPU_JOB": rec.id,
                "CUDA_VISIBLE_DEVICES": where.gpu.uuid, **self.sim_env}
-        return P.ok(job=self.view(self.jobs[rec.id]), env=env)
+        # Paths the client puts in front of the variable's current value.
+        prepend = {"LD_PRELOAD": hook, **self.sim_prepend}
+        return P.ok(job=self.view(self.jobs[rec.id]), env=env, prepend=prepend)
 
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self._job(req.job)
@@ -385,24 +390,29 @@ class Supervisor:
                 out[pid] = start
         return out
 
+    def _roots(self) -> set[int]:
+        return {j.rec.root_pid for j in self.jobs.values() if j.rec.root_pid is not None}
+
     def _processes(self, job: Job, table: tracking.ProcTable,
-                   children: Mapping[int, list[int]]) -> dict[int, int]:
+                   children: Mapping[int, list[int]],
+                   roots: set[int] | None = None) -> dict[int, int]:
         seeds = dict(job.rec.pids)
         rec = job.rec
         if rec.root_pid is not None and rec.root_start is not None:
             seeds.setdefault(rec.root_pid, rec.root_start)
         seeds.update(self._slot_seeds(job))
-        others = [j.rec.root_pid for j in self.jobs.values()
-                  if j is not job and j.rec.root_pid is not None]
-        return tracking.job_processes(seeds, table, children, exclude=others)
+        # Another job's root below this job's processes is that job's.
+        return tracking.job_processes(seeds, table, children,
+                                      exclude=self._roots() if roots is None else roots)
 
     def track(self, table: tracking.ProcTable) -> None:
         """Apply one /proc scan: update each job's processes; end the jobs
         that have none left and no launcher waiting to start them."""
         children = tracking.children_map(table)
+        roots = self._roots()
         for job in list(self.jobs.values()):
             rec = job.rec
-            live = self._processes(job, table, children)
+            live = self._processes(job, table, children, roots)
             if live != rec.pids:
                 rec.pids = live
                 self.store.update_job(rec, ["pids"])
@@ -471,14 +481,14 @@ class Supervisor:
                 shutil.rmtree(p, ignore_errors=True)
 
     # -- compute ------------------------------------------------------------------
-    def gate_inputs(self) -> list[tuple[Job, int, str, int]]:
-        """(job, device index, uuid, launches) of every running job's GPU."""
+    def gate_inputs(self) -> list[tuple[Job, int, str, dict[str, int]]]:
+        """(job, device index, uuid, usage counters) of every running job's GPU."""
         out = []
         for job in self.jobs.values():
             if job.rec.state != RUNNING or job.region is None:
                 continue
             for i, u in enumerate(job.uuids()):
-                out.append((job, i, u, self._dev_usage(job, i).get("launches", 0)))
+                out.append((job, i, u, self._dev_usage(job, i)))
         return out
 
     def apply_gate(self, job: Job, i: int, uuid: str, throttle: bool, refill_rate: int,
@@ -491,11 +501,11 @@ class Supervisor:
             job.target[uuid] = target
         if job.rec.core_share >= 100 and job.rec.policy == "hard":
             throttle, refill_rate, bucket_size = False, 0, 0   # no gate: the fast path
-        cur = job.region.device(i)
-        if (cur.throttle, cur.refill_rate, cur.bucket_size) != (throttle, refill_rate,
-                                                                 bucket_size):
+        gate = (throttle, refill_rate, bucket_size)
+        if job.gates.get(i) != gate:
             job.region.update_device(i, throttle=throttle, refill_rate=refill_rate,
                                      bucket_size=bucket_size)
+            job.gates[i] = gate
 
     def update_stats(self, stats: list[GpuStats]) -> None:
         for s in stats:

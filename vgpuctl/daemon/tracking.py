@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Container, Mapping
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,14 @@ def alive(pid: int, start: int | None, table: ProcTable) -> bool:
 
 def job_processes(seeds: Mapping[int, int], table: ProcTable,
                   children: Mapping[int, list[int]] | None = None,
-                  exclude: Iterable[int] = ()) -> dict[int, int]:
+                  exclude: Container[int] = ()) -> dict[int, int]:
     """{pid: start} of the job: the seeds still alive (same start time) and
-    all their descendants; pids in exclude (another job's roots) and their
-    subtrees are left out."""
+    all their descendants, except the descendants in exclude (the roots of
+    other jobs, started from inside this one) and their subtrees."""
     if children is None:
         children = children_map(table)
-    skip = set(exclude)
-    out = {p: s for p, s in seeds.items() if alive(p, s, table) and p not in skip}
+    skip = exclude
+    out = {p: s for p, s in seeds.items() if alive(p, s, table)}
     stack = list(out)
     while stack:
         p = stack.pop()
