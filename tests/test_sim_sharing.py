@@ -103,7 +103,10 @@ def test_different_gpus_do_not_share_time(sim_env, burn_program):
         t.start()
     for t in threads:
         t.join()
-    assert all(r["rate"] > 400 for r in results), results  # nearly 500/s each
+    # 2 ms kernels: 500/s each when the GPUs run independently, at most 250/s
+    # each if they shared one timeline. The bound sits well between the two,
+    # so a loaded machine's lateness can't fail it but sharing would.
+    assert all(r["rate"] > 330 for r in results), results
 
 
 VISIBLE = """
