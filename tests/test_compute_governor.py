@@ -3,12 +3,11 @@ and a fake NVML: ticks are steps, never sleeps, so nothing here depends on
 timing. The model: each job asks for share min(1, rate * cost) (1 when
 ungated, 0 when idle); when the asks add up to more than the GPU, each gets
 its ask in proportion. NVML reports each tick's shares as one sample period
-closing at the tick, rounded down to whole percents. Launches are counted
+closing at the tick, in whole percents. Launches are counted
 only while a job is gated, as the hook counts them in the region."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import pytest
@@ -49,8 +48,12 @@ class Job:
 class World:
     NVMLError = NVMLError
 
-    def __init__(self, jobs: list[Job]) -> None:
+    def __init__(self, jobs: list[Job], capacity: float = 1.0) -> None:
         self.jobs = jobs
+        # what the GPU can fill when several processes take turns; when
+        # asked for more, the jobs with the longest kernels win the race
+        # for the device and the loss falls on the shortest ones
+        self.capacity = capacity
         self.now_us = T0
         self.samples: dict[str, list[Sample]] = {}
         self.fail = 0
@@ -82,14 +85,25 @@ class World:
                 else:
                     asks.append(min(1.0, j.gate.refill_rate / 1000.0 * j.cost_s))
             total = sum(asks)
-            for j, a in zip(here, asks):
-                share = a / total if total > 1.0 else a
+            usable = self.capacity if sum(1 for a in asks if a > 0) > 1 else 1.0
+            got = {}
+            if total <= usable:
+                got = {id(j): a for j, a in zip(here, asks)}
+            elif self.capacity < 1.0:
+                left = usable
+                for j, a in sorted(zip(here, asks), key=lambda x: -x[0].cost_s):
+                    got[id(j)] = min(a, left)
+                    left -= got[id(j)]
+            else:
+                got = {id(j): a / total for j, a in zip(here, asks)}
+            for j in here:
+                share = got[id(j)]
                 j.got.append(share)
                 if j.gate is not None and j.gate.throttle:
                     # as the hook: the region's device counter moves only
                     # on the gated path (the fast path counts per process)
                     j.launches += share * TICK / j.cost_s
-                util = math.floor(share * 100 + 1e-9)
+                util = int(share * 100 + 0.5)
                 if util > 0:
                     self.samples.setdefault(uuid, []).append(Sample(j.pid, self.now_us, util))
 
@@ -162,6 +176,20 @@ def test_two_soft_jobs_share_the_whole_gpu() -> None:
     assert mean(a.got[20:]) + mean(b.got[20:]) >= 0.95
     assert mean(a.got[20:]) == pytest.approx(0.5, abs=0.03)
     assert mean(b.got[20:]) == pytest.approx(0.5, abs=0.03)
+
+
+def test_full_gpu_loss_is_shared_not_dumped_on_short_kernels() -> None:
+    # 20/30/50 hard with 50 us, 500 us and 5 ms kernels on a GPU that can
+    # fill 97 % of its time when they take turns
+    a = Job("1", 101, 20, cost_s=50e-6)
+    b = Job("2", 102, 30, cost_s=500e-6)
+    c = Job("3", 103, 50, cost_s=5e-3)
+    w = World([a, b, c], capacity=0.97)
+    run(w, governor(w), 60)
+    for j in (a, b, c):
+        assert mean(j.got[30:]) == pytest.approx(j.share / 100, abs=0.02), (a.got[-1], b.got[-1],
+                                                                             c.got[-1])
+    assert mean(a.got[30:]) >= 0.19
 
 
 def test_soft_borrows_from_an_idle_owner_and_gives_back_within_a_second() -> None:

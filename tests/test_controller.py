@@ -21,7 +21,6 @@ class Plant:
         self.cost_s = cost_s
         self.contention = contention
         self.demand = math.inf          # launches/s the job would make unthrottled
-        self.pending: tuple[float, float, float] | None = None  # last step's result
 
     def run(self, cmd: ctl.Command) -> tuple[float, float]:
         """Run one step under the gate; return (true share, launches)."""
@@ -31,7 +30,8 @@ class Plant:
         return share, launches_per_s * DT
 
 
-def drive(plant: Plant, loop: ctl.ShareLoop, targets, gains: ctl.Gains = ctl.Gains()):
+def drive(plant: Plant, loop: ctl.ShareLoop, targets: list[float],
+          gains: ctl.Gains | None = None) -> list[float]:
     """Run the closed loop; targets is a list of per-step target shares.
     Returns the true share of each step."""
     shares = []
@@ -206,6 +206,49 @@ def test_soft_job_that_does_not_want_more_does_not_take_it() -> None:
     t = ctl.effective_targets([C("a", 0.3, ctl.SOFT, wants_more=False),
                                C("b", 0.3, ctl.SOFT)])
     assert t == {"a": pytest.approx(0.3), "b": pytest.approx(0.7)}
+
+
+def test_full_gpu_scales_every_share_alike() -> None:
+    # the GPU can fill 96 % of its time: three hard jobs adding up to 100 %
+    # each lose in proportion, not whoever loses the race for the device
+    t = ctl.effective_targets([C("a", 0.2), C("b", 0.3), C("c", 0.5)], capacity=0.96)
+    assert t == {"a": pytest.approx(0.192), "b": pytest.approx(0.288),
+                 "c": pytest.approx(0.48)}
+    # not subscribed to the full: nothing changes
+    t = ctl.effective_targets([C("a", 0.3), C("b", 0.6)], capacity=0.96)
+    assert t == {"a": pytest.approx(0.3), "b": pytest.approx(0.6)}
+    # soft jobs borrow what is left of the capacity, not of 100 %
+    t = ctl.effective_targets([C("a", 0.3, ctl.SOFT), C("b", 0.3, ctl.SOFT)], capacity=0.96)
+    assert t["a"] + t["b"] == pytest.approx(0.96)
+
+
+def test_capacity_is_learnt_only_when_a_job_is_held_back() -> None:
+    cap = ctl.Capacity()
+    for _ in range(30):
+        cap.observe(0.97, starved=False)     # busy, but nobody is held back
+    assert cap.value == 1.0
+    for _ in range(30):
+        cap.observe(0.97, starved=True)
+    assert cap.value == pytest.approx(0.97, abs=0.005)
+    # the held-back job reaches its scaled target: no quick way back up
+    cap.observe(0.97, starved=False)
+    assert cap.value < 0.975
+    # a window with room while a job is below target (its host was late,
+    # or it is busy on the host): says nothing
+    held = cap.value
+    cap.observe(0.5, starved=True)
+    assert cap.value == held
+    for _ in range(30):
+        cap.observe(0.5, starved=False)      # room that nobody wants
+    assert cap.value == pytest.approx(1.0, abs=0.005)
+
+
+def test_host_bound_job_does_not_shrink_the_others() -> None:
+    # 50 + 50 hard, one busy on its host at 20 %: the GPU is not full
+    cap = ctl.Capacity()
+    for _ in range(100):
+        cap.observe(0.7, starved=True)
+    assert cap.value == 1.0
 
 
 # ---- helpers ----------------------------------------------------------------

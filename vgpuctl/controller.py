@@ -20,14 +20,17 @@ into a launch rate for the hook's token bucket:
 `effective_targets` implements the two policies on one GPU: `hard` jobs get
 their share and never more; `soft` jobs that want more share the capacity
 that idle jobs leave, in proportion to their shares, and give it back as soon
-as an owner launches again.
+as an owner launches again. `Capacity` learns how much of the GPU's time
+kernels can fill when processes take turns, so that on a fully subscribed
+GPU every job loses in proportion rather than the one with the shortest
+kernels losing it all. See docs/compute.md.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
 
 HARD = "hard"
 SOFT = "soft"
@@ -43,16 +46,23 @@ class Gains:
 
     kp: float = 0.1                 # proportional gain on the share error
     ki: float = 0.2                 # integral gain per measurement
-    integral_limit: float = 0.25    # |integral| at most this (share units)
+    integral_limit: float = 0.25    # |integral| at most this x target (share units)
     cost_halflife_s: float = 0.4    # half-life of the cost-per-launch average
     bucket_s: float = 0.03          # bucket holds this much time's worth of launches
-    backlog_ratio: float = 0.85     # launched >= this x allowed: the bucket limits the job
+    backlog_ratio: float = 0.85     # launched >= this x allowed in a step: the bucket
+                                    # limits the job (it wants more)
+    pi_usage_ratio: float = 0.7     # launched >= this x allowed over the window: the
+                                    # PI may push the rate up (anti-windup below it)
+    idle_ratio: float = 0.3         # launched < this x allowed: the job was idle
     initial_cost_s: float = 1e-3    # assumed GPU time per launch before any measurement
     resolution: float = 0.01        # smallest share NVML reports (1 %)
     min_rate: float = 1.0           # launches/s never below this (the job can make progress)
     settle_steps: int = 2           # measurements the PI ignores after a rate jump
     rate_jump: float = 0.1          # a rate change this large (relative) is a jump
     target_jump: float = 0.02       # a target change this large is a jump
+
+
+DEFAULT_GAINS = Gains()
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,7 @@ class ShareLoop:
     settle: int = 0                 # measurements the PI still ignores
     commanded: float | None = None  # share asked for last step (target + PI)
     backlogged: bool = False        # last step: the bucket was what limited the job
+    used: float | None = None       # last step: launched / allowed
 
     @property
     def cost(self) -> float | None:
@@ -118,8 +129,9 @@ class ShareLoop:
         self.launch_sum = self.launch_sum * decay + launches
 
 
-def step(loop: ShareLoop, obs: Observation, gains: Gains = Gains()) -> Command:
+def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Command:
     """One control step: update the loop's state from obs, return the gate."""
+    gains = gains or DEFAULT_GAINS
     target = min(max(obs.target, 0.0), 1.0)
     if obs.busy_s is not None and obs.window_launches is not None:
         window_s = obs.window_s if obs.window_s is not None else obs.dt
@@ -133,18 +145,27 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains = Gains()) -> Command:
 
     # Did the bucket limit the job, or did it launch less than allowed?
     prev_rate = loop.rate
-    if prev_rate is None:
-        backlogged = False
-    else:
-        allowed = prev_rate * obs.dt
-        backlogged = obs.launches >= gains.backlog_ratio * allowed and obs.launches > 0
+    used: float | None = None           # launched / allowed, this step
+    if prev_rate is not None and prev_rate > 0 and obs.dt > 0:
+        used = obs.launches / (prev_rate * obs.dt)
+    backlogged = used is not None and used >= gains.backlog_ratio and obs.launches > 0
+    # Over the measurement window (steadier than one step): did the job use
+    # most of what it was allowed? Only then may the PI push its rate up.
+    window_used = used
+    if (prev_rate is not None and prev_rate > 0 and obs.window_launches is not None
+            and obs.window_s):
+        window_used = obs.window_launches / (prev_rate * obs.window_s)
+    may_push_up = window_used is not None and window_used >= gains.pi_usage_ratio
+
     # The measurement window lags the step: after a jump of the target, or
-    # when the job just started using its allowance (it was idle), the next
-    # windows still show the past. The PI ignores them.
+    # when an idle job starts launching, the next windows still show the
+    # past. The PI ignores them.
     if loop.target is not None and abs(target - loop.target) >= gains.target_jump:
         loop.settle = gains.settle_steps
-    if backlogged and not loop.backlogged:
+    if (used is not None and used >= gains.pi_usage_ratio and loop.used is not None
+            and loop.used < gains.idle_ratio):
         loop.settle = gains.settle_steps
+    loop.used = used
     loop.backlogged = backlogged
     loop.target = target
     if target >= FULL:
@@ -160,14 +181,14 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains = Gains()) -> Command:
         if loop.settle > 0:
             # The window still shows the rate before the last jump.
             loop.settle -= 1
-        elif raw < 0.0 or backlogged:
+        elif raw < 0.0 or may_push_up:
             # Anti-windup: a job below its target that did not use what it
             # was allowed (idle, busy on the host, or held back by the
             # device) says nothing about its rate: neither term pushes it up.
             # Pushing down is always allowed.
             error = raw
         loop.integral += gains.ki * error
-        limit = gains.integral_limit * max(target, 0.05) / 0.5
+        limit = gains.integral_limit * max(target, 0.05)
         loop.integral = min(max(loop.integral, -min(limit, 0.8 * target)), limit)
 
     commanded = target + loop.integral + gains.kp * error
@@ -200,27 +221,75 @@ class Claim:
     wants_more: bool = True
 
 
-def effective_targets(claims: Iterable[Claim]) -> dict[Hashable, float]:
+def effective_targets(claims: Iterable[Claim], capacity: float = 1.0) -> dict[Hashable, float]:
     """Each job's target share on one GPU under the hard/soft policies.
 
-    hard: exactly its share. soft: its share plus, if it wants more, its part
-    (in proportion to shares) of what the jobs that are idle leave unclaimed.
-    A soft job alone on its GPU gets the whole GPU.
+    hard: its share. soft: its share plus, if it wants more, its part (in
+    proportion to shares) of what the idle jobs leave unclaimed. A soft job
+    alone on its GPU gets the whole GPU.
+
+    capacity is the part of the GPU's time that kernels can actually fill
+    (switching between processes costs some, see `Capacity`). When the active
+    jobs' shares add up to more, every share is scaled down alike, so the loss
+    is spread in proportion instead of falling on whichever job loses the
+    race for the device.
     """
     claims = list(claims)
-    out: dict[Hashable, float] = {c.key: min(max(c.share, 0.0), 1.0) for c in claims}
+    shares = {c.key: min(max(c.share, 0.0), 1.0) for c in claims}
     if len(claims) == 1 and claims[0].policy == SOFT:
-        out[claims[0].key] = 1.0
-        return out
-    claimed = sum(min(max(c.share, 0.0), 1.0) for c in claims if c.active)
-    free = max(0.0, 1.0 - claimed)
+        return {claims[0].key: 1.0}
+    capacity = min(max(capacity, 0.0), 1.0)
+    claimed = sum(shares[c.key] for c in claims if c.active)
+    scale = min(1.0, capacity / claimed) if claimed > 0 else 1.0
+    out = {k: v * scale for k, v in shares.items()}
+    free = max(0.0, capacity - claimed)
     borrowers = [c for c in claims if c.policy == SOFT and c.active and c.wants_more]
-    weight = sum(c.share for c in borrowers)
+    weight = sum(shares[c.key] for c in borrowers)
     if free <= 0.0 or weight <= 0.0:
         return out
     for c in borrowers:
-        out[c.key] = min(1.0, out[c.key] + free * c.share / weight)
+        out[c.key] = min(1.0, out[c.key] + free * shares[c.key] / weight)
     return out
+
+
+@dataclass
+class Capacity:
+    """How much of one GPU's time kernels can fill, learnt from NVML.
+
+    Each switch between two processes' kernels leaves the device idle a
+    little (on a real GPU a context switch; on the simulator a worker's
+    wake-up), so a fully subscribed GPU delivers less than 100 %. While the
+    GPU is busy and some job is held back by the device (below its target
+    without using its allowance), the GPU's total utilization is what it can
+    deliver. When the GPU has room that nobody wants, the estimate goes back
+    to 1 quickly; when it is busy and nobody is held back, slowly; a window
+    with room and a job held back (busy on its host, or its host was late)
+    changes nothing.
+    """
+
+    value: float = 1.0
+    floor: float = 0.9                  # never assume less than this
+    alpha_down: float = 0.3             # weight of a window that shows a full GPU,
+                                        # or one with room that nobody wants
+    alpha_up: float = 0.03              # weight of a busy window where nobody is held
+                                        # back: recover slowly, or the held-back job
+                                        # loses it all again
+    saturated_util: float = 0.9         # total utilization above which a GPU may be full
+
+    def observe(self, util: float, starved: bool) -> float:
+        """Fold one measurement window; util = the GPU's total busy share."""
+        if starved:
+            if util < self.saturated_util:
+                # Room on the GPU and a job below target: busy on its host,
+                # or its host was late. Neither says what the GPU can fill.
+                return self.value
+            obs, alpha = min(1.0, util), self.alpha_down
+        elif util < self.saturated_util:
+            obs, alpha = 1.0, self.alpha_down       # room, and nobody wants it
+        else:
+            obs, alpha = 1.0, self.alpha_up
+        self.value = min(1.0, max(self.floor, self.value + alpha * (obs - self.value)))
+        return self.value
 
 
 @dataclass
@@ -268,4 +337,4 @@ def to_tokens(launches: float, scale: int) -> int:
     """Launches (or launches/s) to the hook's integer tokens, at least 1."""
     if not math.isfinite(launches):
         return 2**62
-    return max(1, int(round(launches * scale)))
+    return max(1, round(launches * scale))
