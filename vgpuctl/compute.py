@@ -98,6 +98,11 @@ class ComputeGovernor:
                 log.debug("nvmlShutdown: %s", e)
         self._nvml = None
 
+    def sample_period_s(self, uuid: str) -> float:
+        """NVML's sample period on this GPU: how far measured shares trail
+        the work."""
+        return self._sampler.period_s(uuid)
+
     def measured(self, job_id: str, uuid: str) -> float | None:
         st = self._states.get((job_id, uuid))
         return st.measured if st else None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import native, paths
+from .. import accounting, compute, metrics, native, notify, paths
 from ..config import Config, load_config
 from ..errors import DaemonUnavailable, VgpuError
 from ..gpus import Nvml
@@ -114,16 +114,6 @@ def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
 
 
-def _optional(module: str) -> Any:
-    """Import a part of vgpuctl that may not be installed yet, else None."""
-    import importlib
-    try:
-        return importlib.import_module(f"vgpuctl.{module}")
-    except ImportError as e:
-        log.warning("vgpuctl.%s unavailable (%s): running without it", module, e)
-        return None
-
-
 class Daemon:
     def __init__(self, dp: paths.DaemonPaths, config: Config) -> None:
         self.dp = dp
@@ -133,7 +123,6 @@ class Daemon:
         self.accountant: Any = None
         self.metrics: Any = None
         self.metrics_box: Any = None
-        self._notify: Any = None
         self._last_metrics = 0.0
         self._tick_errors = 0
 
@@ -156,7 +145,6 @@ class Daemon:
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
                          sim_env=sim_set, sim_prepend=sim_prepend)
         self.sup = sup
-        self._notify = _optional("notify")
         self._start_compute(loop)
         self._start_accounting(store)
         sup.on_config = self._config_changed
@@ -175,16 +163,14 @@ class Daemon:
                  os.getpid(), self.dp.socket, len(devices), "" if len(devices) == 1 else "s",
                  "system" if self.dp.system else "user", self.config.source,
                  "on" if self.governor else "off")
-        if self._notify:
-            self._notify.ready(f"{len(sup.jobs)} jobs, {len(devices)} GPUs")
+        notify.ready(f"{len(sup.jobs)} jobs, {len(devices)} GPUs")
         tasks = [asyncio.ensure_future(c) for c in
                  (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml))]
         try:
             await self.stop_event.wait()
         finally:
             log.info("stopping; %d jobs keep running", len(sup.jobs))
-            if self._notify:
-                self._notify.stopping()
+            notify.stopping()
             aserver.close()
             await server.close()
             for t in tasks:
@@ -215,23 +201,17 @@ class Daemon:
 
     # -- optional parts -----------------------------------------------------------
     def _start_compute(self, loop: asyncio.AbstractEventLoop) -> None:
-        # Temporary guard: until vgpuctl.compute is in every tree, a daemon
-        # without it runs with no throttling and "measured" unknown.
-        compute = _optional("compute")
-        if compute is None:
-            return
+        # Without NVML's per-process utilization the daemon still serves
+        # memory limits: no throttling, and "measured" unknown.
         try:
             self.governor = compute.ComputeGovernor(tick_s=self.config.tick_ms / 1000)
-            self._compute = compute
             self.sup.compute = True
         except Exception as e:
             log.error("compute limits off: %s", e)
             self.governor = None
 
     def _start_accounting(self, store: Store) -> None:
-        acc = _optional("accounting")
-        if acc is None:
-            return
+        acc = accounting
         try:
             acc.create_schema(store.conn)
             self.accountant = acc.Accountant()
@@ -246,12 +226,8 @@ class Daemon:
     def _start_metrics(self) -> None:
         if not self.config.metrics_address:
             return
-        m = _optional("metrics")
-        if m is None:
-            return
-        self._metrics_mod = m
-        self.metrics_box = m.SnapshotBox()
-        self.metrics = m.serve(self.config.metrics_address, self.metrics_box.get, log)
+        self.metrics_box = metrics.SnapshotBox()
+        self.metrics = metrics.serve(self.config.metrics_address, self.metrics_box.get, log)
 
     def _config_changed(self, config: Config) -> None:
         self.config = config
@@ -262,9 +238,9 @@ class Daemon:
     def _job_ended(self, job_id: str) -> None:
         if self.accountant is not None:
             # Measured shares trail the work by about one NVML sample period.
-            sampler = getattr(self.governor, "_sampler", None)
-            lag = max((sampler.period_s(g.uuid) for g in self.sup.gpus), default=0.0) \
-                if sampler is not None else 0.0
+            gov = self.governor
+            lag = max((gov.sample_period_s(g.uuid) for g in self.sup.gpus), default=0.0) \
+                if gov is not None else 0.0
             self.accountant.end_job(job_id, time.time(), lag)
             try:   # a report right after the job's end sees all of it
                 self.accountant.flush(self.sup.store.conn)
@@ -272,14 +248,12 @@ class Daemon:
                 log.exception("accounting flush failed")
 
     def _sighup(self) -> None:
-        if self._notify:
-            self._notify.reloading()
+        notify.reloading()
         try:
             self.sup.reload()
         except VgpuError as e:
             log.error("reload failed, keeping the previous configuration: %s", e)
-        if self._notify:
-            self._notify.ready()
+        notify.ready()
 
     # -- loops --------------------------------------------------------------------
     async def _tick_loop(self) -> None:
@@ -304,7 +278,7 @@ class Daemon:
         now = time.monotonic()
         gates: dict[tuple[str, str], Any] = {}
         if self.governor is not None and inputs:
-            jd = [self._compute.JobDevice(job.id, uuid, frozenset(job.rec.pids),
+            jd = [compute.JobDevice(job.id, uuid, frozenset(job.rec.pids),
                                           job.rec.core_share, job.rec.policy,
                                           usage.get("launches", 0))
                   for job, _, uuid, usage in inputs]
@@ -327,7 +301,7 @@ class Daemon:
             self.metrics_box.set(self._metrics_snapshot())
 
     def _metrics_snapshot(self) -> Any:
-        m = self._metrics_mod
+        m = metrics
         sup = self.sup
         gpus = [m.GpuMetrics(uuid=g["uuid"], index=g["index"], name=g["name"],
                              memory_used=g["memory_used"] or 0, memory_total=g["memory_total"],
