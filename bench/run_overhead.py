@@ -77,7 +77,7 @@ def start_daemon(base: Path, bytecode_cache: bool) -> tuple[subprocess.Popen, di
             return proc, env
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit("daemon failed:\n" + (base / "daemon.log").read_text())
+                raise SystemExit("daemon failed:\n" + (base / "daemon.log").read_text()) from None
             time.sleep(0.05)
     raise SystemExit("daemon did not start")
 
@@ -129,7 +129,7 @@ def bench_ps(env: dict[str, str], sock: Path, jobs: int, reps: int) -> dict[str,
         return {"ps_json_ms": 1e3 * statistics.median(times), "ps_jobs_listed": n,
                 "ps_reply_bytes": len(out.stdout)}
     finally:
-        for jid, p in started:
+        for _, p in started:
             p.kill()
         for jid, p in started:
             p.wait()

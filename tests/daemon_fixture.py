@@ -79,7 +79,7 @@ class Daemon:
         self.log = base / "daemon.log"
 
     # -- the daemon process ------------------------------------------------------
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         log = open(self.log, "ab")
         self.proc = subprocess.Popen([*vgpuctl_argv(), "daemon"], env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log)

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from vgpuctl import errors, protocol as P
+from vgpuctl import errors
+from vgpuctl import protocol as P
 
 
 def req(**fields):

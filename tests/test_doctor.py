@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from vgpuctl import doctor as dr
-from vgpuctl import native, protocol as P
+from vgpuctl import native
+from vgpuctl import protocol as P
 
 
 def vgpuctl(args, env=None):

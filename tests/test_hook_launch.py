@@ -6,9 +6,15 @@ and changes of the rate apply while it waits. No timing is asserted."""
 from __future__ import annotations
 
 import pytest
-
 from test_hook_support import (  # noqa: F401
-    TOKEN_SCALE, GiB, cbuild, client_factory, clients, sim, slot_of, wait_for,
+    TOKEN_SCALE,
+    GiB,
+    cbuild,
+    client_factory,
+    clients,
+    sim,
+    slot_of,
+    wait_for,
 )
 
 PATHS = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz"]

@@ -13,10 +13,20 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from test_hook_support import (  # noqa: F401
-    CUDA_ERROR_DEVICE_UNAVAILABLE, CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, cbuild, client_factory,
-    clients, make_sim, results, run, sim, slot_of, wait_for,
+    CUDA_ERROR_DEVICE_UNAVAILABLE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    GiB,
+    MiB,
+    cbuild,
+    client_factory,
+    clients,
+    make_sim,
+    results,
+    run,
+    sim,
+    slot_of,
+    wait_for,
 )
 
 # name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)

@@ -10,10 +10,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from test_hook_support import (  # noqa: F401
-    CLIENT_MODES, CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, cbuild, clients, client_factory, results,
-    run, sim, slot_of,
+    CLIENT_MODES,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    GiB,
+    MiB,
+    cbuild,
+    client_factory,
+    clients,
+    results,
+    run,
+    sim,
+    slot_of,
 )
 
 

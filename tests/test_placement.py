@@ -6,8 +6,15 @@ import pytest
 
 from vgpuctl.config import UserLimits
 from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
-from vgpuctl.placement import (Commitment, Gpu, capacity, check_resize, check_user_limits,
-                               place, resolve_gpu)
+from vgpuctl.placement import (
+    Commitment,
+    Gpu,
+    capacity,
+    check_resize,
+    check_user_limits,
+    place,
+    resolve_gpu,
+)
 
 G = 1 << 30
 M = 1 << 20

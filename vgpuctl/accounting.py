@@ -28,8 +28,8 @@ No I/O apart from ``flush`` and ``create_schema``; the arithmetic is plain.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 GIB = 1 << 30
 

@@ -13,10 +13,12 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from . import paths, protocol as P
+from . import paths
+from . import protocol as P
 from .errors import DaemonUnavailable, ProtocolError
 
 MAX_REPLY = 256 << 20
@@ -33,7 +35,7 @@ class Client:
         self._buf = b""
 
     @classmethod
-    def connect(cls, path: Path, timeout: float = 30.0) -> "Client":
+    def connect(cls, path: Path, timeout: float = 30.0) -> Client:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout)
         name = str(path)
@@ -84,7 +86,7 @@ class Client:
     def close(self) -> None:
         self._sock.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -9,9 +9,10 @@ strings ("512M", "8G") or integers (bytes).
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .errors import ConfigError
 from .sizes import parse_size
@@ -57,7 +58,7 @@ class Config:
             return UserLimits()
         return self.default_limits
 
-    def with_(self, **changes: Any) -> "Config":
+    def with_(self, **changes: Any) -> Config:
         return replace(self, **changes)
 
 

@@ -117,7 +117,7 @@ class Demo:
         self.started_at = time.time()
 
     # -- context -----------------------------------------------------------------
-    def __enter__(self) -> "Demo":
+    def __enter__(self) -> Demo:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -17,9 +17,10 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from . import native, paths, sim
 from .errors import VgpuError

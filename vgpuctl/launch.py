@@ -14,7 +14,8 @@ import errno
 import os
 import signal
 import sys
-from typing import Any, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
 from . import cliargs
 from .client import Client

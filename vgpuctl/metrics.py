@@ -26,8 +26,9 @@ import ipaddress
 import logging
 import socket
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable
 
 from .errors import VgpuError
 

@@ -9,8 +9,8 @@ lowest index). A refusal names every GPU considered and what it has left.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .config import UserLimits
 from .errors import AdmissionRefused, NotFound, UsageError

@@ -13,7 +13,7 @@ server answers with an error reply. docs/daemon.md lists the ops.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, NamedTuple, Union
+from typing import Any, Callable, NamedTuple, Union
 
 from . import errors
 
@@ -157,7 +157,7 @@ _MEM = _int(1, 1 << 60)
 _CORE = _int(1, 100)
 
 # op: (class, {field: (check, required)})
-_OPS: Dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
+_OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "ping": (Ping, {}),
     "run": (Run, {"command": (_command, True), "cwd": (_str(), True),
                   "name": (_str(MAX_NAME), False), "mem": (_MEM, False),

@@ -126,7 +126,7 @@ class Region:
     # -- creation and opening ------------------------------------------------
     @classmethod
     def create(cls, path: Path | str, job_id: str, owner_uid: int,
-               devices: list[DeviceLimit]) -> "Region":
+               devices: list[DeviceLimit]) -> Region:
         """Create the two files (atomically: written under temporary names,
         then renamed) and return the region, writable."""
         f = ffi()
@@ -164,7 +164,7 @@ class Region:
         return reg
 
     @classmethod
-    def open(cls, path: Path | str, writable_limits: bool = False) -> "Region":
+    def open(cls, path: Path | str, writable_limits: bool = False) -> Region:
         f = ffi()
         path = Path(path)
         lmap = _map(path / LIMITS_FILE, f.sizeof("struct vgpu_limits"), writable_limits)

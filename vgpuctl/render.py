@@ -6,7 +6,8 @@ Input is the daemon's `ps` reply as a dict (docs/cli.md lists the fields).
 from __future__ import annotations
 
 import shlex
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table

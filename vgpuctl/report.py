@@ -24,10 +24,11 @@ import os
 import re
 import sqlite3
 import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable
 
 from .accounting import UsageRow, read_usage
 from .errors import UsageError, VgpuError

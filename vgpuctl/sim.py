@@ -13,8 +13,8 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import MutableMapping
 
 from . import native
 from .errors import SimError

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import VgpuError
 
@@ -112,7 +113,7 @@ class Store:
         self.path = path
 
     @classmethod
-    def open(cls, path: Path | str) -> "Store":
+    def open(cls, path: Path | str) -> Store:
         path = Path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -115,8 +115,8 @@ def burn_checks(res: C.StepResult, d: C.Daemon, mem: str, limit: int) -> None:
     for k, r in (("burn-over", r_over), ("burn-under", r_under), ("burn-bare", r_bare)):
         res.logs[k] = r.log()
     jo, ju, jb = r_over.json or {}, r_under.json or {}, r_bare.json or {}
-    res.add(C.judged("burn-oom", claim,
-                     jo.get("error") == "CUDA_ERROR_OUT_OF_MEMORY" and jo.get("call") == "cuMemAlloc",
+    oom = jo.get("error") == "CUDA_ERROR_OUT_OF_MEMORY" and jo.get("call") == "cuMemAlloc"
+    res.add(C.judged("burn-oom", claim, oom,
                      {"error": jo.get("error"), "call": jo.get("call"), "rc": r_over.rc}))
     res.add(C.judged("burn-control-in-job", f"vgpu-burn --alloc {under} inside the job succeeds",
                      r_under.rc == 0 and not ju.get("error"),

@@ -5,8 +5,9 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import click
 
@@ -91,6 +92,7 @@ def _watch(d: Any, console: Any) -> None:
     from rich.live import Live
 
     with Live(console=console, refresh_per_second=4, transient=False) as live:
-        show: Callable[[dict[str, Any]], None] = lambda data: live.update(
-            render.status_view(data))
+        def show(data: dict[str, Any]) -> None:
+            return live.update(
+                    render.status_view(data))
         d.watch(show)

@@ -13,8 +13,8 @@ parent exited (and which was reparented to init) in the job.
 from __future__ import annotations
 
 import os
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from typing import Container, Mapping
 
 
 @dataclass(frozen=True)
