@@ -15,11 +15,13 @@ import pwd
 import shutil
 import signal as _signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from .. import __version__, placement, protocol as P
+from .. import __version__, placement
+from .. import protocol as P
 from ..config import Config, load_config
 from ..errors import NotFound, PermissionDenied, UsageError, VgpuError
 from ..gpus import GpuStats
@@ -353,7 +355,7 @@ class Supervisor:
             "over_limit": bool(nvml_mem is not None and nvml_mem > rec.mem_limit),
             "oom_refusals": u.get("oom_refusals"),
             "core": rec.core_share, "core_measured": job.measured.get(str(gpu["uuid"])),
-            "policy": rec.policy, "launches": u.get("launches"),
+            "policy": rec.policy, "gated_launches": u.get("launches"),
             "throttled_s": None if throttled_ns is None else throttled_ns / 1e9,
             "created": rec.created, "started": rec.started, "ended": rec.ended,
             "runtime_s": max(0.0, end - begin),
