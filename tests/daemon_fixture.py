@@ -21,9 +21,25 @@ from typing import Any, Callable
 
 import pytest
 
+from vgpuctl import native
 from vgpuctl.client import Client
 
 START_TIMEOUT_S = 20.0
+
+
+def native_built() -> bool:
+    """Whether the hook, the simulated GPU and vgpu-burn are all built."""
+    try:
+        native.hook_library()
+        native.sim_libdir()
+        native.burn_program()
+    except Exception:
+        return False
+    return True
+
+
+# Marks a test (or, as pytestmark, a module) that runs jobs on the simulated GPU.
+needs_native = pytest.mark.skipif(not native_built(), reason="native parts not built")
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

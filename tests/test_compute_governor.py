@@ -11,24 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from fake_nvml import T0, NVMLError, Sample
 
 from vgpuctl.compute import ComputeGovernor, Gate, JobDevice
 
 TICK = 0.1
-T0 = 1_700_000_000_000_000
-
-
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-@dataclass
-class Sample:
-    pid: int
-    timeStamp: int
-    smUtil: int
 
 
 @dataclass

@@ -4,30 +4,13 @@ tile the timeline, NOT_FOUND, errors. No real NVML, no clocks."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import pytest
+from fake_nvml import T0, NVMLError, Sample
 
 from vgpuctl.sampler import Sampler
 
 P = 100_000          # sample period, us
-T0 = 1_700_000_000_000_000
-
-
-class NVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-@dataclass
-class Sample:
-    pid: int
-    timeStamp: int
-    smUtil: int
-    memUtil: int = 0
-    encUtil: int = 0
-    decUtil: int = 0
 
 
 class FakeNvml:

@@ -6,34 +6,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
-import pytest
+from daemon_fixture import needs_native, vgpuctl_argv
 
-from vgpuctl import native
-
-
-def _built() -> bool:
-    try:
-        native.hook_library()
-        native.sim_libdir()
-        native.burn_program()
-    except Exception:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _built(), reason="native parts not built")
+pytestmark = needs_native
 
 
 def demo_cmd(*args: str) -> list[str]:
-    exe = Path(sys.executable).parent / "vgpuctl"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-c",
-                                            "from vgpuctl.cli import main; main()"]
-    return base + ["demo", *args]
+    return [*vgpuctl_argv(), "demo", *args]
 
 
 def demo_env(tmp_path: Path) -> dict[str, str]:

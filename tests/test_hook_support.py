@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import daemon_fixture
 import pytest
 
 from vgpuctl import native
@@ -251,15 +252,8 @@ def client_factory() -> Iterator[Any]:
 
 
 def wait_for(cond: Any, timeout: float = 20, what: str = "condition") -> Any:
-    """Poll cond() until it is truthy; fail after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """daemon_fixture.wait_for with the hook tests' longer default deadline."""
+    return daemon_fixture.wait_for(cond, timeout, what)
 
 
 def slot_of(region: Region, pid: int) -> Any:

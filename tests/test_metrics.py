@@ -8,6 +8,7 @@ import sys
 import urllib.request
 
 import pytest
+from daemon_fixture import needs_native
 
 from vgpuctl import metrics
 from vgpuctl.metrics import GpuMetrics, JobMetrics, MetricsServer, Snapshot, SnapshotBox
@@ -142,25 +143,13 @@ def test_parse_address_rejects(text):
 
 
 # -- the daemon's endpoint ---------------------------------------------------------
-def _native_built() -> bool:
-    from vgpuctl import native
-
-    try:
-        native.hook_library()
-        native.sim_libdir()
-        native.burn_program()
-    except Exception:
-        return False
-    return True
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not _native_built(), reason="native parts not built")
+@needs_native
 def test_daemon_serves_metrics_of_a_running_job():
     import time
 

@@ -15,22 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from daemon_fixture import needs_native
 
-from vgpuctl import native
 from vgpuctl.demo import Demo, DemoJob
 
-
-def _built() -> bool:
-    try:
-        native.hook_library()
-        native.sim_libdir()
-        native.burn_program()
-    except Exception:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _built(), reason="native parts not built")
+pytestmark = needs_native
 
 JOBS = (
     DemoJob("hard30", "4G", 30, "hard", 2000),

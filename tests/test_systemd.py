@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from daemon_fixture import needs_native
 
 from vgpuctl import notify
 
@@ -153,19 +154,7 @@ def test_watchdog_interval():
 
 
 # -- the daemon's side of the handshake ---------------------------------------------
-def _native_built() -> bool:
-    from vgpuctl import native
-
-    try:
-        native.hook_library()
-        native.sim_libdir()
-        native.burn_program()
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _native_built(), reason="native parts not built")
+@needs_native
 def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
     import signal
     import threading
