@@ -17,17 +17,6 @@
 enum { NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_EMPTY = 5 };
 
 typedef struct {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    CUkernel kern;
-    CUcontext ctx;
-} CUDA_KERNEL_NODE_PARAMS_v2;
-
-typedef struct {
     CUdeviceptr dst;
     size_t pitch;
     unsigned int value;

@@ -29,17 +29,6 @@
 
 #include "vgpu/cuda_types.h"
 
-typedef struct {
-    CUfunction func;
-    unsigned int gridDimX, gridDimY, gridDimZ;
-    unsigned int blockDimX, blockDimY, blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    CUkernel kern;
-    CUcontext ctx;
-} KNODE_V2;
-
 #define LAUNCH_P (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, \
                   unsigned int, unsigned int, unsigned int, CUstream, void **, void **)
 #define COOP_P (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, \
@@ -90,7 +79,7 @@ typedef struct {
     X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, PTDS, COOP_P) \
     X(cuGraphCreate, cuGraphCreate, 0, (CUgraph *, unsigned int)) \
     X(cuGraphAddKernelNode, cuGraphAddKernelNode_v2, 0, \
-      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const KNODE_V2 *)) \
+      (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, const CUDA_KERNEL_NODE_PARAMS_v2 *)) \
     X(cuGraphInstantiate, cuGraphInstantiateWithFlags, 0, \
       (CUgraphExec *, CUgraph, unsigned long long)) \
     X(cuGraphLaunch, cuGraphLaunch, 0, (CUgraphExec, CUstream)) \
@@ -231,7 +220,7 @@ static CUresult launch(const char *how, int n)
     if (strncmp(how, "graph", 5) == 0) {
         CUgraph g;
         CUgraphNode node;
-        KNODE_V2 kp;
+        CUDA_KERNEL_NODE_PARAMS_v2 kp;
         memset(&kp, 0, sizeof kp);
         kp.func = g_fn;
         kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;

@@ -293,6 +293,17 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_st {
     void **extra;
 } CUDA_KERNEL_NODE_PARAMS;
 
+typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+
 typedef enum CUjit_option_enum {
     CU_JIT_MAX_REGISTERS = 0,
     CU_JIT_INFO_LOG_BUFFER = 3,
