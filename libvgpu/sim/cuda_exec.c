@@ -366,75 +366,29 @@ VGPU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags
 }
 VGPU_ALIAS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
 
-VGPU_EXPORT CUresult cuStreamGetPriority(CUstream h, int *priority)
-{
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!priority)
-        return CUDA_ERROR_INVALID_VALUE;
-    *priority = s ? s->priority : 0;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuStreamGetPriority, cuStreamGetPriority_ptsz)
+/* A stream getter and its _ptsz form: resolve the stream h (s is NULL for a
+ * context's default stream), refuse a NULL out-pointer, store `value`. */
+#define STREAM_GETTER(name, type, value)                                       \
+    VGPU_EXPORT CUresult name(CUstream h, type *out)                           \
+    {                                                                          \
+        CUcontext ctx;                                                         \
+        CUstream s;                                                            \
+        CUresult rc = cu_stream_resolve(h, &ctx, &s);                          \
+        if (rc)                                                                \
+            return rc;                                                         \
+        if (!out)                                                              \
+            return CUDA_ERROR_INVALID_VALUE;                                   \
+        *out = (value);                                                        \
+        return CUDA_SUCCESS;                                                   \
+    }                                                                          \
+    VGPU_ALIAS(name, name##_ptsz)
 
-VGPU_EXPORT CUresult cuStreamGetFlags(CUstream h, unsigned int *flags)
-{
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = s ? s->flags : 0;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuStreamGetFlags, cuStreamGetFlags_ptsz)
-
-VGPU_EXPORT CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
-{
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = ctx;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuStreamGetCtx, cuStreamGetCtx_ptsz)
-
-VGPU_EXPORT CUresult cuStreamGetId(CUstream h, unsigned long long *id)
-{
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!id)
-        return CUDA_ERROR_INVALID_VALUE;
-    *id = s ? s->id : 0;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuStreamGetId, cuStreamGetId_ptsz)
-
-VGPU_EXPORT CUresult cuStreamIsCapturing(CUstream h, int *status)
-{
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!status)
-        return CUDA_ERROR_INVALID_VALUE;
-    *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE: capture is not simulated */
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
+STREAM_GETTER(cuStreamGetPriority, int, s ? s->priority : 0)
+STREAM_GETTER(cuStreamGetFlags, unsigned int, s ? s->flags : 0)
+STREAM_GETTER(cuStreamGetCtx, CUcontext, ctx)
+STREAM_GETTER(cuStreamGetId, unsigned long long, s ? s->id : 0)
+/* CU_STREAM_CAPTURE_STATUS_NONE: capture is not simulated */
+STREAM_GETTER(cuStreamIsCapturing, int, 0)
 
 VGPU_EXPORT CUresult cuLaunchHostFunc(CUstream h, void (*fn)(void *), void *data)
 {
