@@ -338,29 +338,22 @@ VGPU_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
-VGPU_EXPORT CUresult cuCtxGetDevice(CUdevice *dev)
-{
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
-    if (!dev)
-        return CUDA_ERROR_INVALID_VALUE;
-    *dev = c->ordinal;
-    return CUDA_SUCCESS;
-}
+/* A getter of the current context c: refuse a NULL out-pointer, store `value`. */
+#define CURRENT_CTX_GETTER(name, type, value)                                  \
+    VGPU_EXPORT CUresult name(type *out)                                       \
+    {                                                                          \
+        CUcontext c;                                                           \
+        CUresult rc = cu_current(&c);                                          \
+        if (rc)                                                                \
+            return rc;                                                         \
+        if (!out)                                                              \
+            return CUDA_ERROR_INVALID_VALUE;                                   \
+        *out = (value);                                                        \
+        return CUDA_SUCCESS;                                                   \
+    }
 
-VGPU_EXPORT CUresult cuCtxGetFlags(unsigned int *flags)
-{
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
-    if (!flags)
-        return CUDA_ERROR_INVALID_VALUE;
-    *flags = c->flags;
-    return CUDA_SUCCESS;
-}
+CURRENT_CTX_GETTER(cuCtxGetDevice, CUdevice, c->ordinal)
+CURRENT_CTX_GETTER(cuCtxGetFlags, unsigned int, c->flags)
 
 VGPU_EXPORT CUresult cuCtxSetFlags(unsigned int flags)
 {
@@ -372,15 +365,23 @@ VGPU_EXPORT CUresult cuCtxSetFlags(unsigned int flags)
     return CUDA_SUCCESS;
 }
 
-VGPU_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+/* A context argument: NULL stands for the current context; any other must
+ * be a live one. */
+static CUresult ctx_arg(CUcontext *ctx)
 {
-    if (!ctx) {
-        CUresult rc = cu_current(&ctx);
+    if (!*ctx) {
+        CUresult rc = cu_current(ctx);
         if (rc)
             return rc;
     }
-    if (!cu_ctx_valid(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    return cu_ctx_valid(*ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+VGPU_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
+{
+    CUresult rc = ctx_arg(&ctx);
+    if (rc)
+        return rc;
     if (!id)
         return CUDA_ERROR_INVALID_VALUE;
     *id = ctx->id;
@@ -389,13 +390,9 @@ VGPU_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
 
 VGPU_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
 {
-    if (!ctx) {
-        CUresult rc = cu_current(&ctx);
-        if (rc)
-            return rc;
-    }
-    if (!cu_ctx_valid(ctx))
-        return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult rc = ctx_arg(&ctx);
+    if (rc)
+        return rc;
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
     *version = 3020;
@@ -440,17 +437,8 @@ VGPU_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
     return CUDA_SUCCESS;
 }
 
-VGPU_EXPORT CUresult cuCtxGetCacheConfig(int *config)
-{
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
-    if (!config)
-        return CUDA_ERROR_INVALID_VALUE;
-    *config = 0; /* CU_FUNC_CACHE_PREFER_NONE */
-    return CUDA_SUCCESS;
-}
+/* CU_FUNC_CACHE_PREFER_NONE */
+CURRENT_CTX_GETTER(cuCtxGetCacheConfig, int, 0)
 
 VGPU_EXPORT CUresult cuCtxSetCacheConfig(int config)
 {

@@ -66,6 +66,31 @@ static CUresult primary_release_real(CUdevice dev)
                : REAL(cuDevicePrimaryCtxRelease)(dev);
 }
 
+/* Whether the primary context of dev is still active: the driver's word when
+ * it has cuDevicePrimaryCtxGetState, else `guess` (from our own count). */
+static int primary_active(CUdevice dev, int guess)
+{
+    unsigned flags;
+    int active;
+    if (vgpu_real_present(VGPU_H_cuDevicePrimaryCtxGetState) &&
+        REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS)
+        return active;
+    return guess;
+}
+
+/* The hook of a primary-context call sym(dev): forward it, then let `after`
+ * (primary_release or primary_reset) settle the accounting under ctx_lock. */
+#define PRIMARY_HOOK(sym, after)                                                \
+    CUresult hook_##sym(CUdevice dev)                                           \
+    {                                                                           \
+        ENTER(sym, (dev));                                                      \
+        CU_PROLOGUE(sym, (dev));                                                \
+        pthread_mutex_lock(&ctx_lock);                                          \
+        CUresult r = after(REAL(sym)(dev), dev);                                \
+        pthread_mutex_unlock(&ctx_lock);                                        \
+        return r;                                                               \
+    }
+
 CUresult hook_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     ENTER(cuDevicePrimaryCtxRetain, (pctx, dev));
@@ -102,14 +127,7 @@ static CUresult primary_release(CUresult r, CUdevice dev)
     struct primary *p = &primary[dev];
     if (p->refs > 0)
         p->refs--;
-    int gone = p->refs == 0;
-    if (vgpu_real_present(VGPU_H_cuDevicePrimaryCtxGetState)) {
-        unsigned flags;
-        int active;
-        if (REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &active) == CUDA_SUCCESS)
-            gone = !active;
-    }
-    if (gone && p->accounted) {
+    if (!primary_active(dev, p->refs > 0) && p->accounted) {
         drop_ctx(p->ctx, p->dev, p->bytes);
         p->accounted = 0;
         p->refs = 0;
@@ -117,25 +135,8 @@ static CUresult primary_release(CUresult r, CUdevice dev)
     return r;
 }
 
-CUresult hook_cuDevicePrimaryCtxRelease(CUdevice dev)
-{
-    ENTER(cuDevicePrimaryCtxRelease, (dev));
-    CU_PROLOGUE(cuDevicePrimaryCtxRelease, (dev));
-    pthread_mutex_lock(&ctx_lock);
-    CUresult r = primary_release(REAL(cuDevicePrimaryCtxRelease)(dev), dev);
-    pthread_mutex_unlock(&ctx_lock);
-    return r;
-}
-
-CUresult hook_cuDevicePrimaryCtxRelease_v2(CUdevice dev)
-{
-    ENTER(cuDevicePrimaryCtxRelease_v2, (dev));
-    CU_PROLOGUE(cuDevicePrimaryCtxRelease_v2, (dev));
-    pthread_mutex_lock(&ctx_lock);
-    CUresult r = primary_release(REAL(cuDevicePrimaryCtxRelease_v2)(dev), dev);
-    pthread_mutex_unlock(&ctx_lock);
-    return r;
-}
+PRIMARY_HOOK(cuDevicePrimaryCtxRelease, primary_release)
+PRIMARY_HOOK(cuDevicePrimaryCtxRelease_v2, primary_release)
 
 /* Reset destroys every allocation of the primary context; the context itself
  * is counted for as long as it is retained. */
@@ -146,13 +147,7 @@ static CUresult primary_reset(CUresult r, CUdevice dev)
     struct primary *p = &primary[dev];
     if (!p->accounted)
         return r;
-    int active = p->refs > 0;
-    if (vgpu_real_present(VGPU_H_cuDevicePrimaryCtxGetState)) {
-        unsigned flags;
-        int a;
-        if (REAL(cuDevicePrimaryCtxGetState)(dev, &flags, &a) == CUDA_SUCCESS)
-            active = a;
-    }
+    int active = primary_active(dev, p->refs > 0);
     drop_ctx(p->ctx, p->dev, active ? 0 : p->bytes);
     if (!active) {
         p->accounted = 0;
@@ -161,25 +156,8 @@ static CUresult primary_reset(CUresult r, CUdevice dev)
     return r;
 }
 
-CUresult hook_cuDevicePrimaryCtxReset(CUdevice dev)
-{
-    ENTER(cuDevicePrimaryCtxReset, (dev));
-    CU_PROLOGUE(cuDevicePrimaryCtxReset, (dev));
-    pthread_mutex_lock(&ctx_lock);
-    CUresult r = primary_reset(REAL(cuDevicePrimaryCtxReset)(dev), dev);
-    pthread_mutex_unlock(&ctx_lock);
-    return r;
-}
-
-CUresult hook_cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    ENTER(cuDevicePrimaryCtxReset_v2, (dev));
-    CU_PROLOGUE(cuDevicePrimaryCtxReset_v2, (dev));
-    pthread_mutex_lock(&ctx_lock);
-    CUresult r = primary_reset(REAL(cuDevicePrimaryCtxReset_v2)(dev), dev);
-    pthread_mutex_unlock(&ctx_lock);
-    return r;
-}
+PRIMARY_HOOK(cuDevicePrimaryCtxReset, primary_reset)
+PRIMARY_HOOK(cuDevicePrimaryCtxReset_v2, primary_reset)
 
 /* After cuCtxCreate_*: count the new context, or destroy it and refuse. */
 static CUresult ctx_created(CUresult r, CUcontext *pctx, CUdevice dev)

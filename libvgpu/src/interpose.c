@@ -126,30 +126,29 @@ static void resolve(int lib)
     }
 }
 
-int vgpu_cu_init_slow(void)
+/* First call into lib: resolve its symbols, then publish the hook's state in
+ * *lib_state (vgpu_g_cu_state or vgpu_g_nvml_state). */
+static int lib_init_slow(int lib, int *lib_state)
 {
     int s = vgpu_state();
     pthread_mutex_lock(&load_lock);
-    if (__atomic_load_n(&vgpu_g_cu_state, __ATOMIC_ACQUIRE) == VGPU_UNINIT) {
-        if (lib_handle[LIB_CUDA] == NULL)
-            resolve(LIB_CUDA);
-        __atomic_store_n(&vgpu_g_cu_state, s, __ATOMIC_RELEASE);
+    if (__atomic_load_n(lib_state, __ATOMIC_ACQUIRE) == VGPU_UNINIT) {
+        if (lib_handle[lib] == NULL)
+            resolve(lib);
+        __atomic_store_n(lib_state, s, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&load_lock);
-    return __atomic_load_n(&vgpu_g_cu_state, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(lib_state, __ATOMIC_ACQUIRE);
+}
+
+int vgpu_cu_init_slow(void)
+{
+    return lib_init_slow(LIB_CUDA, &vgpu_g_cu_state);
 }
 
 int vgpu_nvml_init_slow(void)
 {
-    int s = vgpu_state();
-    pthread_mutex_lock(&load_lock);
-    if (__atomic_load_n(&vgpu_g_nvml_state, __ATOMIC_ACQUIRE) == VGPU_UNINIT) {
-        if (lib_handle[LIB_NVML] == NULL)
-            resolve(LIB_NVML);
-        __atomic_store_n(&vgpu_g_nvml_state, s, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&load_lock);
-    return __atomic_load_n(&vgpu_g_nvml_state, __ATOMIC_ACQUIRE);
+    return lib_init_slow(LIB_NVML, &vgpu_g_nvml_state);
 }
 
 static void lib_ready(int lib)

@@ -357,6 +357,13 @@ CUresult hook_cuMemGetInfo(unsigned int *free, unsigned int *total)
     return r;
 }
 
+/* The job's memory limit on device ordinal dev; 0 when it has none there. */
+static uint64_t ordinal_limit(CUdevice dev)
+{
+    int d = vgpu_dev_of_ordinal(dev);
+    return d >= 0 ? vgpu_dev_limit(d) : 0;
+}
+
 CUresult hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     ENTER(cuDeviceTotalMem_v2, (bytes, dev));
@@ -364,8 +371,7 @@ CUresult hook_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     CUresult r = REAL(cuDeviceTotalMem_v2)(bytes, dev);
     if (r != CUDA_SUCCESS)
         return r;
-    int d = vgpu_dev_of_ordinal(dev);
-    uint64_t limit = d >= 0 ? vgpu_dev_limit(d) : 0;
+    uint64_t limit = ordinal_limit(dev);
     if (limit != 0)
         *bytes = (size_t)limit;
     return r;
@@ -378,8 +384,7 @@ CUresult hook_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     CUresult r = REAL(cuDeviceTotalMem)(bytes, dev);
     if (r != CUDA_SUCCESS)
         return r;
-    int d = vgpu_dev_of_ordinal(dev);
-    uint64_t limit = d >= 0 ? vgpu_dev_limit(d) : 0;
+    uint64_t limit = ordinal_limit(dev);
     if (limit != 0)
         *bytes = clamp32(limit);
     return r;
