@@ -20,6 +20,8 @@
 
 #define QUEUE_MAX 1024 /* launches queued before a launch blocks, as the driver's */
 #define LEAD_NS 1000000ull /* how far ahead of the device the worker plans */
+/* How far back a late worker may place work that was queued in time. */
+#define BACKFILL_NS 20000000ull
 
 enum { OP_KERNEL, OP_EVENT, OP_HOST };
 
@@ -29,6 +31,7 @@ struct op {
     uint64_t seq;
     int phys;
     uint64_t ns;
+    uint64_t queued_at; /* when the host queued it (CLOCK_MONOTONIC) */
     uint64_t done_at; /* when it completes (CLOCK_MONOTONIC), once planned */
     CUevent event;
     void (*fn)(void *);
@@ -112,14 +115,20 @@ static void *worker(void *arg)
             struct op *op = pop(&q_queued);
             q_len--;
             pthread_cond_broadcast(&q_done); /* room in the queue */
-            uint64_t after = q_horizon > now ? q_horizon : now;
+            /* An op is ready once it is queued and the one before it is
+             * done, however late this thread wakes (as a GPU starts a queued
+             * kernel the moment its predecessor ends); a wake later than
+             * BACKFILL_NS counts from then. */
+            uint64_t ready = q_horizon > op->queued_at ? q_horizon : op->queued_at;
+            if (ready + BACKFILL_NS < now)
+                ready = now - BACKFILL_NS;
             if (op->kind == OP_KERNEL) {
                 pthread_mutex_unlock(&q_lock);
-                uint64_t end = sim_reserve_kernel(op->phys, op->ns);
+                uint64_t end = sim_reserve_kernel(op->phys, op->ns, ready);
                 pthread_mutex_lock(&q_lock);
-                op->done_at = end > after ? end : after;
+                op->done_at = end > ready ? end : ready;
             } else {
-                op->done_at = after;
+                op->done_at = ready;
             }
             q_horizon = op->done_at;
             push(&q_planned, op);
@@ -190,6 +199,7 @@ static uint64_t enqueue(CUcontext ctx, CUstream s, struct op *op)
     while (q_len >= QUEUE_MAX)
         pthread_cond_wait(&q_done, &q_lock);
     op->seq = ++q_submitted;
+    op->queued_at = sim_now_ns();
     push(&q_queued, op);
     q_len++;
     if (s)

@@ -92,7 +92,9 @@ void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 /* Give a kernel of `ns` the next slot on device `dev`'s shared timeline
  * (starting now, or when the device's last reserved kernel ends) and record
  * it; returns when it will end (CLOCK_MONOTONIC ns). */
-uint64_t sim_reserve_kernel(int dev, uint64_t ns);
+/* Give a kernel of ns its slot on dev's timeline, starting no earlier than
+ * not_before (CLOCK_MONOTONIC ns); returns its end. */
+uint64_t sim_reserve_kernel(int dev, uint64_t ns, uint64_t not_before);
 
 /* ---- sim_ctl.c: fault injection, and control functions for vgpuctl ---- */
 

@@ -125,7 +125,7 @@ static void add_period_busy(struct vgpu_sim_state *s, struct vgpu_sim_device *d,
     }
 }
 
-uint64_t sim_reserve_kernel(int dev, uint64_t ns)
+uint64_t sim_reserve_kernel(int dev, uint64_t ns, uint64_t not_before)
 {
     struct vgpu_sim_state *s = sim_state();
     int32_t pid = (int32_t)getpid();
@@ -134,7 +134,7 @@ uint64_t sim_reserve_kernel(int dev, uint64_t ns)
     sim_lock(0);
     struct vgpu_sim_device *d = &s->dev[dev];
     uint64_t now = sim_now_ns();
-    uint64_t start = d->busy_until_ns > now ? d->busy_until_ns : now;
+    uint64_t start = d->busy_until_ns > not_before ? d->busy_until_ns : not_before;
     uint64_t end = start + ns;
     d->busy_until_ns = end;
     struct vgpu_sim_kernel *k = &d->ring[d->kernels % VGPU_SIM_RING];
