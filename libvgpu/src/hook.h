@@ -158,6 +158,11 @@ static inline int vgpu_dev_for_launch(void)
 uint64_t vgpu_round_gran(uint64_t n);
 uint64_t vgpu_job_used(int d);
 uint64_t vgpu_dev_limit(int d);
+/* What the job sees of region device d: total = the limit, free = what is
+ * left of it (saturating at 0) and never more than the GPU really has free
+ * (*free_b holds the driver's figure on entry), used = the job's bytes.
+ * 0 (nothing written) when the device has no limit. used_b may be NULL. */
+int vgpu_job_mem_view(int d, uint64_t *free_b, uint64_t *total_b, uint64_t *used_b);
 /* Reserve bytes on region device d for this process (is_ctx: a context's
  * memory); 1 on success, 0 when over the limit (after sweeping dead slots). */
 int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what);

@@ -301,9 +301,7 @@ CUresult hook_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 /* ---- what the job sees ------------------------------------------------------------ */
 
-/* total = the limit, free = what is left of it (never below 0), and never
- * more than the GPU really has free. */
-static int job_view(int d, uint64_t *free_b, uint64_t *total_b)
+int vgpu_job_mem_view(int d, uint64_t *free_b, uint64_t *total_b, uint64_t *used_b)
 {
     if (d < 0)
         return 0;
@@ -315,6 +313,8 @@ static int job_view(int d, uint64_t *free_b, uint64_t *total_b)
     if (left < *free_b)
         *free_b = left;
     *total_b = limit;
+    if (used_b != NULL)
+        *used_b = used;
     return 1;
 }
 
@@ -326,7 +326,7 @@ CUresult hook_cuMemGetInfo_v2(size_t *free, size_t *total)
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t f = *free, t = *total;
-    if (job_view(vgpu_dev_for_launch(), &f, &t)) {
+    if (vgpu_job_mem_view(vgpu_dev_for_launch(), &f, &t, NULL)) {
         *free = (size_t)f;
         *total = (size_t)t;
     }
@@ -350,7 +350,7 @@ CUresult hook_cuMemGetInfo(unsigned int *free, unsigned int *total)
     if (vgpu_real_present(VGPU_H_cuMemGetInfo_v2))
         REAL(cuMemGetInfo_v2)(&rf, &rt);
     uint64_t f = rf, t = rt;
-    if (job_view(vgpu_dev_for_launch(), &f, &t)) {
+    if (vgpu_job_mem_view(vgpu_dev_for_launch(), &f, &t, NULL)) {
         *free = clamp32(f);
         *total = clamp32(t);
     }

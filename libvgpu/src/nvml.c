@@ -15,17 +15,11 @@
 static int job_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *free,
                     unsigned long long *used)
 {
-    int d = vgpu_dev_of_nvml(device);
-    if (d < 0)
+    uint64_t t, f = *free, u;
+    if (!vgpu_job_mem_view(vgpu_dev_of_nvml(device), &f, &t, &u))
         return 0;
-    uint64_t limit = vgpu_dev_limit(d);
-    if (limit == 0)
-        return 0;
-    uint64_t u = vgpu_job_used(d);
-    uint64_t left = limit > u ? limit - u : 0;
-    if (left < *free)
-        *free = left;
-    *total = limit;
+    *total = t;
+    *free = f;
     *used = u;
     return 1;
 }
