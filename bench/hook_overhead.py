@@ -38,8 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vgpuctl import native  # noqa: E402
-from vgpuctl.region import DeviceLimit, Region  # noqa: E402
+from vgpuctl.system import native  # noqa: E402
+from vgpuctl.system.region import DeviceLimit, Region  # noqa: E402
 
 OPS = {  # op: (what, batch size, target in ns added)
     "launch": ("cuLaunchKernel", 500, 20),

@@ -40,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vgpuctl.client import Client  # noqa: E402
+from vgpuctl.client.connection import Client  # noqa: E402
 
 
 def vgpuctl_argv() -> list[str]:
@@ -111,7 +111,7 @@ def bench_ps(env: dict[str, str], sock: Path, jobs: int, reps: int) -> dict[str,
         for _ in range(jobs):
             r = cl.call("run", command=["sleep", "600"], cwd="/", mem=16 << 20)
             jid = r["job"]["id"]
-            from vgpuctl.launch import job_env
+            from vgpuctl.client.launch import job_env
             p = subprocess.Popen(["sleep", "600"], env=job_env(env, r["env"], r["prepend"]))
             cl.call("started", job=jid, pid=p.pid)
             started.append((jid, p))

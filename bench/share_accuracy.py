@@ -46,7 +46,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vgpuctl import native, sim
+from vgpuctl.system import native, sim
 
 SIM_SPEC = "1x16G"
 # the vgpuctl command of this interpreter's installation
@@ -177,7 +177,7 @@ class DirectHarness(Harness):
 
     def __init__(self, tmp: Path, env: dict[str, str], tick_s: float = 0.1) -> None:
         super().__init__(tmp, env)
-        from vgpuctl.compute import ComputeGovernor
+        from vgpuctl.governor.compute import ComputeGovernor
 
         self.tick_s = tick_s
         self.gov = ComputeGovernor(tick_s=tick_s)
@@ -195,7 +195,7 @@ class DirectHarness(Harness):
         self.n = 0
 
     def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
-        from vgpuctl.region import DeviceLimit, Region, const
+        from vgpuctl.system.region import DeviceLimit, Region, const
 
         self.n += 1
         job_id = str(self.n)
@@ -219,7 +219,7 @@ class DirectHarness(Harness):
             job.extra["region"].update_device(0, core_share=core)
 
     def _loop(self) -> None:
-        from vgpuctl.compute import JobDevice
+        from vgpuctl.governor.compute import JobDevice
 
         nxt = time.monotonic()
         while not self.stop.is_set():

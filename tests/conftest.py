@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpuctl import native
+from vgpuctl.system import native
 
 
 @pytest.fixture(scope="session")

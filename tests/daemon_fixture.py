@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 import pytest
 
-from vgpuctl import native
-from vgpuctl.client import Client
+from vgpuctl.client.connection import Client
+from vgpuctl.system import native
 
 START_TIMEOUT_S = 20.0
 

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from vgpuctl.accounting import Accountant, create_schema, read_usage
+from vgpuctl.core.accounting import Accountant, create_schema, read_usage
 
 G = 1 << 30
 GPU = "GPU-00000000-0000-0000-0000-000000000000"
@@ -192,7 +192,7 @@ def test_counter_continues_across_a_restart(conn):
 
 
 def test_prune_keeps_recent_and_running(conn):
-    from vgpuctl.accounting import prune
+    from vgpuctl.core.accounting import prune
 
     a = Accountant()
     for job, t in (("old", 0.0), ("running", 0.0), ("new", 1000.0)):

@@ -65,7 +65,7 @@ def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
 
 
 def test_run_parses_its_options_like_click_would():
-    from vgpuctl.launch import parse_argv
+    from vgpuctl.client.launch import parse_argv
 
     opts, cmd = parse_argv(["--mem=1G", "--core", "30", "-v", "python", "-c", "x", "--mem", "2"])
     assert (opts["mem"], opts["core"], opts["verbose"]) == ("1G", "30", True)

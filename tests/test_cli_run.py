@@ -251,7 +251,7 @@ def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
         r2 = d.cli("run", "--mem", "64M", "--", "true", env=env)
         assert r2.returncode == 0 and r2.stderr == ""     # the same daemon, silently
     finally:
-        from vgpuctl.client import Client
+        from vgpuctl.client.connection import Client
         try:
             with Client.connect(d.base / "user" / "vgpud.sock") as c:
                 pid = c.call("ping")["daemon"]["pid"]

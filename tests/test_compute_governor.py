@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 from fake_nvml import T0, NVMLError, Sample
 
-from vgpuctl.compute import ComputeGovernor, Gate, JobDevice
+from vgpuctl.governor.compute import ComputeGovernor, Gate, JobDevice
 
 TICK = 0.1
 

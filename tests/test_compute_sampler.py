@@ -8,7 +8,7 @@ import logging
 import pytest
 from fake_nvml import T0, NVMLError, Sample
 
-from vgpuctl.sampler import Sampler
+from vgpuctl.governor.sampler import Sampler
 
 P = 100_000          # sample period, us
 
@@ -109,7 +109,7 @@ def test_errors_are_logged_and_survived(nvml: FakeNvml, caplog: pytest.LogCaptur
     s.read("GPU-a")
     nvml.period("GPU-a", 1, {1: 40})
     nvml.fail_next = [15, 999]   # GPU_IS_LOST, UNKNOWN
-    with caplog.at_level(logging.WARNING, logger="vgpuctl.sampler"):
+    with caplog.at_level(logging.WARNING, logger="vgpuctl.governor.sampler"):
         assert s.read("GPU-a") is None
         assert s.read("GPU-a") is None
     assert "GPU-a" in caplog.text
@@ -120,7 +120,7 @@ def test_errors_are_logged_and_survived(nvml: FakeNvml, caplog: pytest.LogCaptur
 
 def test_unknown_gpu_does_not_raise(nvml: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
     s = make(nvml)
-    with caplog.at_level(logging.WARNING, logger="vgpuctl.sampler"):
+    with caplog.at_level(logging.WARNING, logger="vgpuctl.governor.sampler"):
         assert s.read("GPU-missing") is None
         assert s.read("GPU-missing") is None
     assert "GPU-missing" in caplog.text

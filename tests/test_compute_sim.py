@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from sim_helpers import run_py
 
-from vgpuctl import native
-from vgpuctl.region import DeviceLimit, Region, const
+from vgpuctl.system import native
+from vgpuctl.system.region import DeviceLimit, Region, const
 
 SNIPPET = """
 import pynvml
-from vgpuctl import native, sim
-from vgpuctl.sampler import Sampler
+from vgpuctl.system import native
+from vgpuctl.system import sim
+from vgpuctl.governor.sampler import Sampler
 
 sim.use_in_process()
 pynvml.nvmlInit()
@@ -57,7 +58,7 @@ out({"windows": windows, "period_s": s.period_s(uuid),
 
 UUID_SNIPPET = """
 import pynvml
-from vgpuctl import sim
+from vgpuctl.system import sim
 sim.use_in_process()
 pynvml.nvmlInit()
 u = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))

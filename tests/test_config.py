@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuctl.config import Config, UserLimits, load_config, parse_config
 from vgpuctl.errors import ConfigError
+from vgpuctl.system.config import Config, UserLimits, load_config, parse_config
 
 G = 1 << 30
 

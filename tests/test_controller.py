@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from vgpuctl import controller as ctl
+from vgpuctl.core import controller as ctl
 
 DT = 0.1
 

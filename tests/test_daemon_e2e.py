@@ -15,7 +15,7 @@ import time
 import pytest
 from daemon_fixture import read_line, wait_for
 
-from vgpuctl.region import Region
+from vgpuctl.system.region import Region
 
 G = 1 << 30
 
@@ -193,7 +193,8 @@ def as_user(pw, argv, env):
     import tempfile
 
     from vgpuctl import __main__ as entry
-    from vgpuctl import cli, launch  # noqa: F401  (loaded before the fork)
+    from vgpuctl import cli  # noqa: F401  (loaded before the fork)
+    from vgpuctl.client import launch  # noqa: F401  (loaded before the fork)
 
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     pid = os.fork()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vgpuctl import errors
-from vgpuctl import protocol as P
+from vgpuctl.core import protocol as P
 
 
 def req(**fields):

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from daemon_fixture import read_line
 
-from vgpuctl import protocol as P
-from vgpuctl.config import Config, UserLimits
+from vgpuctl.core import protocol as P
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.gpus import GpuStats
-from vgpuctl.paths import DaemonPaths
-from vgpuctl.region import Region
-from vgpuctl.store import Store
+from vgpuctl.store.jobs import Store
+from vgpuctl.system.config import Config, UserLimits
+from vgpuctl.system.nvml import GpuStats
+from vgpuctl.system.paths import DaemonPaths
+from vgpuctl.system.region import Region
 
 G = 1 << 30
 DEVICES = [GpuStats(0, "GPU-00000000-aaaa", "Sim GPU", 16 * G),
@@ -270,7 +270,7 @@ def test_core_100_hard_gets_no_gate(tmp_path):
 
 
 def test_job_env_puts_the_hook_and_libraries_first_once():
-    from vgpuctl.launch import job_env
+    from vgpuctl.client.launch import job_env
 
     env = job_env({"LD_PRELOAD": "/a.so /hook.so:/b.so", "LD_LIBRARY_PATH": "/x:/sim",
                    "KEEP": "1"}, {"VGPU_JOB": "4"},

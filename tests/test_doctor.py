@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from vgpuctl import doctor as dr
-from vgpuctl import native
-from vgpuctl import protocol as P
+from vgpuctl.core import protocol as P
+from vgpuctl.ops import doctor as dr
+from vgpuctl.system import native
 
 
 def vgpuctl(args, env=None):
@@ -142,7 +142,7 @@ def test_socket_closed_to_us():
             c = dr.check_daemon({"VGPU_SOCKET": str(path)})
             status, detail = c.status, c.detail
         else:
-            code = ("import json, sys; from vgpuctl import doctor as d; "
+            code = ("import json, sys; from vgpuctl.ops import doctor as d; "
                     f"c = d.check_daemon({{'VGPU_SOCKET': {str(path)!r}}}); "
                     "print(json.dumps(c.to_dict()))")
             try:
@@ -206,7 +206,7 @@ def test_simulated_node_is_healthy(tmp_path):
 
 @pytest.mark.skipif(not native_built(), reason="native parts not built")
 def test_running_daemon_answers():
-    from vgpuctl.demo import Demo
+    from vgpuctl.ops.demo import Demo
 
     with Demo(jobs=()) as d:
         d.start_daemon()

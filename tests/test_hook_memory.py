@@ -251,7 +251,7 @@ def test_job_user_cannot_write_its_limits():
     top = Path(tempfile.mkdtemp(prefix="vgpu-perm-"))
     try:
         os.chmod(top, 0o755)
-        from vgpuctl.region import DeviceLimit, Region
+        from vgpuctl.system.region import DeviceLimit, Region
         region = Region.create(top / "job", "job-perm", nobody,
                                [DeviceLimit(uuid="GPU-00000000-0000-0000-0000-000000000000",
                                             mem_limit=GiB)])

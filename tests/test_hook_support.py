@@ -21,8 +21,8 @@ from typing import Any
 import daemon_fixture
 import pytest
 
-from vgpuctl import native
-from vgpuctl.region import DeviceLimit, Region
+from vgpuctl.system import native
+from vgpuctl.system.region import DeviceLimit, Region
 
 REPO = Path(__file__).resolve().parents[1]
 INCLUDE = REPO / "libvgpu" / "include"

@@ -10,8 +10,8 @@ import urllib.request
 import pytest
 from daemon_fixture import needs_native
 
-from vgpuctl import metrics
-from vgpuctl.metrics import GpuMetrics, JobMetrics, MetricsServer, Snapshot, SnapshotBox
+from vgpuctl.daemon import metrics
+from vgpuctl.daemon.metrics import GpuMetrics, JobMetrics, MetricsServer, Snapshot, SnapshotBox
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -153,7 +153,7 @@ def _free_port() -> int:
 def test_daemon_serves_metrics_of_a_running_job():
     import time
 
-    from vgpuctl.demo import Demo, DemoJob
+    from vgpuctl.ops.demo import Demo, DemoJob
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}/metrics"

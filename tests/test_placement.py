@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuctl.config import UserLimits
-from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
-from vgpuctl.placement import (
+from vgpuctl.core.placement import (
     Commitment,
     Gpu,
     capacity,
@@ -15,6 +13,8 @@ from vgpuctl.placement import (
     place,
     resolve_gpu,
 )
+from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
+from vgpuctl.system.config import UserLimits
 
 G = 1 << 30
 M = 1 << 20

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from vgpuctl import report as rep
-from vgpuctl.accounting import Accountant, UsageRow, create_schema
+from vgpuctl.core import report as rep
+from vgpuctl.core.accounting import Accountant, UsageRow, create_schema
+from vgpuctl.core.report import JobInfo, aggregate, parse_when
 from vgpuctl.errors import UsageError
-from vgpuctl.report import JobInfo, aggregate, parse_when
 
 UTC = timezone.utc
 G = 1 << 30
@@ -191,7 +191,7 @@ def vgpuctl(args, env=None, **kw):
 def state_dir(tmp_path):
     """A state dir with a vgpu.db as the daemon writes it: jobs (the store's
     schema) and usage (the accountant's)."""
-    from vgpuctl.store import ENDED, JobRecord, Store
+    from vgpuctl.store.jobs import ENDED, JobRecord, Store
 
     d = tmp_path / "state"
     store = Store.open(d / "vgpu.db")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from daemon_fixture import needs_native
 
-from vgpuctl.demo import Demo, DemoJob
+from vgpuctl.ops.demo import Demo, DemoJob
 
 pytestmark = needs_native
 

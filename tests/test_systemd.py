@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from daemon_fixture import needs_native
 
-from vgpuctl import notify
+from vgpuctl.system import notify
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "etc" / "systemd" / "vgpud.service"
@@ -140,7 +140,7 @@ def test_unset_is_a_noop(tmp_path):
 
 def test_from_the_environment_in_a_child(notify_socket):
     path, s = notify_socket
-    r = subprocess.run([sys.executable, "-c", "from vgpuctl import notify; "
+    r = subprocess.run([sys.executable, "-c", "from vgpuctl.system import notify; "
                         "raise SystemExit(0 if notify.ready() else 1)"],
                        env={**os.environ, "NOTIFY_SOCKET": path}, timeout=60)
     assert r.returncode == 0
@@ -161,7 +161,7 @@ def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
 
     import psutil
 
-    from vgpuctl.demo import Demo, DemoJob
+    from vgpuctl.ops.demo import Demo, DemoJob
 
     path, s = notify_socket
     with Demo(seconds=60, jobs=(DemoJob("survivor", "1G", 50, "hard", 1000),)) as d:

@@ -37,7 +37,7 @@ def ps_json(argv: list[str]) -> int | None:
         return None
     import json
 
-    from .client import connect
+    from vgpuctl.client.connection import connect
 
     with connect(socket_path) as cl:
         data = cl.call("ps", all=all_jobs or None)
@@ -52,11 +52,11 @@ def main() -> None:
     args = sys.argv[1:]
     fast = {"run": "launch", "ps": "ps"}.get(args[0] if args else "")
     if fast is not None:
-        from .errors import VgpuError
+        from vgpuctl.errors import VgpuError
 
         try:
             if fast == "launch":
-                from .launch import fast_main
+                from vgpuctl.client.launch import fast_main
 
                 rc = fast_main(args[1:])
             else:
@@ -70,7 +70,7 @@ def main() -> None:
             sys.exit(141)
         if rc is not None:
             sys.exit(rc)
-    from .cli import main as cli_main
+    from vgpuctl.cli import main as cli_main
 
     cli_main()
 

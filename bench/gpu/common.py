@@ -38,7 +38,7 @@ ROOT = HERE.parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vgpuctl import native, sim
+from vgpuctl.system import native, sim
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -356,7 +356,7 @@ class Daemon:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=log, cwd="/")
-        from vgpuctl.client import Client
+        from vgpuctl.client.connection import Client
 
         def up() -> bool:
             if self.proc is not None and self.proc.poll() is not None:

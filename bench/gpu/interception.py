@@ -57,7 +57,7 @@ def torch_check(res: C.StepResult, d: C.Daemon) -> None:
 
 
 def burn_check(res: C.StepResult, d: C.Daemon) -> None:
-    from vgpuctl.region import Region
+    from vgpuctl.system.region import Region
 
     script = ('echo "region=$VGPU_REGION"; exec "$0" --alloc 64M --kernel-us 1000 '
               '--seconds 4')

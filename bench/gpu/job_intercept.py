@@ -50,7 +50,7 @@ def main() -> None:
 
     # the harness put this tree on PYTHONPATH; vgpuctl's reader of the region
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from vgpuctl.region import Region
+    from vgpuctl.system.region import Region
 
     usage = Region.open(region).read_usage()
     me = [p for p in usage.procs if p.pid == os.getpid()]

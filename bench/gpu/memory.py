@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C
 
-from vgpuctl.sizes import format_size, parse_size
+from vgpuctl.core.sizes import format_size, parse_size
 
 
 def torch_checks(res: C.StepResult, d: C.Daemon, mem: str, limit: int, expandable: bool) -> None:

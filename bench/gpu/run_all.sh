@@ -139,7 +139,7 @@ prepare() {
     for f in libvgpu.so bin/vgpu-burn include/vgpu/region.h; do
         [ -e "vgpuctl/_native/$f" ] || { echo "ERROR: vgpuctl/_native/$f is missing"; return 3; }
     done
-    if ! timeout 60 "$PY" -c "import vgpuctl.region as r; r.ffi()"; then
+    if ! timeout 60 "$PY" -c "import vgpuctl.system.region as r; r.ffi()"; then
         echo "ERROR: vgpuctl does not import from $ROOT"
         return 3
     fi

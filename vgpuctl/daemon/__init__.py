@@ -10,6 +10,6 @@ See docs/daemon.md.
 
 from __future__ import annotations
 
-from .lifecycle import Options, run
+from vgpuctl.daemon.lifecycle import Options, run
 
 __all__ = ["Options", "run"]

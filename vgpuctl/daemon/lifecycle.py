@@ -28,14 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import accounting, compute, metrics, native, notify, paths
-from ..config import Config, load_config
-from ..errors import DaemonUnavailable, VgpuError
-from ..gpus import Nvml
-from ..store import Store
-from . import tracking
-from .server import Server, listen
-from .supervisor import Supervisor
+from vgpuctl.core import accounting
+from vgpuctl.daemon import metrics, tracking
+from vgpuctl.daemon.server import Server, listen
+from vgpuctl.daemon.supervisor import Supervisor
+from vgpuctl.errors import DaemonUnavailable, VgpuError
+from vgpuctl.governor import compute
+from vgpuctl.store.jobs import Store
+from vgpuctl.system import native, notify, paths
+from vgpuctl.system.config import Config, load_config
+from vgpuctl.system.nvml import Nvml
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -107,7 +109,7 @@ def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     variables to set, and the library dir to put first on LD_LIBRARY_PATH."""
     if not os.environ.get("VGPU_SIM"):
         return {}, {}
-    from .. import sim
+    from vgpuctl.system import sim
 
     sim.parse_spec(os.environ["VGPU_SIM"])
     env = {k: os.environ[k] for k in ("VGPU_SIM", "VGPU_SIM_STATE") if os.environ.get(k)}

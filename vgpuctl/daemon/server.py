@@ -17,9 +17,9 @@ import stat
 import struct
 from pathlib import Path
 
-from .. import protocol as P
-from ..errors import DaemonUnavailable
-from .supervisor import Peer, Supervisor
+from vgpuctl.core import protocol as P
+from vgpuctl.daemon.supervisor import Peer, Supervisor
+from vgpuctl.errors import DaemonUnavailable
 
 log = logging.getLogger("vgpuctl.daemon")
 

@@ -20,16 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import __version__, placement
-from .. import protocol as P
-from ..config import Config, load_config
-from ..errors import NotFound, PermissionDenied, UsageError, VgpuError
-from ..gpus import GpuStats
-from ..paths import DaemonPaths
-from ..region import DeviceLimit, Region
-from ..sizes import format_size
-from ..store import ENDED, RUNNING, STARTING, JobRecord, Store
-from . import tracking
+from vgpuctl import __version__
+from vgpuctl.core import placement
+from vgpuctl.core import protocol as P
+from vgpuctl.core.sizes import format_size
+from vgpuctl.daemon import tracking
+from vgpuctl.errors import NotFound, PermissionDenied, UsageError, VgpuError
+from vgpuctl.store.jobs import ENDED, RUNNING, STARTING, JobRecord, Store
+from vgpuctl.system.config import Config, load_config
+from vgpuctl.system.nvml import GpuStats
+from vgpuctl.system.paths import DaemonPaths
+from vgpuctl.system.region import DeviceLimit, Region
 
 log = logging.getLogger("vgpuctl.daemon")
 

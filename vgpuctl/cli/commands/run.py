@@ -1,0 +1,39 @@
+"""``vgpuctl run``: run a command as a job with a memory limit and a compute share.
+
+The work is in vgpuctl/launch.py, which `vgpuctl run` reaches without click
+(vgpuctl/__main__.py); this command gives it --help and serves callers of
+vgpuctl.cli.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command(context_settings={"ignore_unknown_options": True,
+                                 "allow_interspersed_args": False})
+@click.option("--mem", metavar="SIZE", help="Memory limit on the GPU: 512M, 4G, 4GiB.")
+@click.option("--core", metavar="PCT", help="Compute share, percent of the GPU (1-100; "
+              "default 100).")
+@click.option("--gpu", metavar="GPU", help="Pin to a GPU: index, UUID or UUID prefix "
+              "(default: the GPU with the most uncommitted memory).")
+@click.option("--policy", metavar="hard|soft", help="hard: never above the share; soft: "
+              "may borrow idle compute (default: the daemon's default_policy).")
+@click.option("--name", metavar="NAME", help="Job name (default: the command's name).")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+@click.option("-v", "--verbose", is_flag=True, help="Say which daemon and GPU are used.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(mem: str | None, core: str | None, gpu: str | None, policy: str | None,
+        name: str | None, socket_path: str | None, verbose: bool,
+        command: tuple[str, ...]) -> int:
+    """Run COMMAND as a job: vgpuctl run --mem 4G --core 30 -- python train.py
+
+    The command keeps the terminal and stdin, receives SIGINT, SIGTERM and
+    SIGHUP, and its exit code is vgpuctl's (128+N when signal N ended it). It
+    sees one GPU, the one it was placed on. When no daemon answers, a user
+    daemon is started.
+    """
+    from vgpuctl.client.launch import run_job
+
+    return run_job(mem=mem, core=core, gpu=gpu, policy=policy, name=name,
+                   socket_path=socket_path, verbose=verbose, command=list(command))

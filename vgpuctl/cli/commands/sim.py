@@ -1,0 +1,111 @@
+"""``vgpuctl sim``: the simulated GPU."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from vgpuctl.errors import SimError, UsageError
+from vgpuctl.system import native
+
+
+@click.group()
+def sim() -> None:
+    """The simulated GPU (for machines with no GPU; see docs/simulator.md).
+
+    Its state is the file VGPU_SIM_STATE names (default
+    /dev/shm/vgpu-sim-<uid>), shared by every process that uses it.
+    """
+
+
+@sim.command()
+def libdir() -> None:
+    """Print the folder holding the simulated libcuda.so.1 and libnvidia-ml.so.1.
+
+    Any program runs on the simulated GPU with
+    LD_LIBRARY_PATH=$(vgpuctl sim libdir).
+    """
+    click.echo(str(native.sim_libdir()))
+
+
+def _state():  # type: ignore[no-untyped-def]
+    from vgpuctl.system.simstate import SimState
+
+    return SimState()
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+@sim.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the state as one JSON object.")
+def stats(as_json: bool) -> None:
+    """Show the simulated GPUs: memory per device, process and tag (used,
+    peak) and kernel time (busy_ns, the simulator's own timeline)."""
+    st = _state().stats()
+    if st is None:
+        raise SimError("no simulated GPU state yet (it is created when a program first uses "
+                       "the simulated GPU)")
+    if as_json:
+        click.echo(json.dumps(st.to_json()))
+        return
+    click.echo(f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms")
+    if st.nvml_error_count:
+        left = "until cleared" if st.nvml_error_count < 0 else f"{st.nvml_error_count} more"
+        click.echo(f"fault: NVML calls return {st.nvml_error} ({left})")
+    click.echo(f"{'GPU':<4} {'UUID':<41} {'used':>11} {'total':>11} {'busy s':>9} "
+               f"{'kernels':>9}  fail-allocs")
+    for d in st.devices:
+        click.echo(f"{d.index:<4} {d.uuid:<41} {_mib(d.used):>11} {_mib(d.total):>11} "
+                   f"{d.busy_ns / 1e9:>9.3f} {d.kernels:>9}  {d.fail_allocs}")
+    rows = [("process", str(p.pid), p.tag or "-", u) for p in st.processes for u in p.devices
+            if u.used or u.contexts or u.busy_ns]
+    rows += [("tag", t.name, "", u) for t in st.tags for u in t.devices
+             if u.used or u.peak or u.busy_ns]
+    if rows:
+        click.echo(f"\n{'':<8} {'pid/name':<16} {'tag':<12} {'GPU':<4} {'used':>11} {'peak':>11} "
+                   f"{'busy s':>9}")
+        for kind, who, tag, u in rows:
+            click.echo(f"{kind:<8} {who:<16} {tag:<12} {u.index:<4} {_mib(u.used):>11} "
+                       f"{_mib(u.peak):>11} {u.busy_ns / 1e9:>9.3f}")
+
+
+@sim.command()
+@click.option("--fail-allocs", type=int, metavar="N",
+              help="Make the next N device allocations on the GPU fail "
+                   "(CUDA_ERROR_OUT_OF_MEMORY), from any process.")
+@click.option("--gpu", type=int, default=0, show_default=True, metavar="I",
+              help="The GPU --fail-allocs applies to.")
+@click.option("--nvml-error", metavar="CODE",
+              help="Make NVML calls return this error (a name such as GPU_IS_LOST, or a number).")
+@click.option("--count", type=int, default=1, show_default=True, metavar="N",
+              help="How many NVML calls fail; -1: all of them until --clear.")
+@click.option("--clear", is_flag=True, help="Remove every injected fault.")
+def fault(fail_allocs: int | None, gpu: int, nvml_error: str | None, count: int,
+          clear: bool) -> None:
+    """Inject faults into the simulated GPU, for tests."""
+    from vgpuctl.system.simstate import nvml_error_code
+
+    if clear + (fail_allocs is not None) + (nvml_error is not None) != 1:
+        raise UsageError("give one of --fail-allocs, --nvml-error or --clear")
+    state = _state()
+    if clear:
+        state.clear_faults()
+    elif fail_allocs is not None:
+        state.fail_allocs(fail_allocs, gpu)
+    elif nvml_error is not None:
+        if count == 0 or count < -1:
+            raise UsageError("--count needs a number >= 1, or -1 for every call")
+        state.nvml_error(nvml_error_code(nvml_error), count)
+
+
+@sim.command()
+@click.option("--force", is_flag=True, help="Delete it even while processes use it.")
+def reset(force: bool) -> None:
+    """Delete the simulated GPU's state: all memory and history go."""
+    live = _state().reset(force)
+    if live:
+        raise SimError(f"{live} live process(es) use the simulated GPU; "
+                       "stop them or use --force")

@@ -1,0 +1,162 @@
+"""Talking to the daemon: connect to the first that answers, or start a user
+daemon.
+
+Kept light on purpose (no dataclasses, no click): `vgpuctl run` imports this
+module and little else, so that the time it adds to a command stays small
+(see bench/run_overhead.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vgpuctl.core import protocol as P
+from vgpuctl.errors import DaemonUnavailable, ProtocolError
+from vgpuctl.system import paths
+
+MAX_REPLY = 256 << 20
+START_TIMEOUT_S = 15.0
+
+
+class Client:
+    """One connection to a daemon; `call` sends a request and returns the
+    reply's fields, raising the VgpuError an error reply stands for."""
+
+    def __init__(self, path: Path, sock: socket.socket) -> None:
+        self.path = path
+        self._sock = sock
+        self._buf = b""
+
+    @classmethod
+    def connect(cls, path: Path, timeout: float = 30.0) -> Client:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        name = str(path)
+        fd = None
+        if len(name.encode()) >= 100:     # too long for sun_path: go through the dir
+            fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            name = f"/proc/self/fd/{fd}/{path.name}"
+        try:
+            s.connect(name)
+        except OSError:
+            s.close()
+            raise
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return cls(path, s)
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        try:
+            self._sock.sendall(P.encode_request(op, **fields))
+            line = self._readline()
+        except socket.timeout:
+            raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
+        except OSError as e:
+            raise DaemonUnavailable(f"lost the daemon on {self.path}: {e.strerror or e}") from None
+        import json
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise ProtocolError(f"the daemon on {self.path} sent something that is not JSON") \
+                from None
+        exc = P.reply_exception(reply)
+        if exc is not None:
+            raise exc
+        return reply
+
+    def _readline(self) -> bytes:
+        while b"\n" not in self._buf:
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionResetError(errno.ECONNRESET, "connection closed")
+            self._buf += chunk
+            if len(self._buf) > MAX_REPLY:
+                raise ProtocolError("the daemon's reply is too long")
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None) -> Client:
+    """A connection to the first daemon that answers: --socket, else
+    $VGPU_SOCKET, else the system socket, else this user's socket."""
+    tried = []
+    for p in paths.client_sockets(socket_path, env):
+        try:
+            return Client.connect(p)
+        except FileNotFoundError:
+            tried.append(f"{p} (none)")
+        except ConnectionRefusedError:
+            tried.append(f"{p} (nobody listening)")
+        except PermissionError:
+            tried.append(f"{p} (permission denied)")
+        except OSError as e:
+            tried.append(f"{p} ({e.strerror or e})")
+    raise DaemonUnavailable("no vgpuctl daemon answers: tried " + ", ".join(tried)
+                            + "; start one with `vgpuctl daemon`")
+
+
+def start_user_daemon(socket_path: str | None = None,
+                      env: Mapping[str, str] | None = None) -> tuple[Client, Path]:
+    """Start a user daemon in the background (its own session, logging to
+    its state dir), wait for its socket, and connect. Returns the client and
+    the log's path."""
+    import subprocess
+
+    e = dict(os.environ if env is None else env)
+    for k in ("VGPU_REGION", "VGPU_JOB"):
+        e.pop(k, None)
+    sock = Path(socket_path) if socket_path else paths.client_sockets(None, e)[-1]
+    dp = paths.daemon_paths(True, socket=str(sock), env=e)
+    paths.ensure_private_dir(dp.state_dir)
+    log_path = dp.log
+    argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock)]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True, close_fds=True, env=e, cwd="/")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    waiting: Any = proc
+    while time.monotonic() < deadline:
+        try:
+            return Client.connect(sock), log_path
+        except OSError:
+            pass
+        rc = waiting.poll() if waiting is not None else None
+        if rc is not None:
+            # Another `vgpuctl run` may have started one at the same moment:
+            # that daemon (it holds the lock) is the one to wait for.
+            if not _log_says_other(log_path):
+                raise DaemonUnavailable(f"could not start a daemon: {_last_line(log_path)} "
+                                        f"(log: {log_path})")
+            waiting = None
+        time.sleep(0.02)
+    raise DaemonUnavailable(f"started a daemon but its socket {sock} did not appear within "
+                            f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1].strip() if lines else "no output"
+
+
+def _log_says_other(path: Path) -> bool:
+    return "another daemon" in _last_line(path)

@@ -1,0 +1,151 @@
+"""Admission and placement: pure functions over dataclasses, no I/O.
+
+The rule: on each GPU, the sum of the memory limits of its jobs stays at or
+below its capacity, ``(total - reserve) * oversubscribe`` (oversubscribe 1.0
+means none). A job pinned with ``--gpu`` goes to that GPU or is refused;
+otherwise it goes to the GPU with the most uncommitted memory (ties: the
+lowest index). A refusal names every GPU considered and what it has left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from vgpuctl.core.sizes import format_size
+from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
+from vgpuctl.system.config import UserLimits
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    total: int          # bytes of memory
+
+
+@dataclass(frozen=True)
+class Commitment:
+    """The memory limit a job holds on a GPU."""
+    job_id: str
+    uuid: str
+    mem: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpu: Gpu
+    capacity: int       # what the GPU may commit in all
+    committed: int      # committed before this job
+    mem: int            # this job's limit
+
+    @property
+    def left_after(self) -> int:
+        return self.capacity - self.committed - self.mem
+
+
+def capacity(gpu: Gpu, reserve: int, oversubscribe: float = 1.0) -> int:
+    """Bytes of limits the GPU may carry in all."""
+    return max(0, int((gpu.total - reserve) * max(1.0, oversubscribe)))
+
+
+def committed(commitments: Iterable[Commitment], exclude_job: str | None = None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in commitments:
+        if c.job_id != exclude_job:
+            out[c.uuid] = out.get(c.uuid, 0) + c.mem
+    return out
+
+
+def resolve_gpu(gpus: Sequence[Gpu], spec: str) -> Gpu:
+    """The GPU named by spec: an index ("0"), a UUID ("GPU-8f3a..."), or a
+    unique prefix of a UUID (with or without "GPU-")."""
+    s = spec.strip()
+    if not s:
+        raise UsageError("--gpu: empty GPU name")
+    if s.isdigit():
+        for g in gpus:
+            if g.index == int(s):
+                return g
+        raise NotFound(f"no GPU {s}: there are {_gpu_list(gpus)}")
+    low = s.lower()
+    for g in gpus:
+        if g.uuid.lower() == low:
+            return g
+    matches = [g for g in gpus
+               if g.uuid.lower().startswith(low) or g.uuid.lower().startswith("gpu-" + low)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise UsageError(f"--gpu {s}: matches {len(matches)} GPUs "
+                         f"({', '.join(g.uuid for g in matches)}); give more of the UUID")
+    raise NotFound(f"no GPU {s}: there are {_gpu_list(gpus)}")
+
+
+def _gpu_list(gpus: Sequence[Gpu]) -> str:
+    if not gpus:
+        return "no GPUs"
+    return ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
+
+
+def _left_text(gpus: Sequence[Gpu], used: dict[str, int], reserve: int,
+               oversubscribe: float) -> str:
+    parts = []
+    for g in gpus:
+        cap = capacity(g, reserve, oversubscribe)
+        left = max(0, cap - used.get(g.uuid, 0))
+        parts.append(f"GPU {g.index} ({g.name}) has {format_size(left)} left of "
+                     f"{format_size(cap)}")
+    return "; ".join(parts)
+
+
+def place(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int, *,
+          pin: str | None = None, reserve: int = 0, oversubscribe: float = 1.0) -> Placement:
+    """Choose a GPU for a job asking for mem bytes, or raise AdmissionRefused
+    (NotFound / UsageError for a bad --gpu)."""
+    if mem <= 0:
+        raise UsageError("the memory limit must be positive")
+    if not gpus:
+        raise AdmissionRefused("no GPUs on this node")
+    used = committed(commitments)
+    candidates = [resolve_gpu(gpus, pin)] if pin is not None else list(gpus)
+    best: Placement | None = None
+    for g in candidates:
+        cap = capacity(g, reserve, oversubscribe)
+        have = used.get(g.uuid, 0)
+        if have + mem <= cap:
+            p = Placement(g, cap, have, mem)
+            if best is None or p.capacity - p.committed > best.capacity - best.committed:
+                best = p
+    if best is None:
+        raise AdmissionRefused(f"no room for {format_size(mem)}: "
+                               + _left_text(candidates, used, reserve, oversubscribe))
+    return best
+
+
+def check_resize(gpus: Sequence[Gpu], commitments: Iterable[Commitment], job_id: str,
+                 uuid: str, new_mem: int, *, reserve: int = 0,
+                 oversubscribe: float = 1.0) -> None:
+    """Raise AdmissionRefused when job_id's limit on GPU uuid can't become
+    new_mem (its own current limit does not count against it)."""
+    if new_mem <= 0:
+        raise UsageError("the memory limit must be positive")
+    g = next((g for g in gpus if g.uuid == uuid), None)
+    if g is None:
+        raise NotFound(f"GPU {uuid} is no longer present")
+    used = committed(commitments, exclude_job=job_id)
+    cap = capacity(g, reserve, oversubscribe)
+    if used.get(uuid, 0) + new_mem > cap:
+        raise AdmissionRefused(f"no room for {format_size(new_mem)}: "
+                               + _left_text([g], used, reserve, oversubscribe))
+
+
+def check_user_limits(limits: UserLimits, user: str, mem: int | None, core: int | None) -> None:
+    """Raise AdmissionRefused when a job's limits exceed what its user may ask."""
+    if mem is not None and limits.max_mem is not None and mem > limits.max_mem:
+        raise AdmissionRefused(f"user {user} may ask for at most {format_size(limits.max_mem)} "
+                               f"per job, not {format_size(mem)}")
+    if core is not None and limits.max_core is not None and core > limits.max_core:
+        raise AdmissionRefused(f"user {user} may ask for at most {limits.max_core}% core "
+                               f"per job, not {core}%")

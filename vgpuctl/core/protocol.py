@@ -1,0 +1,247 @@
+"""The daemon's wire protocol: newline-delimited JSON over a Unix stream socket.
+
+Each request is one line ``{"v": 1, "op": OP, ...fields}``; each reply one line
+``{"v": 1, "ok": true, ...}`` or ``{"v": 1, "ok": false, "error": {"code":
+CODE, "message": TEXT}}``. A line is at most MAX_LINE bytes. Requests are
+checked here, at the edge, into typed records (NamedTuples: cheaper to
+define than dataclasses, which matters to `vgpuctl run`'s start-up time);
+anything else (bad JSON,
+unknown op, wrong types, another version) is a RequestInvalid, which the
+server answers with an error reply. docs/daemon.md lists the ops.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, NamedTuple, Union
+
+from vgpuctl import errors
+
+VERSION = 1
+MAX_LINE = 1 << 20          # bytes, newline included
+MAX_COMMAND_ARGS = 4096
+MAX_NAME = 64
+
+# error code <-> the exception a client raises for it
+ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
+    "usage": errors.UsageError,
+    "not_found": errors.NotFound,
+    "permission": errors.PermissionDenied,
+    "admission": errors.AdmissionRefused,
+    "protocol": errors.ProtocolError,
+    "native_missing": errors.NativeMissing,
+    "config": errors.ConfigError,
+    "unavailable": errors.DaemonUnavailable,
+    "internal": errors.VgpuError,
+}
+
+
+def error_code(exc: errors.VgpuError) -> str:
+    """The wire code of an exception (the most specific class that has one)."""
+    for cls in type(exc).__mro__:
+        for code, c in ERROR_CLASSES.items():
+            if c is cls:
+                return code
+    return "internal"
+
+
+class RequestInvalid(Exception):
+    """A request that can't be understood; answered with a "protocol" error."""
+
+
+# -- requests ----------------------------------------------------------------
+
+class Ping(NamedTuple):
+    pass
+
+
+class Run(NamedTuple):
+    command: list[str]
+    cwd: str
+    name: str | None = None
+    mem: int | None = None        # bytes; None: the daemon's default_mem
+    core: int | None = None       # percent 1..100; None: 100
+    policy: str | None = None     # "hard" | "soft"; None: the daemon's default
+    gpu: str | None = None        # index, UUID or UUID prefix; None: placed
+
+
+class Started(NamedTuple):
+    job: str
+    pid: int
+
+
+class Exited(NamedTuple):
+    job: str
+    code: int | None = None       # exit status 0..255
+    signal: int | None = None     # or the signal that ended the command
+
+
+class Ps(NamedTuple):
+    all: bool = False             # ended jobs too
+    job: str | None = None        # only this job
+
+
+class Set(NamedTuple):
+    job: str
+    mem: int | None = None
+    core: int | None = None
+    policy: str | None = None
+
+
+class Kill(NamedTuple):
+    job: str
+    signal: int = 15
+
+
+class Reload(NamedTuple):
+    pass
+
+
+Request = Union[Ping, Run, Started, Exited, Ps, Set, Kill, Reload]
+
+# -- field checks -----------------------------------------------------------
+
+Check = Callable[[str, Any], Any]
+
+
+def _str(max_len: int = 4096) -> Check:
+    def check(name: str, v: Any) -> Any:
+        if not isinstance(v, str):
+            raise RequestInvalid(f"{name}: expected a string")
+        if len(v) > max_len:
+            raise RequestInvalid(f"{name}: longer than {max_len} characters")
+        if "\0" in v:
+            raise RequestInvalid(f"{name}: contains a NUL character")
+        return v
+    return check
+
+
+def _int(lo: int, hi: int) -> Check:
+    def check(name: str, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise RequestInvalid(f"{name}: expected an integer")
+        if not lo <= v <= hi:
+            raise RequestInvalid(f"{name}: must be {lo} to {hi}")
+        return v
+    return check
+
+
+def _bool(name: str, v: Any) -> Any:
+    if not isinstance(v, bool):
+        raise RequestInvalid(f"{name}: expected true or false")
+    return v
+
+
+def _job(name: str, v: Any) -> Any:
+    if not isinstance(v, str) or not v.isdigit() or len(v) > 19:
+        raise RequestInvalid(f"{name}: expected a job id such as \"12\"")
+    return v
+
+
+def _policy(name: str, v: Any) -> Any:
+    if v not in ("hard", "soft"):
+        raise RequestInvalid(f"{name}: must be \"hard\" or \"soft\"")
+    return v
+
+
+def _command(name: str, v: Any) -> Any:
+    if not isinstance(v, list) or not v:
+        raise RequestInvalid(f"{name}: expected a non-empty list of strings")
+    if len(v) > MAX_COMMAND_ARGS:
+        raise RequestInvalid(f"{name}: more than {MAX_COMMAND_ARGS} arguments")
+    check = _str(65536)
+    return [check(name, a) for a in v]
+
+
+_MEM = _int(1, 1 << 60)
+_CORE = _int(1, 100)
+
+# op: (class, {field: (check, required)})
+_OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
+    "ping": (Ping, {}),
+    "run": (Run, {"command": (_command, True), "cwd": (_str(), True),
+                  "name": (_str(MAX_NAME), False), "mem": (_MEM, False),
+                  "core": (_CORE, False), "policy": (_policy, False),
+                  "gpu": (_str(128), False)}),
+    "started": (Started, {"job": (_job, True), "pid": (_int(1, 1 << 31), True)}),
+    "exited": (Exited, {"job": (_job, True), "code": (_int(0, 255), False),
+                        "signal": (_int(1, 128), False)}),
+    "ps": (Ps, {"all": (_bool, False), "job": (_job, False)}),
+    "set": (Set, {"job": (_job, True), "mem": (_MEM, False), "core": (_CORE, False),
+                  "policy": (_policy, False)}),
+    "kill": (Kill, {"job": (_job, True), "signal": (_int(1, 64), False)}),
+    "reload": (Reload, {}),
+}
+
+OPS = tuple(_OPS)
+
+
+def parse_request(line: bytes | str) -> Request:
+    """One request line into its typed request; RequestInvalid otherwise."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestInvalid(f"not JSON: {e}") from None
+    return request_from(obj)
+
+
+def request_from(obj: Any) -> Request:
+    if not isinstance(obj, dict):
+        raise RequestInvalid("a request is a JSON object")
+    v = obj.get("v")
+    if v != VERSION:
+        raise RequestInvalid(f"protocol version {v!r} not supported (this daemon speaks {VERSION})")
+    op = obj.get("op")
+    if not isinstance(op, str) or op not in _OPS:
+        raise RequestInvalid(f"unknown op {op!r} (known: {', '.join(_OPS)})")
+    cls, fields = _OPS[op]
+    kwargs: dict[str, Any] = {}
+    for key, val in obj.items():
+        if key in ("v", "op"):
+            continue
+        if key not in fields:
+            raise RequestInvalid(f"{op}: unknown field {key!r}")
+        if val is None and not fields[key][1]:
+            continue
+        kwargs[key] = fields[key][0](key, val)
+    for key, (_, required) in fields.items():
+        if required and key not in kwargs:
+            raise RequestInvalid(f"{op}: missing field {key!r}")
+    req: Request = cls(**kwargs)
+    return req
+
+
+def encode_request(op: str, **fields: Any) -> bytes:
+    msg = {"v": VERSION, "op": op}
+    msg.update({k: v for k, v in fields.items() if v is not None})
+    return encode(msg)
+
+
+# -- replies ----------------------------------------------------------------
+
+def encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+def ok(**fields: Any) -> dict[str, Any]:
+    msg: dict[str, Any] = {"v": VERSION, "ok": True}
+    msg.update(fields)
+    return msg
+
+
+def error(code: str, message: str) -> dict[str, Any]:
+    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
+
+
+def reply_exception(reply: Any) -> errors.VgpuError | None:
+    """The exception an error reply stands for; None for a good reply.
+    A reply that is not a protocol reply is a ProtocolError."""
+    if not isinstance(reply, dict) or reply.get("v") != VERSION or "ok" not in reply:
+        return errors.ProtocolError(f"the daemon sent an unexpected reply: {str(reply)[:200]}")
+    if reply["ok"] is True:
+        return None
+    err = reply.get("error")
+    if not isinstance(err, dict):
+        return errors.ProtocolError("the daemon sent an error reply without an error")
+    cls = ERROR_CLASSES.get(str(err.get("code")), errors.VgpuError)
+    return cls(str(err.get("message", "unknown error")))

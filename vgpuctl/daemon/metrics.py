@@ -1,0 +1,259 @@
+"""The Prometheus endpoint: the node's GPUs and jobs as metrics.
+
+Optional: it needs prometheus-client (``pip install 'vgpuctl[metrics]'``) and
+a ``metrics_address`` in the config. The daemon publishes an immutable
+``Snapshot`` every tick (``SnapshotBox.set``); the HTTP server runs in its own
+thread and the collector turns the latest snapshot into metrics at each
+scrape, so a scrape never touches the daemon's live state.
+
+Metrics (one ``vgpu_`` prefix, base units, ratios 0 to 1):
+
+    vgpu_gpu_memory_used_bytes{gpu,uuid,name}          gauge
+    vgpu_gpu_memory_total_bytes{gpu,uuid,name}         gauge
+    vgpu_gpu_utilization_ratio{gpu,uuid,name}          gauge (when sampled)
+    vgpu_job_memory_used_bytes{job,name,user,gpu,uuid}   gauge
+    vgpu_job_memory_limit_bytes{job,name,user,gpu,uuid}  gauge
+    vgpu_job_compute_share_target_ratio{...}           gauge
+    vgpu_job_compute_share_measured_ratio{...}         gauge
+    vgpu_job_throttled_seconds_total{...}              counter
+    vgpu_job_gpu_seconds_total{...}                    counter (when accounted)
+    vgpu_jobs_running                                  gauge
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from vgpuctl.errors import VgpuError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "vgpu_"
+INSTALL_HINT = "pip install 'vgpuctl[metrics]'"
+
+
+class MetricsUnavailable(VgpuError):
+    """Metrics were asked for but can't be served."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class GpuMetrics:
+    uuid: str
+    index: int
+    name: str = ""
+    memory_used: int = 0       # bytes
+    memory_total: int = 0      # bytes
+    utilization: float | None = None  # 0..1, None when not sampled
+
+
+@dataclass(frozen=True)
+class JobMetrics:
+    """One job on one GPU."""
+
+    job_id: str
+    gpu_uuid: str
+    gpu_index: int
+    name: str = ""
+    user: str = ""
+    memory_used: int = 0        # bytes
+    memory_limit: int = 0       # bytes, 0 = none
+    share_target: float = 1.0   # 0..1
+    share_measured: float = 0.0  # 0..1
+    throttled_seconds: float = 0.0  # since the job started
+    gpu_seconds: float | None = None  # since the job started, when accounted
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    gpus: Sequence[GpuMetrics] = ()
+    jobs: Sequence[JobMetrics] = ()
+    jobs_running: int | None = None  # None: the distinct job ids in jobs
+
+
+class SnapshotBox:
+    """The latest snapshot, swapped whole by the daemon and read by scrapes
+    (one reference: no lock needed)."""
+
+    def __init__(self, snapshot: Snapshot | None = None) -> None:
+        self._snap = snapshot or Snapshot()
+
+    def set(self, snapshot: Snapshot) -> None:
+        self._snap = snapshot
+
+    def get(self) -> Snapshot:
+        return self._snap
+
+    __call__ = get
+
+
+def available() -> bool:
+    """Whether prometheus-client can be imported."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _ratio(x: float) -> float:
+    return min(max(float(x), 0.0), 1.0)
+
+
+class Collector:
+    """A prometheus-client collector over a snapshot callable."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Any]:
+        # Nothing up front: the registry then doesn't call collect() at
+        # registration time, before the daemon has a snapshot.
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snap = self._snapshot()
+        glabels = ["gpu", "uuid", "name"]
+        g_used = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes",
+                                   "GPU memory in use, all processes", labels=glabels)
+        g_total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes",
+                                    "GPU memory in total", labels=glabels)
+        g_util = GaugeMetricFamily(PREFIX + "gpu_utilization_ratio",
+                                   "Fraction of time a kernel ran on the GPU (NVML)",
+                                   labels=glabels)
+        for g in snap.gpus:
+            lv = [str(g.index), g.uuid, g.name]
+            g_used.add_metric(lv, float(g.memory_used))
+            g_total.add_metric(lv, float(g.memory_total))
+            if g.utilization is not None:
+                g_util.add_metric(lv, _ratio(g.utilization))
+        yield g_used
+        yield g_total
+        yield g_util
+
+        jlabels = ["job", "name", "user", "gpu", "uuid"]
+        j_used = GaugeMetricFamily(PREFIX + "job_memory_used_bytes",
+                                   "GPU memory the job holds on this GPU", labels=jlabels)
+        j_limit = GaugeMetricFamily(PREFIX + "job_memory_limit_bytes",
+                                    "The job's memory limit on this GPU (0: none)",
+                                    labels=jlabels)
+        j_target = GaugeMetricFamily(PREFIX + "job_compute_share_target_ratio",
+                                     "The job's compute share (--core), 0 to 1",
+                                     labels=jlabels)
+        j_meas = GaugeMetricFamily(PREFIX + "job_compute_share_measured_ratio",
+                                   "The compute share the job used over the last tick, "
+                                   "0 to 1", labels=jlabels)
+        j_thr = CounterMetricFamily(PREFIX + "job_throttled_seconds",
+                                    "Time the job's launching threads waited for tokens",
+                                    labels=jlabels)
+        j_gs = CounterMetricFamily(PREFIX + "job_gpu_seconds",
+                                   "GPU time the job used (integral of its measured share)",
+                                   labels=jlabels)
+        for j in snap.jobs:
+            lv = [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid]
+            j_used.add_metric(lv, float(j.memory_used))
+            j_limit.add_metric(lv, float(j.memory_limit))
+            j_target.add_metric(lv, _ratio(j.share_target))
+            j_meas.add_metric(lv, _ratio(j.share_measured))
+            j_thr.add_metric(lv, max(0.0, float(j.throttled_seconds)))
+            if j.gpu_seconds is not None:
+                j_gs.add_metric(lv, max(0.0, float(j.gpu_seconds)))
+        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs)
+
+        running = (snap.jobs_running if snap.jobs_running is not None
+                   else len({j.job_id for j in snap.jobs}))
+        jr = GaugeMetricFamily(PREFIX + "jobs_running", "Jobs running on this node")
+        jr.add_metric([], float(running))
+        yield jr
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (every interface) into
+    (host, port); MetricsUnavailable when malformed."""
+    host, sep, port = address.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise MetricsUnavailable(f"metrics_address {address!r}: expected HOST:PORT, "
+                                 "for example 127.0.0.1:9400")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``, any path answers) in a daemon thread."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], address: str) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, make_wsgi_app
+        except ImportError:
+            raise MetricsUnavailable(
+                f"metrics_address is {address!r} but prometheus-client is not installed: "
+                f"{INSTALL_HINT}") from None
+        from socketserver import ThreadingMixIn
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+        host, port = parse_address(address)
+        family = socket.AF_INET
+        try:
+            if ipaddress.ip_address(host).version == 6:
+                family = socket.AF_INET6
+        except ValueError:
+            pass  # a host name: IPv4
+
+        class _Server(ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+            allow_reuse_address = True
+            address_family = family
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(Collector(snapshot))
+        app = make_wsgi_app(self.registry)
+        try:
+            self._httpd = make_server(host, port, app, _Server, handler_class=_Quiet)
+        except OSError as e:
+            raise MetricsUnavailable(f"metrics_address {address!r}: {e.strerror}") from None
+        self.host = host
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever,
+                                        name="vgpu-metrics", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve(address: str, snapshot: Callable[[], Snapshot],
+          logger: logging.Logger | None = None) -> MetricsServer | None:
+    """Start the endpoint when ``address`` is set. On any problem (no
+    prometheus-client, address in use) log one clear error and return None:
+    the daemon runs on without metrics."""
+    if not address:
+        return None
+    lg = logger or log
+    try:
+        server = MetricsServer(snapshot, address)
+    except MetricsUnavailable as e:
+        lg.error("metrics disabled: %s", e)
+        return None
+    lg.info("metrics on %s", server.url)
+    return server

@@ -1,0 +1,1 @@
+"""Operations tools: the checks of `vgpuctl doctor` and the demo."""

@@ -1,0 +1,366 @@
+"""``vgpuctl doctor``: is this node ready to share its GPUs?
+
+Each check returns a ``Check``: a status (ok, warn, fail), what it found and,
+for a problem, how to fix it. The driver and NVML are probed in a child
+process with a time limit, so a driver that hangs or crashes makes a failed
+check, not a hung or crashed doctor. Under ``VGPU_SIM`` the same probes run
+against the simulated GPU, and the simulator itself is checked first.
+
+Nothing here prints: ``run_checks`` returns the results, the command renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from vgpuctl.errors import VgpuError
+from vgpuctl.system import native, paths, sim
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+PROBE_TIMEOUT = 30.0
+
+# The CUDA driver API's codes that users meet when a node is not ready.
+CUDA_ERRORS = {
+    3: ("CUDA_ERROR_NOT_INITIALIZED", ""),
+    35: ("CUDA_ERROR_INSUFFICIENT_DRIVER",
+         "the kernel module is older than libcuda: reboot after a driver upgrade, or "
+         "reinstall one driver version"),
+    100: ("CUDA_ERROR_NO_DEVICE",
+          "no GPU is visible: check CUDA_VISIBLE_DEVICES and `nvidia-smi`"),
+    101: ("CUDA_ERROR_INVALID_DEVICE", "check CUDA_VISIBLE_DEVICES"),
+    304: ("CUDA_ERROR_OPERATING_SYSTEM",
+          "the driver could not open /dev/nvidia*: check their permissions"),
+    804: ("CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE", ""),
+    999: ("CUDA_ERROR_UNKNOWN",
+          "often /dev/nvidia-uvm is missing: `modprobe nvidia-uvm` or `nvidia-modprobe -u -c 0`"),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str          # ok | warn | fail
+    detail: str          # what was found
+    fix: str = ""        # how to fix it (for warn and fail)
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# -- probes run in a child process ----------------------------------------------
+def _probe_driver() -> dict[str, Any]:
+    import ctypes
+
+    sim.use_in_process()
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return {"loaded": False, "error": str(e)}
+    out: dict[str, Any] = {"loaded": True}
+    rc = lib.cuInit(0)
+    out["cuInit"] = rc
+    if rc != 0:
+        name = ctypes.c_char_p()
+        try:
+            if lib.cuGetErrorName(rc, ctypes.byref(name)) == 0 and name.value:
+                out["error_name"] = name.value.decode()
+        except AttributeError:
+            pass
+        return out
+    version = ctypes.c_int()
+    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
+        out["version"] = version.value
+    count = ctypes.c_int()
+    rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    out["cuDeviceGetCount"] = rc
+    out["count"] = count.value if rc == 0 else None
+    return out
+
+
+def _probe_nvml() -> dict[str, Any]:
+    sim.use_in_process()
+    try:
+        import pynvml
+    except ImportError as e:
+        return {"imported": False, "error": str(e)}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        return {"imported": True, "init": False, "error": str(e)}
+    out: dict[str, Any] = {"imported": True, "init": True}
+    try:
+        v = pynvml.nvmlSystemGetDriverVersion()
+        out["driver"] = v.decode() if isinstance(v, bytes) else str(v)
+        n = pynvml.nvmlDeviceGetCount()
+        out["count"] = n
+        names = []
+        for i in range(n):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            nm = pynvml.nvmlDeviceGetName(h)
+            names.append(nm.decode() if isinstance(nm, bytes) else str(nm))
+        out["names"] = names
+    except pynvml.NVMLError as e:
+        out["error"] = str(e)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    return out
+
+
+_PROBES: dict[str, Callable[[], dict[str, Any]]] = {
+    "driver": _probe_driver, "nvml": _probe_nvml,
+}
+
+
+def probe_main(name: str) -> None:
+    """Entry point of the child process: print the probe's result as JSON."""
+    print(json.dumps(_PROBES[name]()))
+
+
+def _run_probe(name: str, env: Mapping[str, str]) -> dict[str, Any]:
+    code = f"from vgpuctl.ops.doctor import probe_main; probe_main({name!r})"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(env), stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return {"hung": True}
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or [""])[-1]
+        return {"crashed": r.returncode, "error": last}
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"crashed": 0, "error": f"unexpected output: {r.stdout[:200]!r}"}
+
+
+# -- the checks -------------------------------------------------------------------
+NO_DRIVER_FIX = ("install the NVIDIA driver (`nvidia-smi` must work), or try vgpuctl on the "
+                 "simulated GPU: VGPU_SIM=1x16G vgpuctl demo")
+SIM_BROKEN_FIX = ("the simulated GPU's library is broken: reinstall vgpuctl "
+                  "(pip install --force-reinstall vgpuctl)")
+
+
+def _no_driver_fix(env: Mapping[str, str]) -> str:
+    return SIM_BROKEN_FIX if sim.active(env) else NO_DRIVER_FIX
+
+
+def check_simulator(env: Mapping[str, str]) -> Check:
+    spec_text = env.get("VGPU_SIM", "")
+    try:
+        spec = sim.parse_spec(spec_text)
+        libdir = native.sim_libdir()
+    except VgpuError as e:
+        return Check("simulator", FAIL, str(e),
+                     "set VGPU_SIM to COUNTxSIZE (VGPU_SIM=1x16G), or reinstall vgpuctl")
+    state = Path(env.get("VGPU_SIM_STATE") or f"/dev/shm/vgpu-sim-{os.getuid()}")
+    where = state if state.exists() else state.parent
+    if not os.access(where, os.R_OK | os.W_OK):
+        return Check("simulator", FAIL, f"its state file {state} is not writable by you",
+                     "remove it, or set VGPU_SIM_STATE to a file of your own")
+    return Check("simulator", OK, f"VGPU_SIM={spec_text}: {spec.count} simulated GPU(s) of "
+                 f"{spec.memory >> 20} MiB, libraries in {libdir}, state {state}")
+
+
+def check_driver(env: Mapping[str, str]) -> Check:
+    r = _run_probe("driver", env)
+    if r.get("hung"):
+        return Check("driver", FAIL, f"cuInit did not return within {PROBE_TIMEOUT:.0f} s",
+                     "the driver is stuck: check `dmesg` for NVRM/Xid errors; a reboot "
+                     "may be needed")
+    if "crashed" in r:
+        return Check("driver", FAIL, f"loading libcuda.so.1 crashed: {r.get('error')}",
+                     "reinstall the NVIDIA driver")
+    if not r.get("loaded"):
+        return Check("driver", FAIL, f"libcuda.so.1 does not load: {r.get('error')}",
+                     _no_driver_fix(env))
+    rc = int(r.get("cuInit", -1))
+    if rc != 0:
+        name, fix = CUDA_ERRORS.get(rc, (r.get("error_name") or f"error {rc}", ""))
+        if sim.active(env):
+            fix = SIM_BROKEN_FIX
+        return Check("driver", FAIL, f"cuInit(0) failed: {r.get('error_name') or name} ({rc})",
+                     fix or "check `nvidia-smi` and `dmesg`")
+    count = r.get("count")
+    if not count:
+        return Check("driver", FAIL, "cuInit works but no device is visible",
+                     "check CUDA_VISIBLE_DEVICES and `nvidia-smi`")
+    v = r.get("version")
+    ver = f", CUDA {v // 1000}.{v % 1000 // 10}" if isinstance(v, int) and v else ""
+    return Check("driver", OK, f"libcuda.so.1 loads, cuInit ok, {count} device(s){ver}")
+
+
+def check_nvml(env: Mapping[str, str]) -> Check:
+    r = _run_probe("nvml", env)
+    if r.get("hung"):
+        return Check("nvml", FAIL, f"nvmlInit did not return within {PROBE_TIMEOUT:.0f} s",
+                     "check `nvidia-smi` and `dmesg`")
+    if "crashed" in r:
+        return Check("nvml", FAIL, f"NVML crashed: {r.get('error')}", "reinstall the driver")
+    if not r.get("imported"):
+        return Check("nvml", FAIL, f"the pynvml module is missing: {r.get('error')}",
+                     "pip install nvidia-ml-py (a dependency of vgpuctl: reinstall it)")
+    if not r.get("init"):
+        return Check("nvml", FAIL, f"nvmlInit failed: {r.get('error')}", _no_driver_fix(env))
+    if r.get("error"):
+        return Check("nvml", FAIL, f"NVML answers but fails: {r['error']}",
+                     "check `nvidia-smi`")
+    names = r.get("names") or []
+    if not names:
+        return Check("nvml", FAIL, "NVML sees no GPU", "check `nvidia-smi`")
+    kinds = ", ".join(sorted(set(names)))
+    return Check("nvml", OK, f"driver {r.get('driver')}, {len(names)} GPU(s): {kinds}")
+
+
+def check_hook(env: Mapping[str, str]) -> Check:
+    try:
+        hook = native.hook_library()
+    except VgpuError as e:
+        return Check("hook", FAIL, str(e), "reinstall vgpuctl: pip install vgpuctl")
+    # Not inside a job's region: a plain program with the hook preloaded.
+    child = {k: v for k, v in env.items() if k not in ("VGPU_REGION", "VGPU_JOB")}
+    child["LD_PRELOAD"] = str(hook)
+    try:
+        child = dict(sim.child_env(child))
+    except VgpuError:
+        pass
+    true = "/bin/true" if os.path.exists("/bin/true") else "true"
+    try:
+        r = subprocess.run([true], env=child, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return Check("hook", FAIL, f"LD_PRELOAD={hook} true: {e}", "reinstall vgpuctl")
+    said = (r.stdout + r.stderr).strip()
+    if r.returncode != 0 or said:
+        first = said.splitlines()[0] if said else f"exit status {r.returncode}"
+        return Check("hook", FAIL, f"LD_PRELOAD={hook} true: {first}",
+                     "reinstall vgpuctl (pip install --force-reinstall vgpuctl) so the hook "
+                     "is rebuilt for this system")
+    return Check("hook", OK, f"{hook} loads into programs silently")
+
+
+def _ping(path: Path, timeout: float = 5.0) -> dict[str, Any]:
+    from vgpuctl.core import protocol as P
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        s.sendall(P.encode_request("ping"))
+        buf = b""
+        while not buf.endswith(b"\n") and len(buf) < P.MAX_LINE:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    reply = json.loads(buf)
+    exc = P.reply_exception(reply)
+    if exc is not None:
+        raise exc
+    return dict(reply.get("daemon") or {})
+
+
+def check_daemon(env: Mapping[str, str]) -> Check:
+    explicit = env.get("VGPU_SOCKET")
+    candidates = paths.client_sockets(env=env)
+    stale: list[str] = []
+    for sock in candidates:
+        try:
+            st = os.stat(sock)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            return Check("daemon", FAIL, f"{sock}: you may not reach it (its folder is closed "
+                         "to you)", f"ask root to make {sock.parent} searchable (mode 0755)")
+        if not stat.S_ISSOCK(st.st_mode):
+            return Check("daemon", FAIL, f"{sock} exists but is not a socket",
+                         f"remove {sock}, then start the daemon")
+        if not os.access(sock, os.R_OK | os.W_OK):
+            mode = stat.S_IMODE(st.st_mode)
+            return Check("daemon", FAIL,
+                         f"{sock} (mode {mode:04o}, uid {st.st_uid}) does not let you connect",
+                         "the system daemon's socket must be mode 0666: restart it "
+                         "(systemctl restart vgpud); check no one changed its mode")
+        try:
+            info = _ping(sock)
+        except (ConnectionRefusedError, FileNotFoundError):
+            stale.append(str(sock))
+            continue
+        except (OSError, ValueError) as e:
+            return Check("daemon", FAIL, f"{sock}: no answer to a ping ({e})",
+                         "the daemon is stuck: restart it (systemctl restart vgpud)")
+        except VgpuError as e:
+            return Check("daemon", FAIL, f"{sock}: the daemon refused a ping: {e}",
+                         "run the same vgpuctl version as the daemon, or restart it")
+        kind = "system" if info.get("system") else "user"
+        return Check("daemon", OK, f"{kind} daemon pid {info.get('pid')} (vgpuctl "
+                     f"{info.get('version')}) answers on {sock}, {info.get('jobs', 0)} job(s)")
+    if stale:
+        return Check("daemon", WARN, f"no daemon listens on {', '.join(stale)} (left by a "
+                     "daemon that stopped)",
+                     "start one: systemctl start vgpud (system) or just `vgpuctl run ...`, "
+                     "which starts a user daemon; the stale socket is replaced")
+    where = explicit or " or ".join(str(c) for c in candidates)
+    return Check("daemon", WARN, f"no daemon is running (no socket at {where})",
+                 "systemctl enable --now vgpud for the whole node, or let `vgpuctl run` "
+                 "start a user daemon")
+
+
+def check_config(env: Mapping[str, str]) -> Check:
+    from vgpuctl.system.config import load_config
+
+    user = os.geteuid() != 0
+    path = paths.default_config(user=user, env=env)
+    if path is None:
+        where = paths.user_config(env) if user else paths.SYSTEM_CONFIG
+        return Check("config", OK, f"no config file ({where}): the defaults apply")
+    try:
+        cfg = load_config(path)
+    except VgpuError as e:
+        return Check("config", FAIL, str(e),
+                     "fix the named key (every key is described in etc/vgpu.toml)")
+    extra = ""
+    if cfg.metrics_address:
+        from vgpuctl.daemon import metrics
+
+        if not metrics.available():
+            return Check("config", FAIL, f"{path}: metrics_address is set but "
+                         "prometheus-client is not installed", metrics.INSTALL_HINT)
+        extra = f", metrics on {cfg.metrics_address}"
+    return Check("config", OK, f"{path} is valid{extra}")
+
+
+def run_checks(env: Mapping[str, str] | None = None,
+               progress: Callable[[str], None] | None = None) -> list[Check]:
+    """Every check, in order; ``progress(name)`` is called before each."""
+    e = dict(os.environ if env is None else env)
+    steps: list[tuple[str, Callable[[Mapping[str, str]], Check]]] = []
+    if sim.active(e):
+        steps.append(("simulator", check_simulator))
+    steps += [("driver", check_driver), ("nvml", check_nvml), ("hook", check_hook),
+              ("daemon", check_daemon), ("config", check_config)]
+    out = []
+    for name, fn in steps:
+        if progress is not None:
+            progress(name)
+        try:
+            out.append(fn(e))
+        except Exception as ex:  # a check that breaks is a finding, not a crash
+            out.append(Check(name, FAIL, f"the check itself failed: {type(ex).__name__}: {ex}",
+                             "report this as a vgpuctl bug"))
+        if name == "simulator" and out[-1].status == FAIL:
+            break  # every other check would fail the same way
+    return out
+
+
+def failed(checks: list[Check]) -> bool:
+    return any(c.status == FAIL for c in checks)

@@ -1,0 +1,165 @@
+"""Where the daemon listens and keeps its files.
+
+Two kinds of daemon:
+
+  system daemon (root, usually under systemd)
+      socket   /run/vgpu/vgpud.sock
+      runtime  /run/vgpu            job regions under jobs/<id>/
+      state    /var/lib/vgpu        vgpu.db, vgpud.log
+      config   /etc/vgpu/vgpu.toml
+  user daemon (started by ``vgpuctl run`` when no daemon answers)
+      runtime  $XDG_RUNTIME_DIR/vgpu, else /tmp/vgpu-<uid> (mode 0700, ours)
+      socket   <runtime>/vgpud.sock
+      state    $XDG_STATE_HOME/vgpu, else ~/.local/state/vgpu
+      config   $XDG_CONFIG_HOME/vgpu/vgpu.toml, else ~/.config/vgpu/vgpu.toml
+
+``VGPU_SOCKET``, ``VGPU_RUNTIME_DIR``, ``VGPU_STATE_DIR`` and ``VGPU_CONFIG``
+override each; command-line options override those.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from vgpuctl.errors import VgpuError
+
+SYSTEM_RUNTIME_DIR = Path("/run/vgpu")
+SYSTEM_SOCKET = SYSTEM_RUNTIME_DIR / "vgpud.sock"
+SYSTEM_STATE_DIR = Path("/var/lib/vgpu")
+SYSTEM_CONFIG = Path("/etc/vgpu/vgpu.toml")
+
+SOCKET_NAME = "vgpud.sock"
+DB_NAME = "vgpu.db"
+LOG_NAME = "vgpud.log"
+LOCK_NAME = "vgpud.lock"
+JOBS_DIR = "jobs"
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def user_runtime_dir(env: Mapping[str, str] | None = None) -> Path:
+    e = _env(env)
+    xdg = e.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "vgpu"
+    return Path(f"/tmp/vgpu-{os.getuid()}")
+
+
+def user_state_dir(env: Mapping[str, str] | None = None) -> Path:
+    e = _env(env)
+    xdg = e.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "vgpu"
+    return Path(e.get("HOME") or os.path.expanduser("~")) / ".local" / "state" / "vgpu"
+
+
+def user_config(env: Mapping[str, str] | None = None) -> Path:
+    e = _env(env)
+    xdg = e.get("XDG_CONFIG_HOME")
+    base = Path(xdg) if xdg else Path(e.get("HOME") or os.path.expanduser("~")) / ".config"
+    return base / "vgpu" / "vgpu.toml"
+
+
+def user_socket(env: Mapping[str, str] | None = None) -> Path:
+    return user_runtime_dir(env) / SOCKET_NAME
+
+
+def client_sockets(explicit: str | None = None,
+                   env: Mapping[str, str] | None = None) -> list[Path]:
+    """The sockets a client tries, in order: --socket, else $VGPU_SOCKET, else
+    the system socket then the user socket."""
+    if explicit:
+        return [Path(explicit)]
+    e = _env(env)
+    if e.get("VGPU_SOCKET"):
+        return [Path(e["VGPU_SOCKET"])]
+    return [SYSTEM_SOCKET, user_socket(env)]
+
+
+class DaemonPaths(NamedTuple):
+    socket: Path
+    runtime_dir: Path
+    state_dir: Path
+    config: Path | None   # None: no file, defaults
+    system: bool          # the system daemon's layout (dirs shared with other users)
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.runtime_dir / JOBS_DIR
+
+    @property
+    def db(self) -> Path:
+        return self.state_dir / DB_NAME
+
+    @property
+    def log(self) -> Path:
+        return self.state_dir / LOG_NAME
+
+    @property
+    def lock(self) -> Path:
+        return self.state_dir / LOCK_NAME
+
+
+def default_config(user: bool, env: Mapping[str, str] | None = None) -> Path | None:
+    """$VGPU_CONFIG, else the system or user config file when it exists."""
+    e = _env(env)
+    if e.get("VGPU_CONFIG"):
+        return Path(e["VGPU_CONFIG"])
+    p = user_config(env) if user else SYSTEM_CONFIG
+    return p if p.exists() else None
+
+
+def daemon_paths(user: bool, *, socket: str | None = None, runtime_dir: str | None = None,
+                 state_dir: str | None = None, config: Path | None = None,
+                 from_config: Mapping[str, str | None] | None = None,
+                 env: Mapping[str, str] | None = None) -> DaemonPaths:
+    """Resolve the daemon's paths: command line, then environment, then the
+    config file's keys, then the defaults of a system or user daemon. A
+    runtime dir given without a socket holds the socket."""
+    e = _env(env)
+    cfg = from_config or {}
+
+    def pick(cli: str | None, var: str, key: str) -> str | None:
+        return cli or e.get(var) or cfg.get(key) or None
+
+    rt = pick(runtime_dir, "VGPU_RUNTIME_DIR", "runtime_dir")
+    st = pick(state_dir, "VGPU_STATE_DIR", "state_dir")
+    sock = pick(socket, "VGPU_SOCKET", "socket")
+    runtime = Path(rt) if rt else (user_runtime_dir(env) if user else SYSTEM_RUNTIME_DIR)
+    state = Path(st) if st else (user_state_dir(env) if user else SYSTEM_STATE_DIR)
+    sockp = Path(sock) if sock else runtime / SOCKET_NAME
+    return DaemonPaths(socket=sockp, runtime_dir=runtime, state_dir=state,
+                       config=config, system=not user)
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create path (mode 0700) or check that an existing one is ours and not
+    open to others: /tmp/vgpu-<uid> could have been made by someone else."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise VgpuError(f"{path}: {e.strerror}", exit_code=3) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise VgpuError(f"{path}: not a directory", exit_code=3)
+    if st.st_uid != os.geteuid():
+        raise VgpuError(f"{path} belongs to uid {st.st_uid}, not to you: remove it or set "
+                        "VGPU_RUNTIME_DIR", exit_code=3)
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+def ensure_shared_dir(path: Path) -> None:
+    """Create path (mode 0755): the system daemon's runtime dir, readable by
+    every job's user."""
+    try:
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(path, 0o755)
+    except OSError as e:
+        raise VgpuError(f"{path}: {e.strerror}", exit_code=3) from None

@@ -1,0 +1,173 @@
+"""The simulated GPU's shared state, as `vgpuctl sim` sees and steers it.
+
+The state file's layout is private to the simulator (libvgpu/sim): its own
+libraries export control functions (``vgpu_sim_ctl_*``) that read and change
+it under the state's lock, after giving back the memory of dead processes,
+exactly as the simulated driver does. This module calls them through ctypes
+and turns their JSON into dataclasses. The file is the one ``VGPU_SIM_STATE``
+names (default ``/dev/shm/vgpu-sim-<uid>``), read when the library first
+touches it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vgpuctl.errors import SimError, UsageError
+from vgpuctl.system import native
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    index: int
+    uuid: str
+    total: int
+    used: int
+    busy_ns: int
+    kernels: int
+    fail_allocs: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One process's or tag's share of one device."""
+
+    index: int
+    used: int
+    peak: int
+    busy_ns: int
+    contexts: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessStats:
+    pid: int
+    tag: str | None
+    devices: list[Usage]
+
+
+@dataclass(frozen=True)
+class TagStats:
+    name: str
+    devices: list[Usage]
+
+
+@dataclass(frozen=True)
+class SimStats:
+    path: str
+    count: int
+    memory: int
+    sample_ms: int
+    nvml_error: int
+    nvml_error_count: int
+    devices: list[DeviceStats]
+    processes: list[ProcessStats]
+    tags: list[TagStats]
+
+    def tag(self, name: str) -> TagStats | None:
+        return next((t for t in self.tags if t.name == name), None)
+
+    def process(self, pid: int) -> ProcessStats | None:
+        return next((p for p in self.processes if p.pid == pid), None)
+
+    def to_json(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _usage(rows: list[dict[str, Any]]) -> list[Usage]:
+    return [Usage(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0))
+            for r in rows]
+
+
+def parse_stats(text: str) -> SimStats:
+    """SimStats from the JSON vgpu_sim_ctl_stats writes."""
+    d = json.loads(text)
+    return SimStats(
+        path=d["path"], count=d["count"], memory=d["memory"], sample_ms=d["sample_ms"],
+        nvml_error=d["faults"]["nvml_error"], nvml_error_count=d["faults"]["nvml_error_count"],
+        devices=[DeviceStats(**dev) for dev in d["devices"]],
+        processes=[ProcessStats(p["pid"], p["tag"], _usage(p["devices"]))
+                   for p in d["processes"]],
+        tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
+    )
+
+
+def nvml_error_code(text: str) -> int:
+    """An NVML return code from its number or name (GPU_IS_LOST,
+    NVML_ERROR_GPU_IS_LOST, 15)."""
+    t = text.strip()
+    if t.isdigit():
+        code = int(t)
+    else:
+        import pynvml
+
+        name = t.upper()
+        if not name.startswith("NVML_ERROR_"):
+            name = "NVML_ERROR_" + name
+        code = getattr(pynvml, name, 0)
+        if not isinstance(code, int) or not code:
+            raise UsageError(f"--nvml-error {text!r}: not an NVML error (try GPU_IS_LOST or 15)")
+    if code <= 0:
+        raise UsageError(f"--nvml-error {text!r}: an error code is a positive number")
+    return code
+
+
+class SimState:
+    """The control functions of the simulator's NVML library."""
+
+    def __init__(self, libdir: Path | None = None) -> None:
+        lib = (libdir or native.sim_libdir()) / "libnvidia-ml.so.1"
+        try:
+            self._lib = ctypes.CDLL(str(lib))
+        except OSError as e:
+            raise SimError(f"cannot load {lib}: {e}") from None
+        f = self._lib
+        f.vgpu_sim_ctl_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        f.vgpu_sim_ctl_fail_allocs.argtypes = [ctypes.c_int, ctypes.c_longlong]
+        f.vgpu_sim_ctl_nvml_error.argtypes = [ctypes.c_int, ctypes.c_longlong]
+        f.vgpu_sim_ctl_clear_faults.argtypes = []
+        f.vgpu_sim_ctl_reset.argtypes = [ctypes.c_int]
+
+    def stats(self) -> SimStats | None:
+        """The state now; None if there is no state file yet."""
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.vgpu_sim_ctl_stats(buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return parse_stats(buf.value.decode())
+            size = n + 1
+
+    def fail_allocs(self, count: int, gpu: int = 0) -> None:
+        """Make the next `count` device allocations on `gpu`, from any
+        process, fail with CUDA_ERROR_OUT_OF_MEMORY."""
+        if count < 0:
+            raise UsageError("--fail-allocs needs a count >= 0")
+        if self._lib.vgpu_sim_ctl_fail_allocs(gpu, count) < 0:
+            raise UsageError(f"--gpu {gpu}: no such simulated GPU")
+
+    def nvml_error(self, code: int, count: int = 1) -> None:
+        """Make the next `count` NVML calls (-1: every call until cleared)
+        return `code`."""
+        if self._lib.vgpu_sim_ctl_nvml_error(code, count) < 0:
+            raise SimError("the simulated GPU's state is unavailable")
+
+    def clear_faults(self) -> None:
+        if self._lib.vgpu_sim_ctl_clear_faults() < 0:
+            raise SimError("the simulated GPU's state is unavailable")
+
+    def reset(self, force: bool = False) -> int:
+        """Delete the state file. Returns 0, or, when live processes use it
+        and not `force`, how many (and leaves it)."""
+        rc = self._lib.vgpu_sim_ctl_reset(1 if force else 0)
+        if rc < 0:
+            raise SimError("the simulated GPU's state is unavailable")
+        return int(rc)
