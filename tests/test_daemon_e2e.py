@@ -182,7 +182,7 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_config(daemon):
 
 def test_second_instance_on_the_same_state_is_refused(daemon):
     r = daemon.cli("daemon", "--socket", str(daemon.base / "other.sock"))
-    assert r.returncode == 3 and "another daemon" in r.stderr
+    assert r.returncode == 10 and "another daemon" in r.stderr
 
 
 def as_user(pw, argv, env):

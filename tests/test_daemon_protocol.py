@@ -48,7 +48,7 @@ def test_optional_fields_may_be_null():
     (req(op="ps", all="yes"), "true or false"),
 ])
 def test_bad_requests_are_refused_with_a_reason(line, needle):
-    with pytest.raises(P.RequestInvalid, match=needle):
+    with pytest.raises(errors.RequestInvalid, match=needle):
         P.parse_request(line)
 
 

@@ -12,6 +12,7 @@ from daemon_fixture import needs_native
 
 from vgpuctl.daemon import metrics
 from vgpuctl.daemon.metrics import GpuMetrics, JobMetrics, MetricsServer, Snapshot, SnapshotBox
+from vgpuctl.errors import MetricsUnavailable
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -138,7 +139,7 @@ def test_parse_address(text, expected):
 
 @pytest.mark.parametrize("text", ["9400", "host:", "host:http", "h:70000"])
 def test_parse_address_rejects(text):
-    with pytest.raises(metrics.MetricsUnavailable):
+    with pytest.raises(MetricsUnavailable):
         metrics.parse_address(text)
 
 

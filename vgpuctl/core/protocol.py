@@ -6,7 +6,7 @@ CODE, "message": TEXT}}``. A line is at most MAX_LINE bytes. Requests are
 checked here, at the edge, into typed records (NamedTuples: cheaper to
 define than dataclasses, which matters to `vgpuctl run`'s start-up time);
 anything else (bad JSON,
-unknown op, wrong types, another version) is a RequestInvalid, which the
+unknown op, wrong types, another version) is a errors.RequestInvalid, which the
 server answers with an error reply. docs/daemon.md lists the ops.
 """
 
@@ -32,6 +32,9 @@ ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
     "native_missing": errors.NativeMissing,
     "config": errors.ConfigError,
     "unavailable": errors.DaemonUnavailable,
+    "state": errors.StateError,
+    "missing": errors.MissingComponent,
+    "conflict": errors.DaemonConflict,
     "internal": errors.VgpuError,
 }
 
@@ -43,10 +46,6 @@ def error_code(exc: errors.VgpuError) -> str:
             if c is cls:
                 return code
     return "internal"
-
-
-class RequestInvalid(Exception):
-    """A request that can't be understood; answered with a "protocol" error."""
 
 
 # -- requests ----------------------------------------------------------------
@@ -107,11 +106,11 @@ Check = Callable[[str, Any], Any]
 def _str(max_len: int = 4096) -> Check:
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, str):
-            raise RequestInvalid(f"{name}: expected a string")
+            raise errors.RequestInvalid(f"{name}: expected a string")
         if len(v) > max_len:
-            raise RequestInvalid(f"{name}: longer than {max_len} characters")
+            raise errors.RequestInvalid(f"{name}: longer than {max_len} characters")
         if "\0" in v:
-            raise RequestInvalid(f"{name}: contains a NUL character")
+            raise errors.RequestInvalid(f"{name}: contains a NUL character")
         return v
     return check
 
@@ -119,36 +118,36 @@ def _str(max_len: int = 4096) -> Check:
 def _int(lo: int, hi: int) -> Check:
     def check(name: str, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise RequestInvalid(f"{name}: expected an integer")
+            raise errors.RequestInvalid(f"{name}: expected an integer")
         if not lo <= v <= hi:
-            raise RequestInvalid(f"{name}: must be {lo} to {hi}")
+            raise errors.RequestInvalid(f"{name}: must be {lo} to {hi}")
         return v
     return check
 
 
 def _bool(name: str, v: Any) -> Any:
     if not isinstance(v, bool):
-        raise RequestInvalid(f"{name}: expected true or false")
+        raise errors.RequestInvalid(f"{name}: expected true or false")
     return v
 
 
 def _job(name: str, v: Any) -> Any:
     if not isinstance(v, str) or not v.isdigit() or len(v) > 19:
-        raise RequestInvalid(f"{name}: expected a job id such as \"12\"")
+        raise errors.RequestInvalid(f"{name}: expected a job id such as \"12\"")
     return v
 
 
 def _policy(name: str, v: Any) -> Any:
     if v not in ("hard", "soft"):
-        raise RequestInvalid(f"{name}: must be \"hard\" or \"soft\"")
+        raise errors.RequestInvalid(f"{name}: must be \"hard\" or \"soft\"")
     return v
 
 
 def _command(name: str, v: Any) -> Any:
     if not isinstance(v, list) or not v:
-        raise RequestInvalid(f"{name}: expected a non-empty list of strings")
+        raise errors.RequestInvalid(f"{name}: expected a non-empty list of strings")
     if len(v) > MAX_COMMAND_ARGS:
-        raise RequestInvalid(f"{name}: more than {MAX_COMMAND_ARGS} arguments")
+        raise errors.RequestInvalid(f"{name}: more than {MAX_COMMAND_ARGS} arguments")
     check = _str(65536)
     return [check(name, a) for a in v]
 
@@ -177,36 +176,37 @@ OPS = tuple(_OPS)
 
 
 def parse_request(line: bytes | str) -> Request:
-    """One request line into its typed request; RequestInvalid otherwise."""
+    """One request line into its typed request; errors.RequestInvalid otherwise."""
     try:
         obj = json.loads(line)
     except (ValueError, UnicodeDecodeError) as e:
-        raise RequestInvalid(f"not JSON: {e}") from None
+        raise errors.RequestInvalid(f"not JSON: {e}") from None
     return request_from(obj)
 
 
 def request_from(obj: Any) -> Request:
     if not isinstance(obj, dict):
-        raise RequestInvalid("a request is a JSON object")
+        raise errors.RequestInvalid("a request is a JSON object")
     v = obj.get("v")
     if v != VERSION:
-        raise RequestInvalid(f"protocol version {v!r} not supported (this daemon speaks {VERSION})")
+        raise errors.RequestInvalid(
+            f"protocol version {v!r} not supported (this daemon speaks {VERSION})")
     op = obj.get("op")
     if not isinstance(op, str) or op not in _OPS:
-        raise RequestInvalid(f"unknown op {op!r} (known: {', '.join(_OPS)})")
+        raise errors.RequestInvalid(f"unknown op {op!r} (known: {', '.join(_OPS)})")
     cls, fields = _OPS[op]
     kwargs: dict[str, Any] = {}
     for key, val in obj.items():
         if key in ("v", "op"):
             continue
         if key not in fields:
-            raise RequestInvalid(f"{op}: unknown field {key!r}")
+            raise errors.RequestInvalid(f"{op}: unknown field {key!r}")
         if val is None and not fields[key][1]:
             continue
         kwargs[key] = fields[key][0](key, val)
     for key, (_, required) in fields.items():
         if required and key not in kwargs:
-            raise RequestInvalid(f"{op}: missing field {key!r}")
+            raise errors.RequestInvalid(f"{op}: missing field {key!r}")
     req: Request = cls(**kwargs)
     return req
 

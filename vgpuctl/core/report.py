@@ -31,17 +31,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vgpuctl.core.accounting import UsageRow, read_usage
-from vgpuctl.errors import UsageError, VgpuError
+from vgpuctl.errors import StateError, UsageError
 
 MIB = 1 << 20
 GROUPINGS = ("job", "user", "gpu", "day")
 FORMATS = ("table", "csv", "json")
-
-
-class ReportError(VgpuError):
-    """The accounting database can't be read."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -411,7 +405,7 @@ def write_atomic(path: Path | str, text: str) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=d)
     except OSError as e:
-        raise ReportError(f"--output {p}: {e.strerror}") from None
+        raise StateError(f"--output {p}: {e.strerror}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
@@ -426,7 +420,7 @@ def write_atomic(path: Path | str, text: str) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise ReportError(f"--output {p}: {e.strerror}") from None
+        raise StateError(f"--output {p}: {e.strerror}") from None
 
 
 # -- reading the daemon's database ---------------------------------------------
@@ -525,18 +519,18 @@ def read_jobs(conn: sqlite3.Connection) -> list[JobInfo]:
 
 
 def open_readonly(db: Path) -> sqlite3.Connection:
-    """Open the daemon's database for reading only; ReportError with one line
+    """Open the daemon's database for reading only; StateError with one line
     when it is missing or unreadable. Works while the daemon is down."""
     if not db.exists():
-        raise ReportError(f"{db}: no accounting database (has a daemon run here? "
+        raise StateError(f"{db}: no accounting database (has a daemon run here? "
                           "choose another with --state-dir or VGPU_STATE_DIR)")
     if not os.access(db, os.R_OK):
-        raise ReportError(f"{db}: not readable by you (run as root or as the daemon's user)")
+        raise StateError(f"{db}: not readable by you (run as root or as the daemon's user)")
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.Error as e:
-        raise ReportError(f"{db}: can't read the accounting database: {e}") from None
+        raise StateError(f"{db}: can't read the accounting database: {e}") from None
     return conn
 
 
@@ -553,7 +547,7 @@ def load(db: Path, since: float, until: float,
             jobs = read_jobs(conn)
             usage = read_usage(conn, since, until)
         except sqlite3.Error as e:
-            raise ReportError(f"{db}: can't read the accounting database: {e}") from None
+            raise StateError(f"{db}: can't read the accounting database: {e}") from None
     finally:
         conn.close()
     return jobs, usage
@@ -582,7 +576,7 @@ def build(db: Path, by: str, since: float, until: float,
 
 
 __all__: Sequence[str] = (
-    "JobInfo", "Report", "ReportRow", "ReportError", "aggregate", "columns", "parse_when",
+    "JobInfo", "Report", "ReportRow", "StateError", "aggregate", "columns", "parse_when",
     "render", "to_csv", "to_json", "to_text", "to_rich", "write_atomic", "load", "default_db",
     "build", "UsageRow",
 )

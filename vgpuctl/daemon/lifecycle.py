@@ -32,7 +32,7 @@ from vgpuctl.core import accounting
 from vgpuctl.daemon import metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
-from vgpuctl.errors import DaemonUnavailable, VgpuError
+from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.governor import compute
 from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths
@@ -85,7 +85,7 @@ def _prepare_dirs(dp: paths.DaemonPaths) -> None:
         try:
             dp.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         except OSError as e:
-            raise VgpuError(f"{dp.state_dir}: {e.strerror}", exit_code=3) from None
+            raise StateError(f"{dp.state_dir}: {e.strerror}") from None
     else:
         paths.ensure_private_dir(dp.runtime_dir)
         paths.ensure_private_dir(dp.jobs_dir)
@@ -98,7 +98,7 @@ def _lock(dp: paths.DaemonPaths) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise DaemonUnavailable(f"another daemon runs with state dir {dp.state_dir}") from None
+        raise DaemonConflict(f"another daemon runs with state dir {dp.state_dir}") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd

@@ -30,18 +30,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vgpuctl.errors import VgpuError
+from vgpuctl.errors import MetricsUnavailable
 
 log = logging.getLogger(__name__)
 
 PREFIX = "vgpu_"
 INSTALL_HINT = "pip install 'vgpuctl[metrics]'"
-
-
-class MetricsUnavailable(VgpuError):
-    """Metrics were asked for but can't be served."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)

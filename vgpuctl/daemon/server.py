@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vgpuctl.core import protocol as P
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.errors import DaemonUnavailable
+from vgpuctl.errors import DaemonConflict, DaemonUnavailable
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -57,7 +57,7 @@ def listen(path: Path, mode: int) -> socket.socket:
             try:
                 probe.settimeout(1.0)
                 probe.connect(addr)
-                raise DaemonUnavailable(f"another daemon already listens on {path}")
+                raise DaemonConflict(f"another daemon already listens on {path}")
             except (ConnectionRefusedError, FileNotFoundError, socket.timeout):
                 os.unlink(path)
             finally:

@@ -25,7 +25,14 @@ from vgpuctl.core import placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import tracking
-from vgpuctl.errors import NotFound, PermissionDenied, UsageError, VgpuError
+from vgpuctl.errors import (
+    NotFound,
+    PermissionDenied,
+    RequestInvalid,
+    StateError,
+    UsageError,
+    VgpuError,
+)
 from vgpuctl.store.jobs import ENDED, RUNNING, STARTING, JobRecord, Store
 from vgpuctl.system.config import Config, load_config
 from vgpuctl.system.nvml import GpuStats
@@ -101,7 +108,7 @@ class Supervisor:
         """The reply to one request line. Never raises."""
         try:
             req = P.parse_request(line)
-        except P.RequestInvalid as e:
+        except RequestInvalid as e:
             return P.error("protocol", str(e))
         return self.handle(peer, req)
 
@@ -174,7 +181,7 @@ class Supervisor:
         except (OSError, ValueError) as e:
             rec.state, rec.ended = ENDED, now
             self.store.update_job(rec)
-            raise VgpuError(f"could not create the job's region in {job_dir}: {e}") from None
+            raise StateError(f"could not create the job's region in {job_dir}: {e}") from None
         rec.region = str(job_dir)
         self.store.update_job(rec, ["region"])
         self.jobs[rec.id] = Job(rec, region)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from vgpuctl.core import controller as ctl
-from vgpuctl.errors import VgpuError
+from vgpuctl.errors import NvmlUnavailable
 from vgpuctl.governor.sampler import Sampler, Window
 
 log = logging.getLogger(__name__)
@@ -215,9 +215,9 @@ def _open_nvml() -> Any:
     try:
         import pynvml
     except ImportError as e:  # pragma: no cover - a dependency
-        raise VgpuError(f"NVML bindings missing: {e}") from None
+        raise NvmlUnavailable(f"NVML bindings missing: {e}") from None
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as e:
-        raise VgpuError(f"NVML unavailable: {e}") from None
+        raise NvmlUnavailable(f"NVML unavailable: {e}") from None
     return pynvml

@@ -23,18 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from vgpuctl.errors import VgpuError
+from vgpuctl.errors import DemoError, VgpuError
 from vgpuctl.system import native, paths
 
 DEFAULT_SIM = "1x16G"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
-
-
-class DemoError(VgpuError):
-    """The demo could not run (the daemon or a job did not start)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from vgpuctl.errors import VgpuError
+from vgpuctl.errors import StateError
 
 SCHEMA_VERSION = 1
 
@@ -123,12 +123,12 @@ class Store:
             conn.execute("PRAGMA synchronous=NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
-                raise VgpuError(f"{path}: written by a newer vgpuctl (schema {version}); "
-                                "upgrade vgpuctl", exit_code=3)
+                raise StateError(f"{path}: written by a newer vgpuctl (schema {version}); "
+                                "upgrade vgpuctl")
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as e:
-            raise VgpuError(f"{path}: {e}", exit_code=3) from None
+            raise StateError(f"{path}: {e}") from None
         try:
             os.chmod(path, 0o600)
         except OSError:

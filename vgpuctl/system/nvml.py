@@ -12,13 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuctl.errors import VgpuError
-
-
-class NvmlUnavailable(VgpuError):
-    """NVML can't be loaded or initialised (no driver, no GPU)."""
-
-    exit_code = 3
+from vgpuctl.errors import NvmlUnavailable
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from vgpuctl.errors import VgpuError
+from vgpuctl.errors import StateError
 
 SYSTEM_RUNTIME_DIR = Path("/run/vgpu")
 SYSTEM_SOCKET = SYSTEM_RUNTIME_DIR / "vgpud.sock"
@@ -145,12 +145,12 @@ def ensure_private_dir(path: Path) -> None:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(path)
     except OSError as e:
-        raise VgpuError(f"{path}: {e.strerror}", exit_code=3) from None
+        raise StateError(f"{path}: {e.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise VgpuError(f"{path}: not a directory", exit_code=3)
+        raise StateError(f"{path}: not a directory")
     if st.st_uid != os.geteuid():
-        raise VgpuError(f"{path} belongs to uid {st.st_uid}, not to you: remove it or set "
-                        "VGPU_RUNTIME_DIR", exit_code=3)
+        raise StateError(f"{path} belongs to uid {st.st_uid}, not to you: remove it or set "
+                        "VGPU_RUNTIME_DIR")
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
 
@@ -162,4 +162,4 @@ def ensure_shared_dir(path: Path) -> None:
         path.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chmod(path, 0o755)
     except OSError as e:
-        raise VgpuError(f"{path}: {e.strerror}", exit_code=3) from None
+        raise StateError(f"{path}: {e.strerror}") from None
