@@ -8,7 +8,14 @@ import sqlite3
 
 import pytest
 
-from vgpuctl.core.accounting import Accountant, create_schema, read_usage
+from vgpuctl.core.accounting import Accountant
+from vgpuctl.store.usage import (
+    create_schema,
+    flush,
+    maybe_flush,
+    read_usage,
+    recorded_gpu_seconds,
+)
 
 G = 1 << 30
 GPU = "GPU-00000000-0000-0000-0000-000000000000"
@@ -34,7 +41,7 @@ def test_integrates_share_and_memory(conn):
     a.observe("1", GPU, 100.0, 0.0, 1 * G)      # baseline
     a.observe("1", GPU, 101.0, 0.5, 1 * G)      # 0.5 GPU-s; 1 GiB for 1 s
     a.observe("1", GPU, 103.0, 1.0, 3 * G)      # 2 GPU-s; 1 -> 3 GiB over 2 s
-    a.flush(conn)
+    flush(conn, a)
     gs, gh, peak, rows = totals(conn)
     assert gs == pytest.approx(2.5)
     assert gh == pytest.approx((1 * 1 + 2 * 2) / 3600)
@@ -47,7 +54,7 @@ def test_share_is_clamped_and_hook_peak_counts(conn):
     a.observe("1", GPU, 0.0, 0.0, 0)
     a.observe("1", GPU, 1.0, 7.0, G, peak_bytes=5 * G)   # share > 1 is 1
     a.observe("1", GPU, 2.0, -1.0, G)                    # share < 0 is 0
-    a.flush(conn)
+    flush(conn, a)
     gs, _, peak, _ = totals(conn)
     assert gs == pytest.approx(1.0)
     assert peak == 5 * G
@@ -59,7 +66,7 @@ def test_schema_is_idempotent(conn):
     a = Accountant()
     a.observe("1", GPU, 0.0, 1.0, 0)
     a.observe("1", GPU, 1.0, 1.0, 0)
-    a.flush(conn)
+    flush(conn, a)
     create_schema(conn)
     assert totals(conn)[0] == pytest.approx(1.0)
 
@@ -69,7 +76,7 @@ def test_flushes_update_one_row_then_roll(conn):
     a.observe("1", GPU, 0.0, 1.0, G)
     for t in range(1, 31):
         a.observe("1", GPU, float(t), 1.0, G)
-        a.flush(conn)
+        flush(conn, a)
     gs, gh, _, rows = totals(conn)
     assert gs == pytest.approx(30.0)
     assert gh == pytest.approx(30 / 3600)
@@ -87,7 +94,7 @@ def test_gap_is_not_invented(conn):
     a.observe("1", GPU, 101.0, 1.0, G)    # 1 s
     a.observe("1", GPU, 50.0, 1.0, G)     # the clock stepped back: not counted
     a.observe("1", GPU, 51.0, 1.0, G)     # 1 s
-    a.flush(conn)
+    flush(conn, a)
     assert totals(conn)[0] == pytest.approx(3.0)
 
 
@@ -101,7 +108,7 @@ def test_crash_loses_at_most_the_flush_interval(tmp_path):
     for _ in range(95):               # 9.5 s of ticks at 100 ms, share 1
         t += 0.1
         a.observe("1", GPU, t, 1.0, G)
-        a.maybe_flush(c, t)
+        maybe_flush(c, a, t)
     c.close()                         # crash: no final flush
     c = sqlite3.connect(str(db))
     gs = totals(c)[0]
@@ -112,11 +119,11 @@ def test_restart_continues_the_same_job(conn):
     a = Accountant()
     a.observe("7", GPU, 0.0, 0.5, G)
     a.observe("7", GPU, 10.0, 0.5, G)
-    a.flush(conn)
+    flush(conn, a)
     b = Accountant()                  # a restarted daemon
     b.observe("7", GPU, 20.0, 0.5, G)
     b.observe("7", GPU, 30.0, 0.5, 2 * G)
-    b.flush(conn)
+    flush(conn, b)
     gs, _, peak, _ = totals(conn, "7")
     assert gs == pytest.approx(10.0)
     assert peak == 2 * G
@@ -130,9 +137,9 @@ def test_failed_flush_is_retried(tmp_path):
     a.observe("1", GPU, 2.0, 1.0, G)
     c.execute("DROP TABLE usage")
     with pytest.raises(sqlite3.OperationalError):
-        a.flush(c)
+        flush(c, a)
     create_schema(c)
-    a.flush(c)
+    flush(c, a)
     assert totals(c)[0] == pytest.approx(2.0)
 
 
@@ -144,7 +151,7 @@ def test_autocommit_connection(tmp_path):
     a = Accountant()
     a.observe("1", GPU, 0.0, 1.0, G)
     a.observe("1", GPU, 1.0, 1.0, G)
-    a.flush(c)
+    flush(c, a)
     assert not c.in_transaction
     other = sqlite3.connect(str(tmp_path / "vgpu.db"))
     assert totals(other)[0] == pytest.approx(1.0)
@@ -158,7 +165,7 @@ def test_ended_jobs_are_forgotten_after_flush(conn):
     a.observe("2", GPU, 0.0, 1.0, G)
     a.end_job("1")
     assert a.jobs() == {"1", "2"}
-    a.flush(conn)
+    flush(conn, a)
     assert a.jobs() == {"2"}
     rows = read_usage(conn)
     assert {r.gpu_uuid for r in rows if r.job_id == "1"} == {GPU, "GPU-other"}
@@ -171,7 +178,7 @@ def test_read_usage_window_and_missing_table(tmp_path):
     a = Accountant()
     a.observe("1", GPU, 0.0, 1.0, 0)
     a.observe("1", GPU, 10.0, 1.0, 0)
-    a.flush(c)
+    flush(c, a)
     assert len(read_usage(c, 5.0, 6.0)) == 1
     assert read_usage(c, 11.0, 20.0) == []
     assert read_usage(c, -5.0, 0.0) == []
@@ -182,9 +189,9 @@ def test_counter_continues_across_a_restart(conn):
     a.observe("7", GPU, 0.0, 1.0, 0)
     a.observe("7", GPU, 4.0, 0.5, 0)
     assert a.gpu_seconds("7", GPU) == pytest.approx(2.0)
-    a.flush(conn)
+    flush(conn, a)
     b = Accountant()
-    b.seed(conn, ["7", "8"])
+    b.seed(recorded_gpu_seconds(conn, ["7", "8"]))
     b.observe("7", GPU, 10.0, 1.0, 0)
     b.observe("7", GPU, 11.0, 1.0, 0)
     assert b.gpu_seconds("7", GPU) == pytest.approx(3.0)
@@ -192,13 +199,13 @@ def test_counter_continues_across_a_restart(conn):
 
 
 def test_prune_keeps_recent_and_running(conn):
-    from vgpuctl.core.accounting import prune
+    from vgpuctl.store.usage import prune
 
     a = Accountant()
     for job, t in (("old", 0.0), ("running", 0.0), ("new", 1000.0)):
         a.observe(job, GPU, t, 1.0, 0)
         a.observe(job, GPU, t + 1, 1.0, 0)
-    a.flush(conn)
+    flush(conn, a)
     assert prune(conn, 500.0, keep=["running"]) == 1
     assert {r.job_id for r in read_usage(conn)} == {"running", "new"}
 
@@ -210,7 +217,7 @@ def test_end_counts_the_unmeasured_tail(conn):
     a.observe("1", GPU, 0.0, 0.0, G)
     a.observe("1", GPU, 10.0, 0.5, G)         # 5 GPU-s measured
     a.end_job("1", now=10.2, lag_s=0.2)       # + 0.5 x (0.2 + 0.2)
-    a.flush(conn)
+    flush(conn, a)
     gs, gh, _, rows = totals(conn)
     assert gs == pytest.approx(5.2)
     assert gh == pytest.approx(10.2 / 3600)
@@ -222,5 +229,5 @@ def test_end_without_samples_adds_nothing(conn):
     a = Accountant()
     a.observe("1", GPU, 0.0, 1.0, 0)          # baseline only
     a.end_job("1", now=0.05, lag_s=0.2)
-    a.flush(conn)
+    flush(conn, a)
     assert totals(conn)[0] == 0.0

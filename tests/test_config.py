@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from vgpuctl.core.config import Config, UserLimits, parse_config
 from vgpuctl.errors import ConfigError
-from vgpuctl.system.config import Config, UserLimits, load_config, parse_config
+from vgpuctl.system.config import load_config
 
 G = 1 << 30
 

@@ -14,10 +14,10 @@ import pytest
 from daemon_fixture import read_line
 
 from vgpuctl.core import protocol as P
+from vgpuctl.core.config import Config, UserLimits
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.store.jobs import Store
-from vgpuctl.system.config import Config, UserLimits
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vgpuctl.core.config import UserLimits
 from vgpuctl.core.placement import (
     Commitment,
     Gpu,
@@ -14,7 +15,6 @@ from vgpuctl.core.placement import (
     resolve_gpu,
 )
 from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
-from vgpuctl.system.config import UserLimits
 
 G = 1 << 30
 M = 1 << 20

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from vgpuctl.core import report as rep
-from vgpuctl.core.accounting import Accountant, UsageRow, create_schema
+from vgpuctl.core.accounting import Accountant, UsageRow
 from vgpuctl.core.report import JobInfo, aggregate, parse_when
 from vgpuctl.errors import UsageError
+from vgpuctl.store.usage import create_schema, flush
+from vgpuctl.system.files import write_atomic
 
 UTC = timezone.utc
 G = 1 << 30
@@ -171,7 +173,7 @@ def test_parse_when_uses_the_given_zone():
 def test_write_atomic_replaces_whole_file(tmp_path):
     out = tmp_path / "r.csv"
     out.write_text("old")
-    rep.write_atomic(out, "new\n")
+    write_atomic(out, "new\n")
     assert out.read_text() == "new\n"
     assert [p.name for p in tmp_path.iterdir()] == ["r.csv"]  # no temporary left
 
@@ -209,7 +211,7 @@ def state_dir(tmp_path):
     a = Accountant()
     for t in range(60, 9, -10):           # 50 s at a quarter of the GPU
         a.observe(rec.id, GPU0, now - t, 0.25, G)
-    a.flush(c)
+    flush(c, a)
     c.close()
     return d
 

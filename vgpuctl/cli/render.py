@@ -1,4 +1,5 @@
-"""Tables for `vgpuctl status`, `ps` and `top` (rich lives here and only here).
+"""Tables for `vgpuctl status`, `ps`, `top` and `report` (rich lives here and
+only here).
 
 Input is the daemon's `ps` reply as a dict (docs/cli.md lists the fields).
 """
@@ -7,12 +8,22 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from datetime import tzinfo
+from typing import Any, Callable
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from vgpuctl.core.report import (
+    Report,
+    ReportRow,
+    columns,
+    empty_line,
+    iso_time,
+    row_job,
+    short_time,
+)
 from vgpuctl.core.sizes import format_size
 
 _console: Console | None = None
@@ -145,3 +156,37 @@ def print_jobs(jobs: Sequence[dict[str, Any]]) -> None:
         console().print("no jobs")
         return
     console().print(job_table(jobs))
+
+
+# -- reports -------------------------------------------------------------------
+_SHORT_HEADERS = {"job_id": "job", "exit_status": "exit", "memory_limit": "mem limit",
+                  "core_limit": "core", "gpu_time": "GPU time", "memory_time": "mem time",
+                  "peak_memory": "peak mem", "gpu_uuid": "GPU"}
+
+
+def report_table(report: Report, tz: tzinfo | None = None) -> RenderableType:
+    """A rich Table (for terminals) or a Text line when the report is empty.
+    Compacter than the plain text: short GPU ids and times, no uid, the
+    command cut to fit."""
+    if not report.rows:
+        return Text(empty_line(report, tz).rstrip(), style="dim")
+    title = (f"GPU usage by {report.by}, {iso_time(report.since, tz)} to "
+             f"{iso_time(report.until, tz)}")
+    t = Table(title=title, title_justify="left", header_style="bold", box=None,
+              pad_edge=False)
+    compact: dict[str, Callable[[ReportRow], str]] = {
+        "gpus": lambda r: " ".join(g[:12] for g in row_job(r).gpus),
+        "start": lambda r: short_time(row_job(r).start, tz),
+        "end": lambda r: short_time(row_job(r).end, tz),
+    }
+    cols = [c for c in columns(report.by, tz) if c.json_key != "uid"]
+    for c in cols:
+        last = c.json_key == "command"
+        name, _, unit = c.header.partition(" ")
+        name = _SHORT_HEADERS.get(name, name.replace("_", " "))
+        t.add_column(Text(f"{name}\n{unit}" if unit else name),
+                     justify="right" if c.numeric else "left",
+                     no_wrap=True, overflow="ellipsis", max_width=24 if last else None)
+    for r in report.rows:
+        t.add_row(*[Text(compact.get(c.json_key, c.text)(r)) for c in cols])
+    return t

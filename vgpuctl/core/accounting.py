@@ -8,9 +8,10 @@ holds there. The accountant integrates
     memory time   integral of used bytes over time  in GiB-hours
     peak memory   highest used (or peak) bytes seen
 
-and keeps the sums of the current interval in memory. ``flush(conn)`` writes
-them to the ``usage`` table of the daemon's SQLite file, about every two
-seconds, so a crash loses at most the samples since the last flush. Each row
+and keeps the sums of the current interval in memory. ``flush(write)`` hands
+the changed intervals to ``write``, which persists them (vgpuctl.store.usage
+writes them to the ``usage`` table of the daemon's SQLite file), about every
+two seconds, so a crash loses at most the samples since the last flush. Each row
 covers one interval [t0, t1) of one job on one GPU; a row grows by UPDATE until
 it spans ``row_seconds``, then a new one starts, which keeps the table small
 (one row per job and GPU per five minutes) while reports can still clip rows to
@@ -22,37 +23,16 @@ asked for in dates. A step backwards of the clock, or a gap longer than
 ``max_gap`` (the daemon was stopped or stalled), starts integrating afresh
 from the next sample instead of guessing what happened in between.
 
-No I/O apart from ``flush`` and ``create_schema``; the arithmetic is plain.
+No I/O and no clock: times come in as arguments, rows go out through the
+``write`` callable.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 GIB = 1 << 30
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS usage (
-    id INTEGER PRIMARY KEY,
-    job_id TEXT NOT NULL,
-    gpu_uuid TEXT NOT NULL,
-    t0 REAL NOT NULL,
-    t1 REAL NOT NULL,
-    gpu_seconds REAL NOT NULL DEFAULT 0,
-    mem_gib_hours REAL NOT NULL DEFAULT 0,
-    peak_mem_bytes INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS usage_job ON usage (job_id);
-CREATE INDEX IF NOT EXISTS usage_t1 ON usage (t1);
-"""
-
-
-def create_schema(conn: sqlite3.Connection) -> None:
-    """Create the usage table and its indexes if they are missing (idempotent)."""
-    conn.executescript(SCHEMA)
-
 
 @dataclass(frozen=True)
 class UsageRow:
@@ -65,6 +45,26 @@ class UsageRow:
     gpu_seconds: float
     mem_gib_hours: float
     peak_mem_bytes: int
+
+
+@dataclass(frozen=True)
+class RowWrite:
+    """One interval to persist: a new row (``row_id`` None) or an update of
+    the row it names."""
+
+    job_id: str
+    gpu_uuid: str
+    t0: float
+    t1: float
+    gpu_seconds: float
+    mem_gib_hours: float
+    peak_mem_bytes: int
+    row_id: int | None
+
+
+# Persists a batch of rows in one transaction and returns each one's row id,
+# in order; raises when nothing was written.
+Writer = Callable[[Sequence[RowWrite]], Sequence[int]]
 
 
 @dataclass
@@ -192,60 +192,39 @@ class Accountant:
         for the metrics endpoint."""
         return self._total.get((job_id, gpu_uuid), 0.0)
 
-    def seed(self, conn: sqlite3.Connection, job_ids: Iterable[str]) -> None:
-        """At start, before the first sample: take the GPU-seconds already
-        recorded for these (re-adopted) jobs, so ``gpu_seconds`` counts from
-        each job's start rather than from this daemon's."""
-        ids = [str(j) for j in job_ids]
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            marks = ", ".join("?" * len(chunk))
-            try:
-                rows = conn.execute(
-                    f"SELECT job_id, gpu_uuid, SUM(gpu_seconds) FROM usage"
-                    f" WHERE job_id IN ({marks}) GROUP BY job_id, gpu_uuid", chunk).fetchall()
-            except sqlite3.OperationalError:
-                return
-            for jid, gpu, total in rows:
-                key = (str(jid), str(gpu))
-                self._total[key] = self._total.get(key, 0.0) + float(total or 0.0)
+    def seed(self, recorded: Mapping[tuple[str, str], float]) -> None:
+        """At start, before the first sample: the GPU-seconds already
+        recorded per (job, GPU) for re-adopted jobs, so ``gpu_seconds``
+        counts from each job's start rather than from this daemon's."""
+        for key, total in recorded.items():
+            self._total[key] = self._total.get(key, 0.0) + float(total)
 
     # -- persistence --------------------------------------------------------
     def flush_due(self, now: float) -> bool:
         return self._last_flush is None or now - self._last_flush >= self.flush_seconds
 
-    def maybe_flush(self, conn: sqlite3.Connection, now: float) -> bool:
+    def maybe_flush(self, write: Writer, now: float) -> bool:
         """Flush when ``flush_seconds`` have passed since the last flush.
         Returns True when it wrote."""
         if not self.flush_due(now):
             return False
-        self.flush(conn)
+        self.flush(write)
         self._last_flush = now
         return True
 
-    def flush(self, conn: sqlite3.Connection) -> int:
-        """Write every changed interval to the usage table in one transaction;
-        returns the number of rows inserted or updated. Jobs ended with
-        ``end_job`` are forgotten afterwards."""
+    def flush(self, write: Writer) -> int:
+        """Hand every changed interval to ``write`` in one batch; returns the
+        number of rows written. Jobs ended with ``end_job`` are forgotten
+        afterwards. When ``write`` raises, nothing is marked written: the
+        same rows go again next time."""
         items: list[tuple[tuple[str, str], _Open]] = list(self._closed)
         items += [(k, o) for k, o in self._open.items()
                   if o.dirty and (o.t1 > o.t0 or o.row_id is not None or o.peak)]
-        inserted: list[_Open] = []
-        try:
-            with conn:
-                if conn.isolation_level is None and not conn.in_transaction:
-                    conn.execute("BEGIN")  # autocommit connection: one transaction
-                for key, o in items:
-                    if o.row_id is None:
-                        inserted.append(o)
-                    self._write(conn, key, o)
-        except BaseException:
-            # Rolled back: those rows don't exist; write them again next time.
-            for o in inserted:
-                o.row_id = None
-            for _, o in items:
-                o.dirty = True
-            raise
+        ids = write([RowWrite(k[0], k[1], o.t0, o.t1, o.gpu_seconds, o.mem_gib_hours, o.peak,
+                              o.row_id) for k, o in items])
+        for (_, o), row_id in zip(items, ids):
+            o.row_id = row_id
+            o.dirty = False
         self._closed.clear()
         for key in self._ended:
             self._open.pop(key, None)
@@ -253,59 +232,8 @@ class Accountant:
         self._ended.clear()
         return len(items)
 
-    @staticmethod
-    def _write(conn: sqlite3.Connection, key: tuple[str, str], o: _Open) -> None:
-        if o.row_id is None:
-            cur = conn.execute(
-                "INSERT INTO usage (job_id, gpu_uuid, t0, t1, gpu_seconds, mem_gib_hours,"
-                " peak_mem_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (key[0], key[1], o.t0, o.t1, o.gpu_seconds, o.mem_gib_hours, o.peak))
-            o.row_id = cur.lastrowid
-        else:
-            conn.execute(
-                "UPDATE usage SET t1 = ?, gpu_seconds = ?, mem_gib_hours = ?,"
-                " peak_mem_bytes = ? WHERE id = ?",
-                (o.t1, o.gpu_seconds, o.mem_gib_hours, o.peak, o.row_id))
-        o.dirty = False
-
 
 def _snapshot(key: tuple[str, str], o: _Open) -> tuple[tuple[str, str], _Open]:
     return key, _Open(t0=o.t0, t1=o.t1, last_mem=o.last_mem, last_share=o.last_share,
                       gpu_seconds=o.gpu_seconds,
                       mem_gib_hours=o.mem_gib_hours, peak=o.peak, row_id=o.row_id)
-
-
-def prune(conn: sqlite3.Connection, before: float, keep: Iterable[str] = ()) -> int:
-    """Delete usage rows that ended before ``before`` (epoch seconds), except
-    those of the jobs in ``keep`` (still running); returns how many."""
-    kept = [str(j) for j in keep]
-    q = "DELETE FROM usage WHERE t1 < ?"
-    if kept:
-        q += f" AND job_id NOT IN ({', '.join('?' * len(kept))})"
-    with conn:
-        cur = conn.execute(q, [before, *kept])
-    return int(cur.rowcount or 0)
-
-
-def read_usage(conn: sqlite3.Connection, since: float | None = None,
-               until: float | None = None) -> list[UsageRow]:
-    """Usage rows that overlap [since, until) (all when both are None).
-    Returns [] when the table does not exist yet."""
-    q = ("SELECT job_id, gpu_uuid, t0, t1, gpu_seconds, mem_gib_hours, peak_mem_bytes"
-         " FROM usage WHERE 1 = 1")
-    args: list[float] = []
-    if since is not None:
-        q += " AND t1 >= ?"
-        args.append(since)
-    if until is not None:
-        q += " AND t0 < ?"
-        args.append(until)
-    q += " ORDER BY t0, id"
-    try:
-        rows = conn.execute(q, args).fetchall()
-    except sqlite3.OperationalError as e:
-        if "no such table" in str(e):
-            return []
-        raise
-    return [UsageRow(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4]),
-                     float(r[5]), int(r[6])) for r in rows]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from vgpuctl.core.config import UserLimits
 from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
-from vgpuctl.system.config import UserLimits
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Usage reports: what each job, user, GPU or day used over a time window.
 
-Pure arithmetic over ``JobInfo`` and ``UsageRow`` values (``aggregate``),
-renderers to CSV, JSON and plain text (strings), a rich table for terminals,
-and the read-only loader that reads the daemon's SQLite file (``load``).
+Pure arithmetic over ``JobInfo`` and ``UsageRow`` values (``aggregate``) and
+renderers to CSV, JSON and plain text (strings). Reading the daemon's
+database is vgpuctl.store.reports's job; the rich table for terminals is in
+vgpuctl.cli.render.
 
 Window: [since, until). A usage row that straddles an edge counts for the
 part inside the window (its sums are taken as spread evenly over the row,
@@ -20,18 +21,14 @@ import csv
 import io
 import json
 import math
-import os
 import re
-import sqlite3
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
-from pathlib import Path
 from typing import Any, Callable
 
-from vgpuctl.core.accounting import UsageRow, read_usage
-from vgpuctl.errors import StateError, UsageError
+from vgpuctl.core.accounting import UsageRow
+from vgpuctl.errors import UsageError
 
 MIB = 1 << 20
 GROUPINGS = ("job", "user", "gpu", "day")
@@ -246,11 +243,11 @@ class Column:
     numeric: bool = False             # right-aligned in tables
 
 
-def _iso(t: float | None, tz: tzinfo | None) -> str:
+def iso_time(t: float | None, tz: tzinfo | None) -> str:
     return "" if t is None else _to_datetime(t, tz).isoformat(timespec="seconds")
 
 
-def _job(r: ReportRow) -> JobInfo:
+def row_job(r: ReportRow) -> JobInfo:
     return r.job or JobInfo(job_id=r.key)
 
 
@@ -275,26 +272,28 @@ def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
     if by == "job":
         return [
             Column("job_id", "job_id", lambda r: r.key, lambda r: r.key),
-            Column("name", "name", lambda r: _job(r).name, lambda r: _job(r).name),
-            Column("user", "user", lambda r: _job(r).user, lambda r: _job(r).user),
+            Column("name", "name", lambda r: row_job(r).name, lambda r: row_job(r).name),
+            Column("user", "user", lambda r: row_job(r).user, lambda r: row_job(r).user),
             Column("uid", "uid",
-                   lambda r: "" if _job(r).uid is None else str(_job(r).uid),
-                   lambda r: _job(r).uid, True),
-            Column("gpus", "gpus", lambda r: " ".join(_job(r).gpus), lambda r: list(_job(r).gpus)),
-            Column("start", "start", lambda r: _iso(_job(r).start, tz),
-                   lambda r: _iso(_job(r).start, tz) or None),
-            Column("end", "end", lambda r: _iso(_job(r).end, tz),
-                   lambda r: _iso(_job(r).end, tz) or None),
+                   lambda r: "" if row_job(r).uid is None else str(row_job(r).uid),
+                   lambda r: row_job(r).uid, True),
+            Column("gpus", "gpus", lambda r: " ".join(row_job(r).gpus),
+                   lambda r: list(row_job(r).gpus)),
+            Column("start", "start", lambda r: iso_time(row_job(r).start, tz),
+                   lambda r: iso_time(row_job(r).start, tz) or None),
+            Column("end", "end", lambda r: iso_time(row_job(r).end, tz),
+                   lambda r: iso_time(row_job(r).end, tz) or None),
             Column("exit_status", "exit_status",
-                   lambda r: "" if _job(r).exit_status is None else str(_job(r).exit_status),
-                   lambda r: _job(r).exit_status, True),
+                   lambda r: "" if row_job(r).exit_status is None else str(row_job(r).exit_status),
+                   lambda r: row_job(r).exit_status, True),
             Column("memory_limit [MiB]", "memory_limit_bytes",
-                   lambda r: _mib(_job(r).mem_limit), lambda r: _job(r).mem_limit, True),
+                   lambda r: _mib(row_job(r).mem_limit), lambda r: row_job(r).mem_limit, True),
             Column("core_limit [%]", "core_limit_percent",
-                   lambda r: "" if _job(r).core is None else str(_job(r).core),
-                   lambda r: _job(r).core, True),
+                   lambda r: "" if row_job(r).core is None else str(row_job(r).core),
+                   lambda r: row_job(r).core, True),
             *_common(by),
-            Column("command", "command", lambda r: _job(r).command, lambda r: _job(r).command),
+            Column("command", "command", lambda r: row_job(r).command,
+                   lambda r: row_job(r).command),
         ]
     first = {"user": Column("user", "user", lambda r: r.key, lambda r: r.key),
              "gpu": Column("gpu_uuid", "gpu_uuid", lambda r: r.key, lambda r: r.key),
@@ -322,7 +321,7 @@ def to_json(report: Report, tz: tzinfo | None = None) -> str:
 
 
 def empty_line(report: Report, tz: tzinfo | None = None) -> str:
-    return (f"no jobs between {_iso(report.since, tz)} and {_iso(report.until, tz)}\n")
+    return (f"no jobs between {iso_time(report.since, tz)} and {iso_time(report.until, tz)}\n")
 
 
 def to_text(report: Report, tz: tzinfo | None = None) -> str:
@@ -345,44 +344,8 @@ def to_text(report: Report, tz: tzinfo | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-_SHORT_HEADERS = {"job_id": "job", "exit_status": "exit", "memory_limit": "mem limit",
-                  "core_limit": "core", "gpu_time": "GPU time", "memory_time": "mem time",
-                  "peak_memory": "peak mem", "gpu_uuid": "GPU"}
-
-
-def _short_time(t: float | None, tz: tzinfo | None) -> str:
+def short_time(t: float | None, tz: tzinfo | None) -> str:
     return "" if t is None else _to_datetime(t, tz).strftime("%m-%d %H:%M")
-
-
-def to_rich(report: Report, tz: tzinfo | None = None) -> Any:
-    """A rich Table (for terminals) or a Text line when the report is empty.
-    Compacter than the plain text: short GPU ids and times, no uid, the
-    command cut to fit."""
-    from rich.table import Table
-    from rich.text import Text
-
-    if not report.rows:
-        return Text(empty_line(report, tz).rstrip(), style="dim")
-    title = (f"GPU usage by {report.by}, {_iso(report.since, tz)} to "
-             f"{_iso(report.until, tz)}")
-    t = Table(title=title, title_justify="left", header_style="bold", box=None,
-              pad_edge=False)
-    compact: dict[str, Callable[[ReportRow], str]] = {
-        "gpus": lambda r: " ".join(g[:12] for g in _job(r).gpus),
-        "start": lambda r: _short_time(_job(r).start, tz),
-        "end": lambda r: _short_time(_job(r).end, tz),
-    }
-    cols = [c for c in columns(report.by, tz) if c.json_key != "uid"]
-    for c in cols:
-        last = c.json_key == "command"
-        name, _, unit = c.header.partition(" ")
-        name = _SHORT_HEADERS.get(name, name.replace("_", " "))
-        t.add_column(Text(f"{name}\n{unit}" if unit else name),
-                     justify="right" if c.numeric else "left",
-                     no_wrap=True, overflow="ellipsis", max_width=24 if last else None)
-    for r in report.rows:
-        t.add_row(*[Text(compact.get(c.json_key, c.text)(r)) for c in cols])
-    return t
 
 
 def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:
@@ -394,33 +357,6 @@ def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:
     if fmt == "table":
         return to_text(report, tz)
     raise UsageError(f"--format {fmt!r}: must be one of {', '.join(FORMATS)}")
-
-
-def write_atomic(path: Path | str, text: str) -> None:
-    """Write text to path so that readers see the old file or the new one,
-    never a half-written one (temporary file in the same folder, fsync,
-    rename). The file gets mode 0644 less the umask."""
-    p = Path(path)
-    d = p.parent if str(p.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=d)
-    except OSError as e:
-        raise StateError(f"--output {p}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o644 & ~umask)
-        os.replace(tmp, p)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise StateError(f"--output {p}: {e.strerror}") from None
 
 
 # -- reading the daemon's database ---------------------------------------------
@@ -502,81 +438,3 @@ def _exit_status(row: Mapping[str, Any]) -> int | None:
     if sig:
         return 128 + sig
     return _opt_int(_first(row, "exit_status", "exit_code", "returncode"))
-
-
-def read_jobs(conn: sqlite3.Connection) -> list[JobInfo]:
-    """Every job of the jobs table ([] when there is none yet)."""
-    conn.row_factory = sqlite3.Row
-    try:
-        rows = conn.execute("SELECT * FROM jobs").fetchall()
-    except sqlite3.OperationalError as e:
-        if "no such table" in str(e):
-            return []
-        raise
-    finally:
-        conn.row_factory = None
-    return [job_from_row({k: r[k] for k in r.keys()}) for r in rows]
-
-
-def open_readonly(db: Path) -> sqlite3.Connection:
-    """Open the daemon's database for reading only; StateError with one line
-    when it is missing or unreadable. Works while the daemon is down."""
-    if not db.exists():
-        raise StateError(f"{db}: no accounting database (has a daemon run here? "
-                          "choose another with --state-dir or VGPU_STATE_DIR)")
-    if not os.access(db, os.R_OK):
-        raise StateError(f"{db}: not readable by you (run as root or as the daemon's user)")
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.Error as e:
-        raise StateError(f"{db}: can't read the accounting database: {e}") from None
-    return conn
-
-
-def load(db: Path, since: float, until: float,
-         missing_ok: bool = False) -> tuple[list[JobInfo], list[UsageRow]]:
-    """The jobs and the usage rows that overlap [since, until) from the
-    daemon's database. With ``missing_ok``, a database that does not exist
-    (no daemon has run yet) reads as empty."""
-    if missing_ok and not db.exists():
-        return [], []
-    conn = open_readonly(db)
-    try:
-        try:
-            jobs = read_jobs(conn)
-            usage = read_usage(conn, since, until)
-        except sqlite3.Error as e:
-            raise StateError(f"{db}: can't read the accounting database: {e}") from None
-    finally:
-        conn.close()
-    return jobs, usage
-
-
-def default_db(env: Mapping[str, str] | None = None) -> Path:
-    """The database ``vgpuctl report`` reads: $VGPU_STATE_DIR's, else the
-    system daemon's when it exists, else the user daemon's."""
-    from vgpuctl.system import paths
-
-    e = os.environ if env is None else env
-    if e.get("VGPU_STATE_DIR"):
-        return Path(e["VGPU_STATE_DIR"]) / paths.DB_NAME
-    system = paths.SYSTEM_STATE_DIR / paths.DB_NAME
-    if system.exists():
-        return system
-    return paths.user_state_dir(env) / paths.DB_NAME
-
-
-def build(db: Path, by: str, since: float, until: float,
-          tz: tzinfo | None = None, missing_ok: bool = False) -> Report:
-    if until <= since:
-        raise UsageError("--until must be later than --since")
-    jobs, usage = load(db, since, until, missing_ok)
-    return aggregate(jobs, usage, by, since, until, tz)
-
-
-__all__: Sequence[str] = (
-    "JobInfo", "Report", "ReportRow", "StateError", "aggregate", "columns", "parse_when",
-    "render", "to_csv", "to_json", "to_text", "to_rich", "write_atomic", "load", "default_db",
-    "build", "UsageRow",
-)

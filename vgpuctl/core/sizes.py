@@ -1,31 +1,40 @@
-"""Byte sizes as users write them: 512M, 4G, 4GiB, 1.5G, 1073741824."""
+"""Byte sizes as users write them: 512M, 4G, 4GiB, 4Gi, 1.5G, 1073741824.
+
+One grammar for all of vgpuctl and libvgpu (the hook's VGPU_MEM_LIMIT and the
+simulator's VGPU_SIM parse the same way in C); both are tested against the
+table in tests/data/sizes.json. Units are binary (K = 1024) and may be
+followed by ``i`` and ``B``; the number is decimal, with an optional
+fraction but no sign or exponent; the result, rounded down to whole bytes,
+is from 1 to 2^60. Exact integer arithmetic: no float rounding.
+"""
 
 from __future__ import annotations
 
 import re
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+MAX_SIZE = 1 << 60
+_SCALE = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^\s*([0-9]+)(?:\.([0-9]+))?\s*(?:([kmgtKMGT])([iI]?)([bB]?)|([bB]))?\s*$",
+                   re.ASCII)
+_UNIT = re.compile(r"^\s*[0-9]+(?:\.[0-9]+)?\s*([A-Za-z]+)\s*$", re.ASCII)
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``; units are binary (4G = 4 GiB). ValueError if bad."""
+    """Bytes in ``text``. ValueError, with a message fit for one line, if bad."""
     m = _SIZE.match(str(text))
     if not m:
+        u = _UNIT.match(str(text))
+        if u:
+            raise ValueError(f"{text!r}: unknown unit {u.group(1)!r} (use K, M, G or T)")
         raise ValueError(f"{text!r} is not a size (try 512M, 4G or 4GiB)")
-    unit = m.group(2).lower()
-    if unit not in _UNITS:
-        raise ValueError(f"{text!r}: unknown unit {m.group(2)!r} (use K, M, G or T)")
-    value = float(m.group(1)) * _UNITS[unit]
+    whole, frac, unit = m.group(1), m.group(2) or "", (m.group(3) or "").lower()
+    scale = _SCALE[unit]
+    value = int(whole) * scale + int(frac or "0") * scale // 10 ** len(frac)
     if value < 1:
         raise ValueError(f"{text!r} is not a positive size")
-    return int(value)
+    if value > MAX_SIZE:
+        raise ValueError(f"{text!r} is too large (at most 1048576T, 2^60 bytes)")
+    return value
 
 
 def format_size(n: int) -> str:

@@ -28,18 +28,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vgpuctl.core import accounting
+from vgpuctl.core.accounting import Accountant
+from vgpuctl.core.config import Config
 from vgpuctl.daemon import metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.governor import compute
+from vgpuctl.store import retention, usage
 from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths
-from vgpuctl.system.config import Config, load_config
+from vgpuctl.system.config import load_config
 from vgpuctl.system.nvml import Nvml
 
 log = logging.getLogger("vgpuctl.daemon")
+
+# How often ended jobs and usage rows past retention_days are pruned.
+RETENTION_EVERY_S = 3600.0
 
 TRACK_S = 0.5
 INVENTORY_S = 1.0
@@ -167,7 +172,8 @@ class Daemon:
                  "on" if self.governor else "off")
         notify.ready(f"{len(sup.jobs)} jobs, {len(devices)} GPUs")
         tasks = [asyncio.ensure_future(c) for c in
-                 (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml))]
+                 (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml),
+                  self._retention_loop())]
         try:
             await self.stop_event.wait()
         finally:
@@ -181,7 +187,7 @@ class Daemon:
             self._unlink_socket(sock_inode)
             if self.accountant is not None:
                 try:
-                    self.accountant.flush(store.conn)
+                    usage.flush(store.conn, self.accountant)
                 except Exception:
                     log.exception("accounting flush failed")
             if self.metrics is not None:
@@ -213,15 +219,12 @@ class Daemon:
             self.governor = None
 
     def _start_accounting(self, store: Store) -> None:
-        acc = accounting
         try:
-            acc.create_schema(store.conn)
-            self.accountant = acc.Accountant()
-            # Re-adopted jobs' counters continue; usage past retention goes.
+            usage.create_schema(store.conn)
+            self.accountant = Accountant()
+            # Re-adopted jobs' counters continue.
             active = [r.id for r in store.active_jobs()]
-            self.accountant.seed(store.conn, active)
-            acc.prune(store.conn, time.time() - self.config.retention_days * 86400,
-                      keep=active)
+            self.accountant.seed(usage.recorded_gpu_seconds(store.conn, active))
         except Exception as e:
             log.error("accounting off: %s", e)
 
@@ -245,7 +248,7 @@ class Daemon:
                 if gov is not None else 0.0
             self.accountant.end_job(job_id, time.time(), lag)
             try:   # a report right after the job's end sees all of it
-                self.accountant.flush(self.sup.store.conn)
+                usage.flush(self.sup.store.conn, self.accountant)
             except Exception:
                 log.exception("accounting flush failed")
 
@@ -258,6 +261,36 @@ class Daemon:
         notify.ready()
 
     # -- loops --------------------------------------------------------------------
+    async def _retention_loop(self) -> None:
+        """Apply retention_days at start and every RETENTION_EVERY_S, a batch
+        at a time so requests are served in between."""
+        while True:
+            try:
+                await self.apply_retention(time.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.error("retention failed (will retry): %s", e)
+            await asyncio.sleep(RETENTION_EVERY_S)
+
+    async def apply_retention(self, now: float) -> tuple[int, int]:
+        """Prune ended jobs and usage rows older than retention_days; returns
+        how many of each went."""
+        days = self.sup.config.retention_days
+        before = retention.cutoff(now, days)
+        keep = set(self.sup.jobs)
+        jobs = rows = 0
+        while True:
+            j, r = retention.prune_batch(self.sup.store, before, keep)
+            jobs, rows = jobs + j, rows + r
+            if j < retention.BATCH and r < retention.BATCH:
+                break
+            await asyncio.sleep(0)
+        if jobs or rows:
+            log.info("retention: removed %d jobs and %d usage rows older than %d days",
+                     jobs, rows, days)
+        return jobs, rows
+
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -297,7 +330,7 @@ class Daemon:
                     continue
                 self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
                                         u.get("used", 0), u.get("peak"))
-            self.accountant.maybe_flush(sup.store.conn, wall)
+            usage.maybe_flush(sup.store.conn, self.accountant, wall)
         if self.metrics_box is not None and wall - self._last_metrics >= 1.0:
             self._last_metrics = wall
             self.metrics_box.set(self._metrics_snapshot())

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from vgpuctl import __version__
 from vgpuctl.core import placement
 from vgpuctl.core import protocol as P
+from vgpuctl.core.config import Config
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import tracking
 from vgpuctl.errors import (
@@ -34,7 +35,7 @@ from vgpuctl.errors import (
     VgpuError,
 )
 from vgpuctl.store.jobs import ENDED, RUNNING, STARTING, JobRecord, Store
-from vgpuctl.system.config import Config, load_config
+from vgpuctl.system.config import load_config
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import DeviceLimit, Region

@@ -225,7 +225,7 @@ class Demo:
 
     def report(self) -> Any:
         """The usage report of the demo's jobs, from the daemon's database."""
-        from vgpuctl.core import report
+        from vgpuctl.store import reports
 
-        return report.build(self.state_dir / paths.DB_NAME, "job", self.started_at - 1,
+        return reports.build(self.state_dir / paths.DB_NAME, "job", self.started_at - 1,
                             time.time() + 1)

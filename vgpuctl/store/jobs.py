@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     region        TEXT                  -- the job's region directory
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
 """
 
 
@@ -177,8 +178,10 @@ class Store:
             (ENDED, limit)).fetchall()
         return [_from_row(r) for r in reversed(rows)]
 
-    def prune_ended(self, before: float) -> int:
-        """Delete ended jobs that ended before a Unix time; returns how many."""
-        cur = self._conn.execute("DELETE FROM jobs WHERE state = ? AND ended < ?",
-                                 (ENDED, before))
-        return cur.rowcount
+    def prune_ended(self, before: float, limit: int = 5000) -> int:
+        """Delete up to ``limit`` jobs that ended before a Unix time; returns
+        how many (fewer than ``limit``: none are left)."""
+        cur = self._conn.execute(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state = ? AND ended < ?"
+            " LIMIT ?)", (ENDED, before, limit))
+        return int(cur.rowcount or 0)

@@ -163,3 +163,16 @@ def ensure_shared_dir(path: Path) -> None:
         os.chmod(path, 0o755)
     except OSError as e:
         raise StateError(f"{path}: {e.strerror}") from None
+
+
+def report_db(env: Mapping[str, str] | None = None) -> Path:
+    """The database ``vgpuctl report`` reads: $VGPU_STATE_DIR's, else the
+    system daemon's when it exists, else the user daemon's."""
+
+    e = os.environ if env is None else env
+    if e.get("VGPU_STATE_DIR"):
+        return Path(e["VGPU_STATE_DIR"]) / DB_NAME
+    system = SYSTEM_STATE_DIR / DB_NAME
+    if system.exists():
+        return system
+    return user_state_dir(env) / DB_NAME

@@ -61,7 +61,7 @@ def demo(seconds: float) -> None:
             d.stop_daemon()
         result = d.report()
         if console is not None:
-            console.print(report.to_rich(result))
+            console.print(render.report_table(result))
         else:
             click.echo()
             click.echo(report.to_text(result), nl=False)

@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from vgpuctl.core import report as rep
+from vgpuctl.store import reports
 from vgpuctl.system import paths
+from vgpuctl.system.files import write_atomic
 
 
 @click.command()
@@ -39,17 +41,17 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     now = time.time()
     t0 = rep.parse_when(since, now, option="--since")
     t1 = rep.parse_when(until, now, option="--until")
-    db = state_dir / paths.DB_NAME if state_dir else rep.default_db()
+    db = state_dir / paths.DB_NAME if state_dir else paths.report_db()
     # Nothing has run yet (no database where one would be) is an empty
     # report; a --state-dir that does not exist is a mistake.
     missing_ok = state_dir is None or state_dir.is_dir()
-    result = rep.build(db, by, t0, t1, missing_ok=missing_ok)
+    result = reports.build(db, by, t0, t1, missing_ok=missing_ok)
     if output is not None:
-        rep.write_atomic(output, rep.render(result, fmt))
+        write_atomic(output, rep.render(result, fmt))
         return
     if fmt == "table" and sys.stdout.isatty():
-        from rich.console import Console
+        from vgpuctl.cli import render
 
-        Console().print(rep.to_rich(result))
+        render.console().print(render.report_table(result))
         return
     click.echo(rep.render(result, fmt), nl=False)

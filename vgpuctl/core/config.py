@@ -1,0 +1,184 @@
+"""The daemon's configuration, checked: ``parse_config(data, source)`` turns
+a parsed TOML table (every key in etc/vgpu.toml) into a ``Config``. An
+unknown key or a bad value raises ConfigError naming the source, the key and
+the reason. Sizes are strings ("512M", "8G") or integers (bytes). Reading
+the file is vgpuctl.system.config's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from vgpuctl.core.sizes import parse_size
+from vgpuctl.errors import ConfigError
+
+POLICIES = ("hard", "soft")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+DEFAULT_RESERVE = 512 << 20
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """Maxima for one job of a user; None = no maximum."""
+    max_mem: int | None = None    # bytes: the largest --mem a job may ask for
+    max_core: int | None = None   # percent: the largest --core
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str = "<defaults>"
+    socket: str | None = None
+    runtime_dir: str | None = None
+    state_dir: str | None = None
+    tick_ms: int = 100
+    reserve: int = DEFAULT_RESERVE
+    oversubscribe: float = 1.0
+    default_policy: str = "hard"
+    default_mem: int | None = None
+    default_limits: UserLimits = field(default_factory=UserLimits)
+    user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
+    metrics_address: str = ""
+    log_level: str = "info"
+    retention_days: int = 90
+
+    def limits_for(self, user: str, uid: int) -> UserLimits:
+        """The maxima that apply to a user: their own table, else the
+        default one; root has none unless it has its own table."""
+        if user in self.user_limits:
+            return self.user_limits[user]
+        if str(uid) in self.user_limits:
+            return self.user_limits[str(uid)]
+        if uid == 0:
+            return UserLimits()
+        return self.default_limits
+
+    def with_(self, **changes: Any) -> Config:
+        return replace(self, **changes)
+
+
+def _fail(source: str, key: str, reason: str) -> ConfigError:
+    return ConfigError(f"{source}: {key}: {reason}")
+
+
+def _str(source: str, key: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise _fail(source, key, f"expected a string, got {v!r}")
+    return v
+
+
+def _path(source: str, key: str, v: Any) -> str | None:
+    s = _str(source, key, v)
+    if s and not s.startswith("/"):
+        raise _fail(source, key, f"expected an absolute path, got {s!r}")
+    return s or None
+
+
+def _int(source: str, key: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(source, key, f"expected an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise _fail(source, key, f"must be {lo} to {hi}, got {v}")
+    return v
+
+
+def _size(source: str, key: str, v: Any, allow_zero: bool = False) -> int:
+    if isinstance(v, bool):
+        raise _fail(source, key, f"expected a size such as \"512M\", got {v!r}")
+    if isinstance(v, int):
+        if v < 0 or (v == 0 and not allow_zero):
+            raise _fail(source, key, f"expected a positive size, got {v}")
+        return v
+    if isinstance(v, str):
+        if allow_zero and v.strip() in ("0", "0B", "0b"):
+            return 0
+        try:
+            return parse_size(v)
+        except ValueError as e:
+            raise _fail(source, key, str(e)) from None
+    raise _fail(source, key, f"expected a size such as \"512M\", got {v!r}")
+
+
+def _choice(source: str, key: str, v: Any, choices: tuple[str, ...]) -> str:
+    s = _str(source, key, v).lower()
+    if s not in choices:
+        raise _fail(source, key, f"must be one of {', '.join(choices)}, got {v!r}")
+    return s
+
+
+def _address(source: str, key: str, v: Any) -> str:
+    s = _str(source, key, v).strip()
+    if not s:
+        return ""
+    host, sep, port = s.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _fail(source, key, f"expected HOST:PORT such as \"127.0.0.1:9400\", got {v!r}")
+    return s
+
+
+def _ratio(source: str, key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _fail(source, key, f"expected a number such as 1.5, got {v!r}")
+    if not 1.0 <= float(v) <= 100.0:
+        raise _fail(source, key, f"must be 1.0 (off) to 100, got {v}")
+    return float(v)
+
+
+def _user_limits(source: str, prefix: str, v: Any) -> UserLimits:
+    if not isinstance(v, dict):
+        raise _fail(source, prefix, f"expected a table, got {v!r}")
+    max_mem = max_core = None
+    for k, val in v.items():
+        key = f"{prefix}.{k}"
+        if k == "max_mem":
+            max_mem = _size(source, key, val)
+        elif k == "max_core":
+            max_core = _int(source, key, val, 1, 100)
+        else:
+            raise _fail(source, key, "unknown key (known: max_mem, max_core)")
+    return UserLimits(max_mem=max_mem, max_core=max_core)
+
+
+_TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
+    "socket": lambda s, k, v: ("socket", _path(s, k, v)),
+    "runtime_dir": lambda s, k, v: ("runtime_dir", _path(s, k, v)),
+    "state_dir": lambda s, k, v: ("state_dir", _path(s, k, v)),
+    "tick_ms": lambda s, k, v: ("tick_ms", _int(s, k, v, 10, 10_000)),
+    "reserve": lambda s, k, v: ("reserve", _size(s, k, v, allow_zero=True)),
+    "oversubscribe": lambda s, k, v: ("oversubscribe", _ratio(s, k, v)),
+    "default_policy": lambda s, k, v: ("default_policy", _choice(s, k, v, POLICIES)),
+    "default_mem": lambda s, k, v: ("default_mem", _size(s, k, v)),
+    "metrics_address": lambda s, k, v: ("metrics_address", _address(s, k, v)),
+    "log_level": lambda s, k, v: ("log_level", _choice(s, k, v, LOG_LEVELS)),
+    "retention_days": lambda s, k, v: ("retention_days", _int(s, k, v, 1, 36_500)),
+}
+
+
+def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
+    """A Config from a parsed TOML table; ConfigError on any unknown key or
+    bad value."""
+    values: dict[str, Any] = {"source": source}
+    for key, v in data.items():
+        if key in _TOP:
+            name, val = _TOP[key](source, key, v)
+            values[name] = val
+        elif key == "limits":
+            if not isinstance(v, dict):
+                raise _fail(source, key, f"expected a table, got {v!r}")
+            users: dict[str, UserLimits] = {}
+            for lk, lv in v.items():
+                if lk == "default":
+                    values["default_limits"] = _user_limits(source, "limits.default", lv)
+                elif lk == "users":
+                    if not isinstance(lv, dict):
+                        raise _fail(source, "limits.users", f"expected a table, got {lv!r}")
+                    for user, ul in lv.items():
+                        users[user] = _user_limits(source, f"limits.users.{user}", ul)
+                else:
+                    raise _fail(source, f"limits.{lk}", "unknown key (known: default, users)")
+            values["user_limits"] = users
+        else:
+            raise _fail(source, key, "unknown key (known: " + ", ".join([*_TOP, "limits"]) + ")")
+    return Config(**values)

@@ -1,0 +1,80 @@
+"""The read-only view of the daemon's database that reports use: the jobs
+and the usage rows of a time window, read while the daemon runs or not."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from datetime import tzinfo
+from pathlib import Path
+
+from vgpuctl.core.accounting import UsageRow
+from vgpuctl.core.report import JobInfo, Report, aggregate, job_from_row
+from vgpuctl.errors import StateError, UsageError
+from vgpuctl.store.usage import read_usage
+
+# The jobs a window's report can name: those alive in [since, until), and
+# those with usage rows there (their start or end may be unknown).
+_JOBS_ALIVE = ("SELECT * FROM jobs WHERE (COALESCE(started, created) < :until"
+               " AND (ended IS NULL OR ended >= :since))")
+_OR_WITH_USAGE = (" OR id IN (SELECT CAST(job_id AS INTEGER) FROM usage"
+                  " WHERE t1 >= :since AND t0 < :until)")
+
+
+def read_jobs(conn: sqlite3.Connection, since: float, until: float) -> list[JobInfo]:
+    """The jobs of the window [since, until) ([] when there is no table yet)."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "jobs" not in tables:
+        return []
+    q = _JOBS_ALIVE + (_OR_WITH_USAGE if "usage" in tables else "")
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = conn.execute(q, {"since": since, "until": until}).fetchall()
+    finally:
+        conn.row_factory = None
+    return [job_from_row({k: r[k] for k in r.keys()}) for r in rows]
+
+
+def open_readonly(db: Path) -> sqlite3.Connection:
+    """Open the daemon's database for reading only; StateError with one line
+    when it is missing or unreadable. Works while the daemon is down."""
+    if not db.exists():
+        raise StateError(f"{db}: no accounting database (has a daemon run here? "
+                          "choose another with --state-dir or VGPU_STATE_DIR)")
+    if not os.access(db, os.R_OK):
+        raise StateError(f"{db}: not readable by you (run as root or as the daemon's user)")
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as e:
+        raise StateError(f"{db}: can't read the accounting database: {e}") from None
+    return conn
+
+
+
+def load(db: Path, since: float, until: float,
+         missing_ok: bool = False) -> tuple[list[JobInfo], list[UsageRow]]:
+    """The jobs and the usage rows of [since, until) from the daemon's
+    database. With ``missing_ok``, a database that does not exist (no daemon
+    has run yet) reads as empty."""
+    if missing_ok and not db.exists():
+        return [], []
+    conn = open_readonly(db)
+    try:
+        try:
+            jobs = read_jobs(conn, since, until)
+            usage = read_usage(conn, since, until)
+        except sqlite3.Error as e:
+            raise StateError(f"{db}: can't read the accounting database: {e}") from None
+    finally:
+        conn.close()
+    return jobs, usage
+
+
+def build(db: Path, by: str, since: float, until: float,
+          tz: tzinfo | None = None, missing_ok: bool = False) -> Report:
+    """The report of [since, until) grouped ``by`` from the database at ``db``."""
+    if until <= since:
+        raise UsageError("--until must be later than --since")
+    jobs, usage = load(db, since, until, missing_ok)
+    return aggregate(jobs, usage, by, since, until, tz)
