@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from daemon_fixture import read_line
+from daemon_fixture import read_line, wait_for
 
 from vgpuctl.core import protocol as P
 from vgpuctl.daemon import tracking
@@ -50,15 +49,6 @@ def run(sup, peer=ME, **fields):
     fields.setdefault("command", ["sleep", "60"])
     fields.setdefault("cwd", "/")
     return call(sup, peer, "run", **fields)
-
-
-def wait_until(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.fixture
@@ -181,7 +171,7 @@ def test_descendants_belong_to_the_job_even_after_their_parent_exits(tmp_path, p
         assert sup.view(sup.jobs[jid])["pids"] == [grandchild]
         reply = call(sup, ME, "kill", job=jid, signal=15)
         assert reply["pids"] == [grandchild]
-        assert wait_until(lambda: tracking.start_time(grandchild) is None)
+        wait_for(lambda: tracking.start_time(grandchild) is None, what="the grandchild to go")
         sup.track(tracking.scan())
         assert jid not in sup.jobs
     finally:
