@@ -16,11 +16,21 @@ from typing import Any
 # The command line, run with this interpreter (no PATH needed).
 VGPUCTL = [sys.executable, "-c", "from vgpuctl.cli import main; main()"]
 
-# Every snippet starts with this: the driver API, NVML, and `out` to report.
+# Every snippet starts with this: the driver API, NVML, `out` to report, and
+# `wait_for` (daemon_fixture.wait_for, inside the snippet's process).
 PRELUDE = """
 import ctypes, json, os, sys, time
 def out(value):
     print(json.dumps(value), flush=True)
+def wait_for(cond, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
 try:
     from cuda.bindings import driver as cu
     def ck(r):

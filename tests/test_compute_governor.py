@@ -238,10 +238,14 @@ def test_gpus_are_independent_and_departed_jobs_forgotten() -> None:
     gates = run(w, gov, 30)
     assert gates[("1", "GPU-0")].throttle is True
     assert gates[("2", "GPU-1")].throttle is False    # alone on its GPU
+    assert gates[("2", "GPU-1")].measured > 0.9
     w.jobs.remove(b)
     gates = run(w, gov, 1)
     assert set(gates) == {("1", "GPU-0")}
-    assert gov.measured("2", "GPU-1") is None
+    # Forgotten: were it to come back, it would start from nothing measured.
+    w.jobs.append(b)
+    gates = run(w, gov, 1)
+    assert gates[("2", "GPU-1")].measured == 0.0
 
 
 def test_nvml_errors_keep_the_last_gate_and_measurement() -> None:

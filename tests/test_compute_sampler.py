@@ -23,9 +23,11 @@ class FakeNvml:
         self.samples: dict[str, list[Sample]] = {}
         self.calls: list[tuple[str, int]] = []
         self.fail_next: list[int] = []
+        self.lookups = 0            # nvmlDeviceGetHandleByUUID calls
         self.now_us = T0
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        self.lookups += 1
         if uuid not in self.samples:
             raise NVMLError(6)
         return uuid
@@ -126,15 +128,22 @@ def test_unknown_gpu_does_not_raise(nvml: FakeNvml, caplog: pytest.LogCaptureFix
     assert "GPU-missing" in caplog.text
 
 
-def test_pynvml_success_with_no_samples_is_not_an_error(nvml: FakeNvml) -> None:
+def test_pynvml_success_with_no_samples_is_not_an_error(nvml: FakeNvml,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
     # pynvml raises NVMLError(NVML_SUCCESS) when the size query returns no
     # samples at all: that is "nothing new", not a failure
     nvml.period("GPU-a", 0, {1: 100})
     s = make(nvml)
     s.read("GPU-a")
-    nvml.fail_next = [0]
-    assert s.read("GPU-a") is None
-    assert s._gpus["GPU-a"].errors == 0
+    nvml.fail_next = [0, 0, 0]
+    with caplog.at_level(logging.WARNING, logger="vgpuctl.governor.sampler"):
+        for _ in range(3):
+            assert s.read("GPU-a") is None
+    assert not caplog.records                      # nothing to warn about
+    # and the next period reads as usual, through the handle it had
+    nvml.period("GPU-a", 1, {1: 40})
+    assert s.read("GPU-a").share(1) == pytest.approx(0.4)
+    assert nvml.lookups == 1
 
 
 def test_period_is_learnt_from_sample_spacing(nvml: FakeNvml) -> None:

@@ -7,11 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from daemon_fixture import read_line
+from daemon_fixture import read_line, wait_for
 
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, UserLimits
@@ -21,6 +20,7 @@ from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region
+from vgpuctl.system.region import ffi as region_ffi
 
 G = 1 << 30
 DEVICES = [GpuStats(0, "GPU-00000000-aaaa", "Sim GPU", 16 * G),
@@ -46,19 +46,23 @@ def call(sup, peer, op, **fields):
     return reply
 
 
+def hook_reports_used(region_dir: str, used: int, i: int = 0) -> None:
+    """Write the job's use of its GPU i into the region's usage file, where
+    the hook writes it (region.h is the layout the two share)."""
+    f = region_ffi()
+    at = (f.offsetof("struct vgpu_usage", "dev") + i * f.sizeof("struct vgpu_dev_usage")
+          + f.offsetof("struct vgpu_dev_usage", "used"))
+    fd = os.open(Path(region_dir) / "usage", os.O_WRONLY)
+    try:
+        os.pwrite(fd, used.to_bytes(8, sys.byteorder), at)
+    finally:
+        os.close(fd)
+
+
 def run(sup, peer=ME, **fields):
     fields.setdefault("command", ["sleep", "60"])
     fields.setdefault("cwd", "/")
     return call(sup, peer, "run", **fields)
-
-
-def wait_until(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @pytest.fixture
@@ -123,7 +127,8 @@ def test_user_limits_apply(tmp_path):
 def test_job_ids_never_repeat_across_restarts(tmp_path):
     sup = make(tmp_path)
     run(sup, mem=G)
-    sup.end_job(sup.jobs["1"])
+    call(sup, ME, "exited", job="1", code=0)
+    assert call(sup, ME, "ps", job="1")["jobs"][0]["state"] == "ended"
     sup.store.close()
     sup2 = make(tmp_path)
     assert run(sup2, mem=G)["job"]["id"] == "2"
@@ -181,7 +186,7 @@ def test_descendants_belong_to_the_job_even_after_their_parent_exits(tmp_path, p
         assert sup.view(sup.jobs[jid])["pids"] == [grandchild]
         reply = call(sup, ME, "kill", job=jid, signal=15)
         assert reply["pids"] == [grandchild]
-        assert wait_until(lambda: tracking.start_time(grandchild) is None)
+        wait_for(lambda: tracking.start_time(grandchild) is None, what="the grandchild to go")
         sup.track(tracking.scan())
         assert jid not in sup.jobs
     finally:
@@ -205,8 +210,7 @@ def test_set_changes_limits_live_and_warns_below_use(tmp_path):
     sup = make(tmp_path)
     r = run(sup, mem=4 * G)
     jid = r["job"]["id"]
-    job = sup.jobs[jid]
-    job.region.usage.dev[0].used = 3 * G    # what the hook would have written
+    hook_reports_used(r["env"]["VGPU_REGION"], 3 * G)
     reply = call(sup, ME, "set", job=jid, mem=2 * G, core=50, policy="soft")
     assert "keeps what it holds" in reply["warnings"][0]
     d = Region.open(r["env"]["VGPU_REGION"]).device(0)
@@ -226,23 +230,26 @@ def test_unknown_job(tmp_path):
 
 def test_restart_readopts_live_jobs_and_ends_the_rest(tmp_path, procs):
     sup = make(tmp_path)
-    alive = run(sup, mem=G, core=40)
-    dead = run(sup, mem=G)
+    launcher = procs("sleep", "60")        # stands for the `vgpuctl run` of both jobs
+    by_launcher = Peer(launcher.pid, os.getuid(), os.getgid())
+    alive = run(sup, peer=by_launcher, mem=G, core=40)
+    dead = run(sup, peer=by_launcher, mem=G)
     p = procs("sleep", "60")
     q = procs("sleep", "60")
     call(sup, ME, "started", job=alive["job"]["id"], pid=p.pid)
     call(sup, ME, "started", job=dead["job"]["id"], pid=q.pid)
     q.kill()
     q.wait()
-    # The daemon dies without a word (no close, no store update).
-    for rec_id in ("1", "2"):
-        sup.jobs[rec_id].rec.launcher_pid = None
-        sup.store.update_job(sup.jobs[rec_id].rec, ["launcher_pid"])
+    # The daemon dies without a word (no close, no store update), and so
+    # does the launcher.
+    launcher.kill()
+    launcher.wait()
     sup2 = make(tmp_path)
     sup2.adopt(tracking.scan())
-    assert list(sup2.jobs) == ["1"]
-    assert sup2.jobs["1"].region.device(0).core_share == 40
-    assert sup2.view(sup2.jobs["1"])["pids"] == [p.pid]
+    jobs = call(sup2, ME, "ps")["jobs"]
+    assert [(j["id"], j["core"], j["pids"]) for j in jobs] == [("1", 40, [p.pid])]
+    assert Region.open(alive["env"]["VGPU_REGION"]).device(0).core_share == 40
+    assert call(sup2, ME, "ps", job="2")["jobs"][0]["state"] == "ended"
     assert not Path(dead["env"]["VGPU_REGION"]).exists()
     assert Path(alive["env"]["VGPU_REGION"]).exists()
 
@@ -255,17 +262,22 @@ def test_garbage_gets_an_error_reply(tmp_path):
     assert sup.handle_line(ME, P.encode_request("ping"))["ok"] is True
 
 
-def test_core_100_hard_gets_no_gate(tmp_path):
+def test_core_100_hard_gets_no_gate(tmp_path, procs):
+    """Whatever the governor asks, a job at core 100 hard keeps the hook's
+    fast path; at core 30 it gets the gate the governor asks for."""
     sup = make(tmp_path)
     r = run(sup, mem=G)
-    job = sup.jobs[r["job"]["id"]]
-    job.rec.state = "running"
-    sup.apply_gate(job, 0, DEVICES[0].uuid, True, 5000, 1000, 0.5, 1.0)
-    assert job.region.device(0).throttle is False
-    assert sup.view(job)["core_measured"] == 0.5
-    job.rec.core_share = 30
-    sup.apply_gate(job, 0, DEVICES[0].uuid, True, 5000, 1000, 0.25, 0.3)
-    d = job.region.device(0)
+    jid = r["job"]["id"]
+    call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
+    [(job, i, uuid, _)] = sup.gate_inputs()       # as the daemon's tick loop does
+    assert uuid == DEVICES[0].uuid
+    limits = Region.open(r["env"]["VGPU_REGION"])  # what the hook reads
+    sup.apply_gate(job, i, uuid, True, 5000, 1000, 0.5, 1.0)
+    assert limits.device(0).throttle is False
+    assert call(sup, ME, "ps", job=jid)["jobs"][0]["core_measured"] == 0.5
+    call(sup, ME, "set", job=jid, core=30)
+    sup.apply_gate(job, i, uuid, True, 5000, 1000, 0.25, 0.3)
+    d = limits.device(0)
     assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
 
 

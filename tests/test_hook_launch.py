@@ -40,9 +40,9 @@ def test_throttled_launch_path_waits_for_tokens(path, sim, clients, client_facto
     c = client_factory(clients["direct"], ["ctx", "0", "launch", path, "3", "hold"],
                        sim.job_env(region.path))
     c.until("ctx")
-    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0 or
-             any(line[:1] == ["launch"] for line in c.lines), what="the launch to wait")
-    assert not any(line[:1] == ["launch"] for line in c.lines)
+    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0 or c.printed("launch"),
+             what="the launch to wait")
+    assert not c.printed("launch"), "a launch returned with no tokens to take"
     assert region.read_usage().devices[0].launches == 0
     region.update_device(0, refill_rate=1_000_000 * TOKEN_SCALE)
     assert c.until("launch") == ["0"]
@@ -64,18 +64,20 @@ def test_lifting_the_throttle_releases_a_waiting_launch(sim, clients, client_fac
 
 
 def test_only_the_launching_thread_waits(sim, clients, client_factory):
+    """A thread's launch waits for tokens while the other threads go on: the
+    main thread's calls return, and its join waits for the launching thread."""
     region = sim.region([GiB, GiB], throttle=True, refill_rate=0, bucket_size=TOKEN_SCALE)
     c = client_factory(clients["direct"], ["ctx", "0", "bglaunch", "kernel", "2", "info",
-                                           "alloc", "1M", "launch", "graph", "0", "hold",
-                                           "join"], sim.job_env(region.path))
+                                           "alloc", "1M", "launch", "graph", "0", "join"],
+                       sim.job_env(region.path))
     assert c.until("bglaunch") == ["0"]
     assert c.until("info")[0] == "0"        # the process goes on meanwhile
     assert c.until("alloc")[0] == "0"
-    c.until("hold")
-    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0, what="the launch to wait")
-    assert not any(line[:1] == ["join"] for line in c.lines)
+    assert c.until("launch") == ["0"]
+    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0 or c.printed("join"),
+             what="the launch to wait")
+    assert not c.printed("join"), "the launching thread finished with no tokens to take"
     region.update_device(0, refill_rate=1_000_000 * TOKEN_SCALE)
-    c.go()
     assert c.until("join") == ["0"]
     assert region.read_usage().devices[0].launches == 2
 

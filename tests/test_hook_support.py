@@ -178,7 +178,8 @@ class Client:
     def __init__(self, program: Path, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([str(program), *args], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.lines: list[list[str]] = []
+        self.lines: list[list[str]] = []   # every line read so far
+        self._consumed = 0                  # lines until() has gone past
         self._buf = b""
         self._sel = selectors.DefaultSelector()
         assert self.proc.stdout is not None
@@ -188,26 +189,42 @@ class Client:
     def pid(self) -> int:
         return self.proc.pid
 
+    def _read(self, timeout: float) -> bool:
+        """Read what the client printed within timeout seconds into lines;
+        False when nothing came (or its output ended)."""
+        assert self.proc.stdout is not None
+        if not self._sel.select(timeout=timeout):
+            return False
+        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        if not chunk:
+            return False
+        self._buf += chunk
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            self.lines.append(line.decode().split())
+        return True
+
     def until(self, command: str, timeout: float = 30) -> list[str]:
         """Read output up to the next line of `command`; return its fields."""
         deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
         while True:
-            while b"\n" in self._buf:
-                line, self._buf = self._buf.split(b"\n", 1)
-                fields = line.decode().split()
-                self.lines.append(fields)
+            while self._consumed < len(self.lines):
+                fields = self.lines[self._consumed]
+                self._consumed += 1
                 if fields and fields[0] == command:
                     return fields[1:]
             left = deadline - time.monotonic()
-            if left <= 0 or not self._sel.select(timeout=left):
+            if left <= 0 or not self._read(left):
                 break
-            chunk = os.read(self.proc.stdout.fileno(), 65536)
-            if not chunk:
-                break
-            self._buf += chunk
         raise AssertionError(f"no '{command}' line; output so far {self.lines}, "
                              f"stderr {self.stderr_now()}")
+
+    def printed(self, command: str) -> bool:
+        """Whether the client has printed a `command` line by now. Reads
+        whatever output is already there, never waits for more."""
+        while self._read(0):
+            pass
+        return any(fields[:1] == [command] for fields in self.lines)
 
     def go(self) -> None:
         assert self.proc.stdin is not None

@@ -33,7 +33,6 @@ def loop():
                                  ((5_000_000,), (ctypes.c_uint64,)), 0))
         ck(cu.cuCtxSynchronize())
 threading.Thread(target=loop, daemon=True).start()
-time.sleep(0.5)
 out({{"pid": os.getpid()}})
 """
 
@@ -136,18 +135,23 @@ def test_utilization_samples(sim_env):
     """)
     assert idle == "not found"
     with holding(sim_env, BUSY) as busy:
-        out = run_py(sim_env, """
+        out = run_py(sim_env, f"BUSY_PID = {busy.report['pid']}\n", """
             import pynvml as N
             N.nvmlInit()
             h = N.nvmlDeviceGetHandleByIndex(0)
-            first = N.nvmlDeviceGetProcessUtilization(h, 0)
+            def samples(last_seen):
+                try:
+                    return N.nvmlDeviceGetProcessUtilization(h, last_seen)
+                except N.NVMLError_NotFound:
+                    return []
+            def four_periods():
+                # the busy process's first period may be partial; the last three are whole
+                s = samples(0)
+                return s if sum(x.pid == BUSY_PID for x in s) >= 4 else None
+            first = wait_for(four_periods, what="four samples of the busy process")
             last = max(s.timeStamp for s in first)
-            try:
-                again = len(N.nvmlDeviceGetProcessUtilization(h, last))
-            except N.NVMLError_NotFound:
-                again = 0
-            time.sleep(0.25)
-            later = N.nvmlDeviceGetProcessUtilization(h, last)
+            again = len(samples(last))
+            later = wait_for(lambda: samples(last), what="a sample newer than the last seen")
             out({"pids": sorted({s.pid for s in first}),
                  "sm": [s.smUtil for s in first[-3:]],
                  "ts_us": last, "now_us": time.time() * 1e6, "again": again,

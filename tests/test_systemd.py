@@ -106,8 +106,8 @@ def test_ready_status_stopping(notify_socket):
     env = {"NOTIFY_SOCKET": path}
     assert notify.ready("serving 0 jobs", env=env)
     assert recv(s) == {"READY": "1", "STATUS": "serving 0 jobs"}
-    assert notify.status("two\nlines", env=env)
-    assert recv(s) == {"STATUS": "two lines"}
+    assert notify.ready("two\nlines", env=env)
+    assert recv(s) == {"READY": "1", "STATUS": "two lines"}
     assert notify.stopping(env=env)
     assert recv(s) == {"STOPPING": "1"}
 
@@ -145,12 +145,6 @@ def test_from_the_environment_in_a_child(notify_socket):
                        env={**os.environ, "NOTIFY_SOCKET": path}, timeout=60)
     assert r.returncode == 0
     assert recv(s) == {"READY": "1"}
-
-
-def test_watchdog_interval():
-    assert notify.watchdog_interval({}) is None
-    assert notify.watchdog_interval({"WATCHDOG_USEC": "4000000"}) == 2.0
-    assert notify.watchdog_interval({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}) is None
 
 
 # -- the daemon's side of the handshake ---------------------------------------------

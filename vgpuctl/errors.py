@@ -35,10 +35,6 @@ class VgpuError(Exception):
         if exit_code is not None:
             self.exit_code = exit_code
 
-    @property
-    def message(self) -> str:
-        return str(self)
-
 
 class UsageError(VgpuError):
     """Bad input on the command line or in a request (exit 2, as click does)."""

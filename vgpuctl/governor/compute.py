@@ -103,10 +103,6 @@ class ComputeGovernor:
         the work."""
         return self._sampler.period_s(uuid)
 
-    def measured(self, job_id: str, uuid: str) -> float | None:
-        st = self._states.get((job_id, uuid))
-        return st.measured if st else None
-
     def tick(self, jobs: list[JobDevice], now: float) -> dict[tuple[str, str], Gate]:
         """One control step for every (job, GPU); returns the gate of each,
         keyed by (job_id, uuid)."""

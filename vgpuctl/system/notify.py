@@ -9,8 +9,9 @@ service as started. Every function here is a no-op returning False when
     reloading()    RELOADING=1 with MONOTONIC_USEC (systemd >= 253 wants it)
                    on SIGHUP; call ready() again when the reload is done
     stopping()     STOPPING=1 on SIGTERM
-    status(text)   STATUS=..., shown by `systemctl status`
-    watchdog()     WATCHDOG=1, when WatchdogSec= is set (see watchdog_interval)
+
+Each takes an optional status text, sent as STATUS=... (shown by
+`systemctl status`).
 """
 
 from __future__ import annotations
@@ -70,26 +71,3 @@ def reloading(status_text: str | None = None, env: Mapping[str, str] | None = No
 
 def stopping(status_text: str | None = None, env: Mapping[str, str] | None = None) -> bool:
     return notify("STOPPING=1", *_status_field(status_text), env=env)
-
-
-def status(text: str, env: Mapping[str, str] | None = None) -> bool:
-    return notify(*_status_field(text), env=env)
-
-
-def watchdog(env: Mapping[str, str] | None = None) -> bool:
-    return notify("WATCHDOG=1", env=env)
-
-
-def watchdog_interval(env: Mapping[str, str] | None = None) -> float | None:
-    """Seconds between the watchdog pings systemd expects (half of
-    WatchdogSec=, as sd_watchdog_enabled(3) advises), or None when no watchdog
-    is set for this process."""
-    e = os.environ if env is None else env
-    try:
-        usec = int(e.get("WATCHDOG_USEC", ""))
-    except ValueError:
-        return None
-    pid = e.get("WATCHDOG_PID")
-    if pid and pid != str(os.getpid()):
-        return None
-    return usec / 2e6 if usec > 0 else None

@@ -68,12 +68,6 @@ class SimStats:
     processes: list[ProcessStats]
     tags: list[TagStats]
 
-    def tag(self, name: str) -> TagStats | None:
-        return next((t for t in self.tags if t.name == name), None)
-
-    def process(self, pid: int) -> ProcessStats | None:
-        return next((p for p in self.processes if p.pid == pid), None)
-
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
 
