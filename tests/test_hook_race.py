@@ -48,8 +48,10 @@ def test_race_never_exceeds_the_limit_and_never_refuses_what_fits(tmp_path, cbui
     assert totals["errors"] == 0
     assert totals["ok"] > 0 and totals["refused"] > 0   # the limit was really contended
     assert totals["illegit"] == 0
-    assert GiB - 64 * MiB < peak <= GiB              # the device's own record
-    assert region.read_usage().devices[0].peak <= GiB
+    assert peak <= GiB                               # the device's own record
+    # A refusal of what did not fit means the job's reservations were within
+    # one request (at most 48 MiB) of the limit then: the race reached it.
+    assert GiB - 48 * MiB < region.read_usage().devices[0].peak <= GiB
     assert region.read_usage().devices[0].used == 0  # every process gave everything back
 
 
