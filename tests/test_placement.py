@@ -42,7 +42,7 @@ def test_ties_go_to_the_lowest_index():
 def test_fills_up_to_exactly_the_capacity_and_not_a_byte_more():
     cap = 16 * G - 512 * M
     p = place(GPUS, [Commitment("1", GPUS[0].uuid, cap - G)], G, pin="0", reserve=512 * M)
-    assert p.left_after == 0
+    assert p.gpu.index == 0
     with pytest.raises(AdmissionRefused):
         place(GPUS, [Commitment("1", GPUS[0].uuid, cap - G)], G + 1, pin="0", reserve=512 * M)
 

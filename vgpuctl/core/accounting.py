@@ -169,10 +169,6 @@ class Accountant:
                 o.t1 = max(o.t1, now)
                 o.dirty = True
 
-    def jobs(self) -> set[str]:
-        """Job ids with samples in memory."""
-        return {k[0] for k in self._open}
-
     def totals(self, job_id: str) -> tuple[float, float, int]:
         """(GPU-seconds since the job started, all GPUs summed, as
         ``gpu_seconds``; GiB-hours and peak bytes of its current rows). For
@@ -185,12 +181,6 @@ class Accountant:
                 gh += o.mem_gib_hours
                 pk = max(pk, o.peak)
         return gs, gh, pk
-
-    def gpu_seconds(self, job_id: str, gpu_uuid: str) -> float:
-        """GPU-seconds of the job on that GPU since it started: what earlier
-        daemons recorded (``seed``) plus what this one integrated. A counter
-        for the metrics endpoint."""
-        return self._total.get((job_id, gpu_uuid), 0.0)
 
     def seed(self, recorded: Mapping[tuple[str, str], float]) -> None:
         """At start, before the first sample: the GPU-seconds already

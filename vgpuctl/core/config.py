@@ -8,7 +8,7 @@ the file is vgpuctl.system.config's job.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vgpuctl.core.sizes import parse_size
@@ -54,9 +54,6 @@ class Config:
         if uid == 0:
             return UserLimits()
         return self.default_limits
-
-    def with_(self, **changes: Any) -> Config:
-        return replace(self, **changes)
 
 
 def _fail(source: str, key: str, reason: str) -> ConfigError:

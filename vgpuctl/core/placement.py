@@ -40,10 +40,6 @@ class Placement:
     committed: int      # committed before this job
     mem: int            # this job's limit
 
-    @property
-    def left_after(self) -> int:
-        return self.capacity - self.committed - self.mem
-
 
 def capacity(gpu: Gpu, reserve: int, oversubscribe: float = 1.0) -> int:
     """Bytes of limits the GPU may carry in all."""

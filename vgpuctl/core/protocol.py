@@ -172,7 +172,6 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "reload": (Reload, {}),
 }
 
-OPS = tuple(_OPS)
 
 
 def parse_request(line: bytes | str) -> Request:
