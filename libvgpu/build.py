@@ -27,7 +27,7 @@ COMMON_CFLAGS = [
 # name: (output path relative to OUTDIR, source globs, extra flags, libraries,
 #        kind: "shared" or "exe", soname)
 TARGETS = {
-    "hook": ("libvgpu.so", ["src/*.c"], [], ["-ldl"], "shared", "libvgpu.so"),
+    "hook": ("libvgpu.so", ["hook/*.c"], [], ["-ldl"], "shared", "libvgpu.so"),
     # -Bsymbolic-functions: the simulator's own calls between its entry points
     # stay inside it, as in the real driver; a preloaded hook sees only the
     # program's calls.

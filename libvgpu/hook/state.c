@@ -60,7 +60,7 @@ _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 400, "slot.a
 _Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
 _Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 416, "vgpu_usage layout");
-_Static_assert(VGPU_REGION_VERSION == 1, "libvgpu/src follows region layout version 1");
+_Static_assert(VGPU_REGION_VERSION == 1, "libvgpu/hook follows region layout version 1");
 
 /* ---- helpers -------------------------------------------------------------- */
 uint64_t vgpu_now_ns(void)
