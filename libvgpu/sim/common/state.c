@@ -1,5 +1,5 @@
 /*
- * sim_state.c - the shared device state file: where it lives, creating it
+ * state.c - the shared device state file: where it lives, creating it
  * from VGPU_SIM, the robust lock, this process's slot and the reclaim of dead
  * processes' memory.
  *

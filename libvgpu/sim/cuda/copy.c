@@ -1,13 +1,13 @@
 /*
- * cuda_copy.c - memcpy and memset, synchronous and asynchronous, 1D, 2D and
+ * copy.c - memcpy and memset, synchronous and asynchronous, 1D, 2D and
  * 3D. Device pointers are checked against the allocation table: a range that
  * is not inside one allocation gets CUDA_ERROR_INVALID_VALUE, as the driver
  * gives, instead of a crash. Synchronous forms first wait for the work queued
- * in the context; asynchronous ones copy at once (see cuda_exec.c).
+ * in the context; asynchronous ones copy at once (see exec.c).
  */
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 typedef struct {
     size_t srcXInBytes, srcY;

@@ -1,11 +1,11 @@
 /*
- * cuda_procaddr.c - cuGetProcAddress and cuGetProcAddress_v2: resolve
+ * procaddr.c - cuGetProcAddress and cuGetProcAddress_v2: resolve
  * (name, cudaVersion, flags) to an entry point the way the driver does, from
- * the one table in cuda_api.def.
+ * the one table in api.def.
  */
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 struct proc_entry {
     const char *name;
@@ -14,7 +14,7 @@ struct proc_entry {
     void (*fn)(void);
 };
 
-const struct proc_entry *cu_proc_table(size_t *n); /* cuda_proctable.c */
+const struct proc_entry *cu_proc_table(size_t *n); /* proctable.c */
 
 static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t flags,
                         CUdriverProcAddressQueryResult *status)

@@ -1,5 +1,5 @@
 /*
- * cuda_vmm.c - the other ways to get device memory: CUDA arrays, virtual
+ * vmm.c - the other ways to get device memory: CUDA arrays, virtual
  * memory management (cuMemCreate / cuMemAddressReserve / cuMemMap, as
  * PyTorch's expandable segments use) and stream-ordered pools
  * (cuMemAllocAsync and friends).
@@ -13,7 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 /* ---- arrays ---- */
 

@@ -1,5 +1,5 @@
 /*
- * cuda_mem.c - device memory: the allocation table and the allocating and
+ * memory.c - device memory: the allocation table and the allocating and
  * freeing entry points (linear, pitch, managed, host, registered, arrays),
  * cuMemGetInfo, address ranges and pointer attributes.
  *
@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 static struct alloc *g_tab; /* sorted by base */
 static size_t g_n, g_cap;

@@ -1,5 +1,5 @@
 /*
- * nvml_procs.c - what NVML tells about work on a device: the compute
+ * procs.c - what NVML tells about work on a device: the compute
  * processes (with their memory, contexts included), utilization rates and
  * per-process utilization samples.
  *
@@ -12,7 +12,7 @@
  */
 #include <string.h>
 
-#include "nvml_sim.h"
+#include "init.h"
 
 #define MAX_SAMPLES (VGPU_SIM_PERIODS / 2 * VGPU_SIM_PERIOD_PIDS)
 

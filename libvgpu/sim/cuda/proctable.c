@@ -1,6 +1,6 @@
 /*
- * cuda_proctable.c - the table cuGetProcAddress resolves from, generated from
- * cuda_api.def. Kept apart from cuda_procaddr.c because the entry points are
+ * proctable.c - the table cuGetProcAddress resolves from, generated from
+ * api.def. Kept apart from procaddr.c because the entry points are
  * declared here with a placeholder type (only their addresses are needed),
  * which may not meet their real declarations in one file.
  */
@@ -9,7 +9,7 @@
 /* Declared with a placeholder type: only their addresses are taken here. */
 #define CU_API(name, version, symbol) extern void symbol(void);
 #define CU_API_PT(name, version, symbol) extern void symbol(void);
-#include "cuda_api.def"
+#include "api.def"
 #undef CU_API
 #undef CU_API_PT
 
@@ -23,7 +23,7 @@ struct proc_entry {
 static const struct proc_entry k_table[] = {
 #define CU_API(name, version, symbol) {#name, version, 0, symbol},
 #define CU_API_PT(name, version, symbol) {#name, version, 1, symbol},
-#include "cuda_api.def"
+#include "api.def"
 #undef CU_API
 #undef CU_API_PT
 };

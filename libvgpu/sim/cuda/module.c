@@ -1,11 +1,11 @@
 /*
- * cuda_module.c - modules, libraries and functions.
+ * module.c - modules, libraries and functions.
  *
  * An image is PTX text (the entries and their parameter lists are parsed),
  * a cubin (ELF: one function per .text.<name> section) or a fatbinary
  * holding either. Anything else is CUDA_ERROR_INVALID_IMAGE, and PTX newer
  * than this driver's ISA is CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Nothing is
- * compiled: a kernel's run time follows the rule in cuda_launch.c.
+ * compiled: a kernel's run time follows the rule in launch.c.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 #define PTX_ISA_MAJOR_MAX 9 /* the newest PTX ISA this driver version reads */
 #define FATBIN_MAGIC 0xba55ed50u

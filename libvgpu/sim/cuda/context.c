@@ -1,12 +1,12 @@
 /*
- * cuda_ctx.c - contexts: primary (retain/release/state/reset) and created
+ * context.c - contexts: primary (retain/release/state/reset) and created
  * ones (create/destroy), the per-thread context stack, and what a context
  * costs in device memory.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 #define STACK_MAX 64
 

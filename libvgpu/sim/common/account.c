@@ -1,5 +1,5 @@
 /*
- * sim_account.c - memory and time on the shared devices: charging device
+ * account.c - memory and time on the shared devices: charging device
  * memory to processes and tags, and the per-device kernel timeline that
  * serialises kernels from every process (time slicing, as a GPU does across
  * contexts without MPS).

@@ -1,10 +1,10 @@
 /*
- * nvml_sim.h - what the simulated NVML's files share.
+ * init.h - what the simulated NVML's files share.
  */
-#ifndef VGPU_NVML_SIM_H
-#define VGPU_NVML_SIM_H
+#ifndef VGPU_SIM_NVML_INIT_H
+#define VGPU_SIM_NVML_INIT_H
 
-#include "sim.h"
+#include "common/sim.h"
 #include "vgpu/nvml_types.h"
 
 /* Start of every NVML call: UNINITIALIZED before nvmlInit, or an injected
@@ -17,4 +17,4 @@ int nvml_index(nvmlDevice_t d);
 /* GPU utilization (percent) over the last complete sample period. */
 unsigned int nvml_recent_util(int dev);
 
-#endif /* VGPU_NVML_SIM_H */
+#endif /* VGPU_SIM_NVML_INIT_H */

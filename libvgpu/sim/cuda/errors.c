@@ -1,9 +1,9 @@
 /*
- * cuda_errors.c - cuGetErrorName and cuGetErrorString.
+ * errors.c - cuGetErrorName and cuGetErrorString.
  */
 #include <stddef.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 static const struct {
     int code;

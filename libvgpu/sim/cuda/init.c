@@ -1,5 +1,5 @@
 /*
- * cuda_init.c - cuInit, the driver version, CUDA_VISIBLE_DEVICES and the
+ * init.c - cuInit, the driver version, CUDA_VISIBLE_DEVICES and the
  * device queries.
  */
 #include <ctype.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 int cu_initialized;
 int cu_count;

@@ -1,5 +1,5 @@
 /*
- * cuda_launch.c - kernel launches (plain, extended, cooperative), occupancy,
+ * launch.c - kernel launches (plain, extended, cooperative), occupancy,
  * and the rule that gives a simulated kernel its run time:
  *
  *   - a function whose name starts with "vgpu_spin" runs for as many
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 #define MIN_KERNEL_NS 2000ull
 #define MAX_SHARED 232448u

@@ -1,5 +1,5 @@
 /*
- * cuda_exec.c - asynchronous execution: one in-order queue per process and
+ * exec.c - asynchronous execution: one in-order queue per process and
  * the worker thread that drains it, streams, events and synchronisation.
  *
  * Every stream of the process feeds the one queue in submission order, which
@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 #define QUEUE_MAX 1024 /* launches queued before a launch blocks, as the driver's */
 #define LEAD_NS 1000000ull /* how far ahead of the device the worker plans */

@@ -1,5 +1,5 @@
 /*
- * sim_ctl.c - fault injection and the control functions `vgpuctl sim`
+ * ctl.c - fault injection and the control functions `vgpuctl sim`
  * calls (stats, fault, reset). They live in the libraries so that what they
  * report goes through the same reclaim of dead processes as everything else.
  */

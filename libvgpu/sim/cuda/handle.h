@@ -1,14 +1,15 @@
 /*
- * cuda_sim.h - the simulated driver API's process-local objects (contexts,
- * streams, events, modules, functions) and the helpers cuda_*.c share.
+ * handle.h - the simulated driver API's process-local objects (contexts,
+ * streams, events, modules, functions) and the helpers the driver's files
+ * share.
  */
-#ifndef VGPU_CUDA_SIM_H
-#define VGPU_CUDA_SIM_H
+#ifndef VGPU_SIM_CUDA_HANDLE_H
+#define VGPU_SIM_CUDA_HANDLE_H
 
 #include <pthread.h>
 #include <stdint.h>
 
-#include "sim.h"
+#include "common/sim.h"
 #include "vgpu/cuda_types.h"
 
 /* Per-thread variants (_ptsz/_ptds) behave as the legacy ones here: every
@@ -81,7 +82,7 @@ struct CUmod_st {
     CUlibrary lib;
 };
 
-/* ---- cuda_init.c ---- */
+/* ---- init.c ---- */
 extern int cu_initialized;
 extern int cu_count;                       /* visible devices */
 extern int cu_phys[VGPU_SIM_MAX_DEVICES];  /* ordinal -> physical GPU */
@@ -89,7 +90,7 @@ extern pthread_mutex_t cu_lock;            /* guards the process-local objects *
 
 CUresult cu_check_device(CUdevice dev);    /* NOT_INITIALIZED / INVALID_DEVICE */
 
-/* ---- cuda_ctx.c ---- */
+/* ---- context.c ---- */
 /* Handle objects: never returned to malloc, so a stale handle's magic can
  * always be read; a destroyed object's memory is reused for a new one. */
 void *cu_obj_new(size_t size, uint32_t magic);
@@ -101,7 +102,7 @@ CUresult cu_current(CUcontext *ctx);
 int cu_ctx_valid(CUcontext ctx);
 uint64_t cu_ctx_mem_cost(void);
 
-/* ---- cuda_exec.c: the in-order queue and its worker ---- */
+/* ---- exec.c: the in-order queue and its worker ---- */
 /* Resolve a stream handle (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or a
  * stream) against the current context. */
 CUresult cu_stream_resolve(CUstream h, CUcontext *ctx, CUstream *stream);
@@ -113,7 +114,7 @@ int exec_done(uint64_t seq);
 /* Wait for everything queued in ctx (or in the process when ctx is NULL). */
 void exec_sync_ctx(CUcontext ctx);
 
-/* ---- cuda_mem.c ---- */
+/* ---- memory.c ---- */
 enum alloc_kind {
     ALLOC_DEVICE = 1,
     ALLOC_MANAGED,
@@ -146,7 +147,7 @@ int mem_take(uintptr_t ptr, int kind, struct alloc *out);
 void mem_release(const struct alloc *a);
 void mem_set_pool(uintptr_t ptr, void *pool);
 
-/* ---- cuda_vmm.c ---- */
+/* ---- vmm.c ---- */
 /* A CUDA array's backing memory: base, bytes per row and rows; -1 if invalid. */
 int cu_array_span(CUarray a, uintptr_t *base, size_t *row, size_t *rows);
 /* The allocation holding [p, p + len); 0 if none. Copies *a out. */
@@ -155,4 +156,4 @@ int mem_find(uintptr_t p, size_t len, struct alloc *a);
 void mem_free_ctx(CUcontext ctx);
 uint64_t mem_round(uint64_t bytes);
 
-#endif /* VGPU_CUDA_SIM_H */
+#endif /* VGPU_SIM_CUDA_HANDLE_H */

@@ -1,5 +1,5 @@
 /*
- * cuda_graph.c - CUDA graphs: create a graph, add kernel, memset, memcpy,
+ * graph.c - CUDA graphs: create a graph, add kernel, memset, memcpy,
  * host and empty nodes, instantiate it and launch it on a stream.
  *
  * Nodes are kept in the order they were added, which is a valid topological
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_sim.h"
+#include "handle.h"
 
 #define MAGIC_NODE 0x564e4f44u
 

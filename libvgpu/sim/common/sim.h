@@ -1,7 +1,7 @@
 /*
- * sim.h - the simulated GPU's internal interface, shared by both libraries:
- * sim_*.c (in libcuda.so.1 and libnvidia-ml.so.1) implement it; cuda_*.c and
- * nvml_*.c build the two public APIs on it.
+ * sim.h - the simulated GPU's common layer, shared by both libraries:
+ * the files of common/ (in libcuda.so.1 and libnvidia-ml.so.1) implement it;
+ * cuda/ and nvml/ build the two public APIs on it and never on each other.
  */
 #ifndef VGPU_SIM_H
 #define VGPU_SIM_H
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "vgpu/sim_state.h"
+#include "state_file.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 /* Export `sym` as an entry point that behaves as `impl` (older versions and
@@ -39,7 +39,7 @@
 #define SIM_DEFAULT_CTX_MEM (300ull << 20)
 #define SIM_DEFAULT_SAMPLE_MS 167 /* 1/6 s: the fastest period NVML documents */
 
-/* ---- sim_state.c: the mapped state ---- */
+/* ---- state.c: the mapped state ---- */
 
 /* The state, mapped and initialised on first use; NULL if the file cannot be
  * created or VGPU_SIM is malformed (said once on stderr). Everything else
@@ -77,7 +77,7 @@ void sim_device_uuid(int index, unsigned char out[16]);
 void sim_device_uuid_string(int index, char *out, size_t len); /* "GPU-..." */
 void sim_device_bus_id(int index, char *out, size_t len, int nvml_form);
 
-/* ---- sim_account.c: memory and time on the shared devices ---- */
+/* ---- account.c: memory and time on the shared devices ---- */
 
 /* Charge `bytes` of device `dev` to this process. `alloc` marks a device
  * allocation (fault injection applies to those, not to contexts).
@@ -96,7 +96,7 @@ void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
  * not_before (CLOCK_MONOTONIC ns); returns its end. */
 uint64_t sim_reserve_kernel(int dev, uint64_t ns, uint64_t not_before);
 
-/* ---- sim_ctl.c: fault injection, and control functions for vgpuctl ---- */
+/* ---- ctl.c: fault injection, and control functions for vgpuctl ---- */
 
 /* Fault injection for NVML: the error to fail this call with, or 0. */
 int sim_nvml_fault(void);

@@ -1,14 +1,14 @@
 /*
- * nvml_api.c - the simulated NVML: init and shutdown, the system queries,
+ * device.c - the simulated NVML: init and shutdown, the system queries,
  * device handles and the per-device queries. Processes and utilization are
- * in nvml_procs.c. NVML sees physical GPUs: it ignores CUDA_VISIBLE_DEVICES,
+ * in procs.c. NVML sees physical GPUs: it ignores CUDA_VISIBLE_DEVICES,
  * as NVIDIA's does.
  */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "nvml_sim.h"
+#include "init.h"
 
 struct nvmlDevice_st {
     int index;

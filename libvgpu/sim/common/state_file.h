@@ -1,5 +1,5 @@
 /*
- * sim_state.h - the simulated GPU's shared device state.
+ * state_file.h - the layout of the simulated GPU's shared device state.
  *
  * One file (VGPU_SIM_STATE, default /dev/shm/vgpu-sim-<uid>) that every
  * process using the simulated libcuda.so.1 or libnvidia-ml.so.1 maps, so all
@@ -8,7 +8,7 @@
  *
  * Everything below `lock` is read and written only with `lock` held (a
  * process-shared, robust mutex: a process killed while holding it does not
- * wedge the others). The layout is private to libvgpu/sim; other programs read
+ * wedge the others). The layout is private to the simulator; other programs read
  * it through the control functions (vgpu_sim_ctl_*, see sim.h) so that the
  * reclaim of dead processes' memory happens in one place.
  */
@@ -62,7 +62,7 @@ struct vgpu_sim_device {
 struct vgpu_sim_proc {
     int32_t pid;             /* 0: free slot */
     int32_t tag;             /* index into tags[], -1: none */
-    uint32_t locked;         /* the process holds its slot's lock (see sim_state.c) */
+    uint32_t locked;         /* the process holds its slot's lock (see state.c) */
     uint32_t pad;
     uint64_t start_time;     /* /proc/<pid>/stat field 22, tells pid reuse apart */
     uint64_t used[VGPU_SIM_MAX_DEVICES];
