@@ -7,7 +7,12 @@
  */
 #include <string.h>
 
-#include "handle.h"
+#include "alloctab.h"
+#include "context.h"
+#include "copy.h"
+#include "exec.h"
+#include "stream.h"
+#include "vmm.h"
 
 typedef struct {
     size_t srcXInBytes, srcY;

@@ -3,7 +3,8 @@
  */
 #include <stddef.h>
 
-#include "handle.h"
+#include "common/sim.h"
+#include "vgpu/cuda_types.h"
 
 static const struct {
     int code;

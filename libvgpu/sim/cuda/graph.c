@@ -10,7 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handle.h"
+#include "copy.h"
+#include "exec.h"
+#include "init.h"
+#include "launch.h"
+#include "stream.h"
 
 #define MAGIC_NODE 0x564e4f44u
 
@@ -55,13 +59,6 @@ struct CUgraphExec_st {
     size_t n;
     struct CUgraphNode_st *nodes; /* copies */
 };
-
-CUresult cu_kernel_check(CUfunction f, CUcontext ctx, unsigned int gx, unsigned int gy,
-                         unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
-                         unsigned int shmem, void **params, void **extra, uint64_t *ns);
-CUresult cu_copy3d(const void *params);
-CUresult cu_memset2d(CUdeviceptr dst, size_t pitch, unsigned int value, unsigned int elem,
-                     size_t width, size_t height);
 
 VGPU_EXPORT CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
 {

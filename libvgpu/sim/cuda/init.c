@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handle.h"
+#include "init.h"
 
 int cu_initialized;
 int cu_count;

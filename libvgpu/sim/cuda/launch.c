@@ -10,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handle.h"
+#include "context.h"
+#include "exec.h"
+#include "launch.h"
+#include "stream.h"
 
 #define MIN_KERNEL_NS 2000ull
 #define MAX_SHARED 232448u
@@ -46,7 +49,6 @@ static int first_param(void **params, void **extra, uint64_t *out)
     return -1;
 }
 
-/* Check a launch and give its run time. */
 CUresult cu_kernel_check(CUfunction f, CUcontext ctx, unsigned int gx, unsigned int gy,
                          unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
                          unsigned int shmem, void **params, void **extra, uint64_t *ns)

@@ -14,7 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handle.h"
+#include "context.h"
+#include "init.h"
 
 #define PTX_ISA_MAJOR_MAX 9 /* the newest PTX ISA this driver version reads */
 #define FATBIN_MAGIC 0xba55ed50u

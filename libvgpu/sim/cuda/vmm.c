@@ -13,7 +13,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "handle.h"
+#include "alloctab.h"
+#include "context.h"
+#include "init.h"
+#include "stream.h"
+#include "vmm.h"
 
 /* ---- arrays ---- */
 

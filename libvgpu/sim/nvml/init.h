@@ -1,5 +1,5 @@
 /*
- * init.h - what the simulated NVML's files share.
+ * init.h - what every file of the simulated NVML starts from (init.c).
  */
 #ifndef VGPU_SIM_NVML_INIT_H
 #define VGPU_SIM_NVML_INIT_H
@@ -13,8 +13,5 @@ nvmlReturn_t nvml_enter(void);
 
 /* The physical GPU behind a handle, or -1 if the handle is not one. */
 int nvml_index(nvmlDevice_t d);
-
-/* GPU utilization (percent) over the last complete sample period. */
-unsigned int nvml_recent_util(int dev);
 
 #endif /* VGPU_SIM_NVML_INIT_H */

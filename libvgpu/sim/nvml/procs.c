@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "init.h"
+#include "procs.h"
 
 #define MAX_SAMPLES (VGPU_SIM_PERIODS / 2 * VGPU_SIM_PERIOD_PIDS)
 
