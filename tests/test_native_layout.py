@@ -1,0 +1,153 @@
+"""The native tree keeps the shape docs/architecture.md and docs/simulator.md
+describe (issue 14): the simulator's files depend on each other in one
+direction only, and its three directories in the allowed directions."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LIBVGPU = REPO / "libvgpu"
+SIM = LIBVGPU / "sim"
+
+# What each simulator directory may use besides itself.
+SIM_MAY_USE = {"common": set(), "cuda": {"common"}, "nvml": {"common"}}
+# The build target each directory's files are compiled for.
+SIM_TARGET = {"common": "sim-cuda", "cuda": "sim-cuda", "nvml": "sim-nvml"}
+
+
+def _build_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("vgpu_native_build", LIBVGPU / "build.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _name(src: Path) -> str:
+    """A simulator file as docs name it: cuda/context.c."""
+    return src.relative_to(SIM).as_posix()
+
+
+@pytest.fixture(scope="module")
+def sim_symbols(tmp_path_factory) -> dict[str, tuple[set[str], set[str]]]:
+    """Each simulator .c file, compiled alone with its target's flags: the
+    global symbols it defines and those it uses from elsewhere."""
+    build = _build_module()
+    out = tmp_path_factory.mktemp("sim-objects")
+    sources = sorted(SIM.glob("*/*.c"))
+    assert {s.parent.name for s in sources} == set(SIM_MAY_USE), sources
+
+    def compile_one(src: Path) -> tuple[str, set[str], set[str]]:
+        obj = out / (_name(src).replace("/", "__") + ".o")
+        cmd = ["gcc", *build.compile_flags(SIM_TARGET[src.parent.name]), "-c", str(src),
+               "-o", str(obj)]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        nm = subprocess.run(["nm", "-P", str(obj)], capture_output=True, text=True,
+                            timeout=60, check=True).stdout
+        defined: set[str] = set()
+        used: set[str] = set()
+        for line in nm.splitlines():
+            fields = line.split()
+            if len(fields) < 2:
+                continue
+            sym, kind = fields[0], fields[1]
+            if kind in ("U", "v", "w"):      # undefined, or weak and undefined
+                used.add(sym)
+            elif kind.isupper() or kind in ("i", "u"):
+                defined.add(sym)
+        return _name(src), defined, used - defined
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return {name: (d, u) for name, d, u in pool.map(compile_one, sources)}
+
+
+def _edges(symbols: dict[str, tuple[set[str], set[str]]]) -> dict[str, dict[str, set[str]]]:
+    """file -> {file it uses: the symbols it uses of it}."""
+    owner: dict[str, str] = {}
+    for name, (defined, _) in symbols.items():
+        for sym in defined:
+            assert sym not in owner, f"{sym} is defined in {owner[sym]} and {name}"
+            owner[sym] = name
+    edges: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for name, (_, used) in symbols.items():
+        for sym in used:
+            if sym in owner:
+                edges[name][owner[sym]].add(sym)
+    return edges
+
+
+def _find_circle(nodes: list[str], edges: dict[str, dict[str, set[str]]]) -> list[str] | None:
+    """A circle of files (first file repeated at the end), or None."""
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        path.append(n)
+        for m in sorted(edges.get(n, {})):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in nodes:
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def test_simulator_files_depend_on_each_other_one_way(sim_symbols):
+    """No circle between the simulator's files: each uses only files that do
+    not use it back, however indirectly (see docs/simulator.md, Sources)."""
+    edges = _edges(sim_symbols)
+    circle = _find_circle(sorted(sim_symbols), edges)
+    if circle:
+        steps = [f"{a} -> {b} ({', '.join(sorted(edges[a][b]))})"
+                 for a, b in zip(circle, circle[1:])]
+        pytest.fail("the simulator's files use each other in a circle:\n  " + "\n  ".join(steps))
+
+
+def test_the_tests_circle_finder_finds_circles():
+    edges = {"a.c": {"b.c": {"f"}}, "b.c": {"c.c": {"g"}}, "c.c": {"a.c": {"h"}}}
+    assert _find_circle(["a.c", "b.c", "c.c"], edges) == ["a.c", "b.c", "c.c", "a.c"]
+    assert _find_circle(["a.c", "b.c"], {"a.c": {"b.c": {"f"}}}) is None
+
+
+def test_simulator_directories_depend_one_way(sim_symbols):
+    """cuda/ and nvml/ may use common/; common/ uses neither; cuda/ and nvml/
+    never use each other, in symbols or in include lines."""
+    wrong = []
+    for name, used in _edges(sim_symbols).items():
+        src_dir = name.split("/")[0]
+        for target, syms in used.items():
+            dst_dir = target.split("/")[0]
+            if dst_dir != src_dir and dst_dir not in SIM_MAY_USE[src_dir]:
+                wrong.append(f"{name} uses {target}: {', '.join(sorted(syms))}")
+    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+    for src in sorted(SIM.glob("*/*.[ch]")) + sorted(SIM.glob("*/*.def")):
+        src_dir = src.parent.name
+        for inc in include.findall(src.read_text()):
+            if inc.startswith("../"):
+                wrong.append(f"{_name(src)} includes {inc} (name the layer: common/...)")
+            elif "/" in inc and not inc.startswith("vgpu/"):
+                dst_dir = inc.split("/")[0]
+                if dst_dir not in SIM_MAY_USE[src_dir]:
+                    wrong.append(f"{_name(src)} includes {inc}")
+    assert not wrong, "\n".join(wrong)
