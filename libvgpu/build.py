@@ -5,7 +5,8 @@ are declared in libvgpu/include. Used by setup.py at install time, and runnable
 by hand: ``python libvgpu/build.py OUTDIR``.
 
 Each target lists its sources as globs relative to libvgpu/, so a new source
-file joins its target by its name alone.
+file joins its target by its name alone. libvgpu/common/ is compiled into
+every target (the one size parser, for instance).
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ SIM_CFLAGS = ["-I" + os.path.join(HERE, "sim")]
 SIM_LDFLAGS = ["-Wl,-Bsymbolic-functions"]
 
 TARGETS = {
-    "hook": Target("libvgpu.so", ["hook/*.c"], [], [], ["-ldl"], "shared", "libvgpu.so"),
-    "sim-cuda": Target("sim/libcuda.so.1", ["sim/common/*.c", "sim/cuda/*.c"], SIM_CFLAGS,
-                       SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libcuda.so.1"),
-    "sim-nvml": Target("sim/libnvidia-ml.so.1", ["sim/common/*.c", "sim/nvml/*.c"], SIM_CFLAGS,
-                       SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libnvidia-ml.so.1"),
-    "vgpu-burn": Target("bin/vgpu-burn", ["tools/vgpu_burn*.c"], [], [], ["-ldl"], "exe", None),
+    "hook": Target("libvgpu.so", ["hook/*.c", "common/*.c"], [], [], ["-ldl"], "shared",
+                   "libvgpu.so"),
+    "sim-cuda": Target("sim/libcuda.so.1", ["sim/common/*.c", "sim/cuda/*.c", "common/*.c"],
+                       SIM_CFLAGS, SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libcuda.so.1"),
+    "sim-nvml": Target("sim/libnvidia-ml.so.1", ["sim/common/*.c", "sim/nvml/*.c", "common/*.c"],
+                       SIM_CFLAGS, SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libnvidia-ml.so.1"),
+    "vgpu-burn": Target("bin/vgpu-burn", ["tools/vgpu_burn*.c", "common/*.c"], [], [], ["-ldl"],
+                        "exe", None),
 }
 
 

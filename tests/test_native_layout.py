@@ -1,18 +1,33 @@
 """The native tree keeps the shape docs/architecture.md and docs/simulator.md
 describe (issue 14): the simulator's files depend on each other in one
-direction only, and its three directories in the allowed directions."""
+direction only, and its three directories in the allowed directions; one
+size parser serves every native part, to the table tests/data/sizes.json."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import subprocess
+import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from test_hook_support import (  # noqa: F401
+    CUDA_ERROR_DEVICE_UNAVAILABLE,
+    MiB,
+    _clean_env,
+    cbuild,
+    clients,
+    results,
+    run,
+    sim,
+)
+
+from vgpuctl import native
 
 REPO = Path(__file__).resolve().parents[1]
 LIBVGPU = REPO / "libvgpu"
@@ -151,3 +166,82 @@ def test_simulator_directories_depend_one_way(sim_symbols):
                 if dst_dir not in SIM_MAY_USE[src_dir]:
                     wrong.append(f"{_name(src)} includes {inc}")
     assert not wrong, "\n".join(wrong)
+
+
+# ---- one size grammar ------------------------------------------------------------
+
+SIZES = json.loads((REPO / "tests" / "data" / "sizes.json").read_text())["cases"]
+CUDA_ERROR_NO_DEVICE = 100
+
+
+@pytest.fixture(scope="module")
+def size_check(tmp_path_factory) -> Path:
+    """tests/c/size_check.c with libvgpu/common/size.c, compiled as the hook
+    compiles it."""
+    build = _build_module()
+    prog = tmp_path_factory.mktemp("size-check") / "size_check"
+    cmd = ["gcc", *build.compile_flags("hook"), "-o", str(prog),
+           str(REPO / "tests" / "c" / "size_check.c"), str(LIBVGPU / "common" / "size.c")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    return prog
+
+
+def test_the_size_parser_reads_every_case_of_the_table(size_check):
+    res = subprocess.run([str(size_check), *(text for text, _ in SIZES)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = res.stdout.splitlines()
+    assert len(got) == len(SIZES)
+    wrong = [f"{text!r}: want {'error' if want is None else want}, got {g}"
+             for (text, want), g in zip(SIZES, got)
+             if g != ("error" if want is None else str(want))]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("text,limit", [
+    ("1.5G", 1536 * MiB),
+    (" 768 MiB ", 768 * MiB),
+    ("1e9", None),          # strtod read this as 10^9 bytes
+    ("0x40000000", None),
+    ("0.5", None),
+])
+def test_vgpu_mem_limit_is_read_with_the_size_grammar(text, limit, sim, clients):
+    res = run(clients["direct"], ["ctx", "0", "info"], sim.job_env(None, VGPU_MEM_LIMIT=text))
+    assert res.returncode == 0, res.stderr
+    if limit is None:
+        assert results(res.stdout, "ctx")[0][0] == str(CUDA_ERROR_DEVICE_UNAVAILABLE)
+        assert f"VGPU_MEM_LIMIT={text} is not a size" in res.stderr
+    else:
+        assert int(results(res.stdout, "info")[0][2]) == limit, res.stderr
+
+
+DEVICE_MEMORY = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+rc = lib.cuInit(0)
+total = ctypes.c_size_t(0)
+if rc == 0:
+    lib.cuDeviceTotalMem_v2(ctypes.byref(total), 0)
+print(rc, total.value)
+"""
+
+
+@pytest.mark.parametrize("spec,memory", [
+    ("2x1.5G", 1536 * MiB),
+    ("1x 512 MiB", 512 * MiB),
+    ("2x1e10", None),       # strtod read this as 10^10 bytes
+    ("2x16GG", None),
+])
+def test_vgpu_sim_is_read_with_the_size_grammar(spec, memory, tmp_path):
+    env = _clean_env()
+    env.update({"VGPU_SIM": spec, "VGPU_SIM_STATE": str(tmp_path / "simstate")})
+    res = subprocess.run([sys.executable, "-c", DEVICE_MEMORY,
+                          str(native.sim_libdir() / "libcuda.so.1")],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rc, total = (int(v) for v in res.stdout.split())
+    if memory is None:
+        assert rc == CUDA_ERROR_NO_DEVICE and f"VGPU_SIM={spec}" in res.stderr
+    else:
+        assert (rc, total) == (0, memory), res.stderr

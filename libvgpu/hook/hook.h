@@ -216,7 +216,6 @@ void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 const char *vgpu_fmt_size(uint64_t n, char *buf, unsigned len);
 
 /* ---- helpers ------------------------------------------------------------------ */
-uint64_t vgpu_parse_size(const char *text, int *ok);
 uint64_t vgpu_now_ns(void);
 
 #endif /* VGPU_HOOK_H */

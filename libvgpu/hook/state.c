@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "hook.h"
+#include "vgpu/size.h"
 
 int vgpu_g_state;
 int vgpu_g_cu_state;
@@ -68,42 +69,6 @@ uint64_t vgpu_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Sizes as users write them: 512M, 4G, 4GiB, 1.5G, 1073741824 (binary). */
-uint64_t vgpu_parse_size(const char *text, int *ok)
-{
-    *ok = 0;
-    if (text == NULL)
-        return 0;
-    while (*text == ' ')
-        text++;
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (end == text || errno != 0 || v < 0 || *text == '-' || *text == '+')
-        return 0;
-    while (*end == ' ')
-        end++;
-    double scale = 1;
-    switch (*end | 0x20) {
-    case 'k': scale = 1024.0; end++; break;
-    case 'm': scale = 1024.0 * 1024; end++; break;
-    case 'g': scale = 1024.0 * 1024 * 1024; end++; break;
-    case 't': scale = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (scale > 1 && (*end | 0x20) == 'i')
-        end++;
-    if ((*end | 0x20) == 'b')
-        end++;
-    while (*end == ' ')
-        end++;
-    v *= scale;
-    if (*end != '\0' || v < 1 || v > 1.8e19)
-        return 0;
-    *ok = 1;
-    return (uint64_t)v;
 }
 
 /* /proc/<pid>/stat: start time (clock ticks since boot) and state letter.
@@ -229,9 +194,8 @@ static int configure(void)
         return VGPU_BROKEN;
     }
     if (mem != NULL && *mem != '\0') {
-        int ok;
-        uint64_t limit = vgpu_parse_size(mem, &ok);
-        if (!ok) {
+        uint64_t limit;
+        if (vgpu_parse_size(mem, &limit) != 0) {
             vgpu_log(VGPU_LOG_ERROR, "VGPU_MEM_LIMIT=%s is not a size (try 512M or 4G); "
                      "CUDA calls fail", mem);
             return VGPU_BROKEN;

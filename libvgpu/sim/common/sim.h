@@ -67,10 +67,9 @@ const char *sim_state_path(char *buf, size_t len);
  * lock. */
 int sim_live_processes(void);
 
-/* Parse "2x16G" (count x size per GPU); 0 on success. */
+/* Parse "2x16G" (count x size per GPU, the size as vgpu/size.h reads it);
+ * 0 on success. */
 int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);
-/* Parse "512M", "4G", "1.5GiB", "1073741824"; 0 on success. */
-int sim_parse_size(const char *text, uint64_t *out);
 
 /* Device identity, the same in both libraries. */
 void sim_device_uuid(int index, unsigned char out[16]);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "sim.h"
+#include "vgpu/size.h"
 
 #define SLOT_LOCK_BASE ((off_t)1 << 40)
 
@@ -45,49 +46,6 @@ uint64_t sim_now_ns(void)
 
 /* ---- configuration ---- */
 
-int sim_parse_size(const char *text, uint64_t *out)
-{
-    static const struct { const char *unit; uint64_t scale; } units[] = {
-        {"", 1}, {"b", 1},
-        {"k", 1ull << 10}, {"kb", 1ull << 10}, {"kib", 1ull << 10},
-        {"m", 1ull << 20}, {"mb", 1ull << 20}, {"mib", 1ull << 20},
-        {"g", 1ull << 30}, {"gb", 1ull << 30}, {"gib", 1ull << 30},
-        {"t", 1ull << 40}, {"tb", 1ull << 40}, {"tib", 1ull << 40},
-    };
-    char *end;
-    while (isspace((unsigned char)*text))
-        text++;
-    if (!isdigit((unsigned char)*text))
-        return -1;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text)
-        return -1;
-    while (isspace((unsigned char)*end))
-        end++;
-    char unit[8] = {0};
-    size_t n = 0;
-    while (isalpha((unsigned char)end[n]) && n < sizeof unit - 1) {
-        unit[n] = (char)tolower((unsigned char)end[n]);
-        n++;
-    }
-    end += n;
-    while (isspace((unsigned char)*end))
-        end++;
-    if (*end)
-        return -1;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(unit, units[i].unit) == 0) {
-            double bytes = v * (double)units[i].scale;
-            if (bytes < 1 || bytes > 1e19)
-                return -1;
-            *out = (uint64_t)bytes;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory)
 {
     char *end;
@@ -101,7 +59,7 @@ int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory)
     if ((*end != 'x' && *end != 'X') || c < 1 || c > VGPU_SIM_MAX_DEVICES)
         return -1;
     uint64_t mem;
-    if (sim_parse_size(end + 1, &mem) || mem < (256ull << 20))
+    if (vgpu_parse_size(end + 1, &mem) != 0 || mem < (256ull << 20))
         return -1;
     *count = (uint32_t)c;
     *memory = mem;

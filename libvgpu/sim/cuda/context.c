@@ -10,6 +10,7 @@
 #include "context.h"
 #include "exec.h"
 #include "init.h"
+#include "vgpu/size.h"
 
 #define STACK_MAX 64
 
@@ -26,7 +27,7 @@ uint64_t cu_ctx_mem_cost(void)
     uint64_t v;
     if (s && strcmp(s, "0") == 0)
         return 0;
-    if (s && *s && sim_parse_size(s, &v) == 0)
+    if (s && *s && vgpu_parse_size(s, &v) == 0)
         return v;
     return SIM_DEFAULT_CTX_MEM;
 }
