@@ -2,7 +2,8 @@
 
 No CUDA toolkit, no cmake, no make: the driver and NVML types the code needs
 are declared in libvgpu/include. Used by setup.py at install time, and runnable
-by hand: ``python libvgpu/build.py OUTDIR``.
+by hand: ``python libvgpu/build.py OUTDIR [TARGET...]`` (all targets when none
+is named; VGPU_CFLAGS adds compile flags, e.g. ``VGPU_CFLAGS=-O0``).
 
 Each target lists its sources as globs relative to libvgpu/, so a new source
 file joins its target by its name alone. libvgpu/common/ is compiled into
@@ -47,8 +48,9 @@ SIM_CFLAGS = ["-I" + os.path.join(HERE, "sim")]
 SIM_LDFLAGS = ["-Wl,-Bsymbolic-functions"]
 
 TARGETS = {
-    "hook": Target("libvgpu.so", ["hook/*.c", "common/*.c"], [], [], ["-ldl"], "shared",
-                   "libvgpu.so"),
+    # hook/*.S: the dlsym entry, one source for x86_64 and aarch64.
+    "hook": Target("libvgpu.so", ["hook/*.c", "hook/*.S", "common/*.c"], [], [], ["-ldl"],
+                   "shared", "libvgpu.so"),
     "sim-cuda": Target("sim/libcuda.so.1", ["sim/common/*.c", "sim/cuda/*.c", "common/*.c"],
                        SIM_CFLAGS, SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libcuda.so.1"),
     "sim-nvml": Target("sim/libnvidia-ml.so.1", ["sim/common/*.c", "sim/nvml/*.c", "common/*.c"],
@@ -72,11 +74,18 @@ def compile_flags(name: str) -> list[str]:
             *shlex.split(os.environ.get("VGPU_CFLAGS", ""))]
 
 
-def build(outdir: str, cc: str | None = None, verbose: bool = False) -> list[str]:
-    """Compile every target into outdir; return the paths written."""
+def build(outdir: str, cc: str | None = None, verbose: bool = False,
+          targets: list[str] | None = None) -> list[str]:
+    """Compile the targets (default: all) into outdir; return the paths written."""
     cc = cc or os.environ.get("CC", "gcc")
+    unknown = set(targets or ()) - set(TARGETS)
+    if unknown:
+        raise ValueError(f"no such target: {', '.join(sorted(unknown))} "
+                         f"(targets: {', '.join(TARGETS)})")
     written: list[str] = []
     for name, target in TARGETS.items():
+        if targets and name not in targets:
+            continue
         srcs = sources(name)
         if not srcs:
             continue
@@ -111,7 +120,12 @@ def build(outdir: str, cc: str | None = None, verbose: bool = False) -> list[str
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python libvgpu/build.py OUTDIR")
-    for path in build(sys.argv[1], verbose=True):
+    if len(sys.argv) < 2:
+        sys.exit("usage: python libvgpu/build.py OUTDIR [TARGET...]  "
+                 f"(targets: {', '.join(TARGETS)})")
+    try:
+        paths = build(sys.argv[1], verbose=True, targets=sys.argv[2:])
+    except ValueError as e:
+        sys.exit(str(e))
+    for path in paths:
         print(path)

@@ -1,12 +1,15 @@
 """The native tree keeps the shape docs/architecture.md and docs/simulator.md
 describe (issue 14): the simulator's files depend on each other in one
 direction only, and its three directories in the allowed directions; one
-size parser serves every native part, to the table tests/data/sizes.json."""
+size parser serves every native part, to the table tests/data/sizes.json;
+and the hook's dlsym is right by construction, not by the optimiser's
+grace: built at -O0, RTLD_NEXT still resolves from the caller."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +21,8 @@ from types import ModuleType
 import pytest
 from test_hook_support import (  # noqa: F401
     CUDA_ERROR_DEVICE_UNAVAILABLE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    GiB,
     MiB,
     _clean_env,
     cbuild,
@@ -245,3 +250,74 @@ def test_vgpu_sim_is_read_with_the_size_grammar(spec, memory, tmp_path):
         assert rc == CUDA_ERROR_NO_DEVICE and f"VGPU_SIM={spec}" in res.stderr
     else:
         assert (rc, total) == (0, memory), res.stderr
+
+
+# ---- dlsym at any optimisation level -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hook_builds(tmp_path_factory) -> dict[str, Path]:
+    """The installed libvgpu.so (-O2) and one built with VGPU_CFLAGS=-O0,
+    where no call becomes a tail call."""
+    out = tmp_path_factory.mktemp("hook-O0")
+    env = dict(os.environ, VGPU_CFLAGS="-O0")
+    res = subprocess.run([sys.executable, str(LIBVGPU / "build.py"), str(out), "hook"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    cc = os.environ.get("CC", "gcc")
+    said = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith(cc)]
+    assert not said, res.stderr     # -Wall -Wextra clean at -O0 too
+    return {"O2": native.hook_library(), "O0": out / "libvgpu.so"}
+
+
+@pytest.mark.parametrize("opt", ["O2", "O0"])
+def test_rtld_next_resolves_from_the_caller(opt, hook_builds, sim, cbuild):
+    """Another interposer preloaded after the hook finds the next time() with
+    dlsym(RTLD_NEXT), not its own."""
+    shim = cbuild("next_shim.so", "next_shim.c", shared=True)
+    env = sim.job_env()
+    env["LD_PRELOAD"] = f"{hook_builds[opt]}:{shim}"
+    res = run(Path(sys.executable), ["-c", "pass"], env)
+    assert res.returncode == 0, res.stderr
+    assert "next_shim: ok" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("opt", ["O2", "O0"])
+def test_wrapped_names_found_through_dlsym_stay_hooked(opt, hook_builds, sim, clients):
+    """dlopen + dlsym of the driver's names gives the hook's wrappers: the
+    limit holds (1 GiB: 512 MiB fits, 600 MiB more does not)."""
+    region = sim.region([GiB, GiB])
+    env = sim.job_env(region.path)
+    env["LD_PRELOAD"] = str(hook_builds[opt])
+    res = run(clients["dlsym"], ["ctx", "0", "alloc", "512M", "alloc", "600M",
+                                 "sym", "cuMemAlloc_v2", "ptr", "cuMemAlloc_v2"], env)
+    assert res.returncode == 0, res.stderr
+    assert [a[0] for a in results(res.stdout, "alloc")] == ["0", str(CUDA_ERROR_OUT_OF_MEMORY)]
+    (_, _, found), = results(res.stdout, "sym")
+    assert results(res.stdout, "ptr")[0][1] == found
+
+
+WRAPPED_NEXT = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+shim = ctypes.CDLL(sys.argv[1])
+shim.next_shim_cu_next.restype = ctypes.c_void_p
+addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value
+print("next", shim.next_shim_cu_next(), addr(cuda.cuMemAlloc_v2), addr(shim.cuMemAlloc_v2))
+"""
+
+
+@pytest.mark.parametrize("opt", ["O2", "O0"])
+def test_rtld_next_of_a_wrapped_name_resolves_from_the_caller(opt, hook_builds, sim, cbuild):
+    """An interposer after the hook asks dlsym(RTLD_NEXT, "cuMemAlloc_v2"):
+    it gets what the rest of the process gets for the driver's function (the
+    hook's wrapper), not its own function back."""
+    shim = cbuild("next_shim.so", "next_shim.c", shared=True)
+    region = sim.region([GiB, GiB])
+    env = sim.job_env(region.path)
+    env["LD_PRELOAD"] = f"{hook_builds[opt]}:{shim}"
+    res = run(Path(sys.executable), ["-c", WRAPPED_NEXT, str(shim)], env)
+    assert res.returncode == 0, res.stderr
+    (nxt, driver, own), = results(res.stdout, "next")
+    assert nxt != own, "RTLD_NEXT gave the interposer its own cuMemAlloc_v2"
+    assert nxt == driver

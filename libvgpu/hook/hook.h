@@ -2,6 +2,7 @@
  * hook.h - internals shared by the files of libvgpu.so (not installed).
  *
  *   interpose.c  exports, dlsym, cuGetProcAddress, real entry points
+ *   dlsym_entry.S  the exported dlsym: jumps to the real one for other names
  *   state.c      configuration, the job's region, process slots, sweeping
  *   devmap.c     CUDA ordinal / NVML handle -> device of the region
  *   reserve.c    the job's memory count: reserve, give back, dead slots
@@ -48,6 +49,13 @@ enum vgpu_hook_id {
 #define CU_REAL(sym, params) typedef CUresult (*vgpu_fn_##sym) params;
 #define NVML_REAL(sym, params) typedef nvmlReturn_t (*vgpu_fn_##sym) params;
 #include "hooks.def"
+
+/* The dlsym entry (dlsym_entry.S) asks this what to do: it returns the real
+ * dlsym, for the entry to jump to with the caller's return address in
+ * place, or NULL with the answer in *answer (interpose.c). */
+typedef void *(*vgpu_dlsym_fn)(void *handle, const char *name);
+vgpu_dlsym_fn vgpu_dlsym_route(void *handle, const char *name, const void *caller,
+                               void **answer);
 
 /* Real entry points, by id. Never NULL once the library is loaded: a
  * function the real library lacks gets a stub returning NOT_FOUND. */

@@ -1,8 +1,9 @@
 /*
  * interpose.c - how calls reach the hook: exported symbols (programs linked
  * against libcuda.so.1 / libnvidia-ml.so.1), dlsym (runtimes that dlopen the
- * driver), and cuGetProcAddress / cuGetProcAddress_v2 (CUDA 11.3+ runtimes
- * and cuda-bindings fetch every entry point through it).
+ * driver; the exported dlsym is dlsym_entry.S, which asks vgpu_dlsym_route
+ * here), and cuGetProcAddress / cuGetProcAddress_v2 (CUDA 11.3+ runtimes and
+ * cuda-bindings fetch every entry point through it).
  *
  * Everything here is generated from hooks.def. For a wrapped name the hook
  * asks the real driver first, then swaps the answer for its wrapper only
@@ -11,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -73,19 +75,18 @@ int vgpu_real_present(int id)
 }
 
 /* ---- the real dlsym ------------------------------------------------------ */
-typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym_ptr;
+static vgpu_dlsym_fn real_dlsym_ptr;
 
-static dlsym_fn real_dlsym(void)
+static vgpu_dlsym_fn real_dlsym(void)
 {
-    dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    vgpu_dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
     if (VGPU_LIKELY(f != NULL))
         return f;
     /* glibc >= 2.34 has dlsym@GLIBC_2.34 in libc; older ones dlsym@GLIBC_2.2.5
      * in libdl (aarch64: GLIBC_2.17). Racing threads store the same value. */
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
     for (unsigned i = 0; i < sizeof(versions) / sizeof(versions[0]) && !f; i++)
-        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+        f = (vgpu_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
     __atomic_store_n(&real_dlsym_ptr, f, __ATOMIC_RELEASE);
     return f;
 }
@@ -106,7 +107,7 @@ static void *open_real(const char *soname)
 static void resolve(int lib)
 {
     static const char *const sonames[2] = {"libcuda.so.1", "libnvidia-ml.so.1"};
-    dlsym_fn ds = real_dlsym();
+    vgpu_dlsym_fn ds = real_dlsym();
     loading = 1;
     void *h = open_real(sonames[lib]);
     loading = 0;
@@ -217,25 +218,59 @@ static int wrapped_symbol(const char *name)
     return 0;
 }
 
-static __attribute__((noinline)) void *hook_dlsym(dlsym_fn ds, void *handle, const char *name)
+/* dlsym(RTLD_NEXT, name) for a name the hook wraps, asked from `caller`: the
+ * first definition in an object after the caller's in the link map, each
+ * object checked to define the symbol itself (asked through a handle, an
+ * object also answers for its dependencies). This is the order glibc searches
+ * for the objects a program starts with and those it loads RTLD_GLOBAL; it
+ * is needed only here, where the hook must see the answer to swap it. */
+static void *next_definition(const void *caller, const char *name, vgpu_dlsym_fn ds)
 {
-    void *p = ds(handle, name);
-    if (p == NULL || loading || !wrapped_symbol(name))
-        return p;   /* other names never wake the hook up (no slot, no message) */
-    if (vgpu_state() == VGPU_PASS)
+    Dl_info info;
+    struct link_map *from = NULL;
+    if (dladdr1(caller, &info, (void **)&from, RTLD_DL_LINKMAP) == 0 || from == NULL)
+        return NULL;
+    for (struct link_map *l = from->l_next; l != NULL; l = l->l_next) {
+        if (l->l_name == NULL || l->l_name[0] == '\0')
+            continue;
+        void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL)
+            continue;
+        void *p = ds(h, name);
+        struct link_map *owner = NULL;
+        int own = p != NULL && dladdr1(p, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 &&
+                  owner == l;
+        dlclose(h);
+        if (own)
+            return p;
+    }
+    return NULL;
+}
+
+static void *hook_dlsym(vgpu_dlsym_fn ds, void *handle, const char *name, const void *caller)
+{
+    void *p = handle == RTLD_NEXT ? next_definition(caller, name, ds) : ds(handle, name);
+    if (p == NULL || vgpu_state() == VGPU_PASS)
         return p;
     return swap(name, p, 0, per_thread_sym(name));
 }
 
-/* The dlsym every caller in the process gets. Names that are not driver
- * names go straight to the real dlsym as a tail call, so RTLD_NEXT keeps
- * resolving relative to the caller (checked by the tests). */
-VGPU_EXPORT void *dlsym(void *handle, const char *name)
+/* Every dlsym in the process enters at dlsym_entry.S, which asks this what to
+ * do. Names the hook does not wrap (nearly all) get the real dlsym back, and
+ * the entry jumps to it with the caller's return address in place, so
+ * RTLD_NEXT resolves relative to the caller whatever the compiler did here.
+ * A wrapped driver name is answered here, in *answer: the real lookup first
+ * (from the caller for RTLD_NEXT), then our wrapper for the driver's own
+ * function. Other names never wake the hook up (no slot, no message). */
+vgpu_dlsym_fn vgpu_dlsym_route(void *handle, const char *name, const void *caller,
+                               void **answer)
 {
-    dlsym_fn ds = real_dlsym();
-    if (VGPU_UNLIKELY(interesting(name)))
-        return hook_dlsym(ds, handle, name);
-    return ds(handle, name);
+    vgpu_dlsym_fn ds = real_dlsym();
+    if (VGPU_LIKELY(ds != NULL) &&
+        (VGPU_LIKELY(!interesting(name)) || loading || !wrapped_symbol(name)))
+        return ds;
+    *answer = ds != NULL ? hook_dlsym(ds, handle, name, caller) : NULL;
+    return NULL;
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------------------ */
