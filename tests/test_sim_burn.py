@@ -44,7 +44,7 @@ def test_a_missing_device_is_a_driver_error(sim_env, burn_program):
     (["--kernel-us", "5", "--count", "1", "--seconds", "1"], "exactly one of"),
     (["--kernel-us", "-1", "--count", "1"], "--kernel-us needs a positive number"),
     (["--kernel-us", "5", "--count", "1.5"], "--count needs a whole number"),
-    (["--kernel-us", "5", "--count", "1", "--alloc", "4X"], "unknown unit"),
+    (["--kernel-us", "5", "--count", "1", "--alloc", "4X"], "--alloc needs a size"),
     (["--kernel-us", "5", "--count", "1", "--inflight", "0"], "--inflight"),
     (["--kernel-us", "5", "--count", "1", "--bogus"], "unknown option '--bogus'"),
     (["--kernel-us"], "--kernel-us needs a positive number"),

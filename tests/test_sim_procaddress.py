@@ -66,13 +66,13 @@ def test_resolution(sim_env):
 
 
 def test_every_symbol_the_table_names_is_exported(sim_env, sim_libdir):
-    """cuda_api.def lists (name, version, symbol); each symbol must be what
+    """sim/cuda/api.def lists (name, version, symbol); each symbol must be what
     dlsym finds under that name, so programs linked to libcuda and those
     using cuGetProcAddress reach the same functions."""
     import re
     from pathlib import Path
 
-    table = Path(__file__).parent.parent / "libvgpu" / "sim" / "cuda_api.def"
+    table = Path(__file__).parent.parent / "libvgpu" / "sim" / "cuda" / "api.def"
     rows = re.findall(r"^CU_API(?:_PT)?\((\w+), (\d+), (\w+)\)", table.read_text(), re.MULTILINE)
     assert len(rows) > 200
     out = run_py(sim_env, RESOLVE, f"""

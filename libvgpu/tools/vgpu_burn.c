@@ -23,11 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "vgpu/cuda_types.h"
+#include "vgpu/size.h"
 
 static const char k_ptx[] =
     ".version 7.0\n"
@@ -156,24 +156,10 @@ static double parse_number(const char *opt, const char *s, double min)
 
 static unsigned long long parse_size(const char *s)
 {
-    char *end;
-    errno = 0;
-    double v = s ? strtod(s, &end) : 0;
-    if (!s || errno || end == s || v <= 0)
-        usage_error("--alloc needs a size such as 512M or 4G, not '%s'", s ? s : "");
-    static const char *units[] = {"", "K", "M", "G", "T"};
-    char unit[8] = {0};
-    snprintf(unit, sizeof unit, "%s", end);
-    size_t n = strlen(unit);
-    if (n >= 3 && strcasecmp(unit + n - 2, "iB") == 0)
-        unit[n - 2] = '\0';
-    else if (n >= 2 && (unit[n - 1] == 'B' || unit[n - 1] == 'b'))
-        unit[n - 1] = '\0';
-    for (int i = 0; i < 5; i++)
-        if (strcasecmp(unit, units[i]) == 0)
-            return (unsigned long long)(v * (double)(1ull << (10 * i)));
-    usage_error("--alloc: unknown unit in '%s' (use K, M, G or T)", s);
-    return 0;
+    uint64_t n;
+    if (vgpu_parse_size(s, &n) != 0)
+        usage_error("--alloc needs a size such as 512M, 1.5G or 4GiB, not '%s'", s ? s : "");
+    return n;
 }
 
 static struct opts parse_args(int argc, char **argv)

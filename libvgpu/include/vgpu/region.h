@@ -17,7 +17,7 @@
  * other than simple integer #defines):
  *   - only fixed-width integer types, char arrays and nested structs;
  *   - no _Atomic, no bitfields, no unions, no expressions in #defines;
- *   - every field naturally aligned (libvgpu/src checks sizes at build time).
+ *   - every field naturally aligned (libvgpu/hook checks sizes at build time).
  * Atomics on the C side use the __atomic builtins on these plain fields.
  * Bump VGPU_REGION_VERSION on every layout change.
  */

@@ -1,0 +1,229 @@
+/*
+ * hook.h - internals shared by the files of libvgpu.so (not installed).
+ *
+ *   interpose.c  exports, dlsym, cuGetProcAddress, real entry points
+ *   dlsym_entry.S  the exported dlsym: jumps to the real one for other names
+ *   state.c      configuration, the job's region, process slots, sweeping
+ *   devmap.c     CUDA ordinal / NVML handle -> device of the region
+ *   reserve.c    the job's memory count: reserve, give back, dead slots
+ *   alloctab.c   the process's allocations and what each reserved
+ *   memory.c     allocating entry points, their frees, memory info
+ *   context.c    contexts: measured, reserved, given back
+ *   launch.c     the launch gate (token bucket)
+ *   nvml.c       NVML memory info and process lists
+ *   log.c        "vgpu:" messages, each once
+ */
+#ifndef VGPU_HOOK_H
+#define VGPU_HOOK_H
+
+#include <stdint.h>
+
+#include "vgpu/cuda_types.h"
+#include "vgpu/nvml_types.h"
+#include "vgpu/region.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+#define VGPU_LIKELY(x) __builtin_expect(!!(x), 1)
+#define VGPU_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Types only passed through by pointer (not in cuda_types.h). */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+
+/* ---- the generated list ------------------------------------------------ */
+enum vgpu_hook_id {
+#define CU_HOOK(base, sym, params, args) VGPU_H_##sym,
+#define NVML_HOOK(sym, params, args) VGPU_H_##sym,
+#define CU_REAL(sym, params) VGPU_H_##sym,
+#define NVML_REAL(sym, params) VGPU_H_##sym,
+#include "hooks.def"
+    VGPU_H_COUNT
+};
+
+#define CU_HOOK(base, sym, params, args) \
+    typedef CUresult (*vgpu_fn_##sym) params; \
+    CUresult hook_##sym params;
+#define NVML_HOOK(sym, params, args) \
+    typedef nvmlReturn_t (*vgpu_fn_##sym) params; \
+    nvmlReturn_t hook_##sym params;
+#define CU_REAL(sym, params) typedef CUresult (*vgpu_fn_##sym) params;
+#define NVML_REAL(sym, params) typedef nvmlReturn_t (*vgpu_fn_##sym) params;
+#include "hooks.def"
+
+/* The dlsym entry (dlsym_entry.S) asks this what to do: it returns the real
+ * dlsym, for the entry to jump to with the caller's return address in
+ * place, or NULL with the answer in *answer (interpose.c). */
+typedef void *(*vgpu_dlsym_fn)(void *handle, const char *name);
+vgpu_dlsym_fn vgpu_dlsym_route(void *handle, const char *name, const void *caller,
+                               void **answer);
+
+/* Real entry points, by id. Never NULL once the library is loaded: a
+ * function the real library lacks gets a stub returning NOT_FOUND. */
+extern void *vgpu_real[VGPU_H_COUNT];
+#define REAL(sym) ((vgpu_fn_##sym)vgpu_real[VGPU_H_##sym])
+/* Non-zero when the real library really has the symbol. */
+int vgpu_real_present(int id);
+
+/* ---- state ---------------------------------------------------------------- */
+enum vgpu_state {
+    VGPU_UNINIT = 0,
+    VGPU_PASS,      /* no VGPU_REGION, no VGPU_MEM_LIMIT: forward untouched */
+    VGPU_BROKEN,    /* a limit was asked for but can't be applied: calls fail */
+    VGPU_ACTIVE     /* limits apply */
+};
+
+/* What a wrapped call returns when the configuration is broken (see
+ * docs/hook.md): the runtime reports "CUDA-capable device(s) is/are busy or
+ * unavailable", and the hook printed the reason on stderr. */
+#define VGPU_BROKEN_CU CUDA_ERROR_DEVICE_UNAVAILABLE
+#define VGPU_BROKEN_NVML NVML_ERROR_NO_PERMISSION
+
+extern int vgpu_g_state;                 /* enum vgpu_state, configuration */
+extern int vgpu_g_cu_state;              /* same, once libcuda is resolved */
+extern int vgpu_g_nvml_state;            /* same, once NVML is resolved */
+extern const struct vgpu_limits *vgpu_g_limits;
+extern struct vgpu_usage *vgpu_g_usage;
+extern struct vgpu_proc_slot *vgpu_g_slot;
+extern int vgpu_g_private;               /* VGPU_MEM_LIMIT without a region */
+extern uint64_t vgpu_g_private_limit;
+
+int vgpu_state_init_slow(void);
+int vgpu_cu_init_slow(void);
+int vgpu_nvml_init_slow(void);
+
+static inline int vgpu_state(void)
+{
+    int s = __atomic_load_n(&vgpu_g_state, __ATOMIC_ACQUIRE);
+    return VGPU_LIKELY(s != VGPU_UNINIT) ? s : vgpu_state_init_slow();
+}
+
+static inline int vgpu_cu_state(void)
+{
+    int s = __atomic_load_n(&vgpu_g_cu_state, __ATOMIC_ACQUIRE);
+    return VGPU_LIKELY(s != VGPU_UNINIT) ? s : vgpu_cu_init_slow();
+}
+
+static inline int vgpu_nvml_state(void)
+{
+    int s = __atomic_load_n(&vgpu_g_nvml_state, __ATOMIC_ACQUIRE);
+    return VGPU_LIKELY(s != VGPU_UNINIT) ? s : vgpu_nvml_init_slow();
+}
+
+/* Start of a CUDA wrapper: pass through or fail as the state says. */
+#define CU_PROLOGUE(sym, args) \
+    do { \
+        int s_ = vgpu_cu_state(); \
+        if (s_ == VGPU_PASS) \
+            return REAL(sym) args; \
+        if (s_ != VGPU_ACTIVE) \
+            return VGPU_BROKEN_CU; \
+    } while (0)
+
+#define NVML_PROLOGUE(sym, args) \
+    do { \
+        int s_ = vgpu_nvml_state(); \
+        if (s_ == VGPU_PASS) \
+            return REAL(sym) args; \
+        if (s_ != VGPU_ACTIVE) \
+            return VGPU_BROKEN_NVML; \
+    } while (0)
+
+/* Sweep slots of dead processes (state.c); returns bytes given back. */
+uint64_t vgpu_sweep(void);
+/* Pids of the job's live slots (at most max); returns how many. */
+int vgpu_job_pids(int32_t *pids, int max);
+int vgpu_private_add_device(const char *uuid);
+void vgpu_interpose_atfork_child(void);
+
+/* ---- devices (devmap.c) --------------------------------------------------- */
+/* Region device index of a CUDA ordinal; -1 when not part of the job. */
+int vgpu_dev_of_ordinal(CUdevice ordinal);
+/* Region device index of the current context's device; -1 when that GPU is
+ * not part of the job, VGPU_DEV_NO_CONTEXT when there is no current context
+ * (the real call then fails by itself). */
+#define VGPU_DEV_NO_CONTEXT (-2)
+int vgpu_dev_current(void);
+/* Region device index for an NVML handle; -1 when not part of the job. */
+int vgpu_dev_of_nvml(nvmlDevice_t dev);
+/* The UUID text ("GPU-...") of a region device. */
+const char *vgpu_dev_uuid(int d);
+void vgpu_devmap_atfork_child(void);
+
+/* Fast path for the launch gate: the only device this process has contexts
+ * on, or -1 (then ask the driver). */
+extern int vgpu_g_single_dev;
+void vgpu_note_ctx_device(int d);
+
+static inline int vgpu_dev_for_launch(void)
+{
+    int d = __atomic_load_n(&vgpu_g_single_dev, __ATOMIC_RELAXED);
+    return d >= 0 ? d : vgpu_dev_current();
+}
+
+/* ---- memory (reserve.c, alloctab.c, memory.c, context.c) -------------------- */
+#define VGPU_GRANULARITY (2ull << 20)   /* what the driver reserves in */
+
+uint64_t vgpu_round_gran(uint64_t n);
+uint64_t vgpu_job_used(int d);
+uint64_t vgpu_dev_limit(int d);
+/* What the job sees of region device d: total = the limit, free = what is
+ * left of it (saturating at 0) and never more than the GPU really has free
+ * (*free_b holds the driver's figure on entry), used = the job's bytes.
+ * 0 (nothing written) when the device has no limit. used_b may be NULL. */
+int vgpu_job_mem_view(int d, uint64_t *free_b, uint64_t *total_b, uint64_t *used_b);
+/* Reserve bytes on region device d for this process (is_ctx: a context's
+ * memory); 1 on success, 0 when over the limit (after sweeping dead slots). */
+int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what);
+void vgpu_unreserve(int d, uint64_t bytes, int is_ctx);
+void vgpu_release_slot_memory(struct vgpu_proc_slot *slot);
+uint64_t vgpu_nvml_process_used(const char *uuid);   /* nvml.c */
+
+enum { VGPU_K_EMPTY = 0, VGPU_K_PTR, VGPU_K_HANDLE, VGPU_K_ARRAY, VGPU_K_MIPMAP };
+
+struct vgpu_alloc {
+    uint64_t key;      /* device pointer, or handle */
+    uint64_t size;     /* bytes reserved for it */
+    CUcontext ctx;     /* made in; NULL for cuMemCreate handles */
+    int32_t dev;       /* region device */
+    uint32_t kind;     /* VGPU_K_* */
+};
+
+/* Remember an allocation: 0, or 1 when the key was there already (its free
+ * went another way; the old entry is in *old), or -1 (no host memory). */
+int vgpu_track(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
+               struct vgpu_alloc *old);
+/* Take an allocation out of the table; 1 if it was there. */
+int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out);
+/* Take out every allocation made in ctx, adding their sizes per device. */
+void vgpu_untrack_ctx(CUcontext ctx, uint64_t per_dev[VGPU_MAX_DEVICES]);
+void vgpu_alloctab_atfork_child(void);
+void vgpu_context_atfork_child(void);
+
+/* Accounting happens once, at the outermost call: when a driver implements
+ * one entry point by calling another exported one (the call then comes back
+ * through our export), the inner call goes straight to the driver. */
+extern __thread int vgpu_t_inside __attribute__((tls_model("initial-exec")));
+
+static inline void vgpu_leave_hook(int *unused)
+{
+    (void)unused;
+    vgpu_t_inside = 0;
+}
+
+#define ENTER(sym, args) \
+    if (VGPU_UNLIKELY(vgpu_t_inside)) \
+        return REAL(sym) args; \
+    vgpu_t_inside = 1; \
+    __attribute__((cleanup(vgpu_leave_hook))) int guard_ = 1; \
+    (void)guard_
+
+/* ---- logging (log.c) -------------------------------------------------------- */
+enum { VGPU_LOG_ERROR = 0, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };
+void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Format a byte count the way users write it (512M, 1.5G). */
+const char *vgpu_fmt_size(uint64_t n, char *buf, unsigned len);
+
+/* ---- helpers ------------------------------------------------------------------ */
+uint64_t vgpu_now_ns(void);
+
+#endif /* VGPU_HOOK_H */

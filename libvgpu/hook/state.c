@@ -1,0 +1,393 @@
+/*
+ * state.c - what the hook enforces, and for whom.
+ *
+ *   VGPU_REGION=<dir>    the job's region: <dir>/limits mapped read-only,
+ *                        <dir>/usage read-write; this process claims a slot.
+ *   VGPU_MEM_LIMIT=4G    no region: a private, in-process region with that
+ *                        limit on every GPU (per process, no daemon, no
+ *                        compute limit).
+ *   neither              everything passes through untouched.
+ *
+ * A process that was given a limit never runs unlimited by accident: when the
+ * region can't be used the state is VGPU_BROKEN, every wrapped call fails and
+ * one line on stderr says why.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hook.h"
+#include "vgpu/size.h"
+
+int vgpu_g_state;
+int vgpu_g_cu_state;
+int vgpu_g_nvml_state;
+const struct vgpu_limits *vgpu_g_limits;
+struct vgpu_usage *vgpu_g_usage;
+struct vgpu_proc_slot *vgpu_g_slot;
+int vgpu_g_private;
+uint64_t vgpu_g_private_limit;
+
+static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static int configured_mode;   /* VGPU_UNINIT until configure() ran */
+static struct vgpu_limits priv_limits;
+static struct vgpu_usage priv_usage;
+
+/* ---- layout checks: a change to region.h must be seen here -------------- */
+_Static_assert(sizeof(struct vgpu_dev_limit) == 144, "vgpu_dev_limit layout");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, mem_limit) == 96, "mem_limit");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, throttle) == 120, "throttle");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, refill_rate) == 128, "refill_rate");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, bucket_size) == 136, "bucket_size");
+_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 144, "vgpu_limits layout");
+_Static_assert(__builtin_offsetof(struct vgpu_limits, generation) == 48, "generation");
+_Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
+_Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_usage, tokens) == 16, "tokens");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_usage, oom_refusals) == 48, "oom_refusals");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 16 + 3 * 16 * 8 + 16, "vgpu_proc_slot layout");
+_Static_assert(__builtin_offsetof(struct vgpu_proc_slot, used) == 16, "slot.used");
+_Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 400, "slot.allocs");
+_Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
+_Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
+_Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 416, "vgpu_usage layout");
+_Static_assert(VGPU_REGION_VERSION == 1, "libvgpu/hook follows region layout version 1");
+
+/* ---- helpers -------------------------------------------------------------- */
+uint64_t vgpu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* /proc/<pid>/stat: start time (clock ticks since boot) and state letter.
+ * Returns 0 when it can't be read. */
+static uint64_t proc_stat(int pid, char *state)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+    if (p == NULL || p[1] != ' ')
+        return 0;
+    p += 2;
+    if (state != NULL)
+        *state = *p;
+    /* p is field 3 (state); starttime is field 22. */
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (p == NULL)
+            return 0;
+        p++;
+    }
+    return strtoull(p, NULL, 10);
+}
+
+/* A slot's process is gone: no such pid, a zombie (the driver already freed
+ * its memory when it exited), or the pid now belongs to a newer process. */
+static int slot_alive(int32_t pid, uint64_t start_time)
+{
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    char st = '?';
+    uint64_t t = proc_stat(pid, &st);
+    if (t == 0)
+        return 1;   /* exists but /proc tells nothing (hidepid): alive */
+    if (st == 'Z' || st == 'X')
+        return 0;
+    if (start_time != 0 && t != start_time)
+        return 0;
+    return 1;
+}
+
+/* ---- the region ------------------------------------------------------------- */
+static void *map_file(const char *dir, const char *name, size_t size, int writable,
+                      char *why, size_t len)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, len, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < size) {
+        snprintf(why, len, "%s: too small for a vgpu region (%lld bytes, need %zu)", path,
+                 (long long)st.st_size, size);
+        close(fd);
+        return NULL;
+    }
+    void *p = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        snprintf(why, len, "%s: mmap: %s", path, strerror(err));
+        return NULL;
+    }
+    return p;
+}
+
+static int map_region(const char *dir, char *why, size_t len)
+{
+    const struct vgpu_limits *lim =
+        map_file(dir, "limits", sizeof(struct vgpu_limits), 0, why, len);
+    if (lim == NULL)
+        return 0;
+    if (lim->magic != VGPU_REGION_MAGIC) {
+        snprintf(why, len, "%s/limits: not a vgpu region (bad magic)", dir);
+        return 0;
+    }
+    if (lim->version != VGPU_REGION_VERSION) {
+        snprintf(why, len, "%s/limits: region layout version %u, this libvgpu.so reads %d",
+                 dir, lim->version, VGPU_REGION_VERSION);
+        return 0;
+    }
+    const char *job = getenv("VGPU_JOB");
+    if (job != NULL && *job != '\0' &&
+        strncmp(job, lim->job_id, VGPU_JOB_ID_LEN - 1) != 0) {
+        snprintf(why, len, "%s is the region of job '%.*s', not of VGPU_JOB=%s", dir,
+                 VGPU_JOB_ID_LEN, lim->job_id, job);
+        return 0;
+    }
+    struct vgpu_usage *use = map_file(dir, "usage", sizeof(struct vgpu_usage), 1, why, len);
+    if (use == NULL)
+        return 0;
+    if (use->magic != VGPU_REGION_MAGIC || use->version != VGPU_REGION_VERSION) {
+        snprintf(why, len, "%s/usage: not a vgpu region of layout version %d", dir,
+                 VGPU_REGION_VERSION);
+        return 0;
+    }
+    vgpu_g_limits = lim;
+    vgpu_g_usage = use;
+    return 1;
+}
+
+static int configure(void)
+{
+    char why[PATH_MAX + 256];
+    const char *dir = getenv("VGPU_REGION");
+    const char *mem = getenv("VGPU_MEM_LIMIT");
+    if (dir != NULL && *dir != '\0') {
+        if (map_region(dir, why, sizeof(why)))
+            return VGPU_ACTIVE;
+        vgpu_log(VGPU_LOG_ERROR, "cannot use the job's region (VGPU_REGION=%s): %s; "
+                 "CUDA calls fail", dir, why);
+        return VGPU_BROKEN;
+    }
+    if (mem != NULL && *mem != '\0') {
+        uint64_t limit;
+        if (vgpu_parse_size(mem, &limit) != 0) {
+            vgpu_log(VGPU_LOG_ERROR, "VGPU_MEM_LIMIT=%s is not a size (try 512M or 4G); "
+                     "CUDA calls fail", mem);
+            return VGPU_BROKEN;
+        }
+        priv_limits.magic = VGPU_REGION_MAGIC;
+        priv_limits.version = VGPU_REGION_VERSION;
+        priv_usage.magic = VGPU_REGION_MAGIC;
+        priv_usage.version = VGPU_REGION_VERSION;
+        vgpu_g_private_limit = limit;
+        vgpu_g_private = 1;
+        vgpu_g_limits = &priv_limits;
+        vgpu_g_usage = &priv_usage;
+        return VGPU_ACTIVE;
+    }
+    return VGPU_PASS;
+}
+
+/* Private mode: GPUs join the private region as they are first seen. */
+int vgpu_private_add_device(const char *uuid)
+{
+    /* Called under devmap's lock. */
+    uint32_t n = priv_limits.ndevices;
+    if (n >= VGPU_MAX_DEVICES)
+        return -1;
+    struct vgpu_dev_limit *d = &priv_limits.dev[n];
+    snprintf(d->uuid, sizeof(d->uuid), "%s", uuid);
+    d->mem_limit = vgpu_g_private_limit;
+    d->core_share = 100;
+    __atomic_store_n(&priv_limits.ndevices, n + 1, __ATOMIC_RELEASE);
+    return (int)n;
+}
+
+/* ---- process slots ---------------------------------------------------------- */
+static void clear_slot(struct vgpu_proc_slot *s)
+{
+    s->start_time = 0;
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        __atomic_store_n(&s->used[d], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->ctx_bytes[d], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&s->launches[d], 0, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&s->allocs, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->get_proc_calls, 0, __ATOMIC_RELAXED);
+}
+
+/* Take a slot whose owner is gone (pid > 0 seen), give its bytes back to the
+ * job and free it. The CAS makes sure only one sweeper subtracts. */
+static uint64_t reap_slot(struct vgpu_proc_slot *s, int32_t pid)
+{
+    if (!__atomic_compare_exchange_n(&s->pid, &pid, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+        return 0;
+    uint64_t freed = 0;
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        freed += __atomic_load_n(&s->used[d], __ATOMIC_RELAXED);
+    vgpu_release_slot_memory(s);
+    clear_slot(s);
+    __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+    return freed;
+}
+
+uint64_t vgpu_sweep(void)
+{
+    if (vgpu_g_private || vgpu_g_usage == NULL)
+        return 0;
+    uint64_t freed = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        struct vgpu_proc_slot *s = &vgpu_g_usage->procs[i];
+        int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+        if (pid <= 0 || s == vgpu_g_slot)
+            continue;
+        if (slot_alive(pid, __atomic_load_n(&s->start_time, __ATOMIC_RELAXED)))
+            continue;
+        uint64_t n = reap_slot(s, pid);
+        if (n != 0)
+            vgpu_log(VGPU_LOG_INFO, "process %d of the job is gone; its %llu bytes were "
+                     "given back", pid, (unsigned long long)n);
+        freed += n;
+    }
+    return freed;
+}
+
+int vgpu_job_pids(int32_t *pids, int max)
+{
+    int n = 0;
+    if (vgpu_g_private) {
+        if (max > 0)
+            pids[n++] = getpid();
+        return n;
+    }
+    for (int i = 0; i < VGPU_MAX_PROCS && n < max; i++) {
+        int32_t pid = __atomic_load_n(&vgpu_g_usage->procs[i].pid, __ATOMIC_ACQUIRE);
+        if (pid > 0)
+            pids[n++] = pid;
+    }
+    return n;
+}
+
+static int claim_slot(void)
+{
+    int32_t me = getpid();
+    if (vgpu_g_private) {
+        clear_slot(&priv_usage.procs[0]);
+        priv_usage.procs[0].pid = me;
+        vgpu_g_slot = &priv_usage.procs[0];
+        return 1;
+    }
+    uint64_t start = proc_stat(me, NULL);
+    struct vgpu_proc_slot *procs = vgpu_g_usage->procs;
+    /* A slot with our own pid is from the image this process exec'd away
+     * from: the driver freed its memory at exec. */
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (__atomic_load_n(&procs[i].pid, __ATOMIC_ACQUIRE) == me)
+            reap_slot(&procs[i], me);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+            int32_t expect = 0;
+            if (__atomic_load_n(&procs[i].pid, __ATOMIC_RELAXED) == 0 &&
+                __atomic_compare_exchange_n(&procs[i].pid, &expect, me, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_RELAXED)) {
+                clear_slot(&procs[i]);
+                __atomic_store_n(&procs[i].start_time, start, __ATOMIC_RELEASE);
+                vgpu_g_slot = &procs[i];
+                return 1;
+            }
+        }
+        vgpu_sweep();
+    }
+    return 0;
+}
+
+int vgpu_state_init_slow(void)
+{
+    pthread_mutex_lock(&state_lock);
+    int s = __atomic_load_n(&vgpu_g_state, __ATOMIC_ACQUIRE);
+    if (s == VGPU_UNINIT) {
+        if (configured_mode == VGPU_UNINIT)
+            configured_mode = configure();
+        s = configured_mode;
+        if (s == VGPU_ACTIVE && vgpu_g_slot == NULL && !claim_slot()) {
+            vgpu_log(VGPU_LOG_ERROR, "no free process slot in the job's region (%d processes "
+                     "at most); CUDA calls fail", VGPU_MAX_PROCS);
+            s = VGPU_BROKEN;
+        }
+        __atomic_store_n(&vgpu_g_state, s, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&state_lock);
+    return s;
+}
+
+/* ---- fork and exit -------------------------------------------------------------- */
+static void before_fork(void)
+{
+    pthread_mutex_lock(&state_lock);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&state_lock);
+}
+
+/* The child is a new process of the job: it holds no device memory and no
+ * context, and claims its own slot at its first CUDA call. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&state_lock, NULL);
+    vgpu_interpose_atfork_child();
+    vgpu_alloctab_atfork_child();
+    vgpu_context_atfork_child();
+    vgpu_devmap_atfork_child();
+    if (vgpu_g_private)
+        memset(priv_usage.dev, 0, sizeof(priv_usage.dev));
+    vgpu_g_slot = NULL;
+    __atomic_store_n(&vgpu_g_state, VGPU_UNINIT, __ATOMIC_RELEASE);
+    __atomic_store_n(&vgpu_g_cu_state, VGPU_UNINIT, __ATOMIC_RELEASE);
+    __atomic_store_n(&vgpu_g_nvml_state, VGPU_UNINIT, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void vgpu_ctor(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+/* At exit the driver frees everything the process held: give it back to the
+ * job now rather than at the next sweep. */
+__attribute__((destructor)) static void vgpu_dtor(void)
+{
+    struct vgpu_proc_slot *s = vgpu_g_slot;
+    if (s == NULL || vgpu_g_private)
+        return;
+    static struct vgpu_proc_slot gone;   /* late calls of other threads land here */
+    int32_t me = getpid();
+    vgpu_g_slot = &gone;
+    if (__atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) == me)
+        reap_slot(s, me);
+}

@@ -1,0 +1,117 @@
+/*
+ * sim.h - the simulated GPU's common layer, shared by both libraries:
+ * the files of common/ (in libcuda.so.1 and libnvidia-ml.so.1) implement it;
+ * cuda/ and nvml/ build the two public APIs on it and never on each other.
+ */
+#ifndef VGPU_SIM_H
+#define VGPU_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "state_file.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+/* Export `sym` as an entry point that behaves as `impl` (older versions and
+ * per-thread-stream forms that are the same here). It is a one-instruction
+ * tail jump rather than a linker alias so that it has an address of its own,
+ * as in NVIDIA's driver: a preload library that hands out the wrong variant
+ * is then caught on the simulator too. */
+#if defined(__x86_64__)
+#define VGPU_TAIL_JUMP "jmp"
+#elif defined(__aarch64__)
+#define VGPU_TAIL_JUMP "b"
+#else
+#error "VGPU_ALIAS needs this architecture's tail jump"
+#endif
+#define VGPU_ALIAS(impl, sym)                                                        \
+    __asm__(".text\n.globl " #sym "\n.type " #sym ", @function\n.p2align 4\n" #sym \
+            ":\n\t" VGPU_TAIL_JUMP " " #impl "\n.size " #sym ", .-" #sym "\n");
+
+#define SIM_NAME "vgpu-sim GPU"
+#define SIM_SM_COUNT 132
+#define SIM_CC_MAJOR 9
+#define SIM_CC_MINOR 0
+#define SIM_DRIVER_VERSION "580.65.06"
+#define SIM_CUDA_VERSION 13000 /* what cuDriverGetVersion reports */
+#define SIM_GRANULARITY (2ull << 20) /* allocation granularity: 2 MiB */
+#define SIM_DEFAULT_MEMORY (16ull << 30)
+#define SIM_DEFAULT_CTX_MEM (300ull << 20)
+#define SIM_DEFAULT_SAMPLE_MS 167 /* 1/6 s: the fastest period NVML documents */
+
+/* ---- state.c: the mapped state ---- */
+
+/* The state, mapped and initialised on first use; NULL if the file cannot be
+ * created or VGPU_SIM is malformed (said once on stderr). Everything else
+ * here needs it to have succeeded. */
+struct vgpu_sim_state *sim_state(void);
+/* The same, but an existing state is kept whatever its configuration (what
+ * `vgpuctl sim` reads must not be replaced by reading it). */
+struct vgpu_sim_state *sim_state_as_is(void);
+
+/* The state lock. sim_lock() reclaims the memory of dead processes when
+ * `reclaim` is set, as the real driver frees a process's memory when it dies. */
+void sim_lock(int reclaim);
+void sim_unlock(void);
+
+/* This process's slot (attached on first call, with VGPU_SIM_TAG); -1 if
+ * the table is full. Needs the lock. */
+int sim_self_slot(void);
+
+uint64_t sim_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* VGPU_SIM_STATE, or /dev/shm/vgpu-sim-<uid>. */
+const char *sim_state_path(char *buf, size_t len);
+
+/* Processes other than this one that use the state and are alive. Needs the
+ * lock. */
+int sim_live_processes(void);
+
+/* Parse "2x16G" (count x size per GPU, the size as vgpu/size.h reads it);
+ * 0 on success. */
+int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);
+
+/* Device identity, the same in both libraries. */
+void sim_device_uuid(int index, unsigned char out[16]);
+void sim_device_uuid_string(int index, char *out, size_t len); /* "GPU-..." */
+void sim_device_bus_id(int index, char *out, size_t len, int nvml_form);
+
+/* ---- account.c: memory and time on the shared devices ---- */
+
+/* Charge `bytes` of device `dev` to this process. `alloc` marks a device
+ * allocation (fault injection applies to those, not to contexts).
+ * Returns 0, or -1 when the device is out of memory. */
+int sim_charge(int dev, uint64_t bytes, int alloc);
+void sim_uncharge(int dev, uint64_t bytes);
+void sim_context_count(int dev, int delta);
+
+/* Device memory as seen by everyone: total and free bytes. */
+void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* Give a kernel of `ns` the next slot on device `dev`'s shared timeline
+ * (starting now, or when the device's last reserved kernel ends) and record
+ * it; returns when it will end (CLOCK_MONOTONIC ns). */
+/* Give a kernel of ns its slot on dev's timeline, starting no earlier than
+ * not_before (CLOCK_MONOTONIC ns); returns its end. */
+uint64_t sim_reserve_kernel(int dev, uint64_t ns, uint64_t not_before);
+
+/* ---- ctl.c: fault injection, and control functions for vgpuctl ---- */
+
+/* Fault injection for NVML: the error to fail this call with, or 0. */
+int sim_nvml_fault(void);
+
+/* Exported from both libraries for `vgpuctl sim` (vgpuctl/simstate.py).
+ * stats: the state as one JSON object into buf; returns its length (call
+ *   again with a bigger buffer if that is >= len), -1 if there is no state.
+ * fail_allocs: the next n allocations on gpu fail; -1 if no such gpu.
+ * nvml_error: the next n NVML calls (n < 0: all, until cleared) return code.
+ * clear_faults: no more injected faults.
+ * reset: delete the state file; returns the number of live processes using
+ *   it instead when there are some and force is 0. */
+VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len);
+VGPU_EXPORT int vgpu_sim_ctl_fail_allocs(int gpu, long long n);
+VGPU_EXPORT int vgpu_sim_ctl_nvml_error(int code, long long n);
+VGPU_EXPORT int vgpu_sim_ctl_clear_faults(void);
+VGPU_EXPORT int vgpu_sim_ctl_reset(int force);
+
+#endif /* VGPU_SIM_H */

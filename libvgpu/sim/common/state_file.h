@@ -1,0 +1,103 @@
+/*
+ * state_file.h - the layout of the simulated GPU's shared device state.
+ *
+ * One file (VGPU_SIM_STATE, default /dev/shm/vgpu-sim-<uid>) that every
+ * process using the simulated libcuda.so.1 or libnvidia-ml.so.1 maps, so all
+ * of them see the same GPUs: memory one process holds is gone for the others,
+ * and kernels from all processes share one timeline per device.
+ *
+ * Everything below `lock` is read and written only with `lock` held (a
+ * process-shared, robust mutex: a process killed while holding it does not
+ * wedge the others). The layout is private to the simulator; other programs read
+ * it through the control functions (vgpu_sim_ctl_*, see sim.h) so that the
+ * reclaim of dead processes' memory happens in one place.
+ */
+#ifndef VGPU_SIM_STATE_H
+#define VGPU_SIM_STATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
+#define VGPU_SIM_LAYOUT 2
+#define VGPU_SIM_MAX_DEVICES 16
+#define VGPU_SIM_MAX_PROCS 256
+#define VGPU_SIM_MAX_TAGS 64
+#define VGPU_SIM_TAG_LEN 64
+#define VGPU_SIM_RING 65536        /* executed kernels remembered per device */
+#define VGPU_SIM_PERIODS 64        /* utilization sample periods kept */
+#define VGPU_SIM_PERIOD_PIDS 32    /* processes per sample period */
+
+/* One executed kernel on a device's timeline (CLOCK_MONOTONIC ns). */
+struct vgpu_sim_kernel {
+    int32_t pid;
+    uint32_t pad;
+    uint64_t start_ns;
+    uint64_t end_ns;
+};
+
+/* Busy time per process within one utilization sample period. */
+struct vgpu_sim_period {
+    uint64_t index; /* period number: start = index * sample_ns */
+    uint32_t n;
+    uint32_t pad;
+    struct {
+        int32_t pid;
+        uint32_t pad;
+        uint64_t busy_ns;
+    } e[VGPU_SIM_PERIOD_PIDS];
+};
+
+struct vgpu_sim_device {
+    uint64_t total;          /* bytes */
+    uint64_t used;           /* bytes held by live processes, contexts included */
+    uint64_t busy_until_ns;  /* end of the last kernel reserved on the timeline */
+    uint64_t busy_ns;        /* kernel time executed since the state was created */
+    uint64_t kernels;        /* kernels executed; ring slot = kernels % VGPU_SIM_RING */
+    int64_t fail_allocs;     /* fault injection: fail this many next allocations */
+    struct vgpu_sim_period periods[VGPU_SIM_PERIODS];
+    struct vgpu_sim_kernel ring[VGPU_SIM_RING];
+};
+
+struct vgpu_sim_proc {
+    int32_t pid;             /* 0: free slot */
+    int32_t tag;             /* index into tags[], -1: none */
+    uint32_t locked;         /* the process holds its slot's lock (see state.c) */
+    uint32_t pad;
+    uint64_t start_time;     /* /proc/<pid>/stat field 22, tells pid reuse apart */
+    uint64_t used[VGPU_SIM_MAX_DEVICES];
+    uint64_t peak[VGPU_SIM_MAX_DEVICES];
+    uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
+    uint32_t contexts[VGPU_SIM_MAX_DEVICES];
+};
+
+/* Per VGPU_SIM_TAG: what all processes carrying the tag hold, and their peak:
+ * the simulated device's own record of a job's memory high-water mark. */
+struct vgpu_sim_tag {
+    char name[VGPU_SIM_TAG_LEN];
+    uint64_t used[VGPU_SIM_MAX_DEVICES];
+    uint64_t peak[VGPU_SIM_MAX_DEVICES];
+    uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
+};
+
+struct vgpu_sim_state {
+    uint32_t magic;
+    uint32_t layout;
+    uint32_t count;          /* simulated GPUs */
+    uint32_t ready;          /* set last, once the rest is initialised */
+    uint64_t memory;         /* bytes per GPU */
+    uint64_t sample_ns;      /* utilization sample period */
+    int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
+    union {
+        pthread_mutex_t lock;
+        char lock_space[64];
+    };
+    int32_t nvml_error;      /* fault injection: NVML calls return this... */
+    int32_t pad;
+    int64_t nvml_error_count; /* ...this many more times (-1: until cleared) */
+    struct vgpu_sim_proc procs[VGPU_SIM_MAX_PROCS];
+    struct vgpu_sim_tag tags[VGPU_SIM_MAX_TAGS];
+    struct vgpu_sim_device dev[VGPU_SIM_MAX_DEVICES];
+};
+
+#endif /* VGPU_SIM_STATE_H */

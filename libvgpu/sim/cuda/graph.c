@@ -1,0 +1,368 @@
+/*
+ * graph.c - CUDA graphs: create a graph, add kernel, memset, memcpy,
+ * host and empty nodes, instantiate it and launch it on a stream.
+ *
+ * Nodes are kept in the order they were added, which is a valid topological
+ * order (a node's dependencies exist before it); a launch queues them in that
+ * order. Kernel parameters are read when the node is added, as the driver
+ * copies them then.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "copy.h"
+#include "exec.h"
+#include "init.h"
+#include "launch.h"
+#include "stream.h"
+
+#define MAGIC_NODE 0x564e4f44u
+
+enum { NODE_KERNEL = 0, NODE_MEMCPY = 1, NODE_MEMSET = 2, NODE_HOST = 3, NODE_EMPTY = 5 };
+
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value;
+    unsigned int elementSize;
+    size_t width;
+    size_t height;
+} CUDA_MEMSET_NODE_PARAMS;
+
+typedef struct {
+    void (*fn)(void *);
+    void *userData;
+} CUDA_HOST_NODE_PARAMS;
+
+#define MEMCPY3D_BYTES 200 /* sizeof(CUDA_MEMCPY3D) on 64-bit */
+
+struct CUgraphNode_st {
+    uint32_t magic;
+    int type;
+    CUgraph graph;
+    struct CUgraphNode_st *orig; /* in an exec: the graph's node it copies */
+    CUDA_KERNEL_NODE_PARAMS_v2 k;
+    uint64_t ns;
+    CUDA_MEMSET_NODE_PARAMS set;
+    CUDA_HOST_NODE_PARAMS host;
+    unsigned char copy[MEMCPY3D_BYTES];
+};
+
+struct CUgraph_st {
+    uint32_t magic;
+    size_t n, cap;
+    struct CUgraphNode_st **nodes;
+};
+
+struct CUgraphExec_st {
+    uint32_t magic;
+    size_t n;
+    struct CUgraphNode_st *nodes; /* copies */
+};
+
+VGPU_EXPORT CUresult cuGraphCreate(CUgraph *pg, unsigned int flags)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pg || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *g = cu_obj_new(sizeof *g, MAGIC_GRAPH);
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pg = g;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphDestroy(CUgraph g)
+{
+    if (!cu_obj_is(g, MAGIC_GRAPH))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < g->n; i++)
+        cu_obj_del(g->nodes[i], sizeof *g->nodes[i]);
+    free(g->nodes);
+    cu_obj_del(g, sizeof *g);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_node(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                         struct CUgraphNode_st *proto)
+{
+    if (!out || !cu_obj_is(g, MAGIC_GRAPH) || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < ndeps; i++)
+        if (!cu_obj_is(deps[i], MAGIC_NODE) || deps[i]->graph != g)
+            return CUDA_ERROR_INVALID_VALUE;
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? 2 * g->cap : 16;
+        struct CUgraphNode_st **t = realloc(g->nodes, cap * sizeof *t);
+        if (!t)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->nodes = t;
+        g->cap = cap;
+    }
+    struct CUgraphNode_st *n = cu_obj_new(sizeof *n, MAGIC_NODE);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *n = *proto;
+    n->magic = MAGIC_NODE;
+    n->graph = g;
+    g->nodes[g->n++] = n;
+    *out = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult kernel_params(struct CUgraphNode_st *n, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    n->k = *p;
+    if (!n->k.func)
+        n->k.func = (CUfunction)p->kern;
+    if (!cu_obj_is(n->k.func, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_VALUE;
+    n->k.kernelParams = NULL; /* read now, below; the caller's arrays may go */
+    n->k.extra = NULL;
+    return cu_kernel_check(n->k.func, n->k.func->mod->ctx, p->gridDimX, p->gridDimY,
+                           p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ,
+                           p->sharedMemBytes, p->kernelParams, p->extra, &n->ns);
+}
+
+VGPU_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                             size_t ndeps, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    struct CUgraphNode_st proto = {.type = NODE_KERNEL};
+    CUresult rc = kernel_params(&proto, p);
+    return rc ? rc : add_node(out, g, deps, ndeps, &proto);
+}
+
+VGPU_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                          size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 v2;
+    memset(&v2, 0, sizeof v2);
+    memcpy(&v2, p, sizeof *p);
+    return cuGraphAddKernelNode_v2(out, g, deps, ndeps, &v2);
+}
+
+VGPU_EXPORT CUresult cuGraphAddEmptyNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                         size_t ndeps)
+{
+    struct CUgraphNode_st proto = {.type = NODE_EMPTY};
+    return add_node(out, g, deps, ndeps, &proto);
+}
+
+VGPU_EXPORT CUresult cuGraphAddHostNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                        size_t ndeps, const CUDA_HOST_NODE_PARAMS *p)
+{
+    if (!p || !p->fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st proto = {.type = NODE_HOST, .host = *p};
+    return add_node(out, g, deps, ndeps, &proto);
+}
+
+VGPU_EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                          size_t ndeps, const CUDA_MEMSET_NODE_PARAMS *p,
+                                          CUcontext ctx)
+{
+    (void)ctx;
+    if (!p || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st proto = {.type = NODE_MEMSET, .set = *p};
+    return add_node(out, g, deps, ndeps, &proto);
+}
+
+VGPU_EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                          size_t ndeps, const void *p, CUcontext ctx)
+{
+    (void)ctx;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st proto = {.type = NODE_MEMCPY};
+    memcpy(proto.copy, p, MEMCPY3D_BYTES);
+    return add_node(out, g, deps, ndeps, &proto);
+}
+
+VGPU_EXPORT CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *count)
+{
+    if (!cu_obj_is(g, MAGIC_GRAPH) || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (nodes) {
+        size_t n = *count < g->n ? *count : g->n;
+        for (size_t i = 0; i < n; i++)
+            nodes[i] = g->nodes[i];
+        for (size_t i = n; i < *count; i++)
+            nodes[i] = NULL;
+    }
+    *count = g->n;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphNodeGetType(CUgraphNode n, int *type)
+{
+    if (!cu_obj_is(n, MAGIC_NODE) || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = n->type;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (!cu_obj_is(n, MAGIC_NODE) || n->type != NODE_KERNEL || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = n->k;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (!cu_obj_is(n, MAGIC_NODE) || n->type != NODE_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphNode_st copy = *n;
+    CUresult rc = kernel_params(&copy, p);
+    if (rc == CUDA_SUCCESS) {
+        n->k = copy.k;
+        n->ns = copy.ns;
+    }
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphDestroyNode(CUgraphNode n)
+{
+    if (!cu_obj_is(n, MAGIC_NODE))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUgraph g = n->graph;
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->nodes[i] == n) {
+            memmove(&g->nodes[i], &g->nodes[i + 1], (g->n - i - 1) * sizeof *g->nodes);
+            g->n--;
+            break;
+        }
+    }
+    cu_obj_del(n, sizeof *n);
+    return CUDA_SUCCESS;
+}
+
+/* ---- executable graphs ---- */
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *pe, CUgraph g,
+                                                 unsigned long long flags)
+{
+    (void)flags;
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pe || !cu_obj_is(g, MAGIC_GRAPH))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *e = cu_obj_new(sizeof *e, MAGIC_GEXEC);
+    e->nodes = calloc(g->n ? g->n : 1, sizeof *e->nodes);
+    if (!e->nodes) {
+        cu_obj_del(e, sizeof *e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0; i < g->n; i++) {
+        e->nodes[i] = *g->nodes[i];
+        e->nodes[i].orig = g->nodes[i];
+    }
+    e->n = g->n;
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 11 form: (exec, graph, error node, log buffer, its size). */
+VGPU_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *pe, CUgraph g, CUgraphNode *err,
+                                           char *log, size_t logsize)
+{
+    if (err)
+        *err = NULL;
+    if (log && logsize)
+        log[0] = '\0';
+    return cuGraphInstantiateWithFlags(pe, g, 0);
+}
+
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
+                                                  CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuGraphInstantiateWithFlags(pe, g, p->flags);
+    p->hErrNode_out = NULL;
+    p->result_out = rc == CUDA_SUCCESS ? 0 : 1;
+    return rc;
+}
+VGPU_ALIAS(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz)
+
+VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    if (!cu_obj_is(e, MAGIC_GEXEC))
+        return CUDA_ERROR_INVALID_VALUE;
+    free(e->nodes);
+    cu_obj_del(e, sizeof *e);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n,
+                                                       const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (!cu_obj_is(e, MAGIC_GEXEC) || !cu_obj_is(n, MAGIC_NODE))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < e->n; i++) {
+        if (e->nodes[i].orig == n) {
+            struct CUgraphNode_st copy = e->nodes[i];
+            CUresult rc = kernel_params(&copy, p);
+            if (rc == CUDA_SUCCESS)
+                e->nodes[i] = copy;
+            return rc;
+        }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream h)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    return cu_obj_is(e, MAGIC_GEXEC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+VGPU_ALIAS(cuGraphUpload, cuGraphUpload_ptsz)
+
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream h)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    if (!cu_obj_is(e, MAGIC_GEXEC))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < e->n && rc == CUDA_SUCCESS; i++) {
+        struct CUgraphNode_st *n = &e->nodes[i];
+        switch (n->type) {
+        case NODE_KERNEL:
+            exec_kernel(ctx, s, n->ns);
+            break;
+        case NODE_HOST:
+            exec_host_fn(ctx, s, n->host.fn, n->host.userData);
+            break;
+        case NODE_MEMSET:
+            rc = cu_memset2d(n->set.dst, n->set.pitch, n->set.value, n->set.elementSize,
+                             n->set.width, n->set.height);
+            break;
+        case NODE_MEMCPY:
+            rc = cu_copy3d(n->copy);
+            break;
+        }
+    }
+    return rc;
+}
+VGPU_ALIAS(cuGraphLaunch, cuGraphLaunch_ptsz)

@@ -1,0 +1,92 @@
+/*
+ * handle.h - the simulated driver's process-local objects (contexts,
+ * streams, events, modules, functions) and the handle objects they live in
+ * (handle.c). The lowest layer of cuda/, with init.h: see docs/simulator.md
+ * for the order the driver's files build on each other.
+ */
+#ifndef VGPU_SIM_CUDA_HANDLE_H
+#define VGPU_SIM_CUDA_HANDLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/sim.h"
+#include "vgpu/cuda_types.h"
+
+/* Per-thread variants (_ptsz/_ptds) behave as the legacy ones here: every
+ * stream of a process executes in one in-order queue, so the default streams
+ * need no separate semantics. They are exported as aliases (VGPU_ALIAS) of
+ * the legacy entry point, defined next to it. */
+
+/* Handle magics: a handle whose magic does not match is invalid. */
+#define MAGIC_CTX 0x56435458u
+#define MAGIC_STREAM 0x56535452u
+#define MAGIC_EVENT 0x56455654u
+#define MAGIC_MODULE 0x564d4f44u
+#define MAGIC_FUNC 0x5646554eu
+#define MAGIC_LIBRARY 0x564c4942u
+#define MAGIC_GRAPH 0x56475250u
+#define MAGIC_GEXEC 0x56474558u
+#define MAGIC_POOL 0x56504f4cu
+#define MAGIC_ARRAY 0x56415252u
+#define DEAD 0xdeadu
+
+struct CUctx_st {
+    uint32_t magic;
+    int ordinal;          /* device as the process sees it */
+    int phys;             /* physical simulated GPU */
+    int primary;
+    int refcount;         /* primary: retains; created: 1 */
+    unsigned int flags;
+    unsigned long long id;
+    uint64_t last_seq;    /* last operation queued in this context */
+    uint64_t mem;         /* device memory the context costs */
+};
+
+struct CUstream_st {
+    uint32_t magic;
+    CUcontext ctx;
+    unsigned int flags;
+    int priority;
+    unsigned long long id;
+    uint64_t last_seq;
+};
+
+struct CUevent_st {
+    uint32_t magic;
+    CUcontext ctx;
+    unsigned int flags;
+    int recorded;
+    uint64_t seq;         /* the record operation */
+    uint64_t time_ns;     /* when it executed */
+};
+
+struct vgpu_param {
+    unsigned int offset;
+    unsigned int size;
+};
+
+struct CUfunc_st {
+    uint32_t magic;
+    CUmodule mod;
+    char name[256];
+    int nparams;
+    struct vgpu_param params[64];
+    int spin;             /* name starts with vgpu_spin: duration from param 0 */
+};
+
+struct CUmod_st {
+    uint32_t magic;
+    CUcontext ctx;
+    int nfuncs;
+    struct CUfunc_st *funcs;
+    CUlibrary lib;
+};
+
+/* Handle objects: never returned to malloc, so a stale handle's magic can
+ * always be read; a destroyed object's memory is reused for a new one. */
+void *cu_obj_new(size_t size, uint32_t magic);
+void cu_obj_del(void *p, size_t size);
+int cu_obj_is(const void *p, uint32_t magic);
+
+#endif /* VGPU_SIM_CUDA_HANDLE_H */

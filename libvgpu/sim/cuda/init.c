@@ -1,0 +1,349 @@
+/*
+ * init.c - cuInit, the driver version, CUDA_VISIBLE_DEVICES and the
+ * device queries.
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "init.h"
+
+int cu_initialized;
+int cu_count;
+int cu_phys[VGPU_SIM_MAX_DEVICES];
+pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUresult g_init_result = CUDA_ERROR_NOT_INITIALIZED;
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+
+/* The devices CUDA_VISIBLE_DEVICES selects, as the driver reads it: indices
+ * or GPU- UUIDs (a unique prefix is enough), in the order given, up to the
+ * first entry that is invalid, unknown or repeated. Unset: every GPU. */
+static int visible_devices(int physical, int *out)
+{
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    if (!env) {
+        for (int i = 0; i < physical; i++)
+            out[i] = i;
+        return physical;
+    }
+    int n = 0;
+    const char *p = env;
+    while (n < VGPU_SIM_MAX_DEVICES) {
+        char tok[128];
+        size_t len = strcspn(p, ",");
+        size_t a = 0, b = len;
+        while (a < b && isspace((unsigned char)p[a]))
+            a++;
+        while (b > a && isspace((unsigned char)p[b - 1]))
+            b--;
+        if (b - a == 0 || b - a >= sizeof tok)
+            break;
+        memcpy(tok, p + a, b - a);
+        tok[b - a] = '\0';
+        int dev = -1;
+        if (strncmp(tok, "GPU-", 4) == 0) {
+            int matches = 0;
+            for (int i = 0; i < physical; i++) {
+                char uuid[64];
+                sim_device_uuid_string(i, uuid, sizeof uuid);
+                if (strncmp(uuid, tok, strlen(tok)) == 0) {
+                    matches++;
+                    dev = i;
+                }
+            }
+            if (matches != 1)
+                dev = -1;
+        } else if (isdigit((unsigned char)tok[0])) {
+            char *end;
+            long v = strtol(tok, &end, 10);
+            if (*end == '\0' && v >= 0 && v < physical)
+                dev = (int)v;
+        }
+        for (int i = 0; i < n && dev >= 0; i++)
+            if (out[i] == dev)
+                dev = -1;
+        if (dev < 0)
+            break;
+        out[n++] = dev;
+        if (p[len] != ',')
+            break;
+        p += len + 1;
+    }
+    return n;
+}
+
+static void do_init(void)
+{
+    struct vgpu_sim_state *s = sim_state();
+    if (!s) {
+        g_init_result = CUDA_ERROR_NO_DEVICE;
+        return;
+    }
+    cu_count = visible_devices((int)s->count, cu_phys);
+    g_init_result = cu_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+    __atomic_store_n(&cu_initialized, g_init_result == CUDA_SUCCESS, __ATOMIC_RELEASE);
+}
+
+VGPU_EXPORT CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_once(&g_init_once, do_init);
+    return g_init_result;
+}
+
+VGPU_EXPORT CUresult cuDriverGetVersion(int *version)
+{
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    *version = SIM_CUDA_VERSION;
+    return CUDA_SUCCESS;
+}
+
+CUresult cu_check_device(CUdevice dev)
+{
+    if (!__atomic_load_n(&cu_initialized, __ATOMIC_ACQUIRE))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return (dev < 0 || dev >= cu_count) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetCount(int *count)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = cu_count;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= cu_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "%s", SIM_NAME);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!uuid)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_device_uuid(cu_phys[dev], (unsigned char *)uuid->bytes);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid(uuid, dev);
+}
+
+VGPU_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice dev)
+{
+    (void)luid;
+    (void)mask;
+    CUresult rc = cu_check_device(dev);
+    return rc ? rc : CUDA_ERROR_NOT_SUPPORTED; /* Windows only */
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = (size_t)sim_state()->dev[cu_phys[dev]].total;
+    return CUDA_SUCCESS;
+}
+
+/* The pre-3.2 form reports 32 bits. */
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t b;
+    CUresult rc = cuDeviceTotalMem_v2(&b, dev);
+    if (rc == CUDA_SUCCESS)
+        *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return rc;
+}
+
+static const struct { int attr; int value; } k_attrs[] = {
+    {1, 1024},        /* MAX_THREADS_PER_BLOCK */
+    {2, 1024}, {3, 1024}, {4, 64},                /* MAX_BLOCK_DIM_X/Y/Z */
+    {5, 2147483647}, {6, 65535}, {7, 65535},      /* MAX_GRID_DIM_X/Y/Z */
+    {8, 49152},       /* MAX_SHARED_MEMORY_PER_BLOCK */
+    {9, 65536},       /* TOTAL_CONSTANT_MEMORY */
+    {10, 32},         /* WARP_SIZE */
+    {11, 2147483647}, /* MAX_PITCH */
+    {12, 65536},      /* MAX_REGISTERS_PER_BLOCK */
+    {13, 1980000},    /* CLOCK_RATE (kHz) */
+    {14, 512},        /* TEXTURE_ALIGNMENT */
+    {15, 1},          /* GPU_OVERLAP */
+    {16, SIM_SM_COUNT}, /* MULTIPROCESSOR_COUNT */
+    {19, 1},          /* CAN_MAP_HOST_MEMORY */
+    {30, 512},        /* SURFACE_ALIGNMENT */
+    {31, 1},          /* CONCURRENT_KERNELS */
+    {32, 1},          /* ECC_ENABLED */
+    {36, 2619000},    /* MEMORY_CLOCK_RATE (kHz) */
+    {37, 5120},       /* GLOBAL_MEMORY_BUS_WIDTH */
+    {38, 52428800},   /* L2_CACHE_SIZE */
+    {39, 2048},       /* MAX_THREADS_PER_MULTIPROCESSOR */
+    {40, 3},          /* ASYNC_ENGINE_COUNT */
+    {41, 1},          /* UNIFIED_ADDRESSING */
+    {75, SIM_CC_MAJOR}, {76, SIM_CC_MINOR},       /* COMPUTE_CAPABILITY */
+    {78, 1},          /* STREAM_PRIORITIES_SUPPORTED */
+    {79, 1}, {80, 1}, /* GLOBAL/LOCAL_L1_CACHE_SUPPORTED */
+    {81, 233472},     /* MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+    {82, 65536},      /* MAX_REGISTERS_PER_MULTIPROCESSOR */
+    {83, 1},          /* MANAGED_MEMORY */
+    {87, 2},          /* SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO */
+    {89, 1},          /* CONCURRENT_MANAGED_ACCESS */
+    {90, 1},          /* COMPUTE_PREEMPTION_SUPPORTED */
+    {91, 1},          /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+    {95, 1},          /* COOPERATIVE_LAUNCH */
+    {97, 232448},     /* MAX_SHARED_MEMORY_PER_BLOCK_OPTIN */
+    {99, 1},          /* CAN_FLUSH_REMOTE_WRITES */
+    {100, 1},         /* HOST_REGISTER_SUPPORTED */
+    {102, 1},         /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    {103, 1},         /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    {106, 32},        /* MAX_BLOCKS_PER_MULTIPROCESSOR */
+    {108, 1},         /* MAX_PERSISTING_L2_CACHE_SIZE: see below */
+    {111, 1024},      /* RESERVED_SHARED_MEMORY_PER_BLOCK */
+    {115, 1},         /* MEMORY_POOLS_SUPPORTED */
+    {119, 1},         /* MEMPOOL_SUPPORTED_HANDLE_TYPES: POSIX fd */
+    {120, 1},         /* CLUSTER_LAUNCH */
+};
+
+VGPU_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!value || (int)attr <= 0 || (int)attr >= 160)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch ((int)attr) {
+    case 33: /* PCI_BUS_ID */
+        *value = cu_phys[dev] + 1;
+        return CUDA_SUCCESS;
+    case 108: /* MAX_PERSISTING_L2_CACHE_SIZE */
+        *value = 82837504;
+        return CUDA_SUCCESS;
+    }
+    *value = 0;
+    for (size_t i = 0; i < sizeof k_attrs / sizeof k_attrs[0]; i++)
+        if (k_attrs[i].attr == (int)attr)
+            *value = k_attrs[i].value;
+    return CUDA_SUCCESS;
+}
+
+typedef struct {
+    int maxThreadsPerBlock;
+    int maxThreadsDim[3];
+    int maxGridSize[3];
+    int sharedMemPerBlock;
+    int totalConstantMemory;
+    int SIMDWidth;
+    int memPitch;
+    int regsPerBlock;
+    int clockRate;
+    int textureAlign;
+} CUdevprop;
+
+VGPU_EXPORT CUresult cuDeviceGetProperties(CUdevprop *p, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = (CUdevprop){1024, {1024, 1024, 64}, {2147483647, 65535, 65535}, 49152, 65536,
+                     32, 2147483647, 65536, 1980000, 512};
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!major || !minor)
+        return CUDA_ERROR_INVALID_VALUE;
+    *major = SIM_CC_MAJOR;
+    *minor = SIM_CC_MINOR;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!bus_id || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    sim_device_bus_id(cu_phys[dev], bus_id, (size_t)len, 0);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!dev || !bus_id)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned int domain, bus, device, fn = 0;
+    if (sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &device, &fn) < 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < cu_count; i++) {
+        if (domain == 0 && device == 0 && fn == 0 && bus == (unsigned)cu_phys[i] + 1) {
+            *dev = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    CUresult rc = cu_check_device(dev);
+    if (!rc)
+        rc = cu_check_device(peer);
+    if (rc)
+        return rc;
+    if (!can)
+        return CUDA_ERROR_INVALID_VALUE;
+    *can = 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attr, CUdevice src, CUdevice dst)
+{
+    (void)attr;
+    CUresult rc = cu_check_device(src);
+    if (!rc)
+        rc = cu_check_device(dst);
+    if (rc)
+        return rc;
+    if (!value || src == dst)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *value = 0;
+    return CUDA_SUCCESS;
+}

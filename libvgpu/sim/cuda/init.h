@@ -1,0 +1,20 @@
+/*
+ * init.h - cuInit and the devices this process sees (init.c): the lowest
+ * layer of cuda/, with handle.h.
+ */
+#ifndef VGPU_SIM_CUDA_INIT_H
+#define VGPU_SIM_CUDA_INIT_H
+
+#include <pthread.h>
+
+#include "common/sim.h"
+#include "vgpu/cuda_types.h"
+
+extern int cu_initialized;
+extern int cu_count;                       /* visible devices */
+extern int cu_phys[VGPU_SIM_MAX_DEVICES];  /* ordinal -> physical GPU */
+extern pthread_mutex_t cu_lock;            /* guards the process-local objects */
+
+CUresult cu_check_device(CUdevice dev);    /* NOT_INITIALIZED / INVALID_DEVICE */
+
+#endif /* VGPU_SIM_CUDA_INIT_H */

@@ -1,0 +1,629 @@
+/*
+ * module.c - modules, libraries and functions.
+ *
+ * An image is PTX text (the entries and their parameter lists are parsed),
+ * a cubin (ELF: one function per .text.<name> section) or a fatbinary
+ * holding either. Anything else is CUDA_ERROR_INVALID_IMAGE, and PTX newer
+ * than this driver's ISA is CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Nothing is
+ * compiled: a kernel's run time follows the rule in launch.c.
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <elf.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "context.h"
+#include "init.h"
+
+#define PTX_ISA_MAJOR_MAX 9 /* the newest PTX ISA this driver version reads */
+#define FATBIN_MAGIC 0xba55ed50u
+
+struct CUlib_st {
+    uint32_t magic;
+    struct CUmod_st *mod;
+};
+
+/* ---- PTX ---- */
+
+/* A copy of the text with comments blanked out. */
+static char *strip_comments(const char *src, size_t n)
+{
+    char *out = malloc(n + 1);
+    if (!out)
+        return NULL;
+    size_t i = 0;
+    while (i < n) {
+        if (src[i] == '/' && i + 1 < n && src[i + 1] == '/') {
+            while (i < n && src[i] != '\n')
+                out[i++] = ' ';
+        } else if (src[i] == '/' && i + 1 < n && src[i + 1] == '*') {
+            while (i < n && !(src[i] == '*' && i + 1 < n && src[i + 1] == '/'))
+                out[i++] = ' ';
+            if (i < n)
+                out[i++] = ' ';
+            if (i < n)
+                out[i++] = ' ';
+        } else {
+            out[i] = src[i];
+            i++;
+        }
+    }
+    out[n] = '\0';
+    return out;
+}
+
+static int ident_char(char c)
+{
+    return isalnum((unsigned char)c) || c == '_' || c == '$' || c == '.';
+}
+
+/* The directive `word` as a whole token in s, from p on. */
+static char *find_directive(char *p, const char *word)
+{
+    size_t n = strlen(word);
+    for (char *q = strstr(p, word); q; q = strstr(q + 1, word)) {
+        int before = q == p || !ident_char(q[-1]);
+        if (before && !ident_char(q[n]))
+            return q;
+    }
+    return NULL;
+}
+
+static unsigned int type_size(const char *t)
+{
+    /* .u64 .s32 .b8 .f16 .pred ... */
+    const char *d = t + 2;
+    if (strncmp(t, ".pred", 5) == 0)
+        return 1;
+    int bits = atoi(d);
+    return bits >= 8 ? (unsigned)bits / 8 : 0;
+}
+
+/* Parse "(.param .u64 a, .param .align 8 .b8 b[16])". */
+static void parse_params(char *p, struct CUfunc_st *f)
+{
+    char *end = strchr(p, ')');
+    if (!end)
+        return;
+    *end = '\0';
+    unsigned int offset = 0;
+    for (char *tok = strtok(p + 1, ","); tok && f->nparams < 64; tok = strtok(NULL, ",")) {
+        if (!strstr(tok, ".param"))
+            continue;
+        unsigned int size = 0, align = 0, count = 1;
+        char *a = strstr(tok, ".align");
+        if (a)
+            align = (unsigned)atoi(a + 6);
+        for (char *t = strchr(tok, '.'); t; t = strchr(t + 1, '.')) {
+            if ((t[1] == 'u' || t[1] == 's' || t[1] == 'b' || t[1] == 'f') && isdigit((unsigned char)t[2]))
+                size = type_size(t);
+        }
+        char *br = strchr(tok, '[');
+        if (br)
+            count = (unsigned)atoi(br + 1);
+        if (!align)
+            align = size ? size : 1;
+        offset = (offset + align - 1) / align * align;
+        f->params[f->nparams].offset = offset;
+        f->params[f->nparams].size = size * (count ? count : 1);
+        offset += f->params[f->nparams].size;
+        f->nparams++;
+    }
+    *end = ')';
+}
+
+static CUresult parse_ptx(const char *img, size_t n, struct CUmod_st *m)
+{
+    char *text = strip_comments(img, n);
+    if (!text)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CUDA_SUCCESS;
+    char *v = find_directive(text, ".version");
+    int major = v ? atoi(v + 8) : 0;
+    if (!v || !find_directive(text, ".target") || major <= 0) {
+        rc = CUDA_ERROR_INVALID_PTX;
+        goto out;
+    }
+    if (major > PTX_ISA_MAJOR_MAX) {
+        rc = CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+        goto out;
+    }
+    for (char *e = find_directive(text, ".entry"); e; e = find_directive(e + 6, ".entry")) {
+        char *p = e + 6;
+        while (isspace((unsigned char)*p))
+            p++;
+        size_t len = 0;
+        while (ident_char(p[len]))
+            len++;
+        if (len == 0 || len >= sizeof m->funcs[0].name) {
+            rc = CUDA_ERROR_INVALID_PTX;
+            goto out;
+        }
+        struct CUfunc_st *f = &m->funcs[m->nfuncs];
+        memcpy(f->name, p, len);
+        f->name[len] = '\0';
+        p += len;
+        while (isspace((unsigned char)*p))
+            p++;
+        if (*p == '(')
+            parse_params(p, f);
+        m->nfuncs++;
+    }
+out:
+    free(text);
+    return rc;
+}
+
+static int count_entries(const char *img, size_t n)
+{
+    int c = 0;
+    for (const char *p = img; (p = memmem(p, (size_t)(img + n - p), ".entry", 6)); p += 6)
+        c++;
+    return c;
+}
+
+/* ---- cubin (ELF) ---- */
+
+static int parse_elf(const unsigned char *img, size_t n, struct CUmod_st *m, int count_only)
+{
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img;
+    if (n < sizeof *eh || eh->e_ident[EI_CLASS] != ELFCLASS64 || eh->e_shoff == 0 ||
+        eh->e_shoff > n || eh->e_shnum > (n - eh->e_shoff) / sizeof(Elf64_Shdr) ||
+        eh->e_shstrndx >= eh->e_shnum)
+        return -1;
+    const Elf64_Shdr *sh = (const Elf64_Shdr *)(img + eh->e_shoff);
+    const Elf64_Shdr *strs = &sh[eh->e_shstrndx];
+    if (strs->sh_offset > n || strs->sh_size > n - strs->sh_offset)
+        return -1;
+    const char *names = (const char *)img + strs->sh_offset;
+    int c = 0;
+    for (int i = 0; i < eh->e_shnum; i++) {
+        if (sh[i].sh_name >= strs->sh_size)
+            continue;
+        const char *name = names + sh[i].sh_name;
+        if (strncmp(name, ".text.", 6) != 0 || !name[6])
+            continue;
+        if (!count_only) {
+            struct CUfunc_st *f = &m->funcs[m->nfuncs++];
+            snprintf(f->name, sizeof f->name, "%s", name + 6);
+            f->nparams = -1; /* not read from .nv.info */
+        }
+        c++;
+    }
+    return c;
+}
+
+/* ---- loading ---- */
+
+static void init_funcs(struct CUmod_st *m)
+{
+    for (int i = 0; i < m->nfuncs; i++) {
+        struct CUfunc_st *f = &m->funcs[i];
+        f->magic = MAGIC_FUNC;
+        f->mod = m;
+        f->spin = strncmp(f->name, "vgpu_spin", 9) == 0;
+    }
+}
+
+/* Where the image ends: PTX is NUL-terminated text; an ELF gives its size. */
+static size_t image_size(const unsigned char *img)
+{
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img;
+    if (memcmp(img, ELFMAG, SELFMAG) == 0)
+        return (size_t)(eh->e_shoff + (uint64_t)eh->e_shnum * eh->e_shentsize);
+    return strlen((const char *)img);
+}
+
+static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **out)
+{
+    if (!image)
+        return CUDA_ERROR_INVALID_VALUE;
+    const unsigned char *img = image;
+    uint32_t magic;
+    memcpy(&magic, img, 4);
+    if (magic == FATBIN_MAGIC) {
+        /* header: magic, version, header size (16 bits each after magic),
+         * then the payload size; look inside for an ELF or PTX text. */
+        uint64_t payload;
+        memcpy(&payload, img + 8, 8);
+        size_t n = 16 + (size_t)(payload < (64u << 20) ? payload : 0);
+        const unsigned char *elf = memmem(img, n, ELFMAG, SELFMAG);
+        const unsigned char *ptx = memmem(img, n, ".version", 8);
+        if (elf)
+            return load_image(elf, ctx, out);
+        if (ptx)
+            return load_image(ptx, ctx, out);
+        return CUDA_ERROR_NO_BINARY_FOR_GPU;
+    }
+    int is_elf = memcmp(img, ELFMAG, SELFMAG) == 0;
+    size_t n = image_size(img);
+    int count;
+    if (is_elf) {
+        count = parse_elf(img, n, NULL, 1);
+        if (count < 0)
+            return CUDA_ERROR_INVALID_IMAGE;
+    } else {
+        for (size_t i = 0; i < n; i++)
+            if (!isprint(img[i]) && !isspace(img[i]))
+                return CUDA_ERROR_INVALID_IMAGE;
+        if (!memmem(img, n, ".version", 8) && !memmem(img, n, ".entry", 6))
+            return CUDA_ERROR_INVALID_IMAGE;
+        count = count_entries((const char *)img, n);
+    }
+    struct CUmod_st *m = cu_obj_new(sizeof *m, MAGIC_MODULE);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->ctx = ctx;
+    m->funcs = calloc((size_t)count + 1, sizeof *m->funcs);
+    if (!m->funcs) {
+        cu_obj_del(m, sizeof *m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult rc = is_elf ? (parse_elf(img, n, m, 0) < 0 ? CUDA_ERROR_INVALID_IMAGE : CUDA_SUCCESS)
+                         : parse_ptx((const char *)img, n, m);
+    if (rc) {
+        free(m->funcs);
+        cu_obj_del(m, sizeof *m);
+        return rc;
+    }
+    init_funcs(m);
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+static void unload(struct CUmod_st *m)
+{
+    for (int i = 0; i < m->nfuncs; i++)
+        __atomic_store_n(&m->funcs[i].magic, DEAD, __ATOMIC_RELEASE);
+    /* funcs stay allocated: a stale CUfunction must still read as invalid */
+    cu_obj_del(m, sizeof *m);
+}
+
+static void *read_file(const char *path, CUresult *rc)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *rc = CUDA_ERROR_FILE_NOT_FOUND;
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        *rc = CUDA_ERROR_INVALID_IMAGE;
+        return NULL;
+    }
+    buf[n] = '\0';
+    fclose(f);
+    *rc = CUDA_SUCCESS;
+    return buf;
+}
+
+VGPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    if (!module)
+        return CUDA_ERROR_INVALID_VALUE;
+    return load_image(image, ctx, module);
+}
+
+/* Answer the JIT's log options: nothing was logged. */
+static void empty_logs(unsigned int n, CUjit_option *opts, void **values)
+{
+    if (!opts || !values)
+        return;
+    for (unsigned int i = 0; i < n; i++) {
+        if ((opts[i] == CU_JIT_INFO_LOG_BUFFER || opts[i] == CU_JIT_ERROR_LOG_BUFFER) && values[i])
+            *(char *)values[i] = '\0';
+        if (opts[i] == CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES ||
+            opts[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            values[i] = (void *)(uintptr_t)0;
+    }
+}
+
+VGPU_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int n,
+                                        CUjit_option *opts, void **values)
+{
+    CUresult rc = cuModuleLoadData(module, image);
+    empty_logs(n, opts, values);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin)
+{
+    return cuModuleLoadData(module, fatbin);
+}
+
+VGPU_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path)
+{
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    if (!module || !path)
+        return CUDA_ERROR_INVALID_VALUE;
+    void *img = read_file(path, &rc);
+    if (!img)
+        return rc;
+    rc = load_image(img, ctx, module);
+    free(img);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuModuleUnload(CUmodule m)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!cu_obj_is(m, MAGIC_MODULE) || m->lib)
+        return CUDA_ERROR_INVALID_HANDLE;
+    unload(m);
+    return CUDA_SUCCESS;
+}
+
+static CUresult get_function(CUfunction *out, struct CUmod_st *m, const char *name)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cu_obj_is(m, MAGIC_MODULE))
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (int i = 0; i < m->nfuncs; i++) {
+        if (strcmp(m->funcs[i].name, name) == 0) {
+            *out = &m->funcs[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+VGPU_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
+{
+    return get_function(f, m, name);
+}
+
+VGPU_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m,
+                                          const char *name)
+{
+    (void)dptr;
+    (void)bytes;
+    if (!cu_obj_is(m, MAGIC_MODULE))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return name ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_VALUE; /* no globals here */
+}
+
+VGPU_EXPORT CUresult cuModuleGetLoadingMode(int *mode)
+{
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
+    *mode = 2; /* CU_MODULE_LAZY_LOADING, the default since CUDA 12.2 */
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule m)
+{
+    if (!cu_obj_is(m, MAGIC_MODULE))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = (unsigned)m->nfuncs;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *fns, unsigned int n, CUmodule m)
+{
+    if (!cu_obj_is(m, MAGIC_MODULE))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!fns || n < (unsigned)m->nfuncs)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < m->nfuncs; i++)
+        fns[i] = &m->funcs[i];
+    return CUDA_SUCCESS;
+}
+
+/* ---- libraries (context-independent modules) ---- */
+
+VGPU_EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_option *jopts,
+                                       void **jvals, unsigned int nj, void *lopts, void **lvals,
+                                       unsigned int nl)
+{
+    (void)lopts;
+    (void)lvals;
+    (void)nl;
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!lib)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m;
+    CUresult rc = load_image(code, NULL, &m);
+    empty_logs(nj, jopts, jvals);
+    if (rc)
+        return rc;
+    struct CUlib_st *l = cu_obj_new(sizeof *l, MAGIC_LIBRARY);
+    l->mod = m;
+    m->lib = l;
+    *lib = l;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUjit_option *jopts,
+                                           void **jvals, unsigned int nj, void *lopts,
+                                           void **lvals, unsigned int nl)
+{
+    if (!path)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc;
+    void *img = read_file(path, &rc);
+    if (!img)
+        return rc;
+    rc = cuLibraryLoadData(lib, img, jopts, jvals, nj, lopts, lvals, nl);
+    free(img);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary lib)
+{
+    if (!cu_obj_is(lib, MAGIC_LIBRARY))
+        return CUDA_ERROR_INVALID_HANDLE;
+    unload(lib->mod);
+    cu_obj_del(lib, sizeof *lib);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
+{
+    if (!cu_obj_is(lib, MAGIC_LIBRARY))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return get_function((CUfunction *)k, lib->mod, name);
+}
+
+VGPU_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib)
+{
+    if (!cu_obj_is(lib, MAGIC_LIBRARY))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!m)
+        return CUDA_ERROR_INVALID_VALUE;
+    *m = lib->mod;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib)
+{
+    if (!cu_obj_is(lib, MAGIC_LIBRARY))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return cuModuleGetFunctionCount(count, lib->mod);
+}
+
+VGPU_EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *ks, unsigned int n, CUlibrary lib)
+{
+    if (!cu_obj_is(lib, MAGIC_LIBRARY))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return cuModuleEnumerateFunctions((CUfunction *)ks, n, lib->mod);
+}
+
+VGPU_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    if (!f)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cu_obj_is(k, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *f = (CUfunction)k;
+    return CUDA_SUCCESS;
+}
+
+/* ---- function attributes ---- */
+
+VGPU_EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunction f)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch ((int)attr) {
+    case 0: *value = 1024; break;          /* MAX_THREADS_PER_BLOCK */
+    case 4: *value = 16; break;            /* NUM_REGS */
+    case 5: *value = 90; break;            /* PTX_VERSION */
+    case 6: *value = 90; break;            /* BINARY_VERSION */
+    case 8: *value = 232448 - 1024; break; /* MAX_DYNAMIC_SHARED_SIZE_BYTES */
+    case 9: *value = -1; break;            /* PREFERRED_SHARED_MEMORY_CARVEOUT */
+    case 1: case 2: case 3: case 7: case 10: case 11: case 12: case 13: case 14: case 15:
+        *value = 0;
+        break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int value)
+{
+    (void)value;
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return ((int)attr < 0 || (int)attr > 15) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attr, CUkernel k,
+                                          CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    return rc ? rc : cuFuncGetAttribute(value, attr, (CUfunction)k);
+}
+
+VGPU_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUkernel k,
+                                          CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    return rc ? rc : cuFuncSetAttribute((CUfunction)k, attr, value);
+}
+
+VGPU_EXPORT CUresult cuFuncSetCacheConfig(CUfunction f, int config)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuFuncGetName(const char **name, CUfunction f)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuFuncGetName, cuKernelGetName)
+
+VGPU_EXPORT CUresult cuFuncGetModule(CUmodule *m, CUfunction f)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!m)
+        return CUDA_ERROR_INVALID_VALUE;
+    *m = f->mod;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (f->nparams < 0)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (index >= (size_t)f->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (offset)
+        *offset = f->params[index].offset;
+    if (size)
+        *size = f->params[index].size;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuFuncGetParamInfo, cuKernelGetParamInfo)
+
+VGPU_EXPORT CUresult cuFuncIsLoaded(int *state, CUfunction f)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!state)
+        return CUDA_ERROR_INVALID_VALUE;
+    *state = 1; /* CU_FUNCTION_LOADING_STATE_LOADED */
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuFuncLoad(CUfunction f)
+{
+    return cu_obj_is(f, MAGIC_FUNC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
