@@ -73,3 +73,79 @@ def test_run_parses_its_options_like_click_would():
     opts, cmd = parse_argv(["--gpu", "1", "--", "--odd-name", "-v"])
     assert opts["gpu"] == "1" and cmd == ["--odd-name", "-v"]
     assert parse_argv(["--mem", "1G", "--help"]) is None       # click prints the help
+
+
+@pytest.mark.parametrize("args,needle,help_of", [
+    (["kill"], "missing argument 'JOB'", "vgpuctl kill"),
+    (["frob"], "no such command 'frob'", "vgpuctl"),
+    (["set", "1", "--bogus", "x"], "no such option '--bogus'", "vgpuctl set"),
+    (["top", "-n", "x"], "'x' is not a valid integer", "vgpuctl top"),
+])
+def test_click_usage_errors_are_one_line_too(args, needle, help_of, tmp_path):
+    r = vgpuctl(*args, tmp_path=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [f"vgpuctl: error: {r.stderr[16:].strip()}"], r.stderr
+    assert needle in r.stderr and r.stderr.rstrip().endswith(f"(see {help_of} --help)")
+    assert "Usage:" not in r.stderr and r.stdout == ""
+
+
+def test_output_into_a_closed_pipe_exits_0_quietly(tmp_path):
+    # `vgpuctl ... | head` once head has what it wants: not an error.
+    import os
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        for args in (["--help"], ["sim", "--help"]):
+            r = subprocess.run([*vgpuctl_argv(), *args], stdout=write_end, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+            assert (r.returncode, r.stderr) == (0, ""), args
+    finally:
+        os.close(write_end)
+
+
+def in_process(*argv, capsys):
+    """`vgpuctl ARGV` through vgpuctl.cli.main in this process: (status, stdout, stderr)."""
+    from vgpuctl import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+def test_errors_in_process_are_the_same_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("VGPU_SOCKET", str(tmp_path / "nobody-here.sock"))
+    assert in_process("kill", "abc", capsys=capsys) == (
+        2, "", "vgpuctl: error: 'abc' is not a job id (a number, as `vgpuctl ps` shows)\n")
+    code, out, err = in_process("kill", capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err == "vgpuctl: error: missing argument 'JOB' (see vgpuctl kill --help)\n"
+
+
+def _raise(exc):
+    def f(*args, **kw):
+        raise exc
+    return f
+
+
+def test_a_bug_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.delenv("VGPU_DEBUG", raising=False)
+    monkeypatch.setattr("vgpuctl.client.connection.connect", _raise(ZeroDivisionError("boom")))
+    assert in_process("kill", "3", capsys=capsys) == (1, "", (
+        "vgpuctl: internal error: ZeroDivisionError: boom "
+        "(rerun with VGPU_DEBUG=1 for the traceback)\n"))
+
+
+def test_a_bug_shows_its_traceback_with_vgpu_debug(capsys, monkeypatch):
+    monkeypatch.setenv("VGPU_DEBUG", "1")
+    monkeypatch.setattr("vgpuctl.client.connection.connect", _raise(ZeroDivisionError("boom")))
+    code, out, err = in_process("kill", "3", capsys=capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("Traceback (most recent call last):")
+    assert err.splitlines()[-1] == "vgpuctl: internal error: ZeroDivisionError: boom"
+
+
+def test_ctrl_c_is_130(capsys, monkeypatch):
+    monkeypatch.setattr("vgpuctl.client.connection.connect", _raise(KeyboardInterrupt()))
+    code, out, err = in_process("kill", "3", capsys=capsys)
+    assert (code, out, err.strip()) == (130, "", "")
