@@ -15,8 +15,10 @@ Commands return an exit status (an int) or None for 0; none exits itself.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import click
@@ -28,7 +30,49 @@ from vgpuctl.errors import VgpuError
 COMPLETE_VAR = "_VGPUCTL_COMPLETE"
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+# Each command's module, imported only when the command runs or --help lists
+# them: `vgpuctl run`, which every job's start pays for, loads click, run's
+# module and what it needs, not rich, asyncio or the daemon
+# (bench/run_overhead.py).
+COMMANDS = {
+    "daemon": "vgpuctl.cli.commands.daemon:daemon",
+    "demo": "vgpuctl.cli.commands.demo:demo",
+    "doctor": "vgpuctl.cli.commands.doctor:doctor",
+    "kill": "vgpuctl.cli.commands.kill:kill",
+    "ps": "vgpuctl.cli.commands.ps:ps",
+    "report": "vgpuctl.cli.commands.report:report",
+    "run": "vgpuctl.cli.commands.run:run",
+    "set": "vgpuctl.cli.commands.set:set_",
+    "sim": "vgpuctl.cli.commands.sim:sim",
+    "status": "vgpuctl.cli.commands.status:status",
+    "top": "vgpuctl.cli.commands.top:top",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose commands are "module:attribute" names, imported
+    when first asked for (click's "Lazily Loading Subcommands")."""
+
+    def __init__(self, *args: Any, lazy_commands: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.lazy_commands:
+            return super().get_command(ctx, name)
+        module, _, attr = self.lazy_commands[name].partition(":")
+        cmd = getattr(importlib.import_module(module), attr)
+        if not isinstance(cmd, click.Command):
+            raise TypeError(f"{self.lazy_commands[name]} is not a click command")
+        return cmd
+
+
+@click.group(cls=LazyGroup, lazy_commands=COMMANDS, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="vgpuctl")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
@@ -38,20 +82,8 @@ def cli(ctx: click.Context) -> None:
     """
     if ctx.invoked_subcommand is None:
         status_cmd = cli.get_command(ctx, "status")
-        if status_cmd is None:
-            click.echo(ctx.get_help())
-            return
+        assert status_cmd is not None
         ctx.invoke(status_cmd)
-
-
-def _register() -> None:
-    from vgpuctl.cli.commands import COMMANDS
-
-    for cmd in COMMANDS:
-        cli.add_command(cmd)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
