@@ -302,3 +302,21 @@ def test_a_view_into_a_closed_pipe_exits_0_quietly(daemon, args):
         os.close(write_end)
         p.kill()
         p.wait()
+
+
+def test_run_loads_only_what_it_needs(daemon):
+    # Every job's start pays for what `vgpuctl run` imports (bench/run_overhead.py).
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: print(*sorted(sys.modules), file=sys.stderr))\n"
+              "from vgpuctl.cli import main\n"
+              "main()\n")
+    r = subprocess.run([sys.executable, "-c", script, "run", "--mem", "64M", "--", "true"],
+                       env=daemon.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stderr.split())
+    assert "vgpuctl.cli.commands.run" in loaded
+    heavy = {"rich", "pynvml", "asyncio", "psutil", "cffi", "_cffi_backend", "sqlite3"}
+    assert not loaded & heavy
+    assert {m for m in loaded if m.startswith("vgpuctl.cli.commands")} == {
+        "vgpuctl.cli.commands", "vgpuctl.cli.commands.run"}
+    assert not {m for m in loaded if m.startswith(("vgpuctl.daemon", "vgpuctl.governor"))}
