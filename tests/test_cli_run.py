@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 import pytest
-from daemon_fixture import read_line, wait_for
+from daemon_fixture import read_line, vgpuctl_argv, wait_for
 
 G = 1 << 30
 M = 1 << 20
@@ -278,3 +278,45 @@ def test_run_with_verbose_names_the_daemon(daemon):
 def test_argv_is_passed_verbatim(daemon):
     r = daemon.cli("run", "--mem", "64M", "printf", "%s|", "--mem", "a b", "-v")
     assert r.returncode == 0 and r.stdout == "--mem|a b|-v|"
+
+
+def test_options_after_the_commands_first_word_are_the_commands(daemon):
+    r = daemon.cli("run", "--mem", "64M", "--", sys.executable, "-c",
+                   "import sys; print(sys.argv[1:])", "--cores", "3", "--mem", "1G")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['--cores', '3', '--mem', '1G']"
+
+
+@pytest.mark.parametrize("args", [["ps"], ["ps", "--json"], ["status"]])
+def test_a_view_into_a_closed_pipe_exits_0_quietly(daemon, args):
+    # `vgpuctl ps | head` once head has read what it wanted.
+    p = daemon.popen("run", "--mem", "64M", "--", "sleep", "60")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        wait_for(lambda: daemon.jobs() and daemon.jobs()[0]["pids"], what="the job")
+        r = subprocess.run([*vgpuctl_argv(), *args], env=daemon.env, stdout=write_end,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (0, "")
+    finally:
+        os.close(write_end)
+        p.kill()
+        p.wait()
+
+
+def test_run_loads_only_what_it_needs(daemon):
+    # Every job's start pays for what `vgpuctl run` imports (bench/run_overhead.py).
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: print(*sorted(sys.modules), file=sys.stderr))\n"
+              "from vgpuctl.cli import main\n"
+              "main()\n")
+    r = subprocess.run([sys.executable, "-c", script, "run", "--mem", "64M", "--", "true"],
+                       env=daemon.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stderr.split())
+    assert "vgpuctl.cli.commands.run" in loaded
+    heavy = {"rich", "pynvml", "asyncio", "psutil", "cffi", "_cffi_backend", "sqlite3"}
+    assert not loaded & heavy
+    assert {m for m in loaded if m.startswith("vgpuctl.cli.commands")} == {
+        "vgpuctl.cli.commands", "vgpuctl.cli.commands.run"}
+    assert not {m for m in loaded if m.startswith(("vgpuctl.daemon", "vgpuctl.governor"))}

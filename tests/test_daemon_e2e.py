@@ -190,11 +190,15 @@ def as_user(pw, argv, env):
     another user (the interpreter's files may not be readable by that user,
     so nothing is exec'd: the modules are already loaded). Returns (exit
     code, stdout, stderr)."""
+    import importlib
     import tempfile
 
     from vgpuctl import __main__ as entry
-    from vgpuctl import cli  # noqa: F401  (loaded before the fork)
+    from vgpuctl import cli
     from vgpuctl.client import launch  # noqa: F401  (loaded before the fork)
+
+    for target in cli.COMMANDS.values():    # commands load when invoked: load them now
+        importlib.import_module(target.partition(":")[0])
 
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     pid = os.fork()

@@ -6,6 +6,7 @@ Input is the daemon's `ps` reply as a dict (docs/cli.md lists the fields).
 
 from __future__ import annotations
 
+import errno
 import shlex
 from collections.abc import Sequence
 from datetime import tzinfo
@@ -26,6 +27,15 @@ from vgpuctl.core.report import (
 )
 from vgpuctl.core.sizes import format_size
 
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout's reader has gone (`vgpuctl ps | head`): leave it to
+        vgpuctl.cli.main, which exits 0, rather than rich's exit 1."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "stdout's reader has gone")
+
+
 _console: Console | None = None
 
 
@@ -38,7 +48,7 @@ def console() -> Console:
         width = None
         if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
             width = 160          # a pipe or a file: keep rows on one line
-        _console = Console(highlight=False, width=width)
+        _console = _Console(highlight=False, width=width)
     return _console
 
 

@@ -1,11 +1,10 @@
-"""What `vgpuctl run` does: check its arguments, get the job admitted, run the
-command like exec, report its pid and its end.
+"""What `vgpuctl run` does: get the job admitted, run the command like exec,
+report its pid and its end.
 
-`fast_main` is the way in from `vgpuctl.__main__`: it parses `run`'s few
-options itself, so that neither click nor the other commands are imported
-on the path that every job's start pays for. The click command
-(vgpuctl/commands/run.py) calls `run_job` too, for `--help` and for callers
-of `vgpuctl.cli`.
+The click command (vgpuctl/cli/commands/run.py) checks the values and calls
+`run_job`. Every job's start pays for this module's imports: keep them light
+(no click, rich, asyncio; see bench/run_overhead.py). What it has to say
+while the command runs goes through the `note` and `warn` it is given.
 """
 
 from __future__ import annotations
@@ -15,73 +14,27 @@ import os
 import signal
 import sys
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, Callable
 
-from vgpuctl.cli import args as cliargs
 from vgpuctl.client.connection import Client
 from vgpuctl.errors import DaemonUnavailable, UsageError, VgpuError
 
-_VALUE_OPTIONS = {"--mem": "mem", "--core": "core", "--gpu": "gpu", "--policy": "policy",
-                  "--name": "name", "--socket": "socket_path"}
-_FLAGS = {"-v": "verbose", "--verbose": "verbose"}
+Say = Callable[[str], None]
 
 
-def parse_argv(argv: list[str]) -> tuple[dict[str, Any], list[str]] | None:
-    """Options and command of `vgpuctl run ARGV`, or None when click should
-    handle it (--help). Options stop at `--` or at the first word that is not
-    an option; an unknown option before the command is a usage error."""
-    opts: dict[str, Any] = {v: None for v in _VALUE_OPTIONS.values()}
-    opts["verbose"] = False
-    i = 0
-    command: list[str] = []
-    while i < len(argv):
-        a = argv[i]
-        if a == "--":
-            command = argv[i + 1:]
-            break
-        if a in ("-h", "--help"):
-            return None
-        if a in _FLAGS:
-            opts[_FLAGS[a]] = True
-            i += 1
-            continue
-        name, eq, value = a.partition("=")
-        if name in _VALUE_OPTIONS:
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise UsageError(f"{name} needs a value")
-                i += 1
-                value = argv[i]
-            opts[_VALUE_OPTIONS[name]] = value
-            i += 1
-            continue
-        if a.startswith("-") and len(a) > 1:
-            raise UsageError(f"no such option: {a} (see vgpuctl run --help)")
-        command = argv[i:]
-        break
-    return opts, command
-
-
-def fast_main(argv: list[str]) -> int | None:
-    """`vgpuctl run ARGV` without click; None: let click handle it."""
-    parsed = parse_argv(argv)
-    if parsed is None:
-        return None
-    opts, command = parsed
-    return run_job(command=command, **opts)
-
-
-def run_job(*, mem: str | None, core: str | None, gpu: str | None, policy: str | None,
-            name: str | None, socket_path: str | None, verbose: bool,
-            command: list[str]) -> int:
-    """Admit and run command; returns its exit code (128+N for signal N)."""
+def run_job(*, command: list[str], mem: int | None, core: int | None, policy: str | None,
+            gpu: str | None, name: str | None, socket_path: str | None, verbose: bool,
+            note: Say, warn: Say) -> int:
+    """Admit and run command; returns its exit code (128+N for signal N).
+    note tells the user what was done for them (a daemon started; with
+    verbose, where the job runs), warn what went wrong without stopping the
+    command (with verbose)."""
     if not command:
         raise UsageError("no command given: vgpuctl run --mem SIZE [--core PCT] -- COMMAND...")
     if name is not None and not 1 <= len(name) <= 64:
         raise UsageError("--name: 1 to 64 characters")
     fields = {"command": list(command), "cwd": os.getcwd(), "name": name,
-              "mem": cliargs.mem(mem), "core": cliargs.core(core),
-              "policy": cliargs.policy(policy), "gpu": gpu}
+              "mem": mem, "core": core, "policy": policy, "gpu": gpu}
     from vgpuctl.client import connection as client
 
     started = None
@@ -93,13 +46,11 @@ def run_job(*, mem: str | None, core: str | None, gpu: str | None, policy: str |
         reply = cl.call("run", **fields)
         job = reply["job"]
         if started is not None:
-            print(f"vgpuctl: started a user daemon on {cl.path} (log: {started})",
-                  file=sys.stderr)
+            note(f"started a user daemon on {cl.path} (log: {started})")
         if verbose:
-            print(f"vgpuctl: job {job['id']} on GPU {job['gpu']} ({job['gpu_uuid']}) "
-                  f"via {cl.path}", file=sys.stderr)
-        return launch(cl, job["id"], reply["env"], list(command), verbose,
-                      prepend=reply.get("prepend"))
+            note(f"job {job['id']} on GPU {job['gpu']} ({job['gpu_uuid']}) via {cl.path}")
+        return launch(cl, job["id"], reply["env"], list(command),
+                      warn=warn if verbose else None, prepend=reply.get("prepend"))
 
 
 # Forwarded to the command. A signal the kernel sent to the whole foreground
@@ -124,10 +75,11 @@ def job_env(base: Mapping[str, str], add: Mapping[str, str],
     return env
 
 
-def _tell(cl: Client, op: str, verbose: bool, **fields: Any) -> Client | None:
+def _tell(cl: Client, op: str, warn: Say | None, **fields: Any) -> Client | None:
     """Send a request whose failure must not stop the command (the daemon
     may be restarting: the job runs on under its last limits). Reconnects
-    once. Returns the client to use next, None when the daemon is gone."""
+    once. Returns the client to use next, None when the daemon is gone;
+    says why through warn, if given."""
     for attempt in (0, 1):
         try:
             cl.call(op, **fields)
@@ -141,19 +93,20 @@ def _tell(cl: Client, op: str, verbose: bool, **fields: Any) -> Client | None:
             except OSError:
                 break
         except VgpuError as e:
-            if verbose:
-                print(f"vgpuctl: warning: {op}: {e}", file=sys.stderr)
+            if warn is not None:
+                warn(f"{op}: {e}")
             return cl
-    if verbose:
-        print(f"vgpuctl: warning: the daemon did not get `{op}`", file=sys.stderr)
+    if warn is not None:
+        warn(f"the daemon did not get `{op}`")
     return None
 
 
 def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[str],
-           verbose: bool = False, prepend: Mapping[str, str] | None = None) -> int:
+           warn: Say | None = None, prepend: Mapping[str, str] | None = None) -> int:
     """Run command as the job's root process, like exec: it keeps the
     terminal and stdin, gets the signals sent to us, and its exit code
-    (128+N for signal N) is returned. Tells the daemon its pid and its end."""
+    (128+N for signal N) is returned. Tells the daemon its pid and its end;
+    warn hears when the daemon could not be told."""
     env: MutableMapping[str, str] = job_env(os.environ, env_add, prepend)
     block = {signal.SIGCHLD, *FORWARD}
     for stream in (sys.stdout, sys.stderr):
@@ -167,11 +120,14 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
                 signal.signal(s, signal.SIG_DFL)
             os.execvpe(command[0], command, env)
         except OSError as e:
+            # The one error line not written by vgpuctl.cli.main: this is the
+            # forked child, which must end in os._exit (never unwind into the
+            # parent's CLI edge), so it writes the edge's form to fd 2 itself.
             os.write(2, f"vgpuctl: error: cannot run {command[0]}: {e.strerror}\n".encode())
             os._exit(127 if e.errno == errno.ENOENT else 126)
         finally:
             os._exit(127)
-    maybe: Client | None = _tell(cl, "started", verbose, job=job_id, pid=pid)
+    maybe: Client | None = _tell(cl, "started", warn, job=job_id, pid=pid)
     status = None
     while status is None:
         info = signal.sigtimedwait(block, 1.0)
@@ -189,7 +145,7 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
     code = os.waitstatus_to_exitcode(status) if status is not None else 1
     fields = {"code": code} if code >= 0 else {"signal": -code}
     if maybe is not None:
-        maybe = _tell(maybe, "exited", verbose, job=job_id, **fields)
+        maybe = _tell(maybe, "exited", warn, job=job_id, **fields)
         if maybe is not None:
             maybe.close()
     signal.pthread_sigmask(signal.SIG_SETMASK, old)

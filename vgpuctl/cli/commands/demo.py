@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from vgpuctl.errors import DemoError
+
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
@@ -67,9 +69,8 @@ def demo(seconds: float) -> None:
             click.echo(report.to_text(result), nl=False)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:
-            click.echo("vgpuctl demo: jobs that failed: " + ", ".join(
-                f"{n} (exit {c}, see its log)" for n, c in bad.items()), err=True)
-            sys.exit(1)
+            raise DemoError("demo jobs that failed: " + ", ".join(
+                f"{n} (exit {c}, see its log)" for n, c in bad.items()))
 
 
 def _watch(d: Any, console: Any) -> None:

@@ -24,7 +24,7 @@ def _plain(checks: list[dr.Check]) -> str:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
-def doctor(as_json: bool) -> None:
+def doctor(as_json: bool) -> int | None:
     """Check that this node is ready: the driver (libcuda loads, cuInit,
     devices), NVML, that the hook library loads, the daemon socket (exists,
     permissions, answers a ping) and the config file. Each problem comes with
@@ -52,5 +52,4 @@ def doctor(as_json: bool) -> None:
             click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
         else:
             click.echo(_plain(checks))
-    if dr.failed(checks):
-        sys.exit(1)
+    return 1 if dr.failed(checks) else None

@@ -13,13 +13,14 @@ def ps(as_json: bool, all_jobs: bool, socket_path: str | None) -> None:
     """List the jobs: id, name, user, pids, GPU, memory, compute share."""
     from vgpuctl.cli.commands.status import fetch
 
-    if as_json:   # the same as `vgpuctl ps --json` without click
-        from vgpuctl.__main__ import ps_json
-
-        ps_json(["--json", *(["--all"] if all_jobs else []),
-                 *(["--socket", socket_path] if socket_path else [])])
-        return
     data = fetch(socket_path, all_jobs)
+    if as_json:     # scripts call this often: no rich on this path
+        import json
+
+        out = {"v": data.get("v", 1), "daemon": data.get("daemon"),
+               "gpus": data.get("gpus", []), "jobs": data.get("jobs", [])}
+        click.echo(json.dumps(out, indent=1))
+        return
     from vgpuctl.cli import render
 
     render.print_jobs(data.get("jobs", []))

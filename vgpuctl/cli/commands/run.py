@@ -1,8 +1,7 @@
 """``vgpuctl run``: run a command as a job with a memory limit and a compute share.
 
-The work is in vgpuctl/launch.py, which `vgpuctl run` reaches without click
-(vgpuctl/__main__.py); this command gives it --help and serves callers of
-vgpuctl.cli.
+Every job's start pays for this module's imports: it and vgpuctl.client.launch
+import nothing heavy (bench/run_overhead.py).
 """
 
 from __future__ import annotations
@@ -10,8 +9,10 @@ from __future__ import annotations
 import click
 
 
-@click.command(context_settings={"ignore_unknown_options": True,
-                                 "allow_interspersed_args": False})
+# Options end at `--` or at the command's first word: what follows is the
+# command's, `--mem` and `-v` included. An unknown option before it is a
+# usage error, not the command.
+@click.command(context_settings={"allow_interspersed_args": False})
 @click.option("--mem", metavar="SIZE", help="Memory limit on the GPU: 512M, 4G, 4GiB.")
 @click.option("--core", metavar="PCT", help="Compute share, percent of the GPU (1-100; "
               "default 100).")
@@ -33,7 +34,9 @@ def run(mem: str | None, core: str | None, gpu: str | None, policy: str | None,
     sees one GPU, the one it was placed on. When no daemon answers, a user
     daemon is started.
     """
+    from vgpuctl.cli import args, messages
     from vgpuctl.client.launch import run_job
 
-    return run_job(mem=mem, core=core, gpu=gpu, policy=policy, name=name,
-                   socket_path=socket_path, verbose=verbose, command=list(command))
+    return run_job(command=list(command), mem=args.mem(mem), core=args.core(core),
+                   policy=args.policy(policy), gpu=gpu, name=name, socket_path=socket_path,
+                   verbose=verbose, note=messages.note, warn=messages.warn)

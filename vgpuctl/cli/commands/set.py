@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from vgpuctl.cli import args as _args
+from vgpuctl.cli import messages
 
 
 @click.command(name="set")
@@ -34,6 +33,6 @@ def set_(job: str, mem: str | None, core: str | None, policy: str | None,
         reply = cl.call("set", job=jid, **fields)
     j = reply["job"]
     for w in reply.get("warnings", []):
-        print(f"vgpuctl: warning: {w}", file=sys.stderr)
+        messages.warn(w)
     print(f"job {j['id']}: mem {format_size(j['mem_limit'])}, core {j['core']}%, "
           f"policy {j['policy']}")
