@@ -111,7 +111,7 @@ def main() -> None:
                 for _ in range(args.rounds):
                     direct_ns.append(run_once(prog, op, args.calls, batch, env))
                     hook_ns.append(run_once(prog, op, args.calls, batch, hooked))
-                added = statistics.median(h - d for h, d in zip(hook_ns, direct_ns))
+                added = statistics.median(h - d for h, d in zip(hook_ns, direct_ns, strict=True))
                 added_min = min(hook_ns) - min(direct_ns)
                 rows.append({
                     "driver": driver, "call": what, "op": op, "calls_per_run": args.calls,

@@ -232,7 +232,7 @@ class DirectHarness(Harness):
                                         j.extra["core"], j.spec.policy, u.devices[0].launches))
                 now = time.monotonic()
                 gates = self.gov.tick(jd, now) if jd else {}
-                for j, d in zip(live, jd):
+                for j, d in zip(live, jd, strict=True):
                     g = gates[(j.job_id, self.uuid)]
                     j.extra["region"].update_device(0, throttle=g.throttle,
                                                     refill_rate=g.refill_rate,

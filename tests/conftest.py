@@ -47,5 +47,5 @@ def sim_env(tmp_path: Path, sim_libdir: Path) -> dict[str, str]:
     return env
 
 # The daemon fixtures (`daemon`, `daemon_factory`): a real `vgpuctl daemon` on
-# the simulated GPU in a private directory; see tests/daemon_fixture.py.
-from daemon_fixture import daemon, daemon_factory  # noqa: E402,F401
+# the simulated GPU in a private directory; see tests/support/daemon.py.
+from support.daemon import daemon, daemon_factory  # noqa: E402,F401

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import errno
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import tzinfo
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table

@@ -57,7 +57,7 @@ class Client:
         try:
             self._sock.sendall(P.encode_request(op, **fields))
             line = self._readline()
-        except socket.timeout:
+        except TimeoutError:
             raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
         except OSError as e:
             raise DaemonUnavailable(f"lost the daemon on {self.path}: {e.strerror or e}") from None

@@ -13,8 +13,8 @@ import errno
 import os
 import signal
 import sys
-from collections.abc import Mapping, MutableMapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
 
 from vgpuctl.client.connection import Client
 from vgpuctl.errors import DaemonUnavailable, UsageError, VgpuError

@@ -212,7 +212,7 @@ class Accountant:
                   if o.dirty and (o.t1 > o.t0 or o.row_id is not None or o.peak)]
         ids = write([RowWrite(k[0], k[1], o.t0, o.t1, o.gpu_seconds, o.mem_gib_hours, o.peak,
                               o.row_id) for k, o in items])
-        for (_, o), row_id in zip(items, ids):
+        for (_, o), row_id in zip(items, ids, strict=True):
             o.row_id = row_id
             o.dirty = False
         self._closed.clear()

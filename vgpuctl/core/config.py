@@ -7,9 +7,9 @@ the file is vgpuctl.system.config's job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from vgpuctl.core.sizes import parse_size
 from vgpuctl.errors import ConfigError

@@ -13,7 +13,8 @@ server answers with an error reply. docs/daemon.md lists the ops.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, NamedTuple, Union
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from vgpuctl import errors
 
@@ -96,7 +97,7 @@ class Reload(NamedTuple):
     pass
 
 
-Request = Union[Ping, Run, Started, Exited, Ps, Set, Kill, Reload]
+Request = Ping | Run | Started | Exited | Ps | Set | Kill | Reload
 
 # -- field checks -----------------------------------------------------------
 

@@ -22,10 +22,10 @@ import io
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
-from typing import Any, Callable
+from typing import Any
 
 from vgpuctl.core.accounting import UsageRow
 from vgpuctl.errors import UsageError
@@ -334,7 +334,7 @@ def to_text(report: Report, tz: tzinfo | None = None) -> str:
     lines = []
     for row in cells:
         parts = []
-        for i, (c, cell) in enumerate(zip(cols, row)):
+        for i, (c, cell) in enumerate(zip(cols, row, strict=True)):
             last = i == len(cols) - 1
             if c.numeric:
                 parts.append(cell.rjust(widths[i]))

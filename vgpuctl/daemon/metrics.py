@@ -26,9 +26,9 @@ import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from vgpuctl.errors import MetricsUnavailable
 

@@ -58,7 +58,7 @@ def listen(path: Path, mode: int) -> socket.socket:
                 probe.settimeout(1.0)
                 probe.connect(addr)
                 raise DaemonConflict(f"another daemon already listens on {path}")
-            except (ConnectionRefusedError, FileNotFoundError, socket.timeout):
+            except (TimeoutError, ConnectionRefusedError, FileNotFoundError):
                 os.unlink(path)
             finally:
                 probe.close()

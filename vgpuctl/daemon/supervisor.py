@@ -15,10 +15,10 @@ import pwd
 import shutil
 import signal as _signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vgpuctl import __version__
 from vgpuctl.core import placement

@@ -19,9 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vgpuctl.errors import DemoError, VgpuError
 from vgpuctl.system import native, paths

@@ -17,10 +17,10 @@ import socket
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vgpuctl.errors import VgpuError
 from vgpuctl.system import native, paths, sim

@@ -71,7 +71,7 @@ class Nvml:
         nv = self._nv
         out = []
         with self._lock:
-            for g, h in zip(self._static, self._handles):
+            for g, h in zip(self._static, self._handles, strict=True):
                 used = util = None
                 procs: dict[int, int] = {}
                 try:

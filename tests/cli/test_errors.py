@@ -1,0 +1,216 @@
+"""Every error a user can cause: one line on stderr, the right exit code, no
+traceback. None of these needs a daemon."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.daemon import vgpuctl_argv
+
+
+def vgpuctl(*args, env=None, tmp_path=None):
+    import os
+    e = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
+    if tmp_path is not None:
+        e["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
+    e.update(env or {})
+    return subprocess.run([*vgpuctl_argv(), *args], capture_output=True, text=True, env=e,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["run", "--mem", "4X", "--", "true"], 2, "--mem: '4X': unknown unit"),
+    (["run", "--mem", "lots", "--", "true"], 2, "not a size"),
+    (["run", "--mem", "1G", "--core", "0", "--", "true"], 2, "1 to 100"),
+    (["run", "--mem", "1G", "--core", "101", "--", "true"], 2, "1 to 100"),
+    (["run", "--mem", "1G", "--core", "half", "--", "true"], 2, "1 to 100"),
+    (["run", "--mem", "1G", "--policy", "fair", "--", "true"], 2, "hard or soft"),
+    (["run", "--mem", "1G"], 2, "no command given"),
+    (["run", "--mem", "1G", "--cores", "3", "--", "true"], 2, ("no such option", "'--cores'")),
+    (["run", "--cores", "3", "true"], 2, ("no such option", "'--cores'")),
+    (["run", "--mem"], 2, ("'--mem'", "requires an argument")),
+    (["run", "--mem", "1G", "--"], 2, "no command given"),
+    (["kill", "abc"], 2, "not a job id"),
+    (["kill", "1", "--signal", "NOPE"], 2, "not a signal"),
+    (["set", "1"], 2, "nothing to change"),
+    (["set", "1", "--core", "200"], 2, "1 to 100"),
+    (["set", "x", "--core", "20"], 2, "not a job id"),
+])
+def test_usage_errors(args, code, needle, tmp_path):
+    r = vgpuctl(*args, tmp_path=tmp_path)
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("vgpuctl: error: "), lines[0]
+    for n in (needle,) if isinstance(needle, str) else needle:
+        assert n in lines[0], lines[0]
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["ps", "--json"], ["ps"], ["kill", "3"],
+                                  ["set", "3", "--core", "10"], ["top", "-n", "1"]])
+def test_no_daemon_is_one_clear_line(args, tmp_path):
+    r = vgpuctl(*args, tmp_path=tmp_path)
+    assert r.returncode == 3
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "no vgpuctl daemon answers" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
+    cfg = tmp_path / "vgpu.toml"
+    cfg.write_text("tick_ms = 1\n")
+    r = vgpuctl("daemon", "--config", str(cfg), "--socket", str(tmp_path / "s.sock"),
+                "--runtime-dir", str(tmp_path / "run"), "--state-dir", str(tmp_path / "st"))
+    assert r.returncode == 78
+    assert r.stderr.strip() == f"vgpuctl: error: {cfg}: tick_ms: must be 10 to 10000, got 1"
+
+
+@pytest.mark.parametrize("args,needle,help_of", [
+    (["kill"], "missing argument 'JOB'", "vgpuctl kill"),
+    (["frob"], "no such command 'frob'", "vgpuctl"),
+    (["set", "1", "--bogus", "x"], "no such option '--bogus'", "vgpuctl set"),
+    (["top", "-n", "x"], "'x' is not a valid integer", "vgpuctl top"),
+])
+def test_click_usage_errors_are_one_line_too(args, needle, help_of, tmp_path):
+    r = vgpuctl(*args, tmp_path=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [f"vgpuctl: error: {r.stderr[16:].strip()}"], r.stderr
+    assert needle in r.stderr and r.stderr.rstrip().endswith(f"(see {help_of} --help)")
+    assert "Usage:" not in r.stderr and r.stdout == ""
+
+
+def test_output_into_a_closed_pipe_exits_0_quietly(tmp_path):
+    # `vgpuctl ... | head` once head has what it wants: not an error.
+    import os
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        for args in (["--help"], ["sim", "--help"]):
+            r = subprocess.run([*vgpuctl_argv(), *args], stdout=write_end, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+            assert (r.returncode, r.stderr) == (0, ""), args
+    finally:
+        os.close(write_end)
+
+
+def in_process(*argv, capsys):
+    """`vgpuctl ARGV` through vgpuctl.cli.main in this process: (status, stdout, stderr)."""
+    from vgpuctl import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
+
+
+def test_errors_in_process_are_the_same_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("VGPU_SOCKET", str(tmp_path / "nobody-here.sock"))
+    assert in_process("kill", "abc", capsys=capsys) == (
+        2, "", "vgpuctl: error: 'abc' is not a job id (a number, as `vgpuctl ps` shows)\n")
+    code, out, err = in_process("kill", capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err == "vgpuctl: error: missing argument 'JOB' (see vgpuctl kill --help)\n"
+
+
+def _raise(exc):
+    def f(*args, **kw):
+        raise exc
+    return f
+
+
+def test_a_bug_is_one_line_naming_it(capsys, monkeypatch):
+    monkeypatch.delenv("VGPU_DEBUG", raising=False)
+    monkeypatch.setattr("vgpuctl.client.connection.connect", _raise(ZeroDivisionError("boom")))
+    assert in_process("kill", "3", capsys=capsys) == (1, "", (
+        "vgpuctl: internal error: ZeroDivisionError: boom "
+        "(rerun with VGPU_DEBUG=1 for the traceback)\n"))
+
+
+def test_a_bug_shows_its_traceback_with_vgpu_debug(capsys, monkeypatch):
+    monkeypatch.setenv("VGPU_DEBUG", "1")
+    monkeypatch.setattr("vgpuctl.client.connection.connect", _raise(ZeroDivisionError("boom")))
+    code, out, err = in_process("kill", "3", capsys=capsys)
+    assert (code, out) == (1, "")
+    assert err.startswith("Traceback (most recent call last):")
+    assert err.splitlines()[-1] == "vgpuctl: internal error: ZeroDivisionError: boom"
+
+
+def test_ctrl_c_is_130(capsys, monkeypatch):
+    monkeypatch.setattr("vgpuctl.client.connection.connect", _raise(KeyboardInterrupt()))
+    code, out, err = in_process("kill", "3", capsys=capsys)
+    assert (code, out, err.strip()) == (130, "", "")
+
+
+INSTALLED = Path(sys.executable).parent / "vgpuctl"
+
+# The three ways in: the installed command, `python -m vgpuctl`, and
+# vgpuctl.cli.main called from Python (what the tests' fixtures use when
+# nothing is installed).
+ENTRY_POINTS = [
+    pytest.param([str(INSTALLED)], id="installed", marks=pytest.mark.skipif(
+        not INSTALLED.exists(), reason="no installed vgpuctl next to this Python")),
+    pytest.param([sys.executable, "-m", "vgpuctl"], id="python-m"),
+    pytest.param([sys.executable, "-c", "from vgpuctl.cli import main; main()"], id="cli.main"),
+]
+
+
+@pytest.mark.parametrize("argv0", ENTRY_POINTS)
+def test_an_unknown_run_option_is_refused_by_every_entry_point(argv0, tmp_path):
+    # Not taken for the command's first word: `--cores 3 -- true` is a typo
+    # of --core, and must not start a job that runs `--cores`.
+    import os
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
+    env["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
+    r = subprocess.run([*argv0, "run", "--cores", "3", "--", "true"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "vgpuctl: error: " + r.stderr[16:].strip()], r.stderr
+    assert "no such option" in r.stderr and "'--cores'" in r.stderr
+    assert r.stderr.rstrip().endswith("(see vgpuctl run --help)") and r.stdout == ""
+
+
+@pytest.fixture
+def run_job_calls(monkeypatch):
+    """What `vgpuctl run` asks the library to run, instead of running it."""
+    calls = []
+
+    def record(**kw):
+        calls.append(kw)
+        return 0
+    monkeypatch.setattr("vgpuctl.client.launch.run_job", record)
+    return calls
+
+
+def test_run_options_end_at_the_commands_first_word(run_job_calls, capsys):
+    assert in_process("run", "--mem=1G", "--core", "30", "-v", "python", "-c", "x",
+                      "--mem", "2", "--cores", "3", capsys=capsys) == (0, "", "")
+    (kw,) = run_job_calls
+    assert (kw["mem"], kw["core"], kw["verbose"]) == (1 << 30, 30, True)
+    assert kw["command"] == ["python", "-c", "x", "--mem", "2", "--cores", "3"]
+
+
+def test_run_options_end_at_the_double_dash(run_job_calls, capsys):
+    assert in_process("run", "--gpu", "1", "--name", "n", "--", "--odd-name", "-v", "--",
+                      capsys=capsys) == (0, "", "")
+    (kw,) = run_job_calls
+    assert (kw["gpu"], kw["name"], kw["mem"], kw["verbose"]) == ("1", "n", None, False)
+    assert kw["command"] == ["--odd-name", "-v", "--"]
+
+
+def test_run_refuses_an_unknown_option_before_the_command(run_job_calls, capsys):
+    code, out, err = in_process("run", "--mem", "1G", "--cores", "3", "--", "true",
+                                capsys=capsys)
+    assert (code, out, run_job_calls) == (2, "", [])
+    assert err.startswith("vgpuctl: error: no such option") and err.count("\n") == 1
+
+
+def test_run_help_is_clicks(run_job_calls, capsys):
+    code, out, err = in_process("run", "--mem", "1G", "--help", capsys=capsys)
+    assert (code, err, run_job_calls) == (0, "", [])
+    assert out.startswith("Usage: vgpuctl run [OPTIONS] [COMMAND]...")
+    assert "--core PCT" in out

@@ -1,0 +1,120 @@
+"""`vgpuctl report` as cron and users run it: the daemon's database in,
+CSV, JSON or text out, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vgpuctl.core.accounting import Accountant
+from vgpuctl.store.jobs import ENDED, JobRecord, Store
+from vgpuctl.store.usage import create_schema, flush
+
+G = 1 << 30
+GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
+               "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command")
+
+def vgpuctl(args, env=None, **kw):
+    exe = Path(sys.executable).parent / "vgpuctl"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c",
+                                           "from vgpuctl.cli import main; main()"]
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, env=e,
+                          stdin=subprocess.DEVNULL, timeout=60, **kw)
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    """A state dir with a vgpu.db as the daemon writes it: jobs (the store's
+    schema) and usage (the accountant's)."""
+    d = tmp_path / "state"
+    store = Store.open(d / "vgpu.db")
+    now = time.time()
+    rec = JobRecord(name="train", uid=os.getuid(), user="alice",
+                    command=["python", "train.py", "--lr", "0.1"], cwd="/",
+                    gpus=[{"index": 0, "uuid": GPU0}], mem_limit=4 * G, core_share=30,
+                    policy="hard", created=now - 60, started=now - 60, ended=now - 10,
+                    state=ENDED, exit_code=None, exit_signal=9)
+    store.insert_job(rec)
+    store.close()
+    c = sqlite3.connect(str(d / "vgpu.db"))
+    create_schema(c)
+    a = Accountant()
+    for t in range(60, 9, -10):           # 50 s at a quarter of the GPU
+        a.observe(rec.id, GPU0, now - t, 0.25, G)
+    flush(c, a)
+    c.close()
+    return d
+
+
+def test_command_csv_from_the_daemon_database(state_dir):
+    r = vgpuctl(["report", "--format", "csv", "--state-dir", str(state_dir)])
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["name"] == "train" and row["user"] == "alice"
+    assert row["gpus"] == GPU0
+    assert row["command"] == "python train.py --lr 0.1"
+    assert row["exit_status"] == str(128 + 9)
+    assert float(row["gpu_time [s]"]) == pytest.approx(12.5, abs=1e-3)
+    assert row["memory_limit [MiB]"] == "4096" and row["core_limit [%]"] == "30"
+
+
+def test_command_table_off_a_terminal_is_plain(state_dir):
+    r = vgpuctl(["report", "--state-dir", str(state_dir)], env={"FORCE_COLOR": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout
+    assert r.stdout.splitlines()[0].startswith("job_id")
+
+
+def test_command_output_file_and_json(state_dir, tmp_path):
+    out = tmp_path / "r.json"
+    r = vgpuctl(["report", "--format", "json", "--by", "user", "--output", str(out),
+                 "--state-dir", str(state_dir)])
+    assert r.returncode == 0 and r.stdout == ""
+    data = json.loads(out.read_text())
+    assert data[0]["user"] == "alice" and data[0]["jobs"] == 1
+
+
+def test_command_empty_window_exits_zero(state_dir):
+    r = vgpuctl(["report", "--format", "csv", "--since", "2000-01-01", "--until", "2000-01-02",
+                 "--state-dir", str(state_dir)])
+    assert r.returncode == 0 and r.stdout == JOB_HEADERS + "\n"
+    r = vgpuctl(["report", "--format", "json", "--since", "2000-01-01", "--until",
+                 "2000-01-02", "--state-dir", str(state_dir)])
+    assert r.returncode == 0 and json.loads(r.stdout) == []
+
+
+def test_command_no_database_yet_is_an_empty_report(tmp_path):
+    r = vgpuctl(["report", "--format", "csv"], env={"VGPU_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout == JOB_HEADERS + "\n"
+    r = vgpuctl(["report"], env={"VGPU_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout.startswith("no jobs between")
+
+
+@pytest.mark.parametrize("setup,args,needle", [
+    ("none", ["--state-dir", "{tmp}/nowhere"], "no accounting database"),
+    ("corrupt", ["--state-dir", "{tmp}"], "can't read the accounting database"),
+    ("none", ["--since", "soon", "--state-dir", "{tmp}"], "--since 'soon'"),
+    ("none", ["--since", "1h", "--until", "2h", "--state-dir", "{tmp}"], "later than"),
+    ("none", ["--output", "{tmp}/no/such/dir/r.csv", "--state-dir", "{tmp}"], "--output"),
+])
+def test_command_errors_are_one_line(tmp_path, setup, args, needle):
+    if setup == "corrupt":
+        (tmp_path / "vgpu.db").write_bytes(b"this is not a database" * 100)
+    r = vgpuctl(["report", *[a.format(tmp=tmp_path) for a in args]])
+    assert r.returncode != 0
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -1,0 +1,322 @@
+"""`vgpuctl run` end to end on the simulated GPU: the job sees its limit, is
+refused past it, shows in `ps --json` and disappears when it exits; exit
+codes, signals, stdin and the terminal pass through like exec."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from support.daemon import read_line, vgpuctl_argv, wait_for
+
+G = 1 << 30
+M = 1 << 20
+
+# Reports what the driver API shows, then holds HOLD bytes until stdin closes.
+PROBE = textwrap.dedent("""
+    import os, sys
+    from cuda.bindings import driver as cu
+    def ck(r):
+        if r[0] != cu.CUresult.CUDA_SUCCESS:
+            raise SystemExit(f"cuda error {r[0]}")
+        return r[1:]
+    ck(cu.cuInit(0))
+    dev, = ck(cu.cuDeviceGet(0))
+    ctx, = ck(cu.cuDevicePrimaryCtxRetain(dev))
+    ck(cu.cuCtxSetCurrent(ctx))
+    free, total = ck(cu.cuMemGetInfo())
+    err, _ = cu.cuMemAlloc(total + 1)
+    print("total", total, "over", err.name, flush=True)
+    hold = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    if hold:
+        ptr, = ck(cu.cuMemAlloc(hold))
+        print("holding", hold, flush=True)
+        sys.stdin.read()
+        ck(cu.cuMemFree(ptr))
+""")
+
+
+@pytest.fixture
+def probe(tmp_path):
+    p = tmp_path / "probe.py"
+    p.write_text(PROBE)
+    return str(p)
+
+
+def test_job_sees_its_limit_and_is_refused_past_it(daemon, probe):
+    r = daemon.cli("run", "--mem", "1G", "--", sys.executable, probe)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["total", str(G), "over", "CUDA_ERROR_OUT_OF_MEMORY"]
+
+
+def test_running_job_shows_in_ps_json_and_disappears_when_it_exits(daemon, probe):
+    p = daemon.popen("run", "--mem", "1G", "--core", "50", "--name", "probe", "--",
+                     sys.executable, probe, str(256 * M), stdin=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout).startswith("total")
+        assert read_line(p.stdout).strip() == f"holding {256 * M}"
+
+        def listed():
+            r = daemon.cli("ps", "--json")
+            assert r.returncode == 0, r.stderr
+            jobs = json.loads(r.stdout)["jobs"]
+            return jobs[0] if jobs and jobs[0]["pids"] and jobs[0]["mem_used"] else None
+        job = wait_for(listed, what="the job in ps --json")
+        assert job["name"] == "probe" and job["state"] == "running"
+        assert job["mem_limit"] == G and job["core"] == 50
+        assert job["mem_used"] >= 256 * M
+        assert job["pids"] and all(isinstance(x, int) for x in job["pids"])
+        assert job["command"][-1] == str(256 * M)
+        assert job["user"] and job["gpu"] in (0, 1) and job["gpu_uuid"].startswith("GPU-")
+        p.stdin.close()
+        assert p.wait(30) == 0
+        assert wait_for(lambda: json.loads(daemon.cli("ps", "--json").stdout)["jobs"] == [],
+                        what="the job to leave ps")
+        ended = daemon.jobs(all_jobs=True)[-1]
+        assert ended["state"] == "ended" and ended["exit_code"] == 0
+        assert not os.path.exists(os.path.join(daemon.runtime, "jobs", job["id"]))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_exit_codes_pass_through(daemon):
+    assert daemon.cli("run", "--mem", "64M", "--", "sh", "-c", "exit 7").returncode == 7
+    assert daemon.cli("run", "--mem", "64M", "--", "true").returncode == 0
+
+
+def test_a_signal_death_is_128_plus_n(daemon):
+    r = daemon.cli("run", "--mem", "64M", "--", "sh", "-c", "kill -TERM $$")
+    assert r.returncode == 128 + signal.SIGTERM
+    ended = daemon.jobs(all_jobs=True)[-1]
+    assert ended["exit_signal"] == signal.SIGTERM
+
+
+def test_command_not_found_is_127_and_one_line(daemon):
+    r = daemon.cli("run", "--mem", "64M", "--", "no-such-command-xyz")
+    assert r.returncode == 127
+    assert r.stderr.strip().splitlines() == [
+        "vgpuctl: error: cannot run no-such-command-xyz: No such file or directory"]
+
+
+def test_stdin_and_stdout_are_the_commands(daemon):
+    r = daemon.cli("run", "--mem", "64M", "--", "cat", input="hello job\n")
+    assert r.returncode == 0 and r.stdout == "hello job\n"
+
+
+def test_the_job_sees_its_id_region_and_one_gpu(daemon):
+    r = daemon.cli("run", "--mem", "64M", "--gpu", "1", "--", "sh", "-c",
+                   "echo $VGPU_JOB $CUDA_VISIBLE_DEVICES $VGPU_REGION; echo $LD_PRELOAD",
+                   env={"LD_PRELOAD": "libother.so"})
+    assert r.returncode == 0, r.stderr
+    line1, line2 = r.stdout.splitlines()
+    jid, uuid, region = line1.split()
+    gpus = daemon.call("ps")["gpus"]
+    assert uuid == gpus[1]["uuid"]
+    assert region.endswith(f"/jobs/{jid}")
+    hook, other = line2.split(":")
+    assert hook.endswith("libvgpu.so") and other == "libother.so"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_sent_to_vgpuctl_reach_the_command(daemon, tmp_path, sig):
+    script = tmp_path / "trap.py"
+    script.write_text(textwrap.dedent("""
+        import signal, sys, time
+        def on(s, f):
+            print("got", s, flush=True)
+            sys.exit(42)
+        for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(s, on)
+        print("ready", flush=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.exit(1)
+    """))
+    p = daemon.popen("run", "--mem", "64M", "--", sys.executable, str(script))
+    try:
+        assert read_line(p.stdout).strip() == "ready"
+        p.send_signal(sig)
+        assert p.wait(20) == 42
+        # Sent once, not twice (the handler would print twice before exiting otherwise).
+        assert p.stdout.read().split() == ["got", str(int(sig))]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_kill_signals_every_process_of_the_job(daemon):
+    p = daemon.popen("run", "--mem", "64M", "--name", "tree", "--", "sh", "-c",
+                     "sleep 60 & sleep 60 & wait")
+    try:
+        job = wait_for(lambda: next((j for j in daemon.jobs() if len(j["pids"]) == 3), None),
+                       what="the job's three processes")
+        r = daemon.cli("kill", job["id"])
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(f"job {job['id']}: SIGTERM sent to ")
+        assert p.wait(20) == 128 + signal.SIGTERM
+        wait_for(lambda: daemon.jobs() == [], what="the job to end")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_admission_refuses_what_does_not_fit_and_places_what_does(daemon):
+    holders = []
+    try:
+        for _ in range(2):
+            holders.append(daemon.popen("run", "--mem", "15G", "--", "sleep", "60"))
+        wait_for(lambda: len([j for j in daemon.jobs() if j["pids"]]) == 2,
+                 what="two jobs")
+        gpus = sorted(j["gpu"] for j in daemon.jobs())
+        assert gpus == [0, 1]                        # spread, one per GPU
+        r = daemon.cli("run", "--mem", "1G", "--", "true")
+        assert r.returncode == 6
+        msg = r.stderr.strip()
+        assert msg.count("\n") == 0 and "GPU 0" in msg and "GPU 1" in msg, msg
+        assert "512M left" in msg
+        r = daemon.cli("run", "--mem", "512M", "--gpu", "1", "--", "sh", "-c",
+                       "echo $CUDA_VISIBLE_DEVICES")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == daemon.call("ps")["gpus"][1]["uuid"]
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+
+
+def test_set_changes_a_running_job(daemon):
+    p = daemon.popen("run", "--mem", "2G", "--", "sleep", "60")
+    try:
+        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
+                       what="the job")
+        r = daemon.cli("set", job["id"], "--mem", "1G", "--core", "25", "--policy", "soft")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == f"job {job['id']}: mem 1G, core 25%, policy soft"
+        j = daemon.job(job["id"])
+        assert (j["mem_limit"], j["core"], j["policy"]) == (G, 25, "soft")
+        r = daemon.cli("set", job["id"], "--mem", "40G")
+        assert r.returncode == 6 and "left" in r.stderr
+        r = daemon.cli("set", "999", "--core", "10")
+        assert r.returncode == 4 and r.stderr.strip() == "vgpuctl: error: no job 999"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_status_shows_gpus_then_jobs(daemon):
+    p = daemon.popen("run", "--mem", "1G", "--name", "visible-job", "--", "sleep", "60")
+    try:
+        wait_for(lambda: daemon.jobs() and daemon.jobs()[0]["pids"], what="the job")
+        for args in ((), ("status",)):
+            r = daemon.cli(*args, env={"COLUMNS": "200"})
+            assert r.returncode == 0, r.stderr
+            out = r.stdout
+            assert out.index("GPU") < out.index("visible-job")
+            assert "16G" in out and "sleep 60" in out
+        r = daemon.cli("ps", env={"COLUMNS": "200"})
+        assert r.returncode == 0 and "visible-job" in r.stdout
+        r = daemon.cli("top", "-n", "2", "-i", "0.1", env={"COLUMNS": "200"})
+        assert r.returncode == 0 and "visible-job" in r.stdout
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_status_without_a_daemon_shows_the_gpus(daemon_factory):
+    d = daemon_factory(start=False)
+    r = d.cli("status")
+    assert r.returncode == 0, r.stderr
+    assert "no daemon running" in r.stdout and "16G" in r.stdout
+
+
+def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
+    d = daemon_factory(start=False)
+    env = {"VGPU_SOCKET": str(d.base / "user" / "vgpud.sock")}
+    env["VGPU_RUNTIME_DIR"] = str(d.base / "user")
+    r = d.cli("run", "--mem", "64M", "--", "true", env=env)
+    try:
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.startswith("vgpuctl: started a user daemon on "), r.stderr
+        assert len(r.stderr.splitlines()) == 1
+        r2 = d.cli("run", "--mem", "64M", "--", "true", env=env)
+        assert r2.returncode == 0 and r2.stderr == ""     # the same daemon, silently
+    finally:
+        from vgpuctl.client.connection import Client
+        try:
+            with Client.connect(d.base / "user" / "vgpud.sock") as c:
+                pid = c.call("ping")["daemon"]["pid"]
+            os.kill(pid, signal.SIGTERM)
+            wait_for(lambda: not (d.base / "user" / "vgpud.sock").exists(),
+                     what="the user daemon to stop")
+        except OSError:
+            pass
+
+
+def test_vgpuctl_alone_is_status(daemon):
+    a = daemon.cli(env={"COLUMNS": "200"})
+    b = daemon.cli("status", env={"COLUMNS": "200"})
+    assert a.returncode == b.returncode == 0
+    assert a.stdout.splitlines()[0] == b.stdout.splitlines()[0]
+
+
+def test_run_with_verbose_names_the_daemon(daemon):
+    r = daemon.cli("run", "-v", "--mem", "64M", "--", "true")
+    assert r.returncode == 0
+    assert str(daemon.socket) in r.stderr and "GPU" in r.stderr
+
+
+def test_argv_is_passed_verbatim(daemon):
+    r = daemon.cli("run", "--mem", "64M", "printf", "%s|", "--mem", "a b", "-v")
+    assert r.returncode == 0 and r.stdout == "--mem|a b|-v|"
+
+
+def test_options_after_the_commands_first_word_are_the_commands(daemon):
+    r = daemon.cli("run", "--mem", "64M", "--", sys.executable, "-c",
+                   "import sys; print(sys.argv[1:])", "--cores", "3", "--mem", "1G")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['--cores', '3', '--mem', '1G']"
+
+
+@pytest.mark.parametrize("args", [["ps"], ["ps", "--json"], ["status"]])
+def test_a_view_into_a_closed_pipe_exits_0_quietly(daemon, args):
+    # `vgpuctl ps | head` once head has read what it wanted.
+    p = daemon.popen("run", "--mem", "64M", "--", "sleep", "60")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        wait_for(lambda: daemon.jobs() and daemon.jobs()[0]["pids"], what="the job")
+        r = subprocess.run([*vgpuctl_argv(), *args], env=daemon.env, stdout=write_end,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+        assert (r.returncode, r.stderr) == (0, "")
+    finally:
+        os.close(write_end)
+        p.kill()
+        p.wait()
+
+
+def test_run_loads_only_what_it_needs(daemon):
+    # Every job's start pays for what `vgpuctl run` imports (bench/run_overhead.py).
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: print(*sorted(sys.modules), file=sys.stderr))\n"
+              "from vgpuctl.cli import main\n"
+              "main()\n")
+    r = subprocess.run([sys.executable, "-c", script, "run", "--mem", "64M", "--", "true"],
+                       env=daemon.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stderr.split())
+    assert "vgpuctl.cli.commands.run" in loaded
+    heavy = {"rich", "pynvml", "asyncio", "psutil", "cffi", "_cffi_backend", "sqlite3"}
+    assert not loaded & heavy
+    assert {m for m in loaded if m.startswith("vgpuctl.cli.commands")} == {
+        "vgpuctl.cli.commands", "vgpuctl.cli.commands.run"}
+    assert not {m for m in loaded if m.startswith(("vgpuctl.daemon", "vgpuctl.governor"))}

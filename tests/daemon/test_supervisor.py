@@ -1,0 +1,292 @@
+"""The daemon's core driven directly: admission, regions, ownership, process
+tracking and re-adoption, with real processes but no socket and no NVML."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.daemon import read_line, wait_for
+
+from vgpuctl.core import protocol as P
+from vgpuctl.core.config import Config, UserLimits
+from vgpuctl.daemon import tracking
+from vgpuctl.daemon.supervisor import Peer, Supervisor
+from vgpuctl.store.jobs import Store
+from vgpuctl.system.nvml import GpuStats
+from vgpuctl.system.paths import DaemonPaths
+from vgpuctl.system.region import Region
+from vgpuctl.system.region import ffi as region_ffi
+
+G = 1 << 30
+DEVICES = [GpuStats(0, "GPU-00000000-aaaa", "Sim GPU", 16 * G),
+           GpuStats(1, "GPU-11111111-bbbb", "Sim GPU", 16 * G)]
+ME = Peer(os.getpid(), os.getuid(), os.getgid())
+OTHER = Peer(os.getpid(), 65534, 65534)
+
+
+def make(tmp_path: Path, config: Config | None = None) -> Supervisor:
+    dp = DaemonPaths(socket=tmp_path / "s.sock", runtime_dir=tmp_path / "run",
+                     state_dir=tmp_path / "state", config=None, system=False)
+    dp.jobs_dir.mkdir(parents=True, exist_ok=True)
+    store = Store.open(dp.db)
+    return Supervisor(config or Config(), dp, store, DEVICES,
+                      hook_library=lambda: tmp_path / "libvgpu.so")
+
+
+def call(sup, peer, op, **fields):
+    reply = sup.handle_line(peer, P.encode_request(op, **fields))
+    exc = P.reply_exception(reply)
+    if exc is not None:
+        raise exc
+    return reply
+
+
+def hook_reports_used(region_dir: str, used: int, i: int = 0) -> None:
+    """Write the job's use of its GPU i into the region's usage file, where
+    the hook writes it (region.h is the layout the two share)."""
+    f = region_ffi()
+    at = (f.offsetof("struct vgpu_usage", "dev") + i * f.sizeof("struct vgpu_dev_usage")
+          + f.offsetof("struct vgpu_dev_usage", "used"))
+    fd = os.open(Path(region_dir) / "usage", os.O_WRONLY)
+    try:
+        os.pwrite(fd, used.to_bytes(8, sys.byteorder), at)
+    finally:
+        os.close(fd)
+
+
+def run(sup, peer=ME, **fields):
+    fields.setdefault("command", ["sleep", "60"])
+    fields.setdefault("cwd", "/")
+    return call(sup, peer, "run", **fields)
+
+
+@pytest.fixture
+def procs():
+    started = []
+
+    def spawn(*argv):
+        p = subprocess.Popen(list(argv) or ["sleep", "60"])
+        started.append(p)
+        return p
+    yield spawn
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def test_run_places_creates_the_region_and_returns_the_env(tmp_path):
+    sup = make(tmp_path)
+    r = run(sup, mem=4 * G, core=30, name="train")
+    job = r["job"]
+    assert job["id"] == "1" and job["name"] == "train" and job["state"] == "starting"
+    assert job["gpu"] == 0 and job["mem_limit"] == 4 * G and job["core"] == 30
+    env = r["env"]
+    assert env["VGPU_JOB"] == "1" and env["CUDA_VISIBLE_DEVICES"] == DEVICES[0].uuid
+    assert r["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
+    reg = Region.open(env["VGPU_REGION"])
+    d = reg.device(0)
+    assert (d.uuid, d.mem_limit, d.core_share, d.throttle) == (DEVICES[0].uuid, 4 * G, 30,
+                                                               False)
+    assert oct(os.stat(Path(env["VGPU_REGION"]) / "limits").st_mode & 0o777) == "0o644"
+    assert oct(os.stat(Path(env["VGPU_REGION"]) / "usage").st_mode & 0o777) == "0o600"
+    # The next job goes to the emptier GPU.
+    assert run(sup, mem=G)["job"]["gpu"] == 1
+
+
+def test_admission_refuses_what_does_not_fit_and_names_each_gpu(tmp_path):
+    sup = make(tmp_path)
+    run(sup, mem=15 * G)
+    run(sup, mem=15 * G)
+    with pytest.raises(P.errors.AdmissionRefused) as e:
+        run(sup, mem=1 * G)
+    assert "GPU 0" in str(e.value) and "GPU 1" in str(e.value)
+    assert "512M left" in str(e.value)
+
+
+def test_mem_is_required_unless_the_config_has_a_default(tmp_path):
+    with pytest.raises(P.errors.UsageError, match="--mem is required"):
+        run(make(tmp_path))
+    sup = make(tmp_path / "b", Config(default_mem=2 * G, default_policy="soft"))
+    job = run(sup)["job"]
+    assert job["mem_limit"] == 2 * G and job["policy"] == "soft" and job["core"] == 100
+
+
+def test_user_limits_apply(tmp_path):
+    sup = make(tmp_path, Config(user_limits={"nobody": UserLimits(max_mem=2 * G)}))
+    with pytest.raises(P.errors.AdmissionRefused, match="at most 2G"):
+        run(sup, peer=OTHER, mem=3 * G)
+    run(sup, peer=OTHER, mem=2 * G)
+
+
+def test_job_ids_never_repeat_across_restarts(tmp_path):
+    sup = make(tmp_path)
+    run(sup, mem=G)
+    call(sup, ME, "exited", job="1", code=0)
+    assert call(sup, ME, "ps", job="1")["jobs"][0]["state"] == "ended"
+    sup.store.close()
+    sup2 = make(tmp_path)
+    assert run(sup2, mem=G)["job"]["id"] == "2"
+
+
+def test_only_owner_or_root_may_change_or_kill(tmp_path):
+    sup = make(tmp_path)
+    jid = run(sup, peer=OTHER, mem=G)["job"]["id"]
+    mine = run(sup, mem=G)["job"]["id"]
+    # this test runs as root or as some user; the "other" is nobody
+    with pytest.raises(P.errors.PermissionDenied, match="only its owner or root"):
+        call(sup, Peer(1, 12345, 12345), "set", job=jid, core=10)
+    with pytest.raises(P.errors.PermissionDenied):
+        call(sup, Peer(1, 12345, 12345), "kill", job=mine)
+    with pytest.raises(P.errors.PermissionDenied):
+        call(sup, Peer(1, 12345, 12345), "reload")
+    call(sup, OTHER, "set", job=jid, core=10)   # the owner may
+
+
+def test_started_tracks_the_process_and_the_job_ends_with_it(tmp_path, procs):
+    sup = make(tmp_path)
+    r = run(sup, mem=G)
+    jid, region = r["job"]["id"], Path(r["env"]["VGPU_REGION"])
+    p = procs("sleep", "60")
+    call(sup, ME, "started", job=jid, pid=p.pid)
+    sup.track(tracking.scan())
+    assert sup.view(sup.jobs[jid])["pids"] == [p.pid]
+    p.kill()
+    p.wait()
+    sup.track(tracking.scan())
+    # The launcher (this test process) still runs and has not said "exited".
+    assert jid in sup.jobs
+    call(sup, ME, "exited", job=jid, signal=9)
+    assert jid not in sup.jobs and not region.exists()
+    ended = call(sup, ME, "ps", job=jid)["jobs"][0]
+    assert ended["state"] == "ended" and ended["exit_signal"] == 9
+
+
+def test_descendants_belong_to_the_job_even_after_their_parent_exits(tmp_path, procs):
+    sup = make(tmp_path)
+    jid = run(sup, mem=G)["job"]["id"]
+    # sh starts a grandchild sleep and waits on a pipe.
+    sh = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; read x"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+    grandchild = int(read_line(sh.stdout))
+    try:
+        call(sup, ME, "started", job=jid, pid=sh.pid)
+        sup.track(tracking.scan())
+        assert set(sup.view(sup.jobs[jid])["pids"]) == {sh.pid, grandchild}
+        sh.stdin.close()
+        sh.wait()
+        call(sup, ME, "exited", job=jid, code=0)
+        assert jid in sup.jobs                  # the grandchild still runs
+        sup.track(tracking.scan())
+        assert sup.view(sup.jobs[jid])["pids"] == [grandchild]
+        reply = call(sup, ME, "kill", job=jid, signal=15)
+        assert reply["pids"] == [grandchild]
+        wait_for(lambda: tracking.start_time(grandchild) is None, what="the grandchild to go")
+        sup.track(tracking.scan())
+        assert jid not in sup.jobs
+    finally:
+        try:
+            os.kill(grandchild, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_job_whose_launcher_died_before_starting_ends(tmp_path):
+    sup = make(tmp_path)
+    launcher = subprocess.Popen([sys.executable, "-c", "pass"])
+    launcher.wait()
+    dead = Peer(launcher.pid, os.getuid(), os.getgid())
+    jid = run(sup, peer=dead, mem=G)["job"]["id"]
+    sup.track(tracking.scan())
+    assert jid not in sup.jobs
+
+
+def test_set_changes_limits_live_and_warns_below_use(tmp_path):
+    sup = make(tmp_path)
+    r = run(sup, mem=4 * G)
+    jid = r["job"]["id"]
+    hook_reports_used(r["env"]["VGPU_REGION"], 3 * G)
+    reply = call(sup, ME, "set", job=jid, mem=2 * G, core=50, policy="soft")
+    assert "keeps what it holds" in reply["warnings"][0]
+    d = Region.open(r["env"]["VGPU_REGION"]).device(0)
+    assert (d.mem_limit, d.core_share, d.policy) == (2 * G, 50, 1)
+    # An increase is checked against what the GPU has left.
+    run(sup, mem=12 * G, gpu="0")
+    with pytest.raises(P.errors.AdmissionRefused):
+        call(sup, ME, "set", job=jid, mem=4 * G)
+    call(sup, ME, "set", job=jid, mem=3 * G + 512 * (1 << 20))
+
+
+def test_unknown_job(tmp_path):
+    sup = make(tmp_path)
+    with pytest.raises(P.errors.NotFound, match="no job 42"):
+        call(sup, ME, "kill", job="42")
+
+
+def test_restart_readopts_live_jobs_and_ends_the_rest(tmp_path, procs):
+    sup = make(tmp_path)
+    launcher = procs("sleep", "60")        # stands for the `vgpuctl run` of both jobs
+    by_launcher = Peer(launcher.pid, os.getuid(), os.getgid())
+    alive = run(sup, peer=by_launcher, mem=G, core=40)
+    dead = run(sup, peer=by_launcher, mem=G)
+    p = procs("sleep", "60")
+    q = procs("sleep", "60")
+    call(sup, ME, "started", job=alive["job"]["id"], pid=p.pid)
+    call(sup, ME, "started", job=dead["job"]["id"], pid=q.pid)
+    q.kill()
+    q.wait()
+    # The daemon dies without a word (no close, no store update), and so
+    # does the launcher.
+    launcher.kill()
+    launcher.wait()
+    sup2 = make(tmp_path)
+    sup2.adopt(tracking.scan())
+    jobs = call(sup2, ME, "ps")["jobs"]
+    assert [(j["id"], j["core"], j["pids"]) for j in jobs] == [("1", 40, [p.pid])]
+    assert Region.open(alive["env"]["VGPU_REGION"]).device(0).core_share == 40
+    assert call(sup2, ME, "ps", job="2")["jobs"][0]["state"] == "ended"
+    assert not Path(dead["env"]["VGPU_REGION"]).exists()
+    assert Path(alive["env"]["VGPU_REGION"]).exists()
+
+
+def test_garbage_gets_an_error_reply(tmp_path):
+    sup = make(tmp_path)
+    for line in (b"\x00\x01\x02", b"{}", b'{"v":1,"op":"run","command":5,"cwd":"/"}'):
+        reply = sup.handle_line(ME, line)
+        assert reply["ok"] is False and reply["error"]["code"] == "protocol"
+    assert sup.handle_line(ME, P.encode_request("ping"))["ok"] is True
+
+
+def test_core_100_hard_gets_no_gate(tmp_path, procs):
+    """Whatever the governor asks, a job at core 100 hard keeps the hook's
+    fast path; at core 30 it gets the gate the governor asks for."""
+    sup = make(tmp_path)
+    r = run(sup, mem=G)
+    jid = r["job"]["id"]
+    call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
+    [(job, i, uuid, _)] = sup.gate_inputs()       # as the daemon's tick loop does
+    assert uuid == DEVICES[0].uuid
+    limits = Region.open(r["env"]["VGPU_REGION"])  # what the hook reads
+    sup.apply_gate(job, i, uuid, True, 5000, 1000, 0.5, 1.0)
+    assert limits.device(0).throttle is False
+    assert call(sup, ME, "ps", job=jid)["jobs"][0]["core_measured"] == 0.5
+    call(sup, ME, "set", job=jid, core=30)
+    sup.apply_gate(job, i, uuid, True, 5000, 1000, 0.25, 0.3)
+    d = limits.device(0)
+    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
+
+
+def test_job_env_puts_the_hook_and_libraries_first_once():
+    from vgpuctl.client.launch import job_env
+
+    env = job_env({"LD_PRELOAD": "/a.so /hook.so:/b.so", "LD_LIBRARY_PATH": "/x:/sim",
+                   "KEEP": "1"}, {"VGPU_JOB": "4"},
+                  {"LD_PRELOAD": "/hook.so", "LD_LIBRARY_PATH": "/sim"})
+    assert env == {"LD_PRELOAD": "/hook.so:/a.so:/b.so", "LD_LIBRARY_PATH": "/sim:/x",
+                   "KEEP": "1", "VGPU_JOB": "4"}
+    assert job_env({}, {}, {"LD_PRELOAD": "/hook.so"}) == {"LD_PRELOAD": "/hook.so"}

@@ -1,0 +1,303 @@
+"""The memory limit of libvgpu.so (issue 3): every allocating entry point and
+its free, counted as the driver reserves; contexts measured; exactly
+CUDA_ERROR_OUT_OF_MEMORY over the limit with nothing leaked; the job's view of
+memory; dead processes; CUDA_VISIBLE_DEVICES; configuration failures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.hook import (
+    CUDA_ERROR_DEVICE_UNAVAILABLE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+    GiB,
+    MiB,
+    make_sim,
+    results,
+    run,
+    slot_of,
+    wait_for,
+)
+
+# name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)
+ENTRY_POINTS = {
+    "cuMemAlloc_v2": (["alloc", "3M"], ["free", "0"], 4 * MiB, ["alloc", "2G"]),
+    "cuMemAllocManaged": (["managed", "3M"], ["free", "0"], 4 * MiB, ["managed", "2G"]),
+    "cuMemAllocPitch_v2": (["pitch", "1000", "3000"], ["free", "0"], 4 * MiB,
+                           ["pitch", "65536", "32768"]),
+    "cuMemAllocAsync": (["async", "3M"], ["freeasync", "0"], 4 * MiB, ["async", "2G"]),
+    "cuMemAllocAsync_ptsz": (["async_ptsz", "3M"], ["freeasync_ptsz", "0"], 4 * MiB,
+                             ["async_ptsz", "2G"]),
+    "cuMemAllocFromPoolAsync": (["pool", "3M"], ["freeasync", "0"], 4 * MiB, ["pool", "2G"]),
+    "cuMemAllocFromPoolAsync_ptsz": (["pool_ptsz", "3M"], ["freeasync_ptsz", "0"], 4 * MiB,
+                                     ["pool_ptsz", "2G"]),
+    "cuMemCreate": (["create", "6M"], ["memrelease", "0"], 6 * MiB, ["create", "2G"]),
+    "cuArrayCreate_v2": (["array", "1000", "1000"], ["destroy", "0"], 4 * MiB,
+                         ["array", "32768", "16384"]),
+    "cuArray3DCreate_v2": (["array3d", "64", "64", "300"], ["destroy", "0"], 20 * MiB,
+                           ["array3d", "1024", "1024", "128"]),
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_entry_point_counts_what_the_driver_reserves(entry, sim, clients, client_factory):
+    alloc, free, reserved, huge = ENTRY_POINTS[entry]
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"], ["ctx", "0", "hold", *alloc, "hold", *free, "hold",
+                                           *huge, "hold"], sim.job_env(region.path))
+
+    def used():
+        return region.read_usage().devices[0].used
+
+    c.until("hold")
+    base = used()
+    assert base > 0 and base == sim.process_used(c.pid)   # the context, measured
+    c.go()
+    assert c.until(alloc[0])[0] == "0"
+    c.until("hold")
+    assert used() == base + reserved == sim.process_used(c.pid)
+    assert slot_of(region, c.pid).allocs >= 1
+    c.go()
+    assert c.until(free[0]) == ["0"]
+    c.until("hold")
+    assert used() == base == sim.process_used(c.pid)
+    c.go()
+    assert c.until(huge[0])[0] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    c.until("hold")
+    assert used() == base == sim.process_used(c.pid)      # nothing leaked
+    assert region.read_usage().devices[0].oom_refusals == 1
+    c.go()
+    assert c.finish()[0] == 0
+
+
+def test_context_memory_is_measured_not_guessed(tmp_path, clients, client_factory):
+    """The hook counts what NVML reports for the process's context, whatever
+    it is, and gives it back (with what was allocated in it) when the
+    context goes."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"],
+                       ["ctx", "0", "hold", "newctx", "0", "alloc", "10M", "hold", "dropctx",
+                        "hold", "release", "0", "hold"], sim.job_env(region.path))
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert slot.ctx_bytes[0] == 100 * MiB == slot.used[0]
+    c.go()
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert slot.ctx_bytes[0] == 200 * MiB and slot.used[0] == 210 * MiB
+    assert sim.process_used(c.pid) == 210 * MiB
+    c.go()
+    assert c.until("dropctx") == ["0"]
+    c.until("hold")
+    assert slot_of(region, c.pid).used[0] == 100 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert c.until("release") == ["0"]
+    c.until("hold")
+    assert slot_of(region, c.pid).used[0] == 0 == region.read_usage().devices[0].used
+    c.go()
+    c.finish()
+
+
+def test_context_that_does_not_fit_is_refused(sim, clients):
+    region = sim.region([256 * MiB, 256 * MiB])   # a context costs 300 MiB here
+    res = run(clients["direct"], ["ctx", "0", "info"], sim.job_env(region.path))
+    assert results(res.stdout, "ctx") == [[str(CUDA_ERROR_OUT_OF_MEMORY)]]
+    usage = region.read_usage()
+    assert usage.devices[0].used == 0 and usage.devices[0].oom_refusals == 1
+    assert all(p["devices"][0]["used"] == 0 for p in sim.stats()["processes"])
+
+
+def test_memory_info_is_the_job_view_and_saturates(sim, clients, client_factory):
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"], ["ctx", "0", "alloc", "512M", "info", "total", "0",
+                                           "hold", "info", "total", "0"],
+                       sim.job_env(region.path))
+    c.until("alloc")
+    rc, free, total = c.until("info")
+    used = region.read_usage().devices[0].used
+    assert (int(free), int(total)) == (GiB - used, GiB)
+    assert c.until("total") == ["0", str(GiB)]
+    c.until("hold")
+    region.update_device(0, mem_limit=256 * MiB)   # the daemon lowers the limit live
+    c.go()
+    rc, free, total = c.until("info")
+    assert (rc, int(free), int(total)) == ("0", 0, 256 * MiB)   # not 2**64 - something
+    assert c.until("total") == ["0", str(256 * MiB)]
+    c.finish()
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_killed_process_memory_leaves_the_job(reaped, tmp_path, clients, client_factory):
+    """A SIGKILLed process's memory is out of the job's count before the next
+    allocation could be refused for it, whether or not it was reaped."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([GiB, GiB])
+    env = sim.job_env(region.path)
+    a = client_factory(clients["direct"], ["ctx", "0", "alloc", "800M", "hold"], env)
+    assert a.until("alloc")[0] == "0"
+    a.until("hold")
+    assert region.read_usage().devices[0].used == 900 * MiB
+    if reaped:
+        a.kill()
+    else:
+        os.kill(a.pid, signal.SIGKILL)
+        wait_for(lambda: Path(f"/proc/{a.pid}/stat").read_text().split(")")[1].split()[0] == "Z",
+                 what="the zombie")
+    res = run(clients["direct"], ["ctx", "0", "alloc", "800M"], env)
+    assert results(res.stdout, "ctx") == [["0"]]
+    assert results(res.stdout, "alloc")[0][0] == "0", res.stderr
+    assert region.read_usage().devices[0].oom_refusals == 0
+
+
+def test_cuda_visible_devices_maps_to_the_right_limit(sim, clients):
+    """Ordinals are the driver's (after CUDA_VISIBLE_DEVICES, by index or
+    UUID); the limit is the physical GPU's."""
+    region = sim.region({1: 1 * GiB, 0: 2 * GiB})
+
+    def total(cvd: str, ordinal: int = 0) -> int:
+        env = sim.job_env(region.path, CUDA_VISIBLE_DEVICES=cvd)
+        res = run(clients["direct"], ["ctx", str(ordinal), "info"], env)
+        rc, free, tot = results(res.stdout, "info")[0]
+        assert rc == "0", res.stderr
+        return int(tot)
+
+    assert total("1") == 1 * GiB
+    assert total("0") == 2 * GiB
+    assert total(sim.uuids[1]) == 1 * GiB
+    assert total(sim.uuids[0]) == 2 * GiB
+    assert total("1,0", 1) == 2 * GiB
+    assert total(f"{sim.uuids[0]},{sim.uuids[1]}", 1) == 1 * GiB
+    env = sim.job_env(region.path, CUDA_VISIBLE_DEVICES="1")
+    res = run(clients["direct"], ["ctx", "0", "alloc", "1500M"], env)
+    assert results(res.stdout, "alloc")[0][0] == str(CUDA_ERROR_OUT_OF_MEMORY)
+
+
+def _broken_region(kind: str, sim) -> dict[str, str]:
+    if kind == "missing":
+        return sim.job_env(sim.root / "no-such-region")
+    if kind == "bad-limit-value":
+        return sim.job_env(None, VGPU_MEM_LIMIT="lots")
+    region = sim.region([GiB, GiB])
+    if kind == "wrong-job":
+        return sim.job_env(region.path, VGPU_JOB="someone-else")
+    data = bytearray((region.path / "limits").read_bytes())
+    if kind == "garbage":
+        data[:8] = b"garbage!"
+    else:   # a layout version this hook does not read
+        data[4] = 99
+    (region.path / "limits").write_bytes(bytes(data))
+    return sim.job_env(region.path)
+
+
+@pytest.mark.parametrize("kind", ["missing", "garbage", "version", "wrong-job",
+                                  "bad-limit-value"])
+def test_unusable_configuration_fails_calls_with_one_line(kind, sim, clients):
+    """A process given a limit never runs unlimited: CUDA calls fail and one
+    line on stderr says why."""
+    env = _broken_region(kind, sim)
+    res = run(clients["gpa_v2"], ["init", "ctx", "0", "alloc", "1M", "info", "init"], env)
+    assert res.returncode == 0
+    for cmd in ("init", "ctx", "alloc", "info"):
+        assert all(r[0] == str(CUDA_ERROR_DEVICE_UNAVAILABLE) for r in results(res.stdout, cmd))
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpu: "), res.stderr
+
+
+def test_private_limit_without_a_daemon(sim, clients):
+    """VGPU_MEM_LIMIT alone: the limit on every GPU, for this process."""
+    env = sim.job_env(None, VGPU_MEM_LIMIT="1G")
+    res = run(clients["direct"], ["ctx", "1", "info", "alloc", "512M", "alloc", "600M", "ctx",
+                                  "0", "info"], env)
+    infos = results(res.stdout, "info")
+    assert [int(i[2]) for i in infos] == [GiB, GiB]
+    assert [a[0] for a in results(res.stdout, "alloc")] == ["0", str(CUDA_ERROR_OUT_OF_MEMORY)]
+
+
+def test_no_configuration_passes_through(sim, clients):
+    res = run(clients["gpa_v2"], ["ctx", "0", "info", "alloc", "2G"], sim.job_env(None))
+    assert int(results(res.stdout, "info")[0][2]) == 16 * GiB
+    assert results(res.stdout, "alloc")[0][0] == "0"
+    assert res.stderr == ""
+
+
+def test_hook_maps_limits_read_only(sim, clients, client_factory):
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"], ["ctx", "0", "hold"], sim.job_env(region.path))
+    c.until("hold")
+    maps = Path(f"/proc/{c.pid}/maps").read_text().splitlines()
+    perms = {line.split()[-1]: line.split()[1] for line in maps
+             if line.split()[-1].startswith(str(region.path))}
+    assert perms[str(region.path / "limits")] == "r--s"
+    assert perms[str(region.path / "usage")] == "rw-s"
+    assert (region.path / "limits").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_job_user_cannot_write_its_limits():
+    """The region of a job run as another user: that user can write the usage
+    file (the hook must) but not the limits."""
+    nobody = 65534
+    top = Path(tempfile.mkdtemp(prefix="vgpu-perm-"))
+    try:
+        os.chmod(top, 0o755)
+        from vgpuctl.system.region import DeviceLimit, Region
+        region = Region.create(top / "job", "job-perm", nobody,
+                               [DeviceLimit(uuid="GPU-00000000-0000-0000-0000-000000000000",
+                                            mem_limit=GiB)])
+        os.chmod(top / "job", 0o755)
+        def attempt(path: Path) -> int:
+            """0: opened for writing, 1: denied, 2: anything else."""
+            pid = os.fork()
+            if pid == 0:   # the child becomes the job's user and tries
+                try:
+                    os.setgid(nobody)
+                    os.setuid(nobody)
+                    open(path, "r+b").close()
+                    os._exit(0)
+                except PermissionError:
+                    os._exit(1)
+                except BaseException:
+                    os._exit(2)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+        assert attempt(region.path / "limits") == 1
+        assert attempt(region.path / "usage") == 0
+        region.close()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+FORK = """
+import os, sys
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+n.nvmlDeviceGetMemoryInfo(h)            # through the hook: this process has its slot
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    n.nvmlDeviceGetMemoryInfo(h)        # the child is a process of the job of its own
+    os.write(w, b"x")
+    os.read(0, 1)
+    os._exit(0)
+os.read(r, 1)
+print("pids", os.getpid(), pid, flush=True)
+sys.stdin.read(1)
+"""
+
+
+def test_forked_child_is_a_process_of_its_own(sim, client_factory):
+    region = sim.region([GiB, GiB])
+    script = sim.root / "fork.py"
+    script.write_text(FORK)
+    c = client_factory(Path(sys.executable), [str(script)], sim.job_env(region.path))
+    parent, child = map(int, c.until("pids"))
+    slots = {p.pid for p in region.read_usage().procs}
+    assert {parent, child} <= slots

@@ -1,0 +1,304 @@
+"""The simulated driver API through NVIDIA's own client, cuda-bindings (which
+resolves every entry point through cuGetProcAddress): enumeration, memory,
+copies, modules, launches, streams, events, graphs, VMM, pools, and the
+error codes the real driver gives for wrong programs."""
+
+from __future__ import annotations
+
+import pytest
+from support.sim import SPIN_PTX, run_py
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+# Retain device 0's primary context and make it current, as the runtime does.
+SETUP = f"""
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
+ck(cu.cuCtxSetCurrent(ctx))
+PTX = {SPIN_PTX!r}
+def spin(ns, stream=0):
+    return cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0)
+mod = ck(cu.cuModuleLoadData(PTX))
+fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
+"""
+
+
+def test_enumeration(sim_env):
+    out = run_py(sim_env, """
+        ck(cu.cuInit(0))
+        A = cu.CUdevice_attribute
+        devs = []
+        for i in range(ck(cu.cuDeviceGetCount())):
+            d = ck(cu.cuDeviceGet(i))
+            devs.append({
+                "name": ck(cu.cuDeviceGetName(64, d)).split(b"\\0")[0].decode(),
+                "uuid": bytes(ck(cu.cuDeviceGetUuid(d)).bytes).hex(),
+                "total": ck(cu.cuDeviceTotalMem(d)),
+                "sms": ck(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d)),
+                "cc": [ck(cu.cuDeviceGetAttribute(getattr(A, f"CU_DEVICE_ATTRIBUTE_{w}"), d))
+                       for w in ("COMPUTE_CAPABILITY_MAJOR", "COMPUTE_CAPABILITY_MINOR")],
+                "bus": ck(cu.cuDeviceGetPCIBusId(32, d)).split(b"\\0")[0].decode(),
+            })
+        out({"version": ck(cu.cuDriverGetVersion()), "devs": devs,
+             "bad": err(cu.cuDeviceGet(2))})
+    """)
+    assert out["version"] >= 12000
+    assert len(out["devs"]) == 2
+    d0, d1 = out["devs"]
+    assert d0["name"] == "vgpu-sim GPU" and d0["total"] == 16 * GiB
+    assert d0["sms"] == 132 and d0["cc"] == [9, 0]
+    assert d0["uuid"] != d1["uuid"]
+    assert (d0["bus"], d1["bus"]) == ("0000:01:00.0", "0000:02:00.0")
+    assert out["bad"] == "CUDA_ERROR_INVALID_DEVICE"
+
+
+def test_memory_copies_and_accounting(sim_env):
+    out = run_py(sim_env, SETUP, """
+        free0, total = ck(cu.cuMemGetInfo())
+        p = ck(cu.cuMemAlloc(1000))
+        free1, _ = ck(cu.cuMemGetInfo())
+        src = (ctypes.c_uint32 * 256)(*range(256))
+        back = (ctypes.c_uint32 * 256)()
+        q = ck(cu.cuMemAlloc(1024))
+        ck(cu.cuMemcpyHtoD(p, src, 1000))
+        ck(cu.cuMemcpyDtoD(q, p, 1000))
+        ck(cu.cuMemcpyDtoH(back, q, 1000))
+        same = list(back)[:250] == list(src)[:250]
+        ck(cu.cuMemsetD32(q, 7, 256))
+        ck(cu.cuMemcpyDtoH(back, q, 1024))
+        base, size = ck(cu.cuMemGetAddressRange(int(p) + 10))
+        ck(cu.cuMemFree(p)); ck(cu.cuMemFree(q))
+        free2, _ = ck(cu.cuMemGetInfo())
+        out({"total": total, "free0": free0, "free1": free1, "free2": free2, "same": same,
+             "set": [back[0], back[255]], "range": [int(base) == int(p), size]})
+    """)
+    assert out["total"] - out["free0"] == 300 * MiB  # the context
+    assert out["free0"] - out["free1"] == 2 * MiB    # 1000 bytes take a 2 MiB granule
+    assert out["free2"] == out["free0"]
+    assert out["same"] and out["set"] == [7, 7]
+    assert out["range"] == [True, 1000]
+
+
+def test_out_of_memory(sim_env):
+    out = run_py(sim_env, SETUP, """
+        out({"huge": err(cu.cuMemAlloc(16 << 30)),
+             "fits": err(cu.cuMemAlloc((16 << 30) - (300 << 20)))})
+    """)
+    assert out == {"huge": "CUDA_ERROR_OUT_OF_MEMORY", "fits": "CUDA_SUCCESS"}
+
+
+def test_wrong_programs_get_the_drivers_errors(sim_env):
+    out = run_py(sim_env, f"""
+        r = {{"before_init": err(cu.cuDeviceGetCount())}}
+        ck(cu.cuInit(0))
+        r["alloc_without_context"] = err(cu.cuMemAlloc(1 << 20))
+        ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+        p = ck(cu.cuMemAlloc(1 << 20))
+        r["bad_pointer"] = err(cu.cuMemFree(0xdead0000))
+        r["interior_pointer"] = err(cu.cuMemFree(int(p) + 64))
+        r["first_free"] = err(cu.cuMemFree(p))
+        r["double_free"] = err(cu.cuMemFree(p))
+        buf = (ctypes.c_uint8 * 16)()
+        r["copy_from_freed"] = err(cu.cuMemcpyDtoH(buf, p, 16))
+        q = ck(cu.cuMemAlloc(4096))
+        r["copy_past_end"] = err(cu.cuMemcpyDtoH(buf, int(q) + 4090, 16))
+        r["garbage_image"] = err(cu.cuModuleLoadData(b"\\x7fnot an image\\x00\\x01"))
+        mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
+        r["unknown_function"] = err(cu.cuModuleGetFunction(mod, b"no_such_kernel"))
+        fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
+        r["zero_grid"] = err(cu.cuLaunchKernel(fn, 0, 1, 1, 1, 1, 1, 0, 0,
+                                               ((1,), (ctypes.c_uint64,)), 0))
+        r["huge_block"] = err(cu.cuLaunchKernel(fn, 1, 1, 1, 2048, 1, 1, 0, 0,
+                                                ((1,), (ctypes.c_uint64,)), 0))
+        ck(cu.cuCtxPopCurrent())
+        r["launch_without_context"] = err(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0,
+                                                            ((1,), (ctypes.c_uint64,)), 0))
+        r["sync_without_context"] = err(cu.cuCtxSynchronize())
+        out(r)
+    """)
+    assert out == {
+        "before_init": "CUDA_ERROR_NOT_INITIALIZED",
+        "alloc_without_context": "CUDA_ERROR_INVALID_CONTEXT",
+        "bad_pointer": "CUDA_ERROR_INVALID_VALUE",
+        "interior_pointer": "CUDA_ERROR_INVALID_VALUE",
+        "first_free": "CUDA_SUCCESS",
+        "double_free": "CUDA_ERROR_INVALID_VALUE",
+        "copy_from_freed": "CUDA_ERROR_INVALID_VALUE",
+        "copy_past_end": "CUDA_ERROR_INVALID_VALUE",
+        "garbage_image": "CUDA_ERROR_INVALID_IMAGE",
+        "unknown_function": "CUDA_ERROR_NOT_FOUND",
+        "zero_grid": "CUDA_ERROR_INVALID_VALUE",
+        "huge_block": "CUDA_ERROR_INVALID_VALUE",
+        "launch_without_context": "CUDA_ERROR_INVALID_CONTEXT",
+        "sync_without_context": "CUDA_ERROR_INVALID_CONTEXT",
+    }
+
+
+def test_launch_is_asynchronous_and_sync_waits(sim_env):
+    out = run_py(sim_env, SETUP, """
+        t0 = time.monotonic()
+        ck(spin(200_000_000))
+        launched = time.monotonic() - t0
+        busy = err(cu.cuStreamQuery(0))
+        ck(cu.cuCtxSynchronize())
+        out({"launched": launched, "synced": time.monotonic() - t0, "busy": busy,
+             "idle": err(cu.cuStreamQuery(0))})
+    """)
+    assert out["launched"] < 0.1
+    assert out["busy"] == "CUDA_ERROR_NOT_READY" and out["idle"] == "CUDA_SUCCESS"
+    assert 0.19 <= out["synced"] < 2
+
+
+def test_events_time_the_kernels(sim_env):
+    out = run_py(sim_env, SETUP, """
+        s = ck(cu.cuStreamCreate(0))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000, s))  # busy while the host queues the rest
+        ck(cu.cuEventRecord(a, s))
+        ck(spin(30_000_000, s))
+        ck(spin(20_000_000, s))
+        ck(cu.cuEventRecord(b, s))
+        pending = err(cu.cuEventQuery(b))
+        early = err(cu.cuEventElapsedTime(a, b))
+        ck(cu.cuEventSynchronize(b))
+        out({"pending": pending, "early": early, "ms": ck(cu.cuEventElapsedTime(a, b)),
+             "done": err(cu.cuEventQuery(b))})
+    """)
+    assert out["pending"] == "CUDA_ERROR_NOT_READY" and out["early"] == "CUDA_ERROR_NOT_READY"
+    assert out["done"] == "CUDA_SUCCESS"
+    assert out["ms"] == pytest.approx(50.0, abs=0.5)
+
+
+def test_kernel_duration_rule_for_ordinary_kernels(sim_env):
+    sim_env["VGPU_SIM_NS_PER_BLOCK"] = "1000000"  # 1 ms per wave of 132 blocks
+    out = run_py(sim_env, SETUP, """
+        work = ck(cu.cuModuleGetFunction(mod, b"work"))
+        p = ck(cu.cuMemAlloc(1024))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        times = []
+        for blocks in (1, 132, 133, 132 * 20):
+            ck(spin(20_000_000))  # keeps the device busy while the host queues the rest
+            ck(cu.cuEventRecord(a, 0))
+            ck(cu.cuLaunchKernel(work, blocks, 1, 1, 256, 1, 1, 0, 0,
+                                 ((int(p), 256), (ctypes.c_void_p, ctypes.c_uint32)), 0))
+            ck(cu.cuEventRecord(b, 0))
+            ck(cu.cuEventSynchronize(b))
+            times.append(ck(cu.cuEventElapsedTime(a, b)))
+        out(times)
+    """)
+    assert out == pytest.approx([1.0, 1.0, 2.0, 20.0], abs=0.05)
+
+
+def test_graph_launch(sim_env):
+    out = run_py(sim_env, SETUP, """
+        g = ck(cu.cuGraphCreate(0))
+        p = cu.CUDA_KERNEL_NODE_PARAMS()
+        p.func = fn
+        p.gridDimX = p.gridDimY = p.gridDimZ = 1
+        p.blockDimX = p.blockDimY = p.blockDimZ = 1
+        p.sharedMemBytes = 0
+        p.kernelParams = ((10_000_000,), (ctypes.c_uint64,))
+        n1 = ck(cu.cuGraphAddKernelNode(g, None, 0, p))
+        n2 = ck(cu.cuGraphAddKernelNode(g, [n1], 1, p))
+        ck(cu.cuGraphAddKernelNode(g, [n2], 1, p))
+        ex = ck(cu.cuGraphInstantiate(g, 0))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000))  # busy while the host queues the rest
+        ck(cu.cuEventRecord(a, 0)); ck(cu.cuGraphLaunch(ex, 0)); ck(cu.cuEventRecord(b, 0))
+        ck(cu.cuEventSynchronize(b))
+        out({"nodes": len(ck(cu.cuGraphGetNodes(g, 3))[0]), "ms": ck(cu.cuEventElapsedTime(a, b))})
+    """)
+    assert out["nodes"] == 3
+    assert out["ms"] == pytest.approx(30.0, abs=0.5)
+
+
+def test_virtual_memory_management(sim_env):
+    out = run_py(sim_env, SETUP, """
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        gran = ck(cu.cuMemGetAllocationGranularity(
+            prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM))
+        free0, _ = ck(cu.cuMemGetInfo())
+        h = ck(cu.cuMemCreate(2 * gran, prop, 0))
+        free1, _ = ck(cu.cuMemGetInfo())
+        va = ck(cu.cuMemAddressReserve(4 * gran, 0, 0, 0))
+        ck(cu.cuMemMap(va, 2 * gran, 0, h, 0))
+        ck(cu.cuMemMap(int(va) + 2 * gran, 2 * gran, 0, h, 0))
+        src = (ctypes.c_uint8 * 16)(*range(16)); back = (ctypes.c_uint8 * 16)()
+        ck(cu.cuMemcpyHtoD(va, src, 16))
+        ck(cu.cuMemcpyDtoH(back, int(va) + 2 * gran, 16))
+        ck(cu.cuMemUnmap(va, 4 * gran)); ck(cu.cuMemRelease(h))
+        ck(cu.cuMemAddressFree(va, 4 * gran))
+        free2, _ = ck(cu.cuMemGetInfo())
+        out({"gran": gran, "charged": free0 - free1, "alias": list(back) == list(src),
+             "released": free2 == free0, "odd_size": err(cu.cuMemCreate(gran + 1, prop, 0))})
+    """)
+    assert out == {"gran": 2 * MiB, "charged": 4 * MiB, "alias": True, "released": True,
+                   "odd_size": "CUDA_ERROR_INVALID_VALUE"}
+
+
+def test_stream_ordered_allocation(sim_env):
+    out = run_py(sim_env, SETUP, """
+        s = ck(cu.cuStreamCreate(0))
+        free0, _ = ck(cu.cuMemGetInfo())
+        p = ck(cu.cuMemAllocAsync(3 << 20, s))
+        free1, _ = ck(cu.cuMemGetInfo())
+        ck(cu.cuMemFreeAsync(p, s)); ck(cu.cuStreamSynchronize(s))
+        free2, _ = ck(cu.cuMemGetInfo())
+        out([free0 - free1, free0 - free2])
+    """)
+    assert out == [4 * MiB, 0]
+
+
+def test_created_contexts_cost_memory_and_stack(sim_env):
+    out = run_py(sim_env, """
+        ck(cu.cuInit(0))
+        def create(dev):
+            try:
+                return ck(cu.cuCtxCreate(None, 0, dev))   # cuda-bindings 13: _v4
+            except TypeError:
+                return ck(cu.cuCtxCreate(0, dev))         # cuda-bindings 12
+        a = create(0)
+        free_a, _ = ck(cu.cuMemGetInfo())
+        b = create(0)
+        free_b, _ = ck(cu.cuMemGetInfo())
+        current_b = int(ck(cu.cuCtxGetCurrent())) == int(b)
+        ck(cu.cuCtxDestroy(b))
+        current_a = int(ck(cu.cuCtxGetCurrent())) == int(a)
+        free_after, _ = ck(cu.cuMemGetInfo())
+        out({"each": free_a - free_b, "back": free_after == free_a,
+             "stack": [current_b, current_a], "destroyed": err(cu.cuCtxPushCurrent(b))})
+    """)
+    assert out == {"each": 300 * MiB, "back": True, "stack": [True, True],
+                   "destroyed": "CUDA_ERROR_INVALID_CONTEXT"}
+
+
+def test_extended_and_cooperative_launches(sim_env):
+    out = run_py(sim_env, SETUP, """
+        def config(blocks, stream):
+            c = cu.CUlaunchConfig()
+            c.gridDimX, c.gridDimY, c.gridDimZ = blocks, 1, 1
+            c.blockDimX = c.blockDimY = c.blockDimZ = 1
+            c.sharedMemBytes = 0
+            c.hStream = stream
+            c.numAttrs = 0
+            return c
+        s = ck(cu.cuStreamCreate(0))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000, s))
+        ck(cu.cuEventRecord(a, s))
+        ck(cu.cuLaunchKernelEx(config(1, s), fn, ((20_000_000,), (ctypes.c_uint64,)), 0))
+        ck(cu.cuEventRecord(b, s))
+        ck(cu.cuEventSynchronize(b))
+        args = ((1000,), (ctypes.c_uint64,))
+        out({"ex_ms": ck(cu.cuEventElapsedTime(a, b)),
+             "coop": err(cu.cuLaunchCooperativeKernel(fn, 132, 1, 1, 1, 1, 1, 0, s, args)),
+             "coop_too_large": err(cu.cuLaunchCooperativeKernel(fn, 5000, 1, 1, 1, 1, 1, 0, s,
+                                                                args))})
+    """)
+    assert out["ex_ms"] == pytest.approx(20.0, abs=0.5)
+    assert out["coop"] == "CUDA_SUCCESS"
+    assert out["coop_too_large"] == "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"

@@ -1,0 +1,43 @@
+"""Databases as the daemon writes them, for tests of the store and of
+retention: jobs with a minute of usage each."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from vgpuctl.core.accounting import Accountant
+from vgpuctl.store.jobs import ENDED, JobRecord, Store
+from vgpuctl.store.usage import create_schema, flush
+
+GPU = "GPU-00000000-0000-0000-0000-000000000000"
+DAY = 86400.0
+
+
+def _job(name: str, state: str, t: float) -> JobRecord:
+    return JobRecord(name=name, uid=os.getuid(), user="alice", command=[name], cwd="/",
+                     gpus=[{"index": 0, "uuid": GPU}], mem_limit=1 << 30, core_share=50,
+                     policy="hard", created=t - 60, started=t - 60,
+                     ended=t if state == ENDED else None, state=state)
+
+
+def fill_db(db, jobs: list[tuple[str, str, float]]) -> dict[str, str]:
+    """Jobs (name, state, end time) with a minute of usage each; name -> id."""
+    store = Store.open(db)
+    ids = {name: store.insert_job(_job(name, state, t)) for name, state, t in jobs}
+    create_schema(store.conn)
+    a = Accountant()
+    for name, _, t in jobs:
+        for dt in range(60, -1, -10):      # one sample every 10 s: one row a job
+            a.observe(ids[name], GPU, t - dt, 0.5, 1 << 30)
+    flush(store.conn, a)
+    store.close()
+    return ids
+
+
+def job_names(db) -> set[str]:
+    c = sqlite3.connect(str(db))
+    try:
+        return {r[0] for r in c.execute("SELECT name FROM jobs")}
+    finally:
+        c.close()

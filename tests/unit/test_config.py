@@ -1,0 +1,97 @@
+"""The config file: every key read, every mistake named with file and key."""
+
+from __future__ import annotations
+
+import pytest
+from support import REPO
+
+from vgpuctl.core.config import Config, UserLimits, parse_config
+from vgpuctl.errors import ConfigError
+from vgpuctl.system.config import load_config
+
+G = 1 << 30
+
+
+def write(tmp_path, text):
+    p = tmp_path / "vgpu.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults():
+    c = Config()
+    assert c.tick_ms == 100 and c.reserve == 512 << 20 and c.oversubscribe == 1.0
+    assert c.default_policy == "hard" and c.default_mem is None and c.metrics_address == ""
+
+
+def test_every_key(tmp_path):
+    p = write(tmp_path, """
+socket = "/run/x/vgpud.sock"
+runtime_dir = "/run/x"
+state_dir = "/var/lib/x"
+tick_ms = 50
+reserve = "1G"
+oversubscribe = 1.5
+default_policy = "soft"
+default_mem = "2G"
+metrics_address = "127.0.0.1:9400"
+log_level = "debug"
+retention_days = 30
+[limits.default]
+max_mem = "8G"
+max_core = 50
+[limits.users.alice]
+max_mem = "12G"
+""")
+    c = load_config(p)
+    assert c.socket == "/run/x/vgpud.sock" and c.runtime_dir == "/run/x"
+    assert c.tick_ms == 50 and c.reserve == G and c.oversubscribe == 1.5
+    assert c.default_policy == "soft" and c.default_mem == 2 * G
+    assert c.metrics_address == "127.0.0.1:9400" and c.log_level == "debug"
+    assert c.retention_days == 30
+    assert c.limits_for("alice", 1000) == UserLimits(max_mem=12 * G)
+    assert c.limits_for("bob", 1001) == UserLimits(max_mem=8 * G, max_core=50)
+    assert c.limits_for("root", 0) == UserLimits()
+
+
+def test_the_shipped_example_parses():
+    example = REPO / "etc" / "vgpu.toml"
+    c = load_config(example)
+    assert c.tick_ms == 100
+
+
+@pytest.mark.parametrize("text,key,reason", [
+    ("tick = 5", "tick", "unknown key"),
+    ("tick_ms = 5", "tick_ms", "10 to 10000"),
+    ("tick_ms = \"fast\"", "tick_ms", "integer"),
+    ("reserve = \"lots\"", "reserve", "not a size"),
+    ("oversubscribe = 0.5", "oversubscribe", "1.0"),
+    ("default_policy = \"fair\"", "default_policy", "hard, soft"),
+    ("metrics_address = \"9400\"", "metrics_address", "HOST:PORT"),
+    ("socket = \"relative.sock\"", "socket", "absolute path"),
+    ("[limits.users.bob]\nmax_gpu = 1", "limits.users.bob.max_gpu", "unknown key"),
+    ("[limits.default]\nmax_core = 101", "limits.default.max_core", "1 to 100"),
+])
+def test_bad_values_name_file_key_and_reason(tmp_path, text, key, reason):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert msg.startswith(str(p) + ": " + key + ":"), msg
+    assert reason in msg
+    assert e.value.exit_code == 78
+
+
+def test_not_toml(tmp_path):
+    p = write(tmp_path, "tick_ms = = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_parse_config_without_a_file():
+    assert parse_config({"reserve": 0}).reserve == 0

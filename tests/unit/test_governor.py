@@ -1,0 +1,262 @@
+"""ComputeGovernor, the daemon's interface, against a fluid model of a GPU
+and a fake NVML: ticks are steps, never sleeps, so nothing here depends on
+timing. The model: each job asks for share min(1, rate * cost) (1 when
+ungated, 0 when idle); when the asks add up to more than the GPU, each gets
+its ask in proportion. NVML reports each tick's shares as one sample period
+closing at the tick, in whole percents. Launches are counted
+only while a job is gated, as the hook counts them in the region."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from support.fake_nvml import T0, NVMLError, Sample
+
+from vgpuctl.governor.compute import ComputeGovernor, Gate, JobDevice
+
+TICK = 0.1
+
+
+@dataclass
+class Job:
+    job_id: str
+    pid: int
+    share: int
+    policy: str = "hard"
+    cost_s: float = 1e-3
+    busy: bool = True           # saturating; False: idle (launches nothing)
+    uuid: str = "GPU-0"
+    launches: float = 0.0
+    gate: Gate | None = None
+    got: list[float] = field(default_factory=list)   # true share per tick
+
+
+class World:
+    NVMLError = NVMLError
+
+    def __init__(self, jobs: list[Job], capacity: float = 1.0) -> None:
+        self.jobs = jobs
+        # what the GPU can fill when several processes take turns; when
+        # asked for more, the jobs with the longest kernels win the race
+        # for the device and the loss falls on the shortest ones
+        self.capacity = capacity
+        self.now_us = T0
+        self.samples: dict[str, list[Sample]] = {}
+        self.fail = 0
+
+    # -- fake NVML --
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        return uuid
+
+    def nvmlDeviceGetProcessUtilization(self, handle: str, last_seen: int) -> list[Sample]:
+        if self.fail:
+            self.fail -= 1
+            raise NVMLError(999)
+        out = [s for s in self.samples.get(handle, []) if s.timeStamp > last_seen]
+        if not out:
+            raise NVMLError(6)
+        return out
+
+    # -- the GPU --
+    def run_tick(self) -> None:
+        self.now_us += int(TICK * 1e6)
+        for uuid in {j.uuid for j in self.jobs}:
+            here = [j for j in self.jobs if j.uuid == uuid]
+            asks = []
+            for j in here:
+                if not j.busy:
+                    asks.append(0.0)
+                elif j.gate is None or not j.gate.throttle:
+                    asks.append(1.0)
+                else:
+                    asks.append(min(1.0, j.gate.refill_rate / 1000.0 * j.cost_s))
+            total = sum(asks)
+            usable = self.capacity if sum(1 for a in asks if a > 0) > 1 else 1.0
+            got = {}
+            if total <= usable:
+                got = {id(j): a for j, a in zip(here, asks, strict=True)}
+            elif self.capacity < 1.0:
+                left = usable
+                for j, a in sorted(zip(here, asks, strict=True), key=lambda x: -x[0].cost_s):
+                    got[id(j)] = min(a, left)
+                    left -= got[id(j)]
+            else:
+                got = {id(j): a / total for j, a in zip(here, asks, strict=True)}
+            for j in here:
+                share = got[id(j)]
+                j.got.append(share)
+                if j.gate is not None and j.gate.throttle:
+                    # as the hook: the region's device counter moves only
+                    # on the gated path (the fast path counts per process)
+                    j.launches += share * TICK / j.cost_s
+                util = int(share * 100 + 0.5)
+                if util > 0:
+                    self.samples.setdefault(uuid, []).append(Sample(j.pid, self.now_us, util))
+
+    def clock_us(self) -> int:
+        return self.now_us
+
+
+def run(world: World, gov: ComputeGovernor, ticks: int) -> dict[tuple[str, str], Gate]:
+    gates: dict[tuple[str, str], Gate] = {}
+    for _ in range(ticks):
+        world.run_tick()
+        devs = [JobDevice(j.job_id, j.uuid, frozenset({j.pid}), j.share, j.policy,
+                          int(j.launches)) for j in world.jobs]
+        gates = gov.tick(devs, world.now_us / 1e6)
+        for j in world.jobs:
+            j.gate = gates[(j.job_id, j.uuid)]
+    return gates
+
+
+def governor(world: World) -> ComputeGovernor:
+    return ComputeGovernor(tick_s=TICK, nvml=world, clock_us=world.clock_us)
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def test_hard_100_is_never_gated() -> None:
+    w = World([Job("1", 101, 100, "hard")])
+    gov = governor(w)
+    for _ in range(20):
+        gates = run(w, gov, 1)
+        assert gates[("1", "GPU-0")].throttle is False
+    assert gates[("1", "GPU-0")].measured == pytest.approx(1.0, abs=0.011)
+
+
+def test_soft_alone_is_not_gated() -> None:
+    w = World([Job("1", 101, 30, "soft")])
+    gates = run(w, governor(w), 20)
+    assert gates[("1", "GPU-0")].throttle is False
+    assert gates[("1", "GPU-0")].target == 1.0
+
+
+@pytest.mark.parametrize("cost_s", [10e-6, 1e-3, 10e-3])
+def test_hard_share_alone_is_held(cost_s: float) -> None:
+    j = Job("1", 101, 30, "hard", cost_s=cost_s)
+    w = World([j])
+    gates = run(w, governor(w), 40)
+    g = gates[("1", "GPU-0")]
+    assert g.throttle is True
+    assert g.bucket_size >= 1000                      # at least one launch
+    assert mean(j.got[20:]) == pytest.approx(0.30, abs=0.01)
+    assert max(j.got[20:]) <= 0.32
+    assert g.measured == pytest.approx(0.30, abs=0.015)
+    assert g.refill_rate == pytest.approx(0.30 / cost_s * 1000, rel=0.05)
+
+
+def test_two_hard_jobs() -> None:
+    a, b = Job("1", 101, 30), Job("2", 102, 60, cost_s=5e-3)
+    w = World([a, b])
+    run(w, governor(w), 40)
+    assert mean(a.got[20:]) == pytest.approx(0.30, abs=0.01)
+    assert mean(b.got[20:]) == pytest.approx(0.60, abs=0.01)
+
+
+def test_two_soft_jobs_share_the_whole_gpu() -> None:
+    a, b = Job("1", 101, 30, "soft"), Job("2", 102, 30, "soft", cost_s=2e-3)
+    w = World([a, b])
+    run(w, governor(w), 40)
+    assert mean(a.got[20:]) + mean(b.got[20:]) >= 0.95
+    assert mean(a.got[20:]) == pytest.approx(0.5, abs=0.03)
+    assert mean(b.got[20:]) == pytest.approx(0.5, abs=0.03)
+
+
+def test_full_gpu_loss_is_shared_not_dumped_on_short_kernels() -> None:
+    # 20/30/50 hard with 50 us, 500 us and 5 ms kernels on a GPU that can
+    # fill 97 % of its time when they take turns
+    a = Job("1", 101, 20, cost_s=50e-6)
+    b = Job("2", 102, 30, cost_s=500e-6)
+    c = Job("3", 103, 50, cost_s=5e-3)
+    w = World([a, b, c], capacity=0.97)
+    run(w, governor(w), 60)
+    for j in (a, b, c):
+        assert mean(j.got[30:]) == pytest.approx(j.share / 100, abs=0.02), (a.got[-1], b.got[-1],
+                                                                             c.got[-1])
+    assert mean(a.got[30:]) >= 0.19
+
+
+def test_soft_borrows_from_an_idle_owner_and_gives_back_within_a_second() -> None:
+    soft = Job("1", 101, 30, "soft")
+    owner = Job("2", 102, 60, "hard", busy=False)
+    w = World([soft, owner])
+    gov = governor(w)
+    run(w, gov, 30)
+    assert mean(soft.got[20:]) >= 0.95                # the owner's share is lent
+    owner.busy = True
+    run(w, gov, 10)                                   # 1 s
+    assert owner.got[-1] == pytest.approx(0.60, abs=0.02)
+    assert soft.got[-1] == pytest.approx(0.40, abs=0.02)
+    # hard: never above its share; soft keeps what nobody claims
+    run(w, gov, 20)
+    assert max(owner.got[30:]) <= 0.62
+
+
+def test_hard_never_borrows() -> None:
+    hard = Job("1", 101, 30, "hard")
+    idle = Job("2", 102, 60, "soft", busy=False)
+    w = World([hard, idle])
+    run(w, governor(w), 40)
+    assert max(hard.got[10:]) <= 0.32
+    assert mean(hard.got[20:]) == pytest.approx(0.30, abs=0.01)
+
+
+def test_live_core_change_takes_effect_within_a_second() -> None:
+    j = Job("1", 101, 30, "hard", cost_s=500e-6)
+    w = World([j])
+    gov = governor(w)
+    run(w, gov, 30)
+    j.share = 60
+    run(w, gov, 10)
+    assert j.got[-1] == pytest.approx(0.60, abs=0.02)
+    assert max(j.got[30:]) <= 0.62
+    j.share = 20
+    run(w, gov, 10)
+    assert j.got[-1] == pytest.approx(0.20, abs=0.02)
+
+
+def test_no_burst_when_an_idle_job_returns() -> None:
+    j = Job("1", 101, 40, "hard")
+    w = World([j])
+    gov = governor(w)
+    run(w, gov, 30)
+    j.busy = False
+    run(w, gov, 200)                                  # 20 s idle
+    j.busy = True
+    run(w, gov, 20)
+    assert max(j.got[230:]) <= 0.42
+
+
+def test_gpus_are_independent_and_departed_jobs_forgotten() -> None:
+    a = Job("1", 101, 30, "hard", uuid="GPU-0")
+    b = Job("2", 102, 30, "soft", uuid="GPU-1")
+    w = World([a, b])
+    gov = governor(w)
+    gates = run(w, gov, 30)
+    assert gates[("1", "GPU-0")].throttle is True
+    assert gates[("2", "GPU-1")].throttle is False    # alone on its GPU
+    assert gates[("2", "GPU-1")].measured > 0.9
+    w.jobs.remove(b)
+    gates = run(w, gov, 1)
+    assert set(gates) == {("1", "GPU-0")}
+    # Forgotten: were it to come back, it would start from nothing measured.
+    w.jobs.append(b)
+    gates = run(w, gov, 1)
+    assert gates[("2", "GPU-1")].measured == 0.0
+
+
+def test_nvml_errors_keep_the_last_gate_and_measurement() -> None:
+    j = Job("1", 101, 30, "hard")
+    w = World([j])
+    gov = governor(w)
+    before = run(w, gov, 30)[("1", "GPU-0")]
+    w.fail = 5
+    after = run(w, gov, 5)[("1", "GPU-0")]
+    assert after.throttle is True
+    assert after.measured == before.measured
+    assert after.refill_rate == pytest.approx(before.refill_rate, rel=0.05)
+    run(w, gov, 10)
+    assert mean(j.got[-5:]) == pytest.approx(0.30, abs=0.01)
