@@ -1,10 +1,11 @@
-"""Helpers for the simulated-GPU tests (test_sim_*.py): run a snippet of
+"""Helpers for the simulated-GPU tests (tests/sim): run a snippet of
 Python that uses cuda-bindings or pynvml in a subprocess on the simulated GPU
 (a process loads one libcuda for life), and hold a process on the GPU while a
 test looks at it from another one."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -13,24 +14,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from support.daemon import wait_for
+
 # The command line, run with this interpreter (no PATH needed).
 VGPUCTL = [sys.executable, "-c", "from vgpuctl.cli import main; main()"]
 
 # Every snippet starts with this: the driver API, NVML, `out` to report, and
-# `wait_for` (daemon_fixture.wait_for, inside the snippet's process).
+# `wait_for` (support.daemon.wait_for's own source, in the snippet's process).
 PRELUDE = """
+from __future__ import annotations
 import ctypes, json, os, sys, time
+from typing import Any, Callable
 def out(value):
     print(json.dumps(value), flush=True)
-def wait_for(cond, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+""" + inspect.getsource(wait_for) + """
 try:
     from cuda.bindings import driver as cu
     def ck(r):

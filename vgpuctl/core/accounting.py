@@ -52,13 +52,7 @@ class RowWrite:
     """One interval to persist: a new row (``row_id`` None) or an update of
     the row it names."""
 
-    job_id: str
-    gpu_uuid: str
-    t0: float
-    t1: float
-    gpu_seconds: float
-    mem_gib_hours: float
-    peak_mem_bytes: int
+    row: UsageRow
     row_id: int | None
 
 
@@ -210,8 +204,8 @@ class Accountant:
         items: list[tuple[tuple[str, str], _Open]] = list(self._closed)
         items += [(k, o) for k, o in self._open.items()
                   if o.dirty and (o.t1 > o.t0 or o.row_id is not None or o.peak)]
-        ids = write([RowWrite(k[0], k[1], o.t0, o.t1, o.gpu_seconds, o.mem_gib_hours, o.peak,
-                              o.row_id) for k, o in items])
+        ids = write([RowWrite(UsageRow(k[0], k[1], o.t0, o.t1, o.gpu_seconds, o.mem_gib_hours,
+                                       o.peak), o.row_id) for k, o in items])
         for (_, o), row_id in zip(items, ids, strict=True):
             o.row_id = row_id
             o.dirty = False

@@ -40,8 +40,9 @@ def write_rows(conn: sqlite3.Connection, rows: Sequence[RowWrite]) -> list[int]:
     with conn:
         if conn.isolation_level is None and not conn.in_transaction:
             conn.execute("BEGIN")  # autocommit connection: one transaction
-        for r in rows:
-            if r.row_id is None:
+        for w in rows:
+            r = w.row
+            if w.row_id is None:
                 cur = conn.execute(
                     "INSERT INTO usage (job_id, gpu_uuid, t0, t1, gpu_seconds, mem_gib_hours,"
                     " peak_mem_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -52,8 +53,8 @@ def write_rows(conn: sqlite3.Connection, rows: Sequence[RowWrite]) -> list[int]:
                 conn.execute(
                     "UPDATE usage SET t1 = ?, gpu_seconds = ?, mem_gib_hours = ?,"
                     " peak_mem_bytes = ? WHERE id = ?",
-                    (r.t1, r.gpu_seconds, r.mem_gib_hours, r.peak_mem_bytes, r.row_id))
-                ids.append(r.row_id)
+                    (r.t1, r.gpu_seconds, r.mem_gib_hours, r.peak_mem_bytes, w.row_id))
+                ids.append(w.row_id)
     return ids
 
 
