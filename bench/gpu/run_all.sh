@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# Rerun every real-GPU proof of issue 7 with one command, on a machine with
-# an NVIDIA GPU, its driver, python3 with torch, cuda-bindings, nvidia-ml-py,
-# click, rich, psutil, cffi, and gcc. See docs/gpu-proof.md.
+# Rerun every real-GPU proof of issue 7, and the NVML probe of issue 15,
+# with one command, on a machine with an NVIDIA GPU, its driver, python3
+# with torch, cuda-bindings, nvidia-ml-py, click, rich, psutil, cffi, and
+# gcc. See docs/gpu-proof.md.
 #
 #   bash bench/gpu/run_all.sh [OUTDIR]          (default bench/results/gpu)
 #
-# Builds vgpuctl in this tree, then runs memory, compute, overhead,
-# interception and isolation (bench/gpu/<step>.py), each under `timeout`,
-# logging and going on when one fails. Each step writes OUTDIR/<step>.json;
-# OUTDIR/summary.json names the machine and holds every check; OUTDIR/run.log
-# is this output. When $OUT is set (the device machine), those files are
-# copied there after every step, so a run cut short still returns what it
-# finished. Exit status: 0 when every step passed, 1 otherwise, 3 when
-# vgpuctl could not be built or imported.
+# Builds vgpuctl in this tree, then runs nvml_probe, memory, compute,
+# overhead, interception and isolation (bench/gpu/<step>.py), each under
+# `timeout`, logging and going on when one fails. nvml_probe goes first: it
+# is short and its raw NVML figures are what the simulator is fitted to.
+# Each step writes OUTDIR/<step>.json; OUTDIR/summary.json names the machine
+# and holds every check; OUTDIR/run.log is this output. When $OUT is set
+# (the device machine), those files are copied there after every step, so a
+# run cut short still returns what it finished (8 files: the most the device
+# machine hands back). Exit status: 0 when every step passed, 1 otherwise, 3
+# when vgpuctl could not be built or imported.
 #
 # Environment:
 #   PYTHON                    the interpreter (default python3: the one with torch)
-#   GPU_PROOF_STEPS           steps to run (default "memory compute overhead
-#                             interception isolation")
+#   GPU_PROOF_STEPS           steps to run (default "nvml_probe memory compute
+#                             overhead interception isolation")
 #   GPU_PROOF_BUDGET_S        wall-clock budget for all steps (default 540);
 #                             a step gets min(its own limit, what is left)
 #   GPU_PROOF_SECONDS         compute: measured seconds per run (default 20)
+#   GPU_PROOF_PROBE_SECONDS   nvml_probe: seconds per case (default 10)
 #   GPU_PROOF_NO_BUILD=1      use vgpuctl/_native as it is (built or carried)
 #   GPU_PROOF_WHEELS          folder of wheels for missing modules (default .whl;
 #                             bench/gpu/fetch_wheels.sh fills it)
@@ -44,13 +48,14 @@ OUTDIR=${1:-bench/results/gpu}
 mkdir -p "$OUTDIR" || exit 3
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PY=${PYTHON:-python3}
-STEPS=${GPU_PROOF_STEPS:-memory compute overhead interception isolation}
+STEPS=${GPU_PROOF_STEPS:-nvml_probe memory compute overhead interception isolation}
 BUDGET=${GPU_PROOF_BUDGET_S:-540}
 WHEELS=${GPU_PROOF_WHEELS:-$ROOT/.whl}
 export PYTHONUNBUFFERED=1
 
 step_limit() {   # seconds a step may take at most
     case $1 in
+        nvml_probe) echo 180 ;;
         memory) echo 150 ;;
         compute) echo 300 ;;
         overhead) echo 200 ;;
@@ -63,6 +68,7 @@ step_limit() {   # seconds a step may take at most
 step_args() {
     case $1 in
         compute) echo "--seconds ${GPU_PROOF_SECONDS:-20}" ;;
+        nvml_probe) echo "--seconds ${GPU_PROOF_PROBE_SECONDS:-10}" ;;
         *) echo "" ;;
     esac
 }
