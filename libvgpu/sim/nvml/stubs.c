@@ -26,4 +26,6 @@ nvmlReturn_t nvml_not_modeled(void)
 #define NVML_API_init(name)
 #define NVML_API_procs(name)
 #define NVML_API_device(name)
+#define NVML_API_sensors(name)
+#define NVML_API_fields(name)
 #include "api.def"
