@@ -30,6 +30,7 @@ from support.hook import (
     results,
     run,
 )
+from support.nvml_api import NOT_YET_DEFINED, api_table
 
 from vgpuctl.system import native
 
@@ -168,6 +169,24 @@ def test_simulator_directories_depend_one_way(sim_symbols):
                 dst_dir = inc.split("/")[0]
                 if dst_dir not in SIM_MAY_USE[src_dir]:
                     wrong.append(f"{_name(src)} includes {inc}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_nvml_entry_points_are_defined_where_api_def_says(sim_symbols):
+    """Each entry point of nvml/api.def is defined by the file it names
+    (`stub`: the generated ones of stubs.c), and nvml/ defines no other."""
+    table = api_table()
+    defined_by = {sym: name for name, (defined, _) in sim_symbols.items()
+                  if name.startswith("nvml/") for sym in defined}
+    wrong = []
+    for sym, where in sorted(table.items()):
+        want = "nvml/stubs.c" if where == "stub" else f"nvml/{where}.c"
+        got = defined_by.get(sym)
+        if got != want and not (got is None and sym in NOT_YET_DEFINED):
+            wrong.append(f"{sym}: api.def says {want}, defined in {got or 'no file'}")
+    extra = sorted(s for s in defined_by if s.startswith("nvml") and s not in table
+                   and not s.startswith("nvml_"))
+    wrong += [f"{s}: defined in {defined_by[s]}, not in api.def" for s in extra]
     assert not wrong, "\n".join(wrong)
 
 

@@ -149,4 +149,177 @@ typedef enum nvmlEnableState_enum {
     NVML_FEATURE_ENABLED = 1
 } nvmlEnableState_t;
 
+/* ---- what monitoring tools read (the simulated NVML's device.c, sensors.c) ---- */
+
+typedef struct nvmlBAR1Memory_st {
+    unsigned long long bar1Total;
+    unsigned long long bar1Free;
+    unsigned long long bar1Used;
+} nvmlBAR1Memory_t;
+
+typedef enum nvmlBrandType_enum {
+    NVML_BRAND_NVIDIA = 14
+} nvmlBrandType_t;
+
+typedef enum nvmlInforomObject_enum {
+    NVML_INFOROM_OEM = 0,
+    NVML_INFOROM_ECC = 1,
+    NVML_INFOROM_POWER = 2,
+    NVML_INFOROM_DEN = 3,
+    NVML_INFOROM_COUNT
+} nvmlInforomObject_t;
+
+typedef enum nvmlGpuVirtualizationMode {
+    NVML_GPU_VIRTUALIZATION_MODE_NONE = 0
+} nvmlGpuVirtualizationMode_t;
+
+#define NVML_DEVICE_PART_NUMBER_BUFFER_SIZE 80
+#define NVML_DEVICE_VBIOS_VERSION_BUFFER_SIZE 32
+#define NVML_DEVICE_INFOROM_VERSION_BUFFER_SIZE 16
+
+/* nvmlDeviceGetPcieLinkMaxSpeed */
+#define NVML_PCIE_LINK_MAX_SPEED_32000MBPS 0x00000005
+
+typedef enum nvmlPcieUtilCounter_enum {
+    NVML_PCIE_UTIL_TX_BYTES = 0,
+    NVML_PCIE_UTIL_RX_BYTES = 1,
+    NVML_PCIE_UTIL_COUNT
+} nvmlPcieUtilCounter_t;
+
+typedef enum nvmlClockId_enum {
+    NVML_CLOCK_ID_CURRENT = 0,
+    NVML_CLOCK_ID_APP_CLOCK_TARGET = 1,
+    NVML_CLOCK_ID_APP_CLOCK_DEFAULT = 2,
+    NVML_CLOCK_ID_CUSTOMER_BOOST_MAX = 3,
+    NVML_CLOCK_ID_COUNT
+} nvmlClockId_t;
+
+/* Reasons for the clocks being where they are (nvmlClocksEventReasons). */
+#define nvmlClocksEventReasonGpuIdle 0x0000000000000001LL
+#define nvmlClocksEventReasonApplicationsClocksSetting 0x0000000000000002LL
+#define nvmlClocksEventReasonSwPowerCap 0x0000000000000004LL
+#define nvmlClocksThrottleReasonHwSlowdown 0x0000000000000008LL
+#define nvmlClocksEventReasonSyncBoost 0x0000000000000010LL
+#define nvmlClocksEventReasonSwThermalSlowdown 0x0000000000000020LL
+#define nvmlClocksThrottleReasonHwThermalSlowdown 0x0000000000000040LL
+#define nvmlClocksThrottleReasonHwPowerBrakeSlowdown 0x0000000000000080LL
+#define nvmlClocksEventReasonNone 0x0000000000000000LL
+
+typedef enum nvmlPStates_enum {
+    NVML_PSTATE_0 = 0,
+    NVML_PSTATE_UNKNOWN = 32
+} nvmlPstates_t;
+
+typedef enum nvmlTemperatureThresholds_enum {
+    NVML_TEMPERATURE_THRESHOLD_SHUTDOWN = 0,
+    NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 1,
+    NVML_TEMPERATURE_THRESHOLD_MEM_MAX = 2,
+    NVML_TEMPERATURE_THRESHOLD_GPU_MAX = 3,
+    NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MIN = 4,
+    NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_CURR = 5,
+    NVML_TEMPERATURE_THRESHOLD_ACOUSTIC_MAX = 6,
+    NVML_TEMPERATURE_THRESHOLD_GPS_CURR = 7,
+    NVML_TEMPERATURE_THRESHOLD_COUNT
+} nvmlTemperatureThresholds_t;
+
+typedef struct {
+    unsigned int version;
+    nvmlTemperatureSensors_t sensorType;
+    int temperature;
+} nvmlTemperature_v1_t;
+
+#define nvmlTemperature_v1 NVML_STRUCT_VERSION(Temperature, 1) /* 0x0100000c */
+
+typedef enum nvmlMemoryErrorType_enum {
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0,
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1,
+    NVML_MEMORY_ERROR_TYPE_COUNT
+} nvmlMemoryErrorType_t;
+
+typedef enum nvmlEccCounterType_enum {
+    NVML_VOLATILE_ECC = 0,
+    NVML_AGGREGATE_ECC = 1,
+    NVML_ECC_COUNTER_TYPE_COUNT
+} nvmlEccCounterType_t;
+
+typedef enum nvmlMemoryLocation_enum {
+    NVML_MEMORY_LOCATION_L1_CACHE = 0,
+    NVML_MEMORY_LOCATION_L2_CACHE = 1,
+    NVML_MEMORY_LOCATION_DEVICE_MEMORY = 2,
+    NVML_MEMORY_LOCATION_REGISTER_FILE = 3,
+    NVML_MEMORY_LOCATION_TEXTURE_MEMORY = 4,
+    NVML_MEMORY_LOCATION_TEXTURE_SHM = 5,
+    NVML_MEMORY_LOCATION_CBU = 6,
+    NVML_MEMORY_LOCATION_SRAM = 7,
+    NVML_MEMORY_LOCATION_COUNT
+} nvmlMemoryLocation_t;
+
+/* Session lists: never filled here (no encoder or capture sessions). */
+typedef struct nvmlEncoderSessionInfo_st nvmlEncoderSessionInfo_t;
+typedef struct nvmlFBCSessionInfo_st nvmlFBCSessionInfo_t;
+
+typedef struct nvmlFBCStats_st {
+    unsigned int sessionsCount;
+    unsigned int averageFPS;
+    unsigned int averageLatency;
+} nvmlFBCStats_t;
+
+/* nvmlDeviceGetFieldValues */
+typedef enum nvmlValueType_enum {
+    NVML_VALUE_TYPE_DOUBLE = 0,
+    NVML_VALUE_TYPE_UNSIGNED_INT = 1,
+    NVML_VALUE_TYPE_UNSIGNED_LONG = 2,
+    NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3,
+    NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4,
+    NVML_VALUE_TYPE_SIGNED_INT = 5,
+    NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
+} nvmlValueType_t;
+
+typedef union nvmlValue_st {
+    double dVal;
+    int siVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct nvmlFieldValue_st {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;   /* microseconds since 1970 */
+    long long latencyUsec;
+    nvmlValueType_t valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+/* Field ids (NVML_FI_*) the simulator answers; every other id gets
+ * NVML_ERROR_NOT_SUPPORTED in its nvmlReturn. */
+#define NVML_FI_DEV_ECC_CURRENT 1
+#define NVML_FI_DEV_ECC_PENDING 2
+#define NVML_FI_DEV_ECC_SBE_VOL_TOTAL 3
+#define NVML_FI_DEV_ECC_DBE_VOL_TOTAL 4
+#define NVML_FI_DEV_ECC_SBE_AGG_TOTAL 5
+#define NVML_FI_DEV_ECC_DBE_AGG_TOTAL 6
+#define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION 83
+#define NVML_FI_DEV_PCIE_REPLAY_COUNTER 94
+#define NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER 95
+#define NVML_FI_DEV_REMAPPED_COR 142
+#define NVML_FI_DEV_REMAPPED_UNC 143
+#define NVML_FI_DEV_REMAPPED_PENDING 144
+#define NVML_FI_DEV_REMAPPED_FAILURE 145
+#define NVML_FI_DEV_POWER_AVERAGE 185
+#define NVML_FI_DEV_POWER_INSTANT 186
+#define NVML_FI_DEV_POWER_MIN_LIMIT 187
+#define NVML_FI_DEV_POWER_MAX_LIMIT 188
+#define NVML_FI_DEV_POWER_DEFAULT_LIMIT 189
+#define NVML_FI_DEV_POWER_CURRENT_LIMIT 190
+#define NVML_FI_DEV_POWER_REQUESTED_LIMIT 192
+#define NVML_FI_MAX 274
+
+#define NVML_POWER_SCOPE_GPU 0U
+
 #endif /* VGPU_NVML_TYPES_H */

@@ -1,13 +1,15 @@
 /*
- * device.c - the simulated NVML's system and per-device queries, on the
- * handles of init.c. Processes and utilization are in procs.c.
+ * device.c - the simulated NVML's system queries and what a device is:
+ * identity, board, PCI and PCIe link, memory, and its modes. All of it fixed,
+ * as an H100 SXM5 (the simulator's SM count and compute capability) answers;
+ * what follows the work on the device is in sensors.c, processes and
+ * utilization in procs.c.
  */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "init.h"
-#include "procs.h"
 
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
 {
@@ -18,6 +20,15 @@ static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
     memcpy(dst, src, strlen(src) + 1);
     return NVML_SUCCESS;
 }
+
+/* Store `value` through `out`: the end of a query for one fixed value. */
+#define ANSWER(out, value)                      \
+    do {                                        \
+        if (!(out))                             \
+            return NVML_ERROR_INVALID_ARGUMENT; \
+        *(out) = (value);                       \
+        return NVML_SUCCESS;                    \
+    } while (0)
 
 /* ---- system ---- */
 
@@ -38,10 +49,7 @@ VGPU_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version)
     nvmlReturn_t rc = nvml_enter();
     if (rc)
         return rc;
-    if (!version)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *version = SIM_CUDA_VERSION;
-    return NVML_SUCCESS;
+    ANSWER(version, SIM_CUDA_VERSION);
 }
 VGPU_ALIAS(nvmlSystemGetCudaDriverVersion, nvmlSystemGetCudaDriverVersion_v2)
 
@@ -70,34 +78,41 @@ VGPU_EXPORT nvmlReturn_t nvmlSystemGetProcessName(unsigned int pid, char *name, 
     return NVML_SUCCESS;
 }
 
-#define DEVICE(d, i)                        \
-    nvmlReturn_t rc_ = nvml_enter();        \
-    if (rc_)                                \
-        return rc_;                         \
-    int i = nvml_index(d);                  \
-    if (i < 0)                              \
-        return NVML_ERROR_INVALID_ARGUMENT;
+/* S-class units (VCAs): a server's GPUs are not in one. */
+VGPU_EXPORT nvmlReturn_t nvmlUnitGetCount(unsigned int *count)
+{
+    nvmlReturn_t rc = nvml_enter();
+    if (rc)
+        return rc;
+    ANSWER(count, 0);
+}
+
+/* ---- identity and board ---- */
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index)
 {
-    DEVICE(d, i);
-    if (!index)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *index = (unsigned)i;
-    return NVML_SUCCESS;
+    NVML_DEVICE(d, i);
+    ANSWER(index, (unsigned)i);
 }
 VGPU_ALIAS(nvmlDeviceGetIndex, nvmlDeviceGetMinorNumber)
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     (void)i;
     return copy_str(name, len, SIM_NAME);
 }
 
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, nvmlBrandType_t *brand)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(brand, NVML_BRAND_NVIDIA);
+}
+
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     char u[NVML_DEVICE_UUID_BUFFER_SIZE];
     sim_device_uuid_string(i, u, sizeof u);
     return copy_str(uuid, len, u);
@@ -105,15 +120,100 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned 
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *serial, unsigned int len)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     char s[32];
     snprintf(s, sizeof s, "165000000%04d", i);
     return copy_str(serial, len, s);
 }
 
+/* As the driver derives it: from the PCI bus the board sits on. */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetBoardId(nvmlDevice_t d, unsigned int *id)
+{
+    NVML_DEVICE(d, i);
+    ANSWER(id, ((unsigned)i + 1) << 8);
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMultiGpuBoard(nvmlDevice_t d, unsigned int *multi)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(multi, 0);
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t d, char *part, unsigned int len)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    return copy_str(part, len, "692-2G520-0200-000");
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t d, char *version, unsigned int len)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    return copy_str(version, len, "96.00.99.00.01");
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t d, char *version,
+                                                          unsigned int len)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    return copy_str(version, len, "G520.0200.00.05");
+}
+
+/* An H100 has no power-management or DRAM-encryption infoROM object. */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t d, nvmlInforomObject_t object,
+                                                     char *version, unsigned int len)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    switch (object) {
+    case NVML_INFOROM_OEM: return copy_str(version, len, "2.1");
+    case NVML_INFOROM_ECC: return copy_str(version, len, "7.16");
+    case NVML_INFOROM_POWER:
+    case NVML_INFOROM_DEN: return NVML_ERROR_NOT_SUPPORTED;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = SIM_CC_MAJOR;
+    *minor = SIM_CC_MINOR;
+    return NVML_SUCCESS;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(arch, 9); /* NVML_DEVICE_ARCH_HOPPER */
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetNumGpuCores(nvmlDevice_t d, unsigned int *cores)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(cores, SIM_SM_COUNT * 128); /* 128 FP32 cores per Hopper SM */
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryBusWidth(nvmlDevice_t d, unsigned int *bits)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(bits, 5120); /* five HBM3 stacks */
+}
+
+/* ---- PCI and the PCIe link: Gen5 x16, at full speed whatever the load ---- */
+
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     if (!pci)
         return NVML_ERROR_INVALID_ARGUMENT;
     memset(pci, 0, sizeof *pci);
@@ -127,6 +227,42 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *
 VGPU_ALIAS(nvmlDeviceGetPciInfo_v3, nvmlDeviceGetPciInfo_v2)
 VGPU_ALIAS(nvmlDeviceGetPciInfo_v3, nvmlDeviceGetPciInfo)
 
+#define PCIE_GEN 5
+#define PCIE_WIDTH 16
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t d, unsigned int *gen)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(gen, PCIE_GEN);
+}
+VGPU_ALIAS(nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkGeneration)
+VGPU_ALIAS(nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetGpuMaxPcieLinkGeneration)
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *width)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(width, PCIE_WIDTH);
+}
+VGPU_ALIAS(nvmlDeviceGetCurrPcieLinkWidth, nvmlDeviceGetMaxPcieLinkWidth)
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPcieLinkMaxSpeed(nvmlDevice_t d, unsigned int *speed)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(speed, NVML_PCIE_LINK_MAX_SPEED_32000MBPS);
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPcieSpeed(nvmlDevice_t d, unsigned int *mbps)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(mbps, 32000); /* per lane at Gen5 */
+}
+
+/* ---- memory ---- */
+
 static void memory_of(int i, uint64_t *total, uint64_t *used)
 {
     struct vgpu_sim_state *s = sim_state();
@@ -138,7 +274,7 @@ static void memory_of(int i, uint64_t *total, uint64_t *used)
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *mem)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     if (!mem)
         return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t total, used;
@@ -151,7 +287,7 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *mem)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     if (!mem)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (mem->version != nvmlMemory_v2)
@@ -165,118 +301,81 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v
     return NVML_SUCCESS;
 }
 
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
+/* The aperture through which the host maps device memory: 128 GiB on an
+ * H100, of which the driver itself keeps a little. */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t d, nvmlBAR1Memory_t *bar1)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     (void)i;
-    if (!major || !minor)
+    if (!bar1)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *major = SIM_CC_MAJOR;
-    *minor = SIM_CC_MINOR;
+    bar1->bar1Total = 128ull << 30;
+    bar1->bar1Used = 1ull << 20;
+    bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
     return NVML_SUCCESS;
 }
 
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch)
-{
-    DEVICE(d, i);
-    (void)i;
-    if (!arch)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *arch = 9; /* NVML_DEVICE_ARCH_HOPPER */
-    return NVML_SUCCESS;
-}
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t sensor,
-                                                  unsigned int *temp)
-{
-    DEVICE(d, i);
-    if (!temp || sensor != NVML_TEMPERATURE_GPU)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *temp = 30 + nvml_recent_util(i) / 2;
-    return NVML_SUCCESS;
-}
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw)
-{
-    DEVICE(d, i);
-    if (!mw)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *mw = 70000 + 6300 * nvml_recent_util(i);
-    return NVML_SUCCESS;
-}
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *mw)
-{
-    DEVICE(d, i);
-    (void)i;
-    if (!mw)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *mw = 700000;
-    return NVML_SUCCESS;
-}
-
-static nvmlReturn_t clock_of(nvmlClockType_t type, unsigned int *mhz)
-{
-    if (!mhz)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    switch (type) {
-    case NVML_CLOCK_GRAPHICS:
-    case NVML_CLOCK_SM:
-        *mhz = 1980;
-        return NVML_SUCCESS;
-    case NVML_CLOCK_MEM:
-        *mhz = 2619;
-        return NVML_SUCCESS;
-    case NVML_CLOCK_VIDEO:
-        *mhz = 1545;
-        return NVML_SUCCESS;
-    default:
-        return NVML_ERROR_INVALID_ARGUMENT;
-    }
-}
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t d, nvmlClockType_t type,
-                                                unsigned int *mhz)
-{
-    DEVICE(d, i);
-    (void)i;
-    return clock_of(type, mhz);
-}
-VGPU_ALIAS(nvmlDeviceGetClockInfo, nvmlDeviceGetMaxClockInfo)
+/* ---- modes ---- */
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t d, nvmlComputeMode_t *mode)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     (void)i;
-    if (!mode)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *mode = NVML_COMPUTEMODE_DEFAULT;
-    return NVML_SUCCESS;
+    ANSWER(mode, NVML_COMPUTEMODE_DEFAULT);
 }
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, nvmlEnableState_t *mode)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     (void)i;
-    if (!mode)
+    ANSWER(mode, NVML_FEATURE_ENABLED);
+}
+
+/* No display engine on a data-center board. */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t d, nvmlEnableState_t *mode)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(mode, NVML_FEATURE_DISABLED);
+}
+VGPU_ALIAS(nvmlDeviceGetDisplayMode, nvmlDeviceGetDisplayActive)
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t d, nvmlEnableState_t *mode)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(mode, NVML_FEATURE_DISABLED);
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t d,
+                                                         nvmlGpuVirtualizationMode_t *mode)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    ANSWER(mode, NVML_GPU_VIRTUALIZATION_MODE_NONE); /* bare metal */
+}
+
+/* MIG: capable (up to 7 instances), disabled; no handle is a MIG device. */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
+{
+    NVML_DEVICE(d, i);
+    (void)i;
+    if (!cur || !pending)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *mode = NVML_FEATURE_ENABLED;
+    *cur = *pending = 0; /* NVML_DEVICE_MIG_DISABLE */
     return NVML_SUCCESS;
 }
 
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetFanSpeed(nvmlDevice_t d, unsigned int *speed)
+VGPU_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     (void)i;
-    (void)speed;
-    return NVML_ERROR_NOT_SUPPORTED; /* passively cooled, as an SXM board */
+    ANSWER(is_mig, 0);
 }
 
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
 {
-    DEVICE(d, i);
+    NVML_DEVICE(d, i);
     (void)i;
-    (void)cur;
-    (void)pending;
-    return NVML_ERROR_NOT_SUPPORTED;
+    ANSWER(count, 7);
 }

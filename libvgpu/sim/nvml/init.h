@@ -14,4 +14,15 @@ nvmlReturn_t nvml_enter(void);
 /* The physical GPU behind a handle, or -1 if the handle is not one. */
 int nvml_index(nvmlDevice_t d);
 
+/* Start of a device query: return nvml_enter()'s error, or
+ * NVML_ERROR_INVALID_ARGUMENT for a handle that is not a device; else
+ * declare `i`, the device's index. */
+#define NVML_DEVICE(d, i)                   \
+    nvmlReturn_t rc_ = nvml_enter();        \
+    if (rc_)                                \
+        return rc_;                         \
+    int i = nvml_index(d);                  \
+    if (i < 0)                              \
+        return NVML_ERROR_INVALID_ARGUMENT;
+
 #endif /* VGPU_SIM_NVML_INIT_H */
