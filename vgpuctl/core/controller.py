@@ -15,7 +15,10 @@ into a launch rate for the hook's token bucket:
   target in share units: it removes what the cost estimate cannot see
   (measurement bias, queueing). Anti-windup: the integral does not grow while
   the job launched fewer kernels than it was allowed (idle, busy on the host,
-  or held back by the device), and it is clamped.
+  or held back by the device), nor before the first cost estimate, and it is
+  clamped. A measurement that only bounds the share (NVML averaged several
+  sample periods in one read, and may have skipped the job's idle ones)
+  moves it only by the error both bounds agree on.
 
 `effective_targets` implements the two policies on one GPU: `hard` jobs get
 their share and never more; `soft` jobs that want more share the capacity
@@ -77,6 +80,9 @@ class Observation:
     busy_s     GPU-busy seconds of the job over that window (None: no window)
     window_launches  launches of the job over that same window (None: unknown)
     window_s   length of that window in seconds (None: dt)
+    measured_low  a lower bound of the share when the window only bounds it
+               (NVML averaged several sample periods in one read): measured
+               is then an upper bound, and the PI acts only where both agree
     """
 
     target: float
@@ -86,6 +92,7 @@ class Observation:
     busy_s: float | None = None
     window_launches: float | None = None
     window_s: float | None = None
+    measured_low: float | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,9 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     """One control step: update the loop's state from obs, return the gate."""
     gains = gains or DEFAULT_GAINS
     target = min(max(obs.target, 0.0), 1.0)
+    # Until the first cost estimate the rate rests on a guess: what it gives
+    # says nothing the PI should remember.
+    guessed = loop.cost is None
     if obs.busy_s is not None and obs.window_launches is not None:
         window_s = obs.window_s if obs.window_s is not None else obs.dt
         busy_s = obs.busy_s
@@ -177,10 +187,12 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
 
     error = 0.0
     if obs.measured is not None:
-        raw = target - obs.measured
+        raw = _certain_error(target, obs.measured, obs.measured_low)
         if loop.settle > 0:
             # The window still shows the rate before the last jump.
             loop.settle -= 1
+        elif guessed:
+            pass
         elif raw < 0.0 or may_push_up:
             # Anti-windup: a job below its target that did not use what it
             # was allowed (idle, busy on the host, or held back by the
@@ -202,6 +214,20 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     loop.rate = rate
     loop.commanded = commanded
     return Command(throttle=True, rate=rate, bucket=max(1.0, rate * gains.bucket_s))
+
+
+def _certain_error(target: float, measured: float, low: float | None) -> float:
+    """The share error the PI may act on. With a lower bound below the
+    measurement (a window that only bounds the share) that is the part of the
+    error both bounds agree on: under target by at least target - measured,
+    over it by at least low - target, or nothing."""
+    if low is None or low >= measured:
+        return target - measured
+    if measured < target:
+        return target - measured
+    if low > target:
+        return target - low
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +291,10 @@ class Capacity:
     to 1 quickly; when it is busy and nobody is held back, slowly; a window
     with room and a job held back (busy on its host, or its host was late)
     changes nothing.
+
+    The weights are those of a window of ``window_ref_s`` (NVML's shortest
+    sample period); a longer window weighs as that many short ones, so the
+    estimate follows the GPU as fast in seconds whatever NVML's period.
     """
 
     value: float = 1.0
@@ -275,9 +305,11 @@ class Capacity:
                                         # back: recover slowly, or the held-back job
                                         # loses it all again
     saturated_util: float = 0.9         # total utilization above which a GPU may be full
+    window_ref_s: float = 1 / 6         # the window the weights are for
 
-    def observe(self, util: float, starved: bool) -> float:
-        """Fold one measurement window; util = the GPU's total busy share."""
+    def observe(self, util: float, starved: bool, window_s: float | None = None) -> float:
+        """Fold one measurement window of window_s seconds (default: the
+        reference); util = the GPU's total busy share."""
         if starved:
             if util < self.saturated_util:
                 # Room on the GPU and a job below target: busy on its host,
@@ -288,6 +320,8 @@ class Capacity:
             obs, alpha = 1.0, self.alpha_down       # room, and nobody wants it
         else:
             obs, alpha = 1.0, self.alpha_up
+        if window_s is not None and window_s > 0:
+            alpha = 1.0 - (1.0 - alpha) ** (window_s / self.window_ref_s)
         self.value = min(1.0, max(self.floor, self.value + alpha * (obs - self.value)))
         return self.value
 
