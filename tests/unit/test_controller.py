@@ -160,6 +160,34 @@ def test_a_window_that_only_bounds_the_share_moves_the_pi_by_what_is_certain() -
     assert loop.integral == pytest.approx(before + ctl.Gains().ki * 0.05)
 
 
+def test_a_job_of_a_few_launches_a_step_is_not_taken_for_idle() -> None:
+    # 1 % of 1 ms kernels: ten launches a second, so a 100 ms step holds none
+    # or two. That is no idle job starting again each time (which would keep
+    # the PI waiting for ever), nor one the bucket holds back.
+    loop = ctl.ShareLoop()
+    for i in range(60):
+        launches = 2.0 if i % 2 else 0.0
+        ctl.step(loop, ctl.Observation(0.01, DT, launches, measured=0.01, busy_s=0.01 * DT,
+                                       window_launches=1.0, window_s=DT))
+        if i > 10:
+            assert loop.settle == 0, i
+    assert loop.used == pytest.approx(1.0, abs=0.35)
+    assert loop.rate == pytest.approx(10.0, rel=0.05)
+
+
+def test_small_targets_move_the_pi_less_per_measurement() -> None:
+    # NVML reads a 1 % job in whole percents: one reading of 0 or 2 is an
+    # error of the whole target, and must not swing its rate by that much
+    big, small = _settled_loop(), ctl.ShareLoop()
+    for _ in range(30):
+        ctl.step(small, ctl.Observation(0.01, DT, 1.0, 0.01, 0.01 * DT, 1.0, DT))
+    b0, s0 = big.integral, small.integral
+    ctl.step(big, ctl.Observation(0.3, DT, 30.0, 0.29, 0.029, 30.0, DT))
+    ctl.step(small, ctl.Observation(0.01, DT, 1.0, 0.0, 0.0, 1.0, DT))
+    assert big.integral - b0 == pytest.approx(ctl.Gains().ki * 0.01)
+    assert small.integral - s0 == pytest.approx(ctl.Gains().ki * 0.01 * 0.1)
+
+
 def test_live_target_change_up_and_down() -> None:
     plant = Plant(500e-6)
     loop = ctl.ShareLoop()

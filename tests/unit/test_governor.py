@@ -11,6 +11,7 @@ is gated, as the hook counts them in the region."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import pytest
@@ -40,6 +41,8 @@ class Job:
     uuid: str = "GPU-0"
     launches: float = 0.0
     pids: frozenset[int] | None = None    # what the daemon knows of the job (default: pid)
+    whole: bool = False         # kernels run whole: a tick holds a whole number of them
+    carry: float = 0.0          # (whole) the part of a kernel left to the next tick
     gate: Gate | None = None
     got: list[float] = field(default_factory=list)   # true share per tick
 
@@ -59,6 +62,7 @@ class World:
         self.now_us = T0
         self.gpus: dict[str, UtilBuffer] = {}
         self.fail = 0
+        self.rng: random.Random | None = None      # whole kernels: placed at random in a tick
 
     # -- fake NVML --
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
@@ -98,15 +102,28 @@ class World:
             else:
                 got = {id(j): a / total for j, a in zip(here, asks, strict=True)}
             buf = self.gpus.setdefault(uuid, UtilBuffer(self.period_us, self.idle))
+            start_us = self.now_us - TICK * 1e6
             for j in here:
                 share = got[id(j)]
+                kernels = share * TICK / j.cost_s
+                if j.whole:
+                    # whole kernels, evenly spread over the tick: NVML sees
+                    # one in some periods and two in others
+                    j.carry += kernels
+                    kernels = float(int(j.carry))
+                    j.carry -= kernels
+                    share = kernels * j.cost_s / TICK
+                    phase = self.rng.random() if self.rng else (j.pid % 7) / 7
+                    for i in range(int(kernels)):
+                        t = start_us + (i + phase) * TICK * 1e6 / kernels
+                        buf.run(j.pid, t, t + j.cost_s * 1e6)
+                elif share > 0:
+                    buf.run(j.pid, start_us, self.now_us, share)
                 j.got.append(share)
                 if j.gate is not None and j.gate.throttle:
                     # as the hook: the region's device counter moves only
                     # on the gated path (the fast path counts per process)
-                    j.launches += share * TICK / j.cost_s
-                if share > 0:
-                    buf.run(j.pid, self.now_us - TICK * 1e6, self.now_us, share)
+                    j.launches += kernels
             buf.publish(self.now_us)
 
     def clock_us(self) -> int:
@@ -190,12 +207,17 @@ def test_two_hard_jobs(period_us: int, idle: str) -> None:
 
 @pytest.mark.parametrize(("period_us", "idle"), NVMLS)
 def test_many_small_shares(period_us: int, idle: str) -> None:
-    """64 jobs of 1 % each, whatever NVML's period: NVML's whole percents
-    can't tell 0.6 % from 1.4 %, and none may drift out of 0.5..1.5."""
-    jobs = [Job(str(i), 1000 + i, 1, cost_s=1e-3) for i in range(64)]
+    """64 jobs of 1 % each, of whole kernels at random places, whatever
+    NVML's period: NVML's whole percents can't tell a period with one 1 ms
+    kernel (0.6 %) from one with two (1.2 %), and no job may drift out of
+    0.5..1.5 %, also when its kernels are not the 1 ms the loop first
+    assumes."""
+    jobs = [Job(str(i), 1000 + i, 1, cost_s=(0.7e-3, 1e-3, 1.3e-3, 2e-3)[i % 4], whole=True)
+            for i in range(64)]
     w = World(jobs, period_us=period_us, idle=idle)
+    w.rng = random.Random(period_us)
     n = settled(period_us)
-    run(w, governor(w), n + 40)
+    run(w, governor(w), n + 100)
     for j in jobs:
         assert mean(j.got[n:]) == pytest.approx(0.01, abs=0.005), j.job_id
 
