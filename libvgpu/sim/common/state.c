@@ -223,6 +223,9 @@ static int find_tag(struct vgpu_sim_state *s, const char *name)
     }
     if (free_i >= 0)
         snprintf(s->tags[free_i].name, VGPU_SIM_TAG_LEN, "%s", name);
+    else
+        fprintf(stderr, "vgpu-sim: VGPU_SIM_TAG=%s: the state holds %d tags already; this "
+                "process's use is not added up under it\n", name, VGPU_SIM_MAX_TAGS);
     return free_i;
 }
 

@@ -22,7 +22,7 @@
 #define VGPU_SIM_LAYOUT 3
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
-#define VGPU_SIM_MAX_TAGS 64
+#define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
 #define VGPU_SIM_TAG_LEN 64
 #define VGPU_SIM_RING 65536        /* executed kernels remembered per device */
 #define VGPU_SIM_PERIODS 64        /* utilization sample periods kept */
