@@ -415,8 +415,13 @@ def _wait_all_running(record: DeviceRecord, jobs: list[Running], deadline: float
         if all(busy.get(j.tag, 0) > 0 for j in jobs):
             return t
         if t > deadline:
-            idle = [j.tag for j in jobs if not busy.get(j.tag, 0)]
-            raise RuntimeError(f"{len(idle)} jobs never ran: {', '.join(idle[:5])}")
+            idle = [j for j in jobs if not busy.get(j.tag, 0)]
+            why = ""
+            gone = [j for j in idle if j.proc.poll() is not None]
+            if gone and gone[0].proc.stderr is not None:
+                why = f" ({gone[0].tag}: {gone[0].proc.stderr.read().strip()[-300:]})"
+            raise RuntimeError(f"{len(idle)} jobs never ran: "
+                               f"{', '.join(j.tag for j in idle[:5])}{why}")
         time.sleep(0.2)
 
 
