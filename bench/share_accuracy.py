@@ -25,8 +25,9 @@ The simulated NVML's sample period is ``--sample-ms`` (167: 1/6 s, the
 shortest NVIDIA documents; 1000: the longest), how it averages a process's
 idle periods ``--util-idle`` (average, the simulator's default, or skip).
 
-Prints a table and writes bench/results/share_accuracy_<sample-ms>ms.json.
-One run takes about two and a half minutes. Timings are not pass/fail for
+Prints a table and writes bench/results/share_accuracy_<sample-ms>ms.json
+(``_skip`` added with ``--util-idle skip``).
+One run takes about 100 s. Timings are not pass/fail for
 the test suite.
 
     python bench/share_accuracy.py [--harness daemon|direct] [--only 1,3]
@@ -557,10 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--util-idle", choices=("average", "skip"), default="average",
                     help="how the simulated NVML averages a process's idle periods")
     ap.add_argument("--out", default=None,
-                    help="the JSON file (default bench/results/share_accuracy_<sample-ms>ms.json)")
+                    help="the JSON file (default bench/results/share_accuracy_<sample-ms>ms"
+                         "[_skip].json)")
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = str(HERE / "results" / f"share_accuracy_{args.sample_ms}ms.json")
+        idle = "" if args.util_idle == "average" else f"_{args.util_idle}"
+        args.out = str(HERE / "results" / f"share_accuracy_{args.sample_ms}ms{idle}.json")
     only = {int(x) for x in args.only.split(",") if x.strip()}
 
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-share-"))
