@@ -13,6 +13,7 @@ figures, over ``--seconds`` (10) after ``--settle`` (2) seconds:
   5  one job changed from 30 to 60 while running +- 2 of 60 in under 1 s
   6  two jobs 50 / 50 hard                       summed throughput >= 97 % of
                                                  one job alone, ungated
+  7  64 jobs at 1 hard on one GPU                each +- 0.5
 
 Two harnesses:
   daemon  (default) a private daemon on a temporary socket; jobs started with
@@ -20,10 +21,17 @@ Two harnesses:
   direct  no daemon: regions created here, jobs run with the hook preloaded,
           and this process drives ``ComputeGovernor.tick`` itself.
 
-Prints a table and writes bench/results/share_accuracy.json. One run takes
-about two minutes. Timings are not pass/fail for the test suite.
+The simulated NVML's sample period is ``--sample-ms`` (167: 1/6 s, the
+shortest NVIDIA documents; 1000: the longest), how it averages a process's
+idle periods ``--util-idle`` (average, the simulator's default, or skip).
+
+Prints a table and writes bench/results/share_accuracy_<sample-ms>ms.json
+(``_skip`` added with ``--util-idle skip``).
+One run takes about 100 s. Timings are not pass/fail for
+the test suite.
 
     python bench/share_accuracy.py [--harness daemon|direct] [--only 1,3]
+                                   [--sample-ms 167|1000] [--util-idle average|skip]
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from vgpuctl.system import native, sim
 
-SIM_SPEC = "1x16G"
+# An 80 GiB GPU (an H100's): 64 jobs' contexts (300 MiB each) need more than 16.
+SIM_SPEC = "1x80G"
 # the vgpuctl command of this interpreter's installation
 VGPUCTL = [sys.executable, "-c", "from vgpuctl.cli import main; main()"]
 DEFAULT_KERNEL_US = 1000
@@ -78,6 +87,7 @@ class Scenario:
     title: str
     jobs: list[JobSpec]
     change_to: int | None = None       # scenario 5: new core of the first job
+    crowd: bool = False                # scenario 7: wait for every job to run, then settle
 
 
 SCENARIOS = [
@@ -90,7 +100,9 @@ SCENARIOS = [
     Scenario(5, "one job 30 -> 60 live", [JobSpec("a", 30)], change_to=60),
     Scenario(6, "two jobs 50/50 hard: throughput vs one alone",
              [JobSpec("a", 50), JobSpec("b", 50)]),
+    Scenario(7, "64 jobs at 1 hard", [JobSpec(f"j{i:02d}", 1) for i in range(64)], crowd=True),
 ]
+CROWD_START_S = 60.0       # scenario 7: the most its 64 jobs may take to start
 
 
 # ---- the simulator's own record ------------------------------------------------
@@ -324,7 +336,7 @@ class DaemonHarness(Harness):
 
 def run_scenario(sc: Scenario, harness: Harness, record: DeviceRecord, settle: float,
                  seconds: float, run_id: str, ungated: bool = False) -> dict[str, Any]:
-    total = settle + seconds + 1.5
+    total = settle + seconds + 1.5 + (CROWD_START_S if sc.crowd else 0.0)
     jobs = []
     for spec in sc.jobs:
         tag = f"s{sc.number}{run_id}-{spec.name}"
@@ -336,7 +348,7 @@ def run_scenario(sc: Scenario, harness: Harness, record: DeviceRecord, settle: f
             jobs.append(Running(spec, tag, proc))
         else:
             jobs.append(harness.start(spec, tag, total))
-    t_start = time.monotonic()
+    t_start = t0 = time.monotonic()
     series: list[tuple[float, dict[str, int]]] = []
     try:
         if sc.change_to is not None:
@@ -364,11 +376,17 @@ def run_scenario(sc: Scenario, harness: Harness, record: DeviceRecord, settle: f
             res["first_within_s"] = _convergence(series, jobs[0].tag, t_change,
                                                  sc.change_to / 100, 0.02, first=True)
         else:
+            if sc.crowd:
+                # dozens of `vgpuctl run` take seconds to start on a small
+                # host: the settling starts once every job has run a kernel
+                t_start = _wait_all_running(record, jobs, t_start + CROWD_START_S)
             _sleep_until(t_start + settle)
             a = record.busy_ns()
             _sleep_until(a[0] + seconds)
             b = record.busy_ns()
             res = _shares(jobs, a, b)
+            if sc.crowd:
+                res["all_running_after_s"] = round(t_start - t0, 3)
     finally:
         for j in jobs:
             if j.proc.poll() is None:
@@ -388,6 +406,24 @@ def run_scenario(sc: Scenario, harness: Harness, record: DeviceRecord, settle: f
             j.extra["burn"] = None
     res["burn"] = {j.spec.name: j.extra["burn"] for j in jobs}
     return res
+
+
+def _wait_all_running(record: DeviceRecord, jobs: list[Running], deadline: float) -> float:
+    """When every job has GPU time on the simulator's record; fails at the
+    deadline."""
+    while True:
+        t, busy = record.busy_ns()
+        if all(busy.get(j.tag, 0) > 0 for j in jobs):
+            return t
+        if t > deadline:
+            idle = [j for j in jobs if not busy.get(j.tag, 0)]
+            why = ""
+            gone = [j for j in idle if j.proc.poll() is not None]
+            if gone and gone[0].proc.stderr is not None:
+                why = f" ({gone[0].tag}: {gone[0].proc.stderr.read().strip()[-300:]})"
+            raise RuntimeError(f"{len(idle)} jobs never ran: "
+                               f"{', '.join(j.tag for j in idle[:5])}{why}")
+        time.sleep(0.2)
 
 
 def _sleep_until(t: float) -> None:
@@ -475,6 +511,20 @@ def judge(sc: Scenario, res: dict[str, Any], solo: dict[str, Any] | None) -> lis
         rows.append({"scenario": 6, "what": "summed throughput vs alone (%)", "target": ">= 97",
                      "measured": round(ratio, 2), "error": round(min(0.0, ratio - 97), 2),
                      "ok": ratio >= 97})
+    elif sc.number == 7:
+        got = sorted((sh[spec.name] * 100, spec.name) for spec in sc.jobs)
+        n = len(got)
+        kernel = sc.jobs[0].kernel_us
+        lo, hi = got[0], got[-1]
+        rows.append(_row(sc, f"lowest of {n} jobs ({kernel} us): {lo[1]}", 1, lo[0], 0.5))
+        rows.append(_row(sc, f"highest of {n} jobs: {hi[1]}", 1, hi[0], 0.5))
+        mean = sum(x for x, _ in got) / n
+        r = _row(sc, f"mean of {n} jobs (shown, not judged)", 1, mean, 0.5)
+        r["ok"] = None
+        rows.append(r)
+        within = sum(1 for x, _ in got if abs(x - 1) <= 0.5)
+        rows.append({"scenario": 7, "what": "jobs within +-0.5", "target": n,
+                     "measured": within, "error": within - n, "ok": within == n})
     return rows
 
 
@@ -502,8 +552,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=2.0)
     ap.add_argument("--only", default="", help="comma-separated scenario numbers")
-    ap.add_argument("--out", default=str(HERE / "results" / "share_accuracy.json"))
+    ap.add_argument("--sample-ms", type=int, default=167,
+                    help="NVML's sample period on the simulated GPU (NVIDIA documents 167 to "
+                         "1000)")
+    ap.add_argument("--util-idle", choices=("average", "skip"), default="average",
+                    help="how the simulated NVML averages a process's idle periods")
+    ap.add_argument("--out", default=None,
+                    help="the JSON file (default bench/results/share_accuracy_<sample-ms>ms"
+                         "[_skip].json)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        idle = "" if args.util_idle == "average" else f"_{args.util_idle}"
+        args.out = str(HERE / "results" / f"share_accuracy_{args.sample_ms}ms{idle}.json")
     only = {int(x) for x in args.only.split(",") if x.strip()}
 
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-share-"))
@@ -516,6 +576,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
     os.environ["VGPU_SIM"] = SIM_SPEC
     os.environ["VGPU_SIM_STATE"] = str(tmp / "simstate")
+    os.environ["VGPU_SIM_SAMPLE_MS"] = str(args.sample_ms)
+    os.environ["VGPU_SIM_UTIL_IDLE"] = args.util_idle
     os.environ.pop("LD_PRELOAD", None)
     env = dict(sim.child_env(dict(os.environ)))
     env["PYTHONPATH"] = os.pathsep.join(
@@ -553,6 +615,8 @@ def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
         "benchmark": "share_accuracy",
         "harness": args.harness,
         "device": f"simulated GPU (VGPU_SIM={SIM_SPEC})",
+        "sample_ms": args.sample_ms,
+        "util_idle": args.util_idle,
         "cpus": os.cpu_count(),
         "settle_s": args.settle,
         "seconds": args.seconds,

@@ -4,6 +4,10 @@ rates and per-process utilization samples, and injected NVML errors."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
+import pytest
 from support.sim import SPIN_PTX, VGPUCTL, holding, run_py
 
 MiB = 1 << 20
@@ -16,25 +20,6 @@ ctx = ck(cu.cuDevicePrimaryCtxRetain(1)); ck(cu.cuCtxSetCurrent(ctx))
 p = ck(cu.cuMemAlloc(1 << 30))
 out({"pid": os.getpid()})
 """
-
-# Keeps GPU 0 busy with spin kernels until told to stop.
-BUSY = f"""
-import threading
-ck(cu.cuInit(0))
-ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
-fn = ck(cu.cuModuleGetFunction(ck(cu.cuModuleLoadData({SPIN_PTX!r})), b"vgpu_spin"))
-stop = threading.Event()
-def loop():
-    ck(cu.cuCtxSetCurrent(ctx))
-    while not stop.is_set():
-        for _ in range(20):  # 100 ms queued at a time: the device never waits for us
-            ck(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0,
-                                 ((5_000_000,), (ctypes.c_uint64,)), 0))
-        ck(cu.cuCtxSynchronize())
-threading.Thread(target=loop, daemon=True).start()
-out({{"pid": os.getpid()}})
-"""
-
 
 def test_enumeration(sim_env):
     out = run_py(sim_env, """
@@ -115,52 +100,208 @@ def test_nvml_ignores_cuda_visible_devices(sim_env):
     assert out == 2
 
 
-def test_utilization_samples(sim_env):
-    """Idle: no samples (NVML_ERROR_NOT_FOUND). Busy: samples for the busy
-    process with its SM share, only those newer than lastSeenTimeStamp."""
-    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
-    idle = run_py(sim_env, """
-        import pynvml as N
-        N.nvmlInit()
-        h = N.nvmlDeviceGetHandleByIndex(0)
-        try:
-            N.nvmlDeviceGetProcessUtilization(h, 0)
-            out("samples")
-        except N.NVMLError_NotFound:
-            out("not found")
+# Reads per-process utilization both ways (nvmlDeviceGetProcessUtilization and
+# nvmlDeviceGetProcessesUtilizationInfo) as lists of (pid, timeStamp, smUtil),
+# [] for NVML_ERROR_NOT_FOUND; and the raw C entry points, for the size query.
+UTIL = """
+import pynvml as N
+N.nvmlInit()
+h = N.nvmlDeviceGetHandleByIndex(0)
+def util(last_seen, info=False):
+    fn = N.nvmlDeviceGetProcessesUtilizationInfo if info else N.nvmlDeviceGetProcessUtilization
+    try:
+        return [[s.pid, s.timeStamp, s.smUtil] for s in fn(h, last_seen)]
+    except N.NVMLError_NotFound:
+        return []
+def both(last_seen):
+    return {"sample": util(last_seen), "info": util(last_seen, True)}
+raw = N._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+raw_info = N._nvmlGetFunctionPointer("nvmlDeviceGetProcessesUtilizationInfo")
+def size_query(last_seen):
+    n = ctypes.c_uint(0)
+    return [raw(h, None, ctypes.byref(n), ctypes.c_ulonglong(last_seen)), n.value]
+"""
+
+
+def _burners(sim_env, burn_program, n, kernel_us):
+    return [subprocess.Popen([str(burn_program), "--kernel-us", str(kernel_us),
+                              "--seconds", "60"], env=sim_env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(n)]
+
+
+def _stop(procs):
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait(timeout=30)
+
+
+def test_utilization_idle_gpu_is_not_found(sim_env):
+    out = run_py(sim_env, UTIL, """
+        out({"both": both(0), "size": size_query(0)})
     """)
-    assert idle == "not found"
-    with holding(sim_env, BUSY) as busy:
-        out = run_py(sim_env, f"BUSY_PID = {busy.report['pid']}\n", """
-            import pynvml as N
-            N.nvmlInit()
-            h = N.nvmlDeviceGetHandleByIndex(0)
-            def samples(last_seen):
-                try:
-                    return N.nvmlDeviceGetProcessUtilization(h, last_seen)
-                except N.NVMLError_NotFound:
-                    return []
-            def four_periods():
-                # the busy process's first period may be partial; the last three are whole
-                s = samples(0)
-                return s if sum(x.pid == BUSY_PID for x in s) >= 4 else None
-            first = wait_for(four_periods, what="four samples of the busy process")
-            last = max(s.timeStamp for s in first)
-            again = len(samples(last))
-            later = wait_for(lambda: samples(last), what="a sample newer than the last seen")
-            out({"pids": sorted({s.pid for s in first}),
-                 "sm": [s.smUtil for s in first[-3:]],
-                 "ts_us": last, "now_us": time.time() * 1e6, "again": again,
-                 "later": [s.timeStamp > last for s in later],
-                 "rates": N.nvmlDeviceGetUtilizationRates(h).gpu})
+    assert out["both"] == {"sample": [], "info": []}
+    assert out["size"] == [6, 0]   # NVML_ERROR_NOT_FOUND, nothing to size
+
+
+def test_utilization_one_entry_per_process_per_call(sim_env, burn_program):
+    """A saturating process gets one entry per call, however many sample
+    periods the call covers, with smUtil near 100, from both calls; only
+    entries newer than lastSeenTimeStamp come back, stamped with the newest
+    period, in microseconds of the wall clock."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    (busy,) = procs = _burners(sim_env, burn_program, 1, 1000)
+    try:
+        out = run_py(sim_env, f"BUSY = {busy.pid}\n", UTIL, """
+            first = wait_for(lambda: util(0), what="an entry for the busy process")
+            t0 = max(ts for _, ts, _ in first)
+            time.sleep(0.5)               # about five more periods
+            b = both(t0)
+            t1 = max(ts for _, ts, _ in b["sample"])
+            out({"first": first, "t0": t0, "b": b, "now_us": time.time() * 1e6,
+                 "again": both(t1), "future": both(int(time.time() * 1e6) + 10_000_000)})
         """)
-        busy.stop()
-    assert out["pids"] == [busy.report["pid"]]
-    assert all(s >= 80 for s in out["sm"]), out
-    assert abs(out["now_us"] - out["ts_us"]) < 5e6  # wall-clock microseconds
-    assert out["again"] == 0
-    assert out["later"] and all(out["later"])
-    assert out["rates"] >= 80
+    finally:
+        _stop(procs)
+    assert [p for p, _, _ in out["first"]] == [busy.pid]
+    for way in ("sample", "info"):
+        (entry,) = out["b"][way]                 # exactly one, for five periods
+        pid, ts, sm = entry
+        assert pid == busy.pid
+        assert 90 <= sm <= 100, out
+        assert out["t0"] + 400_000 <= ts <= out["now_us"]   # the newest period's end
+        assert (ts - out["t0"]) % 100_000 in (0, 1, 99_999)  # on the period grid
+        assert all(t > ts for _, t, _ in out["again"][way])  # nothing seen twice
+        assert out["future"][way] == []                      # nothing newer: NOT_FOUND
+
+
+def test_utilization_size_query_and_short_buffer(sim_env, burn_program):
+    """NULL buffer: NVML_ERROR_INSUFFICIENT_SIZE and the count needed; a
+    short buffer: the same; a long one: the count written. The versioned
+    call checks its struct's version."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    procs = _burners(sim_env, burn_program, 3, 1000)
+    try:
+        out = run_py(sim_env, UTIL, """
+            wait_for(lambda: len(util(0)) == 3, what="three entries")
+            res = {"null": size_query(0)}
+            n = ctypes.c_uint(2)
+            buf = (N.c_nvmlProcessUtilizationSample_t * 8)()
+            res["short"] = [raw(h, buf, ctypes.byref(n), ctypes.c_ulonglong(0)), n.value]
+            n = ctypes.c_uint(8)
+            res["long"] = [raw(h, buf, ctypes.byref(n), ctypes.c_ulonglong(0)), n.value]
+            info = N.c_nvmlProcessesUtilizationInfo_v1_t()
+            info.version = N.ProcessesUtilizationInfo_v1
+            res["info_null"] = [raw_info(h, ctypes.byref(info)), info.processSamplesCount]
+            arr = (N.c_nvmlProcessUtilizationInfo_v1_t * 2)()
+            info.procUtilArray, info.processSamplesCount = arr, 2
+            res["info_short"] = [raw_info(h, ctypes.byref(info)), info.processSamplesCount]
+            arr = (N.c_nvmlProcessUtilizationInfo_v1_t * 8)()
+            info.procUtilArray, info.processSamplesCount = arr, 8
+            res["info_long"] = [raw_info(h, ctypes.byref(info)), info.processSamplesCount]
+            info.version = 0x01000010
+            res["info_version"] = raw_info(h, ctypes.byref(info))
+            res["info_none"] = raw_info(h, None)
+            out(res)
+        """)
+    finally:
+        _stop(procs)
+    insufficient, version_mismatch, invalid = 7, 25, 2
+    assert out["null"] == [insufficient, 3]
+    assert out["short"] == [insufficient, 3]
+    assert out["long"] == [0, 3]
+    assert out["info_null"] == [insufficient, 3]
+    assert out["info_short"] == [insufficient, 3]
+    assert out["info_long"] == [0, 3]
+    assert out["info_version"] == version_mismatch
+    assert out["info_none"] == invalid
+
+
+def test_utilization_lists_every_process_of_a_crowded_gpu(sim_env, burn_program):
+    """36 processes share GPU 0: the running-process query lists them all and
+    each has its own utilization entry (a sample period records them all)."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    procs = _burners(sim_env, burn_program, 36, 5000)
+    pids = sorted(p.pid for p in procs)
+    try:
+        out = run_py(sim_env, f"PIDS = {pids}\n", UTIL, """
+            running = wait_for(
+                lambda: (lambda r: r if len(r) == len(PIDS) else None)(
+                    sorted(p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h))),
+                what="every process listed", timeout=60)
+            b = wait_for(lambda: (lambda b: b if len(b["sample"]) == len(PIDS)
+                                  and len(b["info"]) == len(PIDS) else None)(both(0)),
+                         what="an entry for every process", timeout=60)
+            out({"running": running, "b": b, "size": size_query(0)})
+        """, timeout=120)
+    finally:
+        _stop(procs)
+    assert out["running"] == pids
+    for way in ("sample", "info"):
+        assert sorted(p for p, _, _ in out["b"][way]) == pids
+    assert out["size"][0] == 7 and out["size"][1] >= len(pids)
+
+
+# A process that runs 50 ms of kernels inside one sample period (250 ms) and
+# then idles for three, and the entry it gets with lastSeenTimeStamp at the
+# end of an earlier busy period: the window holds five or six periods.
+IDLE_WINDOW = f"""
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+fn = ck(cu.cuModuleGetFunction(ck(cu.cuModuleLoadData({SPIN_PTX!r})), b"vgpu_spin"))
+P = 0.25
+def burst():
+    # start 30 ms into a period, so that 50 ms of kernels stay inside it
+    while (time.monotonic() % P) < 0.03 or (time.monotonic() % P) > 0.06:
+        time.sleep(0.002)
+    k = int(time.monotonic() // P)
+    for _ in range(5):
+        ck(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0,
+                             ((10_000_000,), (ctypes.c_uint64,)), 0))
+    ck(cu.cuCtxSynchronize())
+    return k
+def wait_period(k):
+    while time.monotonic() < k * P:
+        time.sleep(0.005)
+k0 = burst()
+wait_period(k0 + 1.2)
+me = [e for e in util(0) if e[0] == os.getpid()]
+t0 = me[0][1]
+wait_period(k0 + 4)
+k1 = burst()
+wait_period(k1 + 1.5)                        # mid-period: the window is unambiguous
+read_at = time.monotonic()
+b = both(t0)
+out({{"k0": k0, "k1": k1, "window": int((read_at - 0.025) // P) - (k0 + 1), "t0": t0,
+      "b": b, "pid": os.getpid()}})
+"""
+
+
+@pytest.mark.parametrize("idle", ["average", "skip"])
+def test_utilization_idle_periods_average_or_skip(sim_env, idle):
+    """VGPU_SIM_UTIL_IDLE: with `average` the periods of the window in which
+    the process ran nothing count as zeros; with `skip` they do not count."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "250"
+    sim_env["VGPU_SIM_UTIL_IDLE"] = idle
+    out = run_py(sim_env, UTIL, IDLE_WINDOW)
+    busy = 50 / 250 * 100                            # 20 % of the period it ran in
+    expect = busy if idle == "skip" else busy / out["window"]
+    assert out["window"] >= 4, out
+    for way in ("sample", "info"):
+        (entry,) = out["b"][way]
+        assert entry[0] == out["pid"]
+        assert entry[2] == round(expect), out
+        # stamped with the end of the period it last ran in
+        assert entry[1] - out["t0"] == pytest.approx((out["k1"] - out["k0"]) * 250_000, abs=2)
+
+
+def test_utilization_idle_setting_shows_in_stats(sim_env):
+    sim_env["VGPU_SIM_UTIL_IDLE"] = "skip"
+    run_py(sim_env, UTIL, "out(both(0))")        # the state is made by its first user
+    res = subprocess.run([*VGPUCTL, "sim", "stats", "--json"], env=sim_env, check=True,
+                         capture_output=True, text=True)
+    assert json.loads(res.stdout)["util_idle"] == "skip"
 
 
 def test_injected_nvml_errors(sim_env):

@@ -48,7 +48,7 @@ while len(windows) < 12 and time.monotonic() < deadline:
         if t_first is None:     # from the first window on, count both sides
             t_first, b_first = time.monotonic(), sim_busy_ns(pid)
         else:
-            windows.append((w.start_us, w.end_us, w.busy_s[pid]))
+            windows.append((w.start_us, w.end_us, w.busy_s[pid], w.coarse))
     time.sleep(0.02)
 t_last, b_last = time.monotonic(), sim_busy_ns(pid)
 out({"windows": windows, "period_s": s.period_s(uuid),
@@ -67,10 +67,15 @@ out(u.decode() if isinstance(u, bytes) else u)
 """
 
 
+@pytest.mark.parametrize("idle", ["average", "skip"])
 def test_sampler_measures_what_the_simulator_ran(sim_env: dict[str, str], burn_program: Path,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, idle: str) -> None:
+    """Whether the simulated NVML averages idle periods in or skips them,
+    the sampler, reading faster than the sample period, sees one period a
+    read and measures the busy time run."""
     sim_env["VGPU_SIM"] = "1x16G"
-    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "167"
+    sim_env["VGPU_SIM_UTIL_IDLE"] = idle
     # a burner held at about 30 % by a fixed gate (300 launches/s of 1 ms),
     # so that the GPU is far from full and nothing is clamped
     uuid = run_py(sim_env, UUID_SNIPPET)
@@ -90,14 +95,16 @@ def test_sampler_measures_what_the_simulator_ran(sim_env: dict[str, str], burn_p
     wins = res["windows"]
     assert len(wins) >= 10, res
     # the period is learnt from the timestamps (microseconds of CPU time)
-    assert res["period_s"] == pytest.approx(0.1, rel=0.05)
-    # windows tile the timeline: each starts where the previous one ended
-    for (_, end, _), (start, _, _) in itertools.pairwise(wins):
+    assert res["period_s"] == pytest.approx(0.167, rel=0.05)
+    # windows tile the timeline: each starts where the previous one ended,
+    # and each covers one sample period
+    for (_, end, _, _), (start, _, _, _) in itertools.pairwise(wins):
         assert start == end
+    assert not any(coarse for *_, coarse in wins)
     # and they are recent CPU times in microseconds, as NVML's
     assert abs(res["now_us"] - wins[-1][1]) < 5_000_000
     span_s = (wins[-1][1] - wins[0][0]) / 1e6
-    measured = sum(b for _, _, b in wins) / span_s
+    measured = sum(b for _, _, b, _ in wins) / span_s
     # the sampler agrees with the simulator's own record within NVML's
     # rounding and the windows' edges
     assert res["sim_share"] == pytest.approx(0.3, abs=0.1)

@@ -11,12 +11,6 @@ from support import DATA, REPO
 
 API_DEF = REPO / "libvgpu" / "sim" / "nvml" / "api.def"
 
-# api.def names these as defined by procs.c, which gains them with the rework
-# of per-process utilization (a change of its own); until that lands they are
-# not exported, and the checks below let them be absent, not wrong.
-NOT_YET_DEFINED = frozenset({"nvmlDeviceGetProcessesUtilizationInfo"})
-
-
 def api_table() -> dict[str, str]:
     """api.def as {name: where}: the file of nvml/ that defines it, or "stub"."""
     text = re.sub(r"/\*.*?\*/", "", API_DEF.read_text(), flags=re.S)

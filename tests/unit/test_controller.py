@@ -117,6 +117,77 @@ def test_no_windup_when_host_bound() -> None:
     assert max(shares[1:]) <= 0.3 + 0.01, shares
 
 
+def test_no_windup_before_the_first_cost_estimate() -> None:
+    # 10 ms kernels under the 1 ms first guess: the job runs far above its
+    # target until a window with its launches gives a cost (with a 1 s NVML
+    # period, two seconds). Those measurements say nothing of the PI's error.
+    plant = Plant(10e-3)
+    loop = ctl.ShareLoop()
+    cmd = ctl.step(loop, ctl.Observation(0.3, DT, 0.0))
+    for _ in range(20):
+        share, launches = plant.run(cmd)
+        cmd = ctl.step(loop, ctl.Observation(0.3, DT, launches, measured=share))
+    assert share == 1.0 and loop.cost is None
+    assert loop.integral == 0.0
+    shares = drive(plant, loop, [0.3] * 20)
+    assert all(abs(x - 0.3) < 0.01 for x in shares[3:]), shares
+
+
+def _settled_loop() -> ctl.ShareLoop:
+    loop = ctl.ShareLoop()
+    drive(Plant(1e-3), loop, [0.3] * 30)
+    assert loop.settle == 0
+    return loop
+
+
+def test_a_window_that_only_bounds_the_share_moves_the_pi_by_what_is_certain() -> None:
+    """NVML averaged two periods in one read: the job's share was between
+    measured_low and measured. The PI acts only on the part of the error both
+    bounds agree on."""
+    obs = {"target": 0.3, "dt": DT, "launches": 30.0, "window_launches": 30.0, "window_s": DT}
+    # 0.2 .. 0.4 straddles the target: nothing is certain
+    loop = _settled_loop()
+    before = loop.integral
+    ctl.step(loop, ctl.Observation(**obs, measured=0.4, measured_low=0.2))
+    assert loop.integral == before
+    # 0.35 .. 0.5: over by at least 0.05, not by 0.2
+    ctl.step(loop, ctl.Observation(**obs, measured=0.5, measured_low=0.35))
+    assert loop.integral == pytest.approx(before - ctl.Gains().ki * 0.05)
+    # 0.1 .. 0.25: under by at least 0.05
+    loop = _settled_loop()
+    before = loop.integral
+    ctl.step(loop, ctl.Observation(**obs, measured=0.25, measured_low=0.1))
+    assert loop.integral == pytest.approx(before + ctl.Gains().ki * 0.05)
+
+
+def test_a_job_of_a_few_launches_a_step_is_not_taken_for_idle() -> None:
+    # 1 % of 1 ms kernels: ten launches a second, so a 100 ms step holds none
+    # or two. That is no idle job starting again each time (which would keep
+    # the PI waiting for ever), nor one the bucket holds back.
+    loop = ctl.ShareLoop()
+    for i in range(60):
+        launches = 2.0 if i % 2 else 0.0
+        ctl.step(loop, ctl.Observation(0.01, DT, launches, measured=0.01, busy_s=0.01 * DT,
+                                       window_launches=1.0, window_s=DT))
+        if i > 10:
+            assert loop.settle == 0, i
+    assert loop.used == pytest.approx(1.0, abs=0.35)
+    assert loop.rate == pytest.approx(10.0, rel=0.05)
+
+
+def test_small_targets_move_the_pi_less_per_measurement() -> None:
+    # NVML reads a 1 % job in whole percents: one reading of 0 or 2 is an
+    # error of the whole target, and must not swing its rate by that much
+    big, small = _settled_loop(), ctl.ShareLoop()
+    for _ in range(30):
+        ctl.step(small, ctl.Observation(0.01, DT, 1.0, 0.01, 0.01 * DT, 1.0, DT))
+    b0, s0 = big.integral, small.integral
+    ctl.step(big, ctl.Observation(0.3, DT, 30.0, 0.29, 0.029, 30.0, DT))
+    ctl.step(small, ctl.Observation(0.01, DT, 1.0, 0.0, 0.0, 1.0, DT))
+    assert big.integral - b0 == pytest.approx(ctl.Gains().ki * 0.01)
+    assert small.integral - s0 == pytest.approx(ctl.Gains().ki * 0.01 * 0.1)
+
+
 def test_live_target_change_up_and_down() -> None:
     plant = Plant(500e-6)
     loop = ctl.ShareLoop()
@@ -239,6 +310,17 @@ def test_capacity_is_learnt_only_when_a_job_is_held_back() -> None:
     for _ in range(30):
         cap.observe(0.5, starved=False)      # room that nobody wants
     assert cap.value == pytest.approx(1.0, abs=0.005)
+
+
+def test_capacity_follows_the_gpu_as_fast_whatever_the_window() -> None:
+    # one window of 1 s weighs as six of 1/6 s: with NVML's longest period
+    # the estimate is not six times slower
+    short, long_ = ctl.Capacity(), ctl.Capacity()
+    for _ in range(6):
+        short.observe(0.95, starved=True, window_s=1 / 6)
+    long_.observe(0.95, starved=True, window_s=1.0)
+    assert long_.value == pytest.approx(short.value)
+    assert long_.value < 0.97
 
 
 def test_host_bound_job_does_not_shrink_the_others() -> None:

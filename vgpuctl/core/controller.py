@@ -15,7 +15,10 @@ into a launch rate for the hook's token bucket:
   target in share units: it removes what the cost estimate cannot see
   (measurement bias, queueing). Anti-windup: the integral does not grow while
   the job launched fewer kernels than it was allowed (idle, busy on the host,
-  or held back by the device), and it is clamped.
+  or held back by the device), nor before the first cost estimate, and it is
+  clamped. A measurement that only bounds the share (NVML averaged several
+  sample periods in one read, and may have skipped the job's idle ones)
+  moves it only by the error both bounds agree on.
 
 `effective_targets` implements the two policies on one GPU: `hard` jobs get
 their share and never more; `soft` jobs that want more share the capacity
@@ -48,12 +51,21 @@ class Gains:
     ki: float = 0.2                 # integral gain per measurement
     integral_limit: float = 0.25    # |integral| at most this x target (share units)
     cost_halflife_s: float = 0.4    # half-life of the cost-per-launch average
+    cost_min_launches: float = 100.0  # ...but it always holds this many launches: a
+                                    # job of a few launches per window (1 % of 1 ms
+                                    # kernels) reads 0 or 1 or 2 % a window
     bucket_s: float = 0.03          # bucket holds this much time's worth of launches
     backlog_ratio: float = 0.85     # launched >= this x allowed in a step: the bucket
                                     # limits the job (it wants more)
     pi_usage_ratio: float = 0.7     # launched >= this x allowed over the window: the
                                     # PI may push the rate up (anti-windup below it)
     idle_ratio: float = 0.3         # launched < this x allowed: the job was idle
+    coarse_share: float = 0.1       # below this target NVML's whole percents are a
+                                    # coarse measure: the PI's gains shrink in
+                                    # proportion (a 1 % job reads 0, 1 or 2 %)
+    min_span_launches: float = 3.0  # launched/allowed is taken over steps that allow at
+                                    # least this many launches (a 1 % job of 1 ms kernels
+                                    # may launch once in a step, or not at all)
     initial_cost_s: float = 1e-3    # assumed GPU time per launch before any measurement
     resolution: float = 0.01        # smallest share NVML reports (1 %)
     min_rate: float = 1.0           # launches/s never below this (the job can make progress)
@@ -77,6 +89,9 @@ class Observation:
     busy_s     GPU-busy seconds of the job over that window (None: no window)
     window_launches  launches of the job over that same window (None: unknown)
     window_s   length of that window in seconds (None: dt)
+    measured_low  a lower bound of the share when the window only bounds it
+               (NVML averaged several sample periods in one read): measured
+               is then an upper bound, and the PI acts only where both agree
     """
 
     target: float
@@ -86,6 +101,7 @@ class Observation:
     busy_s: float | None = None
     window_launches: float | None = None
     window_s: float | None = None
+    measured_low: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +126,9 @@ class ShareLoop:
     settle: int = 0                 # measurements the PI still ignores
     commanded: float | None = None  # share asked for last step (target + PI)
     backlogged: bool = False        # last step: the bucket was what limited the job
-    used: float | None = None       # last step: launched / allowed
+    used: float | None = None       # last span: launched / allowed
+    span_launches: float = 0.0      # launches since `used` was last taken...
+    span_allowed: float = 0.0       # ...and what the bucket allowed meanwhile
 
     @property
     def cost(self) -> float | None:
@@ -125,6 +143,10 @@ class ShareLoop:
         if busy_s < 0.0 or launches < 0.0 or (busy_s == 0.0 and launches == 0.0):
             return
         decay = 0.5 ** (max(window_s, 0.0) / gains.cost_halflife_s)
+        if self.launch_sum > 0.0:
+            # keep at least cost_min_launches launches' worth of history
+            keep = (gains.cost_min_launches - launches) / self.launch_sum
+            decay = min(1.0, max(decay, keep))
         self.busy_sum = self.busy_sum * decay + busy_s
         self.launch_sum = self.launch_sum * decay + launches
 
@@ -133,6 +155,9 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     """One control step: update the loop's state from obs, return the gate."""
     gains = gains or DEFAULT_GAINS
     target = min(max(obs.target, 0.0), 1.0)
+    # Until the first cost estimate the rate rests on a guess: what it gives
+    # says nothing the PI should remember.
+    guessed = loop.cost is None
     if obs.busy_s is not None and obs.window_launches is not None:
         window_s = obs.window_s if obs.window_s is not None else obs.dt
         busy_s = obs.busy_s
@@ -143,12 +168,22 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
             busy_s = 0.5 * gains.resolution * window_s
         loop.observe_cost(busy_s, obs.window_launches, window_s, gains)
 
-    # Did the bucket limit the job, or did it launch less than allowed?
+    # Did the bucket limit the job, or did it launch less than allowed? Over
+    # a span of steps that allowed a few launches: one step of a job that
+    # launches ten times a second says nothing.
     prev_rate = loop.rate
-    used: float | None = None           # launched / allowed, this step
+    used: float | None = None           # launched / allowed, this span
+    backlogged = loop.backlogged
     if prev_rate is not None and prev_rate > 0 and obs.dt > 0:
-        used = obs.launches / (prev_rate * obs.dt)
-    backlogged = used is not None and used >= gains.backlog_ratio and obs.launches > 0
+        loop.span_launches += obs.launches
+        loop.span_allowed += prev_rate * obs.dt
+        if loop.span_allowed >= gains.min_span_launches:
+            used = loop.span_launches / loop.span_allowed
+            backlogged = used >= gains.backlog_ratio and loop.span_launches > 0
+            loop.span_launches = loop.span_allowed = 0.0
+    else:
+        loop.span_launches = loop.span_allowed = 0.0
+        backlogged = False
     # Over the measurement window (steadier than one step): did the job use
     # most of what it was allowed? Only then may the PI push its rate up.
     window_used = used
@@ -165,7 +200,8 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     if (used is not None and used >= gains.pi_usage_ratio and loop.used is not None
             and loop.used < gains.idle_ratio):
         loop.settle = gains.settle_steps
-    loop.used = used
+    if used is not None or prev_rate is None:
+        loop.used = used
     loop.backlogged = backlogged
     loop.target = target
     if target >= FULL:
@@ -176,22 +212,27 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
         return Command(throttle=False)
 
     error = 0.0
+    # A measurement is good to 1/2 % (whole percents): for small targets that
+    # is a large part of the target, so the PI moves less on each one.
+    fine = min(1.0, target / gains.coarse_share)
     if obs.measured is not None:
-        raw = target - obs.measured
+        raw = _certain_error(target, obs.measured, obs.measured_low)
         if loop.settle > 0:
             # The window still shows the rate before the last jump.
             loop.settle -= 1
+        elif guessed:
+            pass
         elif raw < 0.0 or may_push_up:
             # Anti-windup: a job below its target that did not use what it
             # was allowed (idle, busy on the host, or held back by the
             # device) says nothing about its rate: neither term pushes it up.
             # Pushing down is always allowed.
             error = raw
-        loop.integral += gains.ki * error
+        loop.integral += gains.ki * fine * error
         limit = gains.integral_limit * max(target, 0.05)
         loop.integral = min(max(loop.integral, -min(limit, 0.8 * target)), limit)
 
-    commanded = target + loop.integral + gains.kp * error
+    commanded = target + loop.integral + gains.kp * fine * error
     commanded = min(max(commanded, 0.2 * target), 1.0)
     cost = loop.cost if loop.cost is not None else gains.initial_cost_s
     rate = max(commanded / cost, gains.min_rate)
@@ -202,6 +243,20 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     loop.rate = rate
     loop.commanded = commanded
     return Command(throttle=True, rate=rate, bucket=max(1.0, rate * gains.bucket_s))
+
+
+def _certain_error(target: float, measured: float, low: float | None) -> float:
+    """The share error the PI may act on. With a lower bound below the
+    measurement (a window that only bounds the share) that is the part of the
+    error both bounds agree on: under target by at least target - measured,
+    over it by at least low - target, or nothing."""
+    if low is None or low >= measured:
+        return target - measured
+    if measured < target:
+        return target - measured
+    if low > target:
+        return target - low
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -265,6 +320,10 @@ class Capacity:
     to 1 quickly; when it is busy and nobody is held back, slowly; a window
     with room and a job held back (busy on its host, or its host was late)
     changes nothing.
+
+    The weights are those of a window of ``window_ref_s`` (NVML's shortest
+    sample period); a longer window weighs as that many short ones, so the
+    estimate follows the GPU as fast in seconds whatever NVML's period.
     """
 
     value: float = 1.0
@@ -275,9 +334,11 @@ class Capacity:
                                         # back: recover slowly, or the held-back job
                                         # loses it all again
     saturated_util: float = 0.9         # total utilization above which a GPU may be full
+    window_ref_s: float = 1 / 6         # the window the weights are for
 
-    def observe(self, util: float, starved: bool) -> float:
-        """Fold one measurement window; util = the GPU's total busy share."""
+    def observe(self, util: float, starved: bool, window_s: float | None = None) -> float:
+        """Fold one measurement window of window_s seconds (default: the
+        reference); util = the GPU's total busy share."""
         if starved:
             if util < self.saturated_util:
                 # Room on the GPU and a job below target: busy on its host,
@@ -288,6 +349,8 @@ class Capacity:
             obs, alpha = 1.0, self.alpha_down       # room, and nobody wants it
         else:
             obs, alpha = 1.0, self.alpha_up
+        if window_s is not None and window_s > 0:
+            alpha = 1.0 - (1.0 - alpha) ** (window_s / self.window_ref_s)
         self.value = min(1.0, max(self.floor, self.value + alpha * (obs - self.value)))
         return self.value
 

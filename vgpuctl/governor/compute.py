@@ -129,9 +129,10 @@ class ComputeGovernor:
         """One step for the jobs of one GPU, given its new NVML window."""
         seen = [self._observe(j, window, now, wall_s) for j in group]
         capacity = self._capacity.setdefault(group[0].uuid, ctl.Capacity())
-        if window is not None and window.duration_s > 0:
+        if window is not None and window.duration_s > 0 and not window.coarse:
             util = sum(window.busy_s.values()) / window.duration_s
-            capacity.observe(util, any(self._held_back(c, o) for c, o in seen))
+            capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
+                             window.duration_s)
         targets = ctl.effective_targets([c for c, _ in seen], capacity.value)
         gates: dict[tuple[str, str], Gate] = {}
         for claim, o in seen:
@@ -168,11 +169,16 @@ class ComputeGovernor:
         if st.loop.rate is not None:     # gated since the last tick
             st.history.add(wall_s, float(j.launches))
 
-        measured = busy = window_launches = window_s = None
+        measured = measured_low = busy = window_launches = window_s = None
         if window is not None:
-            busy = sum(window.busy_s.get(p, 0.0) for p in j.pids)
             measured = min(sum(window.share(p) for p in j.pids), 1.0)
             window_s = window.duration_s
+            if window.coarse:
+                # Several sample periods in one read: the share is known only
+                # between bounds, and the busy time is no base for the cost.
+                measured_low = min(sum(window.share_low(p) for p in j.pids), measured)
+            else:
+                busy = sum(window.busy_s.get(p, 0.0) for p in j.pids)
             window_launches = st.history.between(window.start_s, window.end_s)
             if (window_launches is None and st.loop.rate is not None
                     and abs(window.end_s - wall_s) > 5.0 and abs(window_s - dt) < 0.5 * dt):
@@ -180,7 +186,12 @@ class ComputeGovernor:
                 # the tick's launches for the window's.
                 window_launches = float(launched)
             st.measured = measured
-        if launched > 0 or (measured or 0.0) > 0.005 or st.last_active is None:
+        # Active: it launched (the region counts gated launches only), or
+        # NVML saw it run; an ungated job is taken to run on while its last
+        # measurement says so (with a 1 s sample period, that can be ten
+        # ticks old).
+        if (launched > 0 or (measured or 0.0) > 0.005 or st.last_active is None
+                or (st.loop.rate is None and st.measured > 0.005)):
             st.last_active = now
         loop = st.loop
         share = min(max(j.core_share, 1), 100) / 100.0
@@ -192,7 +203,8 @@ class ComputeGovernor:
             wants_more=(loop.rate is None or loop.backlogged
                         or st.measured >= 0.9 * min(share, loop.target or share)))
         obs = ctl.Observation(target=share, dt=dt, launches=float(launched), measured=measured,
-                              busy_s=busy, window_launches=window_launches, window_s=window_s)
+                              busy_s=busy, window_launches=window_launches, window_s=window_s,
+                              measured_low=measured_low)
         return claim, obs
 
     def _held_back(self, claim: ctl.Claim, obs: ctl.Observation) -> bool:

@@ -1,26 +1,39 @@
 """Per-process SM shares from NVML's ``nvmlDeviceGetProcessUtilization``.
 
-What NVML gives: for a device and a ``lastSeenTimeStamp`` (CPU time in
-microseconds), the samples recorded after that time, each one (pid,
-timeStamp in us, smUtil, memUtil, encUtil, decUtil) where smUtil is the
-percent of one sample period in which that process had work on the SMs. A
-process with no utilization in a period has no sample for it. When nothing
-newer than lastSeenTimeStamp exists the call fails with
-``NVML_ERROR_NOT_FOUND``: nobody ran, or the next period has not closed yet.
+What NVML gives, as NVIDIA documents it: for a device and a
+``lastSeenTimeStamp`` (CPU time in microseconds), **one entry per process**
+that ran in the sample periods newer than that time: (pid, timeStamp in us,
+smUtil, memUtil, encUtil, decUtil), smUtil its utilization averaged over
+those periods in whole percents, timeStamp the newest of its samples. With
+nothing newer the call fails with ``NVML_ERROR_NOT_FOUND``. What the average
+makes of a period in which the process ran nothing (a zero in the average,
+or left out) is not documented; so:
+
+- the sampler reads more often than the sample period (the daemon's tick,
+  100 ms, against NVIDIA's 1/6 s to 1 s) with ``lastSeenTimeStamp`` the
+  newest timestamp it has seen, so that a read usually covers one new period,
+  where both readings of the average agree;
+- a read that covers several periods (a tick came late, or the GPU was idle
+  for a while) is **coarse**: its value is an upper bound of the process's
+  share over the window (exact if idle periods are averaged in, too high if
+  they are skipped) and one period's worth of it a lower bound. The
+  controller acts on such a window only where both bounds agree.
 
 What the sampler gives: per GPU a `Window` (start, end, GPU-busy seconds per
-pid) covering the time from the previous window's end to the newest sample,
-so consecutive windows tile the timeline with no gap and no overlap. A
-sample stands for one sample period ending at its timestamp; the period is
-estimated from the spacing of the timestamps. NVML errors other than
-NOT_FOUND are logged and the GPU's window is skipped (the caller keeps its
-last values): the daemon never dies of a sampling error.
+pid) covering the time from the previous window's end to the newest
+timestamp, so consecutive windows tile the timeline with no gap and no
+overlap. The sample period is learnt from the spacing of the timestamps.
+Entries not newer than ``lastSeenTimeStamp`` are dropped, smUtil is clamped
+to 0..100, a pid's entries beyond its newest are dropped; which pids belong
+to whom is the caller's business (unknown pids are simply never asked for).
+NVML errors other than NOT_FOUND are logged and the GPU's window is skipped
+(the caller keeps its last values): the daemon never dies of a sampling
+error.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -32,9 +45,17 @@ log = logging.getLogger(__name__)
 NVML_SUCCESS = 0
 NVML_ERROR_NOT_FOUND = 6
 
-# Timestamps closer than this belong to the same sample period.
-_SAME_PERIOD_US = 1000
-_DEFAULT_PERIOD_US = 100_000
+# NVIDIA documents sample periods from 1/6 s to 1 s. Until the period is
+# learnt, a window longer than the shortest is taken as coarse and idleness
+# is declared only after the longest.
+_MIN_PERIOD_US = 166_667
+_MAX_PERIOD_US = 1_000_000
+# Spacings outside these bounds are not a sample period (jitter of a real
+# driver's timestamps; a GPU idle for a while).
+_PERIOD_FLOOR_US = 100_000
+_PERIOD_CEIL_US = 2_000_000
+# A window longer than this many periods spans more than one.
+_COARSE_PERIODS = 1.5
 # With no sample for this many periods (and at least _IDLE_MIN_US), the GPU
 # was idle: report a window of zeros rather than nothing.
 _IDLE_PERIODS = 3
@@ -44,11 +65,22 @@ _IDLE_MIN_US = 300_000
 @dataclass(frozen=True)
 class Window:
     """GPU-busy seconds per pid on one GPU between start_us and end_us
-    (NVML's CPU timestamps, microseconds)."""
+    (NVML's CPU timestamps, microseconds).
+
+    busy_s is the best reading of each pid's busy time. A coarse window
+    (several sample periods in one read) also has low_s, a lower bound:
+    there busy_s is an upper bound that is exact only if NVML averages idle
+    periods in as zeros."""
 
     start_us: int
     end_us: int
     busy_s: dict[int, float] = field(default_factory=dict)
+    low_s: dict[int, float] | None = None
+    periods: float = 1.0        # sample periods the window spans (learnt period)
+
+    @property
+    def coarse(self) -> bool:
+        return self.low_s is not None
 
     @property
     def duration_s(self) -> float:
@@ -57,6 +89,14 @@ class Window:
     def share(self, pid: int) -> float:
         d = self.duration_s
         return min(self.busy_s.get(pid, 0.0) / d, 1.0) if d > 0 else 0.0
+
+    def share_low(self, pid: int) -> float:
+        """A lower bound of the pid's share (the share itself in a window
+        that is not coarse)."""
+        if self.low_s is None:
+            return self.share(pid)
+        d = self.duration_s
+        return min(self.low_s.get(pid, 0.0) / d, 1.0) if d > 0 else 0.0
 
     def shares(self) -> dict[int, float]:
         return {pid: self.share(pid) for pid in self.busy_s}
@@ -78,10 +118,15 @@ class _GpuState:
     errors: int = 0
 
     @property
-    def period_us(self) -> int:
+    def period_us(self) -> int | None:
+        """The sample period learnt so far, None before the first spacing:
+        the lowest quartile of recent spacings between consecutive newest
+        timestamps (spacings of two or more periods, after an idle period,
+        are the exception on a busy GPU)."""
         if not self.gaps_us:
-            return _DEFAULT_PERIOD_US
-        return int(statistics.median_low(self.gaps_us))
+            return None
+        gaps = sorted(self.gaps_us)
+        return gaps[(len(gaps) - 1) // 4]
 
 
 class Sampler:
@@ -101,9 +146,11 @@ class Sampler:
         self._gpus: dict[str, _GpuState] = {}
 
     def period_s(self, uuid: str) -> float:
-        """The sample period estimated for this GPU."""
+        """The sample period learnt for this GPU (NVIDIA's longest, 1 s,
+        until one is learnt)."""
         st = self._gpus.get(uuid)
-        return (st.period_us if st else _DEFAULT_PERIOD_US) / 1e6
+        p = st.period_us if st else None
+        return (p if p is not None else _MAX_PERIOD_US) / 1e6
 
     def forget(self, uuid: str) -> None:
         self._handles.pop(uuid, None)
@@ -120,7 +167,7 @@ class Sampler:
         return getattr(e, "value", None)
 
     def _query(self, uuid: str, last_seen_us: int) -> list[Any] | None:
-        """The samples newer than last_seen_us; [] when NVML has none; None on
+        """The entries newer than last_seen_us; [] when NVML has none; None on
         any other error (logged)."""
         st = self._gpus.setdefault(uuid, _GpuState())
         try:
@@ -135,7 +182,7 @@ class Sampler:
         except self._nvml.NVMLError as e:
             code = self._error_code(e)
             if code in (NVML_ERROR_NOT_FOUND, NVML_SUCCESS):
-                # NOT_FOUND: no sample newer than last_seen. SUCCESS with no
+                # NOT_FOUND: no entry newer than last_seen. SUCCESS with no
                 # buffer needed (pynvml raises it as an error): none either.
                 st.errors = 0
                 return []
@@ -159,65 +206,71 @@ class Sampler:
         (no sample period closed since the last window, or an NVML error)."""
         st = self._gpus.setdefault(uuid, _GpuState())
         if st.last_seen_us is None:
-            # First look at this GPU: everything NVML still holds is from
-            # before we started; only its newest timestamp matters (the start
-            # of our first window).
+            # First look at this GPU: what NVML still holds is from before we
+            # started; only its newest timestamp matters (the start of our
+            # first window).
             samples = self._query(uuid, 0)
             if samples is None:
                 return None
-            stamps = sorted({int(s.timeStamp) for s in samples})
-            self._learn_period(st, stamps)
-            st.last_seen_us = stamps[-1] if stamps else self._clock_us()
-            st.last_sample_us = stamps[-1] if stamps else None
+            stamps = [int(s.timeStamp) for s in samples]
+            st.last_seen_us = max(stamps) if stamps else self._clock_us()
+            st.last_sample_us = max(stamps) if stamps else None
             return None
 
         samples = self._query(uuid, st.last_seen_us)
         if samples is None:
             return None
-        samples = [s for s in samples if int(s.timeStamp) > st.last_seen_us]
-        if not samples:
-            # Nothing newer. Idle GPU, or the current period is still open:
-            # only after several periods without a sample do we call it idle.
-            now = self._clock_us()
-            period = st.period_us
-            gap = now - st.last_seen_us
-            if 0 < gap < 3_600_000_000 and gap >= max(_IDLE_PERIODS * period, _IDLE_MIN_US):
-                end = now - period
-                win = Window(st.last_seen_us, end, {})
-                st.last_seen_us = end
-                return win
-            return None
-
-        stamps = sorted({int(s.timeStamp) for s in samples})
-        prev = [st.last_sample_us] if st.last_sample_us is not None else []
-        self._learn_period(st, [*prev, *stamps])
-        period_s = st.period_us / 1e6
-        busy: dict[int, float] = {}
+        newest: dict[int, tuple[int, float]] = {}    # pid -> (timeStamp, share)
         for s in samples:
-            util = min(max(int(s.smUtil), 0), 100)
-            busy[int(s.pid)] = busy.get(int(s.pid), 0.0) + util / 100.0 * period_s
-        win = Window(st.last_seen_us, stamps[-1], busy)
-        # The busy time can't exceed the window (a first window after a
-        # baseline may be shorter than one period).
-        d = win.duration_s
-        if d > 0:
-            total = sum(busy.values())
-            if total > d:
-                busy = {pid: b * d / total for pid, b in busy.items()}
-                win = Window(win.start_us, win.end_us, busy)
-        st.last_seen_us = stamps[-1]
-        st.last_sample_us = stamps[-1]
-        return win
+            ts = int(s.timeStamp)
+            if ts <= st.last_seen_us:
+                continue        # not what was asked for (a driver's stale entry)
+            pid = int(s.pid)
+            if pid in newest and newest[pid][0] >= ts:
+                continue
+            newest[pid] = (ts, min(max(int(s.smUtil), 0), 100) / 100.0)
+        if not newest:
+            return self._idle_window(st)
 
-    @staticmethod
-    def _learn_period(st: _GpuState, stamps: list[int]) -> None:
-        """Record the spacing of consecutive distinct sample times."""
-        prev: int | None = None
-        for t in stamps:
-            if prev is not None:
-                gap = t - prev
-                if gap > _SAME_PERIOD_US:
-                    st.gaps_us.append(gap)
-                    prev = t
-            else:
-                prev = t
+        end = max(ts for ts, _ in newest.values())
+        if st.last_sample_us is not None:
+            gap = end - st.last_sample_us
+            if _PERIOD_FLOOR_US <= gap <= _PERIOD_CEIL_US:
+                st.gaps_us.append(gap)
+        start = st.last_seen_us
+        d_us = end - start
+        period = st.period_us
+        periods = d_us / (period if period is not None else _MIN_PERIOD_US)
+        d = d_us / 1e6
+        # Each entry is the pid's share averaged over the window: its busy
+        # time is that share of the window.
+        busy = {pid: share * d for pid, (_, share) in newest.items()}
+        low: dict[int, float] | None = None
+        if periods > _COARSE_PERIODS:
+            # Several periods in one read: had NVML skipped the periods a pid
+            # ran nothing in, the share was over as little as one period.
+            one = min(d, (period if period is not None else _MIN_PERIOD_US) / 1e6)
+            low = {pid: share * one for pid, (_, share) in newest.items()}
+        total = sum(busy.values())
+        if d > 0 and total > d and low is None:
+            # Rounding or a driver's odd values: the busy time can't exceed
+            # the window; scale it down. (A coarse window's values are each
+            # an upper bound: together they may exceed it.)
+            busy = {pid: b * d / total for pid, b in busy.items()}
+        st.last_seen_us = end
+        st.last_sample_us = end
+        return Window(start, end, busy, low, round(periods, 3))
+
+    def _idle_window(self, st: _GpuState) -> Window | None:
+        """Nothing newer: an idle GPU, or the current period is still open.
+        Only after several periods without an entry is it called idle."""
+        assert st.last_seen_us is not None
+        now = self._clock_us()
+        period = st.period_us if st.period_us is not None else _MAX_PERIOD_US
+        gap = now - st.last_seen_us
+        if 0 < gap < 3_600_000_000 and gap >= max(_IDLE_PERIODS * period, _IDLE_MIN_US):
+            end = now - period
+            win = Window(st.last_seen_us, end, {}, None, round((end - st.last_seen_us) / period, 3))
+            st.last_seen_us = end
+            return win
+        return None

@@ -67,6 +67,7 @@ class SimStats:
     devices: list[DeviceStats]
     processes: list[ProcessStats]
     tags: list[TagStats]
+    util_idle: str = "average"  # VGPU_SIM_UTIL_IDLE: idle periods averaged in or skipped
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -89,6 +90,7 @@ def parse_stats(text: str) -> SimStats:
         processes=[ProcessStats(p["pid"], p["tag"], _usage(p["devices"]))
                    for p in d["processes"]],
         tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
+        util_idle=d.get("util_idle", "average"),
     )
 
 

@@ -126,6 +126,29 @@ typedef struct nvmlProcessUtilizationSample_st {
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
 
+/* nvmlDeviceGetProcessesUtilizationInfo: the same data with JPEG and OFA. */
+typedef struct {
+    unsigned long long timeStamp; /* CPU timestamp, microseconds */
+    unsigned int pid;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+    unsigned int jpgUtil;
+    unsigned int ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;             /* nvmlProcessesUtilizationInfo_v1 */
+    unsigned int processSamplesCount; /* in: entries procUtilArray holds; out: written/needed */
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+typedef nvmlProcessesUtilizationInfo_v1_t nvmlProcessesUtilizationInfo_t;
+
+#define nvmlProcessesUtilizationInfo_v1 \
+    NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1) /* 0x01000018 */
+
 typedef enum nvmlTemperatureSensors_enum {
     NVML_TEMPERATURE_GPU = 0
 } nvmlTemperatureSensors_t;

@@ -87,8 +87,9 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
     sim_lock(1);
     put(&o, "{\"path\": ");
     put_string(&o, sim_state_path(path, sizeof path));
-    put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu", s->count,
-        (unsigned long long)s->memory, (unsigned long long)(s->sample_ns / 1000000));
+    put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\"",
+        s->count, (unsigned long long)s->memory, (unsigned long long)(s->sample_ns / 1000000),
+        s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average");
     put(&o, ", \"faults\": {\"nvml_error\": %d, \"nvml_error_count\": %lld}", s->nvml_error,
         (long long)s->nvml_error_count);
     put(&o, ", \"devices\": [");

@@ -38,6 +38,10 @@
 #define SIM_DEFAULT_MEMORY (16ull << 30)
 #define SIM_DEFAULT_CTX_MEM (300ull << 20)
 #define SIM_DEFAULT_SAMPLE_MS 167 /* 1/6 s: the fastest period NVML documents */
+/* A sample period is published this long after it ends: a worker that wakes
+ * late starts its kernel up to 20 ms in the past (cuda/exec.c), so a period
+ * just ended may still gain busy time. */
+#define SIM_SAMPLE_LAG_NS 25000000ull
 
 /* ---- state.c: the mapped state ---- */
 

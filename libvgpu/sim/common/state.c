@@ -81,6 +81,23 @@ static uint64_t sample_ns_from_env(int *given)
     return (uint64_t)SIM_DEFAULT_SAMPLE_MS * 1000000ull;
 }
 
+/* VGPU_SIM_UTIL_IDLE: average (default) or skip; anything else is said once
+ * on stderr and read as the default. */
+static uint32_t util_idle_from_env(int *given)
+{
+    const char *s = getenv("VGPU_SIM_UTIL_IDLE");
+    *given = 0;
+    if (!s || !*s)
+        return VGPU_SIM_UTIL_IDLE_AVERAGE;
+    if (strcmp(s, "average") == 0 || strcmp(s, "skip") == 0) {
+        *given = 1;
+        return s[0] == 's' ? VGPU_SIM_UTIL_IDLE_SKIP : VGPU_SIM_UTIL_IDLE_AVERAGE;
+    }
+    fprintf(stderr, "vgpu-sim: VGPU_SIM_UTIL_IDLE=%s: expected average or skip; using average\n",
+            s);
+    return VGPU_SIM_UTIL_IDLE_AVERAGE;
+}
+
 const char *sim_state_path(char *buf, size_t len)
 {
     const char *p = getenv("VGPU_SIM_STATE");
@@ -206,6 +223,9 @@ static int find_tag(struct vgpu_sim_state *s, const char *name)
     }
     if (free_i >= 0)
         snprintf(s->tags[free_i].name, VGPU_SIM_TAG_LEN, "%s", name);
+    else
+        fprintf(stderr, "vgpu-sim: VGPU_SIM_TAG=%s: the state holds %d tags already; this "
+                "process's use is not added up under it\n", name, VGPU_SIM_MAX_TAGS);
     return free_i;
 }
 
@@ -294,7 +314,7 @@ void sim_unlock(void)
 /* ---- creating and mapping the file ---- */
 
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
-                       uint64_t sample_ns)
+                       uint64_t sample_ns, uint32_t util_idle)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -302,6 +322,7 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     s->count = count;
     s->memory = memory;
     s->sample_ns = sample_ns;
+    s->util_idle = util_idle;
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     uint64_t mono = sim_now_ns();
@@ -378,6 +399,8 @@ static struct vgpu_sim_state *open_state(int as_is)
     }
     int sample_given;
     uint64_t sample_ns = sample_ns_from_env(&sample_given);
+    int idle_given;
+    uint32_t util_idle = util_idle_from_env(&idle_given);
     mode_t mode = getenv("VGPU_SIM_STATE") && *getenv("VGPU_SIM_STATE") ? 0666 : 0600;
 
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -405,9 +428,10 @@ static struct vgpu_sim_state *open_state(int as_is)
             return NULL;
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
-            init_state(s, count, memory, sample_ns);
+            init_state(s, count, memory, sample_ns, util_idle);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
-                              (sample_given && s->sample_ns != sample_ns))) {
+                              (sample_given && s->sample_ns != sample_ns) ||
+                              (idle_given && s->util_idle != util_idle))) {
             /* Another configuration: replace it unless someone uses it. */
             lock_state(s);
             int busy = live_processes(s);

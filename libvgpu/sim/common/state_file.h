@@ -19,14 +19,23 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 2
+#define VGPU_SIM_LAYOUT 3
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
-#define VGPU_SIM_MAX_TAGS 64
+#define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
 #define VGPU_SIM_TAG_LEN 64
 #define VGPU_SIM_RING 65536        /* executed kernels remembered per device */
 #define VGPU_SIM_PERIODS 64        /* utilization sample periods kept */
-#define VGPU_SIM_PERIOD_PIDS 32    /* processes per sample period */
+/* Processes per sample period: as many as can hold a slot, so that every
+ * process that runs a kernel has its busy time recorded however many share
+ * the device. */
+#define VGPU_SIM_PERIOD_PIDS VGPU_SIM_MAX_PROCS
+
+/* What NVML's per-process utilization makes of a period inside the window in
+ * which a process ran nothing (VGPU_SIM_UTIL_IDLE): averaged in as zero, or
+ * skipped. */
+#define VGPU_SIM_UTIL_IDLE_AVERAGE 0
+#define VGPU_SIM_UTIL_IDLE_SKIP 1
 
 /* One executed kernel on a device's timeline (CLOCK_MONOTONIC ns). */
 struct vgpu_sim_kernel {
@@ -87,6 +96,8 @@ struct vgpu_sim_state {
     uint32_t ready;          /* set last, once the rest is initialised */
     uint64_t memory;         /* bytes per GPU */
     uint64_t sample_ns;      /* utilization sample period */
+    uint32_t util_idle;      /* VGPU_SIM_UTIL_IDLE_AVERAGE or _SKIP */
+    uint32_t pad0;
     int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
     union {
         pthread_mutex_t lock;

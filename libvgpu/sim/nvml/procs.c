@@ -1,21 +1,31 @@
 /*
  * procs.c - what NVML tells about work on a device: the compute
  * processes (with their memory, contexts included), utilization rates and
- * per-process utilization samples.
+ * per-process utilization.
  *
  * Utilization is sampled as the driver does: the device timeline is cut into
  * fixed periods (VGPU_SIM_SAMPLE_MS, default 1/6 s, the fastest period NVML
- * documents); each complete period gives one sample per process that ran a
- * kernel in it, stamped with the period's end in microseconds of the real-time
- * clock. nvmlDeviceGetProcessUtilization returns the samples newer than
- * lastSeenTimeStamp, about the last VGPU_SIM_PERIODS / 2 periods at most.
+ * documents), and each period records the busy time of every process that ran
+ * a kernel in it. A period is published SIM_SAMPLE_LAG_NS after it ends,
+ * stamped with its end in microseconds of the real-time clock.
+ *
+ * nvmlDeviceGetProcessUtilization and nvmlDeviceGetProcessesUtilizationInfo
+ * answer as NVIDIA documents them: one entry per process that ran in the
+ * published periods newer than lastSeenTimeStamp (about the last
+ * VGPU_SIM_PERIODS / 2 periods at most: the driver's sample buffer), its
+ * timeStamp the newest period it ran in, its smUtil its busy time averaged
+ * over the window. Whether a period of the window in which it ran nothing
+ * counts as a zero (average, the default) or not at all (skip) is
+ * VGPU_SIM_UTIL_IDLE (docs/simulator.md says why average).
  */
 #include <string.h>
 
 #include "init.h"
 #include "procs.h"
 
-#define MAX_SAMPLES (VGPU_SIM_PERIODS / 2 * VGPU_SIM_PERIOD_PIDS)
+/* Distinct processes one window can hold: exited ones stay in the periods
+ * they ran in, as on a real GPU. */
+#define MAX_UTIL_PIDS (4 * VGPU_SIM_MAX_PROCS)
 
 static unsigned int percent(uint64_t busy, uint64_t period)
 {
@@ -58,6 +68,75 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtili
     return NVML_SUCCESS;
 }
 
+/* ---- per-process utilization ---- */
+
+/* One process's entry: what both calls return. */
+struct util_entry {
+    unsigned int pid;
+    unsigned int sm;
+    unsigned long long ts;
+};
+
+/* A process's busy time in the window being read. */
+struct util_acc {
+    int32_t pid;
+    uint32_t periods; /* periods it ran in */
+    uint64_t busy_ns;
+    uint64_t newest;  /* index of the newest period it ran in */
+};
+
+static unsigned long long period_end_us(const struct vgpu_sim_state *s, uint64_t idx)
+{
+    return (unsigned long long)(((int64_t)((idx + 1) * s->sample_ns) + s->realtime_offset_ns) /
+                                1000);
+}
+
+/* The entries newer than last_seen on dev, into out (MAX_UTIL_PIDS); returns
+ * how many. */
+static unsigned int collect_util(int dev, unsigned long long last_seen, struct util_entry *out)
+{
+    static __thread struct util_acc acc[MAX_UTIL_PIDS];
+    struct vgpu_sim_state *s = sim_state();
+    uint64_t P = s->sample_ns;
+    unsigned int n = 0;
+    uint64_t window = 0; /* published periods newer than last_seen */
+    sim_lock(0);
+    uint64_t now = sim_now_ns();
+    uint64_t pub_idx = now > SIM_SAMPLE_LAG_NS ? (now - SIM_SAMPLE_LAG_NS) / P : 0;
+    uint64_t first = pub_idx > VGPU_SIM_PERIODS / 2 ? pub_idx - VGPU_SIM_PERIODS / 2 : 0;
+    for (uint64_t idx = first; idx < pub_idx; idx++) {
+        if (period_end_us(s, idx) <= last_seen)
+            continue;
+        window++;
+        const struct vgpu_sim_period *per = &s->dev[dev].periods[idx % VGPU_SIM_PERIODS];
+        if (per->index != idx)
+            continue; /* nobody ran in it */
+        for (uint32_t i = 0; i < per->n; i++) {
+            /* processes tend to keep their place from one period to the next */
+            unsigned int j = i < n && acc[i].pid == per->e[i].pid ? i : 0;
+            while (j < n && acc[j].pid != per->e[i].pid)
+                j++;
+            if (j == n) {
+                if (n == MAX_UTIL_PIDS)
+                    continue;
+                acc[n++] = (struct util_acc){.pid = per->e[i].pid};
+            }
+            acc[j].periods++;
+            acc[j].busy_ns += per->e[i].busy_ns;
+            acc[j].newest = idx;
+        }
+    }
+    int skip = s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP;
+    for (unsigned int j = 0; j < n; j++)
+        out[j] = (struct util_entry){
+            .pid = (unsigned int)acc[j].pid,
+            .sm = percent(acc[j].busy_ns, (skip ? acc[j].periods : window) * P),
+            .ts = period_end_us(s, acc[j].newest),
+        };
+    sim_unlock();
+    return n;
+}
+
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
                                                          nvmlProcessUtilizationSample_t *out,
                                                          unsigned int *count,
@@ -69,38 +148,44 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     int dev = nvml_index(d);
     if (dev < 0 || !count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread nvmlProcessUtilizationSample_t buf[MAX_SAMPLES];
-    struct vgpu_sim_state *s = sim_state();
-    uint64_t P = s->sample_ns;
-    unsigned int n = 0;
-    sim_lock(0);
-    uint64_t now_idx = sim_now_ns() / P;
-    uint64_t first = now_idx > VGPU_SIM_PERIODS / 2 ? now_idx - VGPU_SIM_PERIODS / 2 : 0;
-    for (uint64_t idx = first; idx < now_idx; idx++) {
-        const struct vgpu_sim_period *per = &s->dev[dev].periods[idx % VGPU_SIM_PERIODS];
-        if (per->index != idx)
-            continue;
-        unsigned long long ts =
-            (unsigned long long)(((int64_t)((idx + 1) * P) + s->realtime_offset_ns) / 1000);
-        if (ts <= last_seen)
-            continue;
-        for (uint32_t i = 0; i < per->n && n < MAX_SAMPLES; i++) {
-            buf[n++] = (nvmlProcessUtilizationSample_t){
-                .pid = (unsigned int)per->e[i].pid,
-                .timeStamp = ts,
-                .smUtil = percent(per->e[i].busy_ns, P),
-            };
-        }
-    }
-    sim_unlock();
+    static __thread struct util_entry e[MAX_UTIL_PIDS];
+    unsigned int n = collect_util(dev, last_seen, e);
     if (n == 0)
         return NVML_ERROR_NOT_FOUND;
     if (!out || *count < n) {
-        *count = n;
+        *count = n; /* the size query: how many entries are needed */
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    memcpy(out, buf, n * sizeof *buf);
+    for (unsigned int i = 0; i < n; i++)
+        out[i] = (nvmlProcessUtilizationSample_t){
+            .pid = e[i].pid, .timeStamp = e[i].ts, .smUtil = e[i].sm};
     *count = n;
+    return NVML_SUCCESS;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d,
+                                                               nvmlProcessesUtilizationInfo_t *info)
+{
+    nvmlReturn_t rc = nvml_enter();
+    if (rc)
+        return rc;
+    int dev = nvml_index(d);
+    if (dev < 0 || !info)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (info->version != nvmlProcessesUtilizationInfo_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    static __thread struct util_entry e[MAX_UTIL_PIDS];
+    unsigned int n = collect_util(dev, info->lastSeenTimeStamp, e);
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND;
+    if (!info->procUtilArray || info->processSamplesCount < n) {
+        info->processSamplesCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        info->procUtilArray[i] = (nvmlProcessUtilizationInfo_v1_t){
+            .timeStamp = e[i].ts, .pid = e[i].pid, .smUtil = e[i].sm};
+    info->processSamplesCount = n;
     return NVML_SUCCESS;
 }
 
