@@ -9,17 +9,10 @@ import re
 import subprocess
 import sys
 
-from support.sim import holding
+from support.sim import HOLD_1G_ON_GPU1, holding
 
 GiB = 1 << 30
 
-# Holds 1 GiB on GPU 1 and reports its pid.
-HOLD_1G_ON_GPU1 = """
-ck(cu.cuInit(0))
-ctx = ck(cu.cuDevicePrimaryCtxRetain(1)); ck(cu.cuCtxSetCurrent(ctx))
-p = ck(cu.cuMemAlloc(1 << 30))
-out({"pid": os.getpid()})
-"""
 
 
 def tool(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -8,18 +8,11 @@ import json
 import subprocess
 
 import pytest
-from support.sim import SPIN_PTX, VGPUCTL, holding, run_py
+from support.sim import HOLD_1G_ON_GPU1, SPIN_PTX, VGPUCTL, holding, run_py
 
 MiB = 1 << 20
 GiB = 1 << 30
 
-# Holds 1 GiB on GPU 1 and reports its pid.
-HOLD_1G_ON_GPU1 = """
-ck(cu.cuInit(0))
-ctx = ck(cu.cuDevicePrimaryCtxRetain(1)); ck(cu.cuCtxSetCurrent(ctx))
-p = ck(cu.cuMemAlloc(1 << 30))
-out({"pid": os.getpid()})
-"""
 
 def test_enumeration(sim_env):
     out = run_py(sim_env, """

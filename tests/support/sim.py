@@ -40,6 +40,14 @@ except ImportError:
     pass
 """
 
+# Holds 1 GiB on GPU 1 and reports its pid.
+HOLD_1G_ON_GPU1 = """
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(1)); ck(cu.cuCtxSetCurrent(ctx))
+p = ck(cu.cuMemAlloc(1 << 30))
+out({"pid": os.getpid()})
+"""
+
 # A spin kernel, as vgpu-burn embeds it: runs for its u64 argument in ns.
 SPIN_PTX = rb"""
 .version 7.0

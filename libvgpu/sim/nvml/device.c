@@ -21,14 +21,6 @@ static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
     return NVML_SUCCESS;
 }
 
-/* Store `value` through `out`: the end of a query for one fixed value. */
-#define ANSWER(out, value)                      \
-    do {                                        \
-        if (!(out))                             \
-            return NVML_ERROR_INVALID_ARGUMENT; \
-        *(out) = (value);                       \
-        return NVML_SUCCESS;                    \
-    } while (0)
 
 /* ---- system ---- */
 

@@ -14,6 +14,15 @@ nvmlReturn_t nvml_enter(void);
 /* The physical GPU behind a handle, or -1 if the handle is not one. */
 int nvml_index(nvmlDevice_t d);
 
+/* Store `value` through `out`: the end of a query that answers one value. */
+#define ANSWER(out, value)                      \
+    do {                                        \
+        if (!(out))                             \
+            return NVML_ERROR_INVALID_ARGUMENT; \
+        *(out) = (value);                       \
+        return NVML_SUCCESS;                    \
+    } while (0)
+
 /* Start of a device query: return nvml_enter()'s error, or
  * NVML_ERROR_INVALID_ARGUMENT for a handle that is not a device; else
  * declare `i`, the device's index. */

@@ -11,14 +11,6 @@
 #include "procs.h"
 #include "sensors.h"
 
-/* Store `value` through `out`: the end of a query for one value. */
-#define ANSWER(out, value)                      \
-    do {                                        \
-        if (!(out))                             \
-            return NVML_ERROR_INVALID_ARGUMENT; \
-        *(out) = (value);                       \
-        return NVML_SUCCESS;                    \
-    } while (0)
 
 /* from idle (util 0) to full load (util 100), in a straight line */
 static unsigned int scale(unsigned int idle, unsigned int full, unsigned int util)
