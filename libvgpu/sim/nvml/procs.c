@@ -57,11 +57,8 @@ unsigned int nvml_recent_util(int dev)
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int i = nvml_index(d);
-    if (i < 0 || !u)
+    NVML_DEVICE(d, i);
+    if (!u)
         return NVML_ERROR_INVALID_ARGUMENT;
     u->gpu = nvml_recent_util(i);
     u->memory = 0; /* simulated kernels do not touch memory */
@@ -142,11 +139,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
                                                          unsigned int *count,
                                                          unsigned long long last_seen)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int dev = nvml_index(d);
-    if (dev < 0 || !count)
+    NVML_DEVICE(d, dev);
+    if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     static __thread struct util_entry e[MAX_UTIL_PIDS];
     unsigned int n = collect_util(dev, last_seen, e);
@@ -166,11 +160,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d,
                                                                nvmlProcessesUtilizationInfo_t *info)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int dev = nvml_index(d);
-    if (dev < 0 || !info)
+    NVML_DEVICE(d, dev);
+    if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (info->version != nvmlProcessesUtilizationInfo_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -215,11 +206,8 @@ static unsigned int running(int dev, struct proc_row *rows)
 static nvmlReturn_t compute_processes(nvmlDevice_t d, unsigned int *count, void *infos,
                                       int with_ids)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int dev = nvml_index(d);
-    if (dev < 0 || !count)
+    NVML_DEVICE(d, dev);
+    if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     struct proc_row rows[VGPU_SIM_MAX_PROCS];
     unsigned int n = running(dev, rows);
@@ -257,10 +245,9 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d
                                                                   nvmlProcessInfo_t *infos)
 {
     (void)infos;
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    if (nvml_index(d) < 0 || !count)
+    NVML_DEVICE(d, i);
+    (void)i;
+    if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     *count = 0;
     return NVML_SUCCESS;
