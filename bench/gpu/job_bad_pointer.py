@@ -34,22 +34,11 @@ PTX = """\
 """
 
 
-def driver() -> Any:
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # cuda-python before 12.6
-        except ImportError:
-            job_util.fail("cuda-bindings not installed")
-    return cu
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--address", default="0x10", help="where the kernel stores")
     args = ap.parse_args()
-    cu = driver()
+    cu = job_util.cuda_driver()
     calls: dict[str, str] = {}
 
     def call(name: str, res: Any) -> Any:

@@ -58,17 +58,6 @@ $L_spin:
 """
 
 
-def driver() -> Any:
-    try:
-        from cuda.bindings import driver as cu
-    except ImportError:
-        try:
-            from cuda import cuda as cu  # cuda-python before 12.6
-        except ImportError:
-            job_util.fail("cuda-bindings not installed")
-    return cu
-
-
 def burst_kernels(busy_ns: int, kernel_ns: int) -> list[int]:
     """The kernel lengths (ns) of one burst: whole kernels, then the rest."""
     n, rest = divmod(busy_ns, kernel_ns)
@@ -90,7 +79,7 @@ def main() -> None:
         job_util.fail("--duty must be in (0, 100]", 2)
     if args.cycle_ms <= 0 or args.kernel_ms <= 0:
         job_util.fail("--cycle-ms and --kernel-ms must be positive", 2)
-    cu = driver()
+    cu = job_util.cuda_driver()
 
     def ck(res: Any, what: str) -> Any:
         res = res if isinstance(res, tuple) else (res,)

@@ -27,6 +27,18 @@ def fail(msg: str, code: int = 3, **extra: Any) -> NoReturn:
     sys.exit(code)
 
 
+def cuda_driver() -> Any:
+    """NVIDIA's driver-API bindings; else one JSON error line and exit 3."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # cuda-python before 12.6
+        except ImportError:
+            fail("cuda-bindings not installed")
+    return cu
+
+
 def torch_cuda() -> Any:
     """torch, with a GPU it can use; else one JSON error line and exit 3."""
     try:
