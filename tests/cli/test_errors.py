@@ -24,6 +24,9 @@ def vgpuctl(*args, env=None, tmp_path=None):
 @pytest.mark.parametrize("args,code,needle", [
     (["run", "--mem", "4X", "--", "true"], 2, "--mem: '4X': unknown unit"),
     (["run", "--mem", "lots", "--", "true"], 2, "not a size"),
+    (["run", "--mem", "4", "--", "true"], 2, "--mem: '4' has no unit: write 4G or 4M"),
+    (["run", "--mem", "99999999999999999999999G", "--", "true"], 2, "too large"),
+    (["set", "1", "--mem", "512"], 2, "--mem: '512' has no unit: write 512G or 512M"),
     (["run", "--mem", "1G", "--core", "0", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--core", "101", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--core", "half", "--", "true"], 2, "1 to 100"),
