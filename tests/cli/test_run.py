@@ -99,7 +99,7 @@ def test_a_signal_death_is_128_plus_n(daemon):
 
 
 def test_command_not_found_is_127_and_one_line(daemon):
-    r = daemon.cli("run", "--mem", "64M", "--", "no-such-command-xyz")
+    r = daemon.cli("run", "-q", "--mem", "1G", "--", "no-such-command-xyz")
     assert r.returncode == 127
     assert r.stderr.strip().splitlines() == [
         "vgpuctl: error: cannot run no-such-command-xyz: No such file or directory"]
@@ -247,9 +247,9 @@ def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
     try:
         assert r.returncode == 0, r.stderr
         assert r.stderr.startswith("vgpuctl: started a user daemon on "), r.stderr
-        assert len(r.stderr.splitlines()) == 1
-        r2 = d.cli("run", "--mem", "64M", "--", "true", env=env)
-        assert r2.returncode == 0 and r2.stderr == ""     # the same daemon, silently
+        assert r.stderr.splitlines()[1].startswith("vgpuctl: job 1 on GPU 0 ")
+        r2 = d.cli("run", "-q", "--mem", "64M", "--", "true", env=env)
+        assert r2.returncode == 0 and "daemon" not in r2.stderr   # the same one, silently
     finally:
         from vgpuctl.client.connection import Client
         try:
@@ -267,6 +267,26 @@ def test_vgpuctl_alone_is_status(daemon):
     b = daemon.cli("status", env={"COLUMNS": "200"})
     assert a.returncode == b.returncode == 0
     assert a.stdout.splitlines()[0] == b.stdout.splitlines()[0]
+
+
+def test_run_says_its_job_id_and_gpu_on_stderr_unless_quiet(daemon):
+    r = daemon.cli("run", "--mem", "1G", "--", sys.executable, "-c",
+                   "import os; print(os.environ['VGPU_JOB'])")
+    assert r.returncode == 0, r.stderr
+    uuid = daemon.call("ps")["gpus"][0]["uuid"]
+    assert r.stderr == f"vgpuctl: job {r.stdout.strip()} on GPU 0 ({uuid[:12]})\n"
+    q = daemon.cli("run", "-q", "--mem", "1G", "--", "true")
+    assert (q.returncode, q.stderr) == (0, "")
+
+
+def test_a_limit_no_larger_than_a_context_is_warned(daemon):
+    """The simulator's context takes 300M of the job's limit (as a real
+    GPU's takes 300-500M): a 256M job can't even create one."""
+    r = daemon.cli("run", "-q", "--mem", "256M", "--", "true")
+    assert r.returncode == 0
+    assert r.stderr.startswith("vgpuctl: warning: --mem 256M is not more than a CUDA context "
+                               "takes on this GPU (about 300M"), r.stderr
+    assert len(r.stderr.splitlines()) == 1
 
 
 def test_run_with_verbose_names_the_daemon(daemon):

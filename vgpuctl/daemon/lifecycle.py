@@ -30,6 +30,7 @@ from typing import Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
+from vgpuctl.core.placement import CONTEXT_MEM
 from vgpuctl.daemon import metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
@@ -109,6 +110,15 @@ def _lock(dp: paths.DaemonPaths) -> int:
     return fd
 
 
+def _context_mem() -> int:
+    """About what a CUDA context takes on this node's GPUs."""
+    if not os.environ.get("VGPU_SIM"):
+        return CONTEXT_MEM
+    from vgpuctl.system import sim
+
+    return sim.context_cost()
+
+
 def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     """What a job needs to see the same (simulated) GPUs as the daemon: the
     variables to set, and the library dir to put first on LD_LIBRARY_PATH."""
@@ -150,7 +160,8 @@ class Daemon:
         devices = nvml.devices()
         sim_set, sim_prepend = _sim_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
-                         sim_env=sim_set, sim_prepend=sim_prepend)
+                         sim_env=sim_set, sim_prepend=sim_prepend,
+                         context_mem=_context_mem())
         self.sup = sup
         self._start_compute(loop)
         self._start_accounting(store)

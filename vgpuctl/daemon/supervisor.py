@@ -83,7 +83,8 @@ class Supervisor:
                  devices: list[GpuStats], hook_library: Callable[[], Path],
                  clock: Callable[[], float] = time.time,
                  sim_env: Mapping[str, str] | None = None,
-                 sim_prepend: Mapping[str, str] | None = None) -> None:
+                 sim_prepend: Mapping[str, str] | None = None,
+                 context_mem: int = placement.CONTEXT_MEM) -> None:
         self.config = config
         self.paths = paths
         self.store = store
@@ -93,6 +94,7 @@ class Supervisor:
         self.clock = clock
         self.sim_env = dict(sim_env or {})
         self.sim_prepend = dict(sim_prepend or {})
+        self.context_mem = context_mem    # what one CUDA context takes, about
         self.jobs: dict[str, Job] = {}
         self.started = clock()
         self.compute = False            # set by the shell when a governor runs
@@ -192,7 +194,9 @@ class Supervisor:
                "CUDA_VISIBLE_DEVICES": where.gpu.uuid, **self.sim_env}
         # Paths the client puts in front of the variable's current value.
         prepend = {"LD_PRELOAD": hook, **self.sim_prepend}
-        return P.ok(job=self.view(self.jobs[rec.id]), env=env, prepend=prepend)
+        small = placement.context_warning(mem, self.context_mem)
+        return P.ok(job=self.view(self.jobs[rec.id]), env=env, prepend=prepend,
+                    warnings=[small] if small else [])
 
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self._job(req.job)
