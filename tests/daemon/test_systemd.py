@@ -195,3 +195,45 @@ def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
         # The job is not the daemon's child: it runs on.
         assert job.is_running() and job.status() != psutil.STATUS_ZOMBIE
         assert all(c.is_running() for c in job.children())
+
+
+# -- the journal ----------------------------------------------------------------------
+@needs_native
+def test_under_journald_lines_carry_priorities_and_no_timestamp(daemon_factory):
+    """With stderr a journal stream (JOURNAL_STREAM names it), each line
+    starts with its syslog priority, so `journalctl -p err` finds errors, and
+    has no timestamp of its own: the journal keeps one."""
+    import signal
+
+    from support.daemon import wait_for
+
+    d = daemon_factory(start=False)
+    d.log.touch()
+    st = d.log.stat()
+    d.env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+    d.start()
+    d.config.write_text("tick_ms = 1\n")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload failed" in d.log.read_text(), what="the reload error")
+    lines = d.log.read_text().splitlines()
+    assert lines[0].startswith(f"<6>vgpud {d.proc.pid} listening on "), lines[0]
+    assert [line for line in lines if "reload failed" in line] == [
+        f"<3>reload failed, keeping the previous configuration: {d.config}: tick_ms: "
+        f"must be 10 to 10000, got 1"]
+    assert all(re.match(r"<[0-7]>", line) for line in lines), lines
+
+
+def test_elsewhere_lines_carry_time_pid_and_level(tmp_path):
+    import logging
+
+    from vgpuctl.daemon import logs
+
+    out = open(tmp_path / "log", "w")
+    st = os.fstat(out.fileno())
+    other = f"{st.st_dev}:{st.st_ino + 1}"      # the journal is another stream
+    assert not logs.journal_stream(out, {"JOURNAL_STREAM": other})
+    assert logs.journal_stream(out, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    rec = logging.LogRecord("vgpuctl.daemon", logging.WARNING, __file__, 1, "two\nlines",
+                            None, None)
+    assert logs.JournalFormatter("%(message)s").format(rec) == "<4>two\n<4>lines"
+    out.close()

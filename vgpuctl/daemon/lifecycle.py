@@ -22,16 +22,14 @@ import fcntl
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.core.placement import CONTEXT_MEM
-from vgpuctl.daemon import metrics, tracking
+from vgpuctl.daemon import logs, metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
@@ -39,7 +37,7 @@ from vgpuctl.governor import compute
 from vgpuctl.store import retention, usage
 from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths
-from vgpuctl.system.config import load_config
+from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import Nvml
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -60,23 +58,16 @@ class Options:
     user: bool = False        # the user layout even as root
 
 
-def _log_setup(level: str) -> None:
-    root = logging.getLogger("vgpuctl")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s vgpud[%(process)d] %(levelname)s "
-                                         "%(message)s"))
-        root.addHandler(h)
-        root.propagate = False
-    root.setLevel(level.upper())
-
-
 def resolve(opts: Options) -> tuple[paths.DaemonPaths, Config]:
     user = opts.user or os.geteuid() != 0
-    cfg_path = Path(opts.config) if opts.config else paths.default_config(user)
-    config = load_config(cfg_path)
+    if opts.config:
+        cfg_path, optional = paths.absolute(opts.config), False
+    else:
+        cfg_path, optional = paths.config_file(user)
+    config = load_daemon_config(cfg_path, optional)
     dp = paths.daemon_paths(user, socket=opts.socket, runtime_dir=opts.runtime_dir,
                             state_dir=opts.state_dir, config=cfg_path,
+                            config_optional=optional,
                             from_config={"socket": config.socket,
                                          "runtime_dir": config.runtime_dir,
                                          "state_dir": config.state_dir})
@@ -144,7 +135,7 @@ class Daemon:
         self._tick_errors = 0
 
     def run(self) -> int:
-        _log_setup(self.config.log_level)
+        logs.setup(self.config.log_level)
         _prepare_dirs(self.dp)
         lock_fd = _lock(self.dp)
         try:

@@ -35,7 +35,7 @@ from vgpuctl.errors import (
     VgpuError,
 )
 from vgpuctl.store.jobs import ENDED, RUNNING, STARTING, JobRecord, Store
-from vgpuctl.system.config import load_config
+from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import DeviceLimit, Region
@@ -148,7 +148,8 @@ class Supervisor:
         return {"pid": os.getpid(), "version": __version__, "uid": os.geteuid(),
                 "socket": str(self.paths.socket), "system": self.paths.system,
                 "started": self.started, "compute": self.compute,
-                "config": self.config.source, "jobs": len(self.jobs)}
+                "config": self.config.source, "jobs": len(self.jobs),
+                "config_file": None if self.paths.config is None else str(self.paths.config)}
 
     def commitments(self) -> list[placement.Commitment]:
         return [placement.Commitment(j.id, u, j.rec.mem_limit)
@@ -315,12 +316,17 @@ class Supervisor:
     def op_reload(self, peer: Peer, req: P.Reload) -> dict[str, Any]:
         if not self.is_admin(peer):
             raise PermissionDenied("only root may reload the daemon's configuration")
-        self.reload()
+        try:
+            self.reload()
+        except VgpuError as e:
+            log.error("reload failed, keeping the previous configuration: %s", e)
+            raise
         return P.ok(config=self.config.source)
 
     def reload(self) -> None:
-        """Re-read the config file; on error keep the old one and raise."""
-        new = load_config(self.paths.config)
+        """Re-read the config file (the default one is read if it has been
+        created since); on error keep the old config and raise."""
+        new = load_daemon_config(self.paths.config, self.paths.config_optional)
         old = self.config
         for key in ("socket", "runtime_dir", "state_dir"):
             if getattr(new, key) != getattr(old, key):
@@ -329,7 +335,10 @@ class Supervisor:
         self.config = new
         if self.on_config is not None:
             self.on_config(new)
-        log.info("configuration reloaded from %s", new.source)
+        if new.source == Config().source and self.paths.config is not None:
+            log.info("configuration reloaded: no %s, the defaults", self.paths.config)
+        else:
+            log.info("configuration reloaded from %s", new.source)
 
     # -- views ------------------------------------------------------------------
     def _dev_usage(self, job: Job, i: int = 0) -> dict[str, int]:
