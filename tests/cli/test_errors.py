@@ -37,6 +37,8 @@ def vgpuctl(*args, env=None, tmp_path=None):
     (["run", "--mem"], 2, ("'--mem'", "requires an argument")),
     (["run", "--mem", "1G", "--"], 2, "no command given"),
     (["kill", "abc"], 2, "not a job id"),
+    (["help", "nope"], 2, "no help topic or command 'nope'"),
+    (["daemon", "--user", "reload"], 2, "options go with `vgpuctl daemon` alone"),
     (["kill", "1", "--signal", "NOPE"], 2, "not a signal"),
     (["set", "1"], 2, "nothing to change"),
     (["set", "1", "--core", "200"], 2, "1 to 100"),

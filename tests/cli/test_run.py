@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from support.daemon import read_line, vgpuctl_argv, wait_for
@@ -251,15 +252,35 @@ def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
         r2 = d.cli("run", "-q", "--mem", "64M", "--", "true", env=env)
         assert r2.returncode == 0 and "daemon" not in r2.stderr   # the same one, silently
     finally:
-        from vgpuctl.client.connection import Client
-        try:
-            with Client.connect(d.base / "user" / "vgpud.sock") as c:
-                pid = c.call("ping")["daemon"]["pid"]
-            os.kill(pid, signal.SIGTERM)
-            wait_for(lambda: not (d.base / "user" / "vgpud.sock").exists(),
-                     what="the user daemon to stop")
-        except OSError:
-            pass
+        stop_user_daemon(d.base / "user" / "vgpud.sock")
+
+
+def stop_user_daemon(sock: Path) -> None:
+    from vgpuctl.client.connection import Client
+    try:
+        with Client.connect(sock) as c:
+            pid = c.call("ping")["daemon"]["pid"]
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not sock.exists(), what="the user daemon to stop")
+    except OSError:
+        pass
+
+
+def test_a_relative_socket_is_the_one_in_the_current_directory(daemon_factory):
+    """The user daemon starts in /: a relative --socket must not become a
+    path under / (it used to create directories there and time out)."""
+    d = daemon_factory(start=False)
+    env = {"VGPU_RUNTIME_DIR": str(d.base / "user")}
+    env.pop("VGPU_SOCKET", None)
+    try:
+        r = d.cli("run", "-q", "--socket", "rel/vgpud.sock", "--mem", "1G", "--", "true",
+                  env=env, cwd=d.base, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert (d.base / "rel" / "vgpud.sock").is_socket()
+        ps = d.cli("ps", "--json", "--socket", "rel/vgpud.sock", cwd=d.base)
+        assert ps.returncode == 0, ps.stderr
+    finally:
+        stop_user_daemon(d.base / "rel" / "vgpud.sock")
 
 
 def test_vgpuctl_alone_is_status(daemon):

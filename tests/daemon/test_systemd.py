@@ -33,6 +33,29 @@ def unit_settings() -> dict[str, list[str]]:
     return out
 
 
+def install_prefix() -> str:
+    """Where the README's server install puts vgpuctl: the venv it makes."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Run it on a server", 1)[1].split("\n## ", 1)[0]
+    venvs = re.findall(r"python3 -m venv (/\S+)", section)
+    assert len(venvs) == 1, "the README's server install makes one venv"
+    assert f"{venvs[0]}/bin/pip install" in section
+    return venvs[0]
+
+
+def test_the_unit_runs_vgpuctl_where_the_readme_installs_it():
+    s = unit_settings()
+    exe = f"{install_prefix()}/bin/vgpuctl"
+    assert s["ExecStart"][0].split()[0] == exe
+    assert s["ExecReload"][0].split()[0] == exe
+    # ...and doctor's advice reinstalls into that venv when run from it.
+    from vgpuctl.ops import doctor
+
+    fix = doctor.reinstall_fix()
+    assert f"{sys.prefix}/bin/pip install --force-reinstall" in fix
+    assert "pip install vgpuctl" not in fix
+
+
 def vgpuctl_exe() -> str:
     exe = Path(sys.executable).parent / "vgpuctl"
     return str(exe) if exe.exists() else shutil.which("vgpuctl") or ""
@@ -43,7 +66,7 @@ def test_unit_verifies(tmp_path):
     exe = vgpuctl_exe()
     if not exe:
         pytest.skip("vgpuctl is not installed as a command")
-    text = UNIT.read_text().replace("/usr/local/bin/vgpuctl", exe)
+    text = UNIT.read_text().replace(f"{install_prefix()}/bin/vgpuctl", exe)
     unit = tmp_path / "vgpud.service"
     unit.write_text(text)
     r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
@@ -58,8 +81,8 @@ def test_unit_verifies(tmp_path):
 def test_unit_contract():
     s = unit_settings()
     assert s["Type"] == ["notify"]
-    assert s["ExecStart"][0].endswith("vgpuctl daemon")
-    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert s["ExecStart"] == [f"{install_prefix()}/bin/vgpuctl daemon"]
+    assert s["ExecReload"] == [f"{install_prefix()}/bin/vgpuctl daemon reload"]
     # SIGTERM to the daemon only; jobs are not its children and keep running.
     assert s["KillMode"] == ["mixed"]
     assert s["Restart"] == ["on-failure"]
