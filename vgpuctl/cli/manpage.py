@@ -42,6 +42,12 @@ def _paragraphs(text: str) -> list[str]:
     return out
 
 
+def context(cmd: click.Command, name: str, parent: click.Context | None = None) -> click.Context:
+    """A context for cmd as the command line makes one (its context_settings,
+    such as -h for help, included)."""
+    return click.Context(cmd, info_name=name, parent=parent, **cmd.context_settings)
+
+
 def walk(cmd: click.Command, ctx: click.Context,
          path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command,
                                                        click.Context]]:
@@ -52,13 +58,14 @@ def walk(cmd: click.Command, ctx: click.Context,
             sub = cmd.get_command(ctx, name)
             if sub is None or sub.hidden:
                 continue
-            yield from walk(sub, click.Context(sub, info_name=name, parent=ctx), (*path, name))
+            yield from walk(sub, context(sub, name, ctx), (*path, name))
 
 
 def _options(cmd: click.Command, ctx: click.Context, with_help: bool = False) -> list[str]:
     lines = []
+    help_option = cmd.get_help_option(ctx)
     for p in cmd.get_params(ctx):
-        if p.name == "help" and not with_help:   # every command has -h, --help
+        if p is help_option and not with_help:   # every command has -h, --help
             continue
         rec = p.get_help_record(ctx)
         if rec is None:
@@ -82,7 +89,7 @@ def generate() -> str:
     """The page, in roff (man(7)). No date: it changes only with the commands."""
     from vgpuctl.cli import cli
 
-    root = click.Context(cli, info_name="vgpuctl")
+    root = context(cli, "vgpuctl")
     out = [f'.TH VGPUCTL 1 "" "vgpuctl {__version__}" "vgpuctl manual"',
            ".SH NAME", "vgpuctl \\- share GPUs among jobs: a memory limit and a compute "
            "share per job",

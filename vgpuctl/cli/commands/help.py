@@ -43,7 +43,9 @@ def help_(ctx: click.Context, topic: str | None, man: bool) -> None:
         return
     cmd = group.get_command(root, topic)
     if cmd is not None:
-        sub = click.Context(cmd, info_name=topic, parent=root)
+        from vgpuctl.cli.manpage import context
+
+        sub = context(cmd, topic, root)
         click.echo(cmd.get_help(sub))
         return
     raise UsageError(f"no help topic or command {topic!r}: try "
