@@ -250,13 +250,34 @@ def test_elsewhere_lines_carry_time_pid_and_level(tmp_path):
     import logging
 
     from vgpuctl.daemon import logs
+    from vgpuctl.system import journal
 
     out = open(tmp_path / "log", "w")
     st = os.fstat(out.fileno())
     other = f"{st.st_dev}:{st.st_ino + 1}"      # the journal is another stream
-    assert not logs.journal_stream(out, {"JOURNAL_STREAM": other})
-    assert logs.journal_stream(out, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    assert not journal.is_journal(out, {"JOURNAL_STREAM": other})
+    assert journal.is_journal(out, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
     rec = logging.LogRecord("vgpuctl.daemon", logging.WARNING, __file__, 1, "two\nlines",
                             None, None)
     assert logs.JournalFormatter("%(message)s").format(rec) == "<4>two\n<4>lines"
     out.close()
+
+
+def test_a_bad_config_at_start_is_an_error_in_the_journal(tmp_path):
+    """The unit's most common failure, a bad config file, is found by
+    `journalctl -p err` too: the CLI edge's line carries <3> there."""
+    from support.daemon import vgpuctl_argv
+
+    cfg = tmp_path / "vgpu.toml"
+    cfg.write_text("tick_ms = 1\n")
+    log = tmp_path / "journal"
+    with open(log, "w") as out:
+        st = os.fstat(out.fileno())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
+        env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+        r = subprocess.run([*vgpuctl_argv(), "daemon", "--config", str(cfg), "--socket",
+                            str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st")],
+                           stderr=out, env=env, timeout=60)
+    assert r.returncode == 78
+    assert log.read_text() == (f"<3>vgpuctl: error: {cfg}: tick_ms: must be 10 to 10000, "
+                               f"got 1\n")

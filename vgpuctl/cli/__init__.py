@@ -121,7 +121,7 @@ def _run(argv: list[str] | None) -> int:
             import traceback
 
             traceback.print_exception(type(e), e, e.__traceback__)
-        messages.write(messages.internal_error_line(e, traceback_shown=debug))
+        messages.write(messages.internal_error_line(e, traceback_shown=debug), priority=3)
         return 1
 
 

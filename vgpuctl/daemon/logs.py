@@ -10,14 +10,15 @@ user daemon's vgpud.log): ``TIME vgpud[PID] LEVEL message``.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from typing import TextIO
 
+from vgpuctl.system import journal
+
 # logging's levels as syslog priorities (sd-daemon(3)).
-PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6,
-            logging.DEBUG: 7}
+PRIORITY = {logging.CRITICAL: 2, logging.ERROR: journal.ERR, logging.WARNING: journal.WARNING,
+            logging.INFO: journal.INFO, logging.DEBUG: 7}
 
 PLAIN_FORMAT = "%(asctime)s vgpud[%(process)d] %(levelname)s %(message)s"
 
@@ -34,21 +35,6 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(f"<{prio}>{line}" for line in text.split("\n"))
 
 
-def journal_stream(stream: TextIO, env: Mapping[str, str] | None = None) -> bool:
-    """Whether stream is connected to journald: JOURNAL_STREAM is
-    ``DEVICE:INODE`` of the stream systemd gave the service, and matches
-    this stream's (not, say, a file the output was redirected to)."""
-    value = (os.environ if env is None else env).get("JOURNAL_STREAM", "")
-    dev, sep, ino = value.partition(":")
-    if not sep or not dev.isdigit() or not ino.isdigit():
-        return False
-    try:
-        st = os.fstat(stream.fileno())
-    except (OSError, ValueError, AttributeError):
-        return False
-    return (st.st_dev, st.st_ino) == (int(dev), int(ino))
-
-
 def setup(level: str, stream: TextIO | None = None,
           env: Mapping[str, str] | None = None) -> None:
     """Send the vgpuctl loggers to stream (default stderr) at level, once."""
@@ -56,7 +42,7 @@ def setup(level: str, stream: TextIO | None = None,
     if not root.handlers:
         out = sys.stderr if stream is None else stream
         h = logging.StreamHandler(out)
-        h.setFormatter(JournalFormatter("%(message)s") if journal_stream(out, env)
+        h.setFormatter(JournalFormatter("%(message)s") if journal.is_journal(out, env)
                        else logging.Formatter(PLAIN_FORMAT))
         root.addHandler(h)
         root.propagate = False
