@@ -221,6 +221,12 @@ def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
 
 
 # -- the journal ----------------------------------------------------------------------
+def journal_stream(path: Path) -> str:
+    """JOURNAL_STREAM as systemd sets it for a service whose stderr is path."""
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
 @needs_native
 def test_under_journald_lines_carry_priorities_and_no_timestamp(daemon_factory):
     """With stderr a journal stream (JOURNAL_STREAM names it), each line
@@ -232,8 +238,7 @@ def test_under_journald_lines_carry_priorities_and_no_timestamp(daemon_factory):
 
     d = daemon_factory(start=False)
     d.log.touch()
-    st = d.log.stat()
-    d.env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+    d.env["JOURNAL_STREAM"] = journal_stream(d.log)
     d.start()
     d.config.write_text("tick_ms = 1\n")
     d.proc.send_signal(signal.SIGHUP)
@@ -253,10 +258,10 @@ def test_elsewhere_lines_carry_time_pid_and_level(tmp_path):
     from vgpuctl.system import journal
 
     out = open(tmp_path / "log", "w")
-    st = os.fstat(out.fileno())
-    other = f"{st.st_dev}:{st.st_ino + 1}"      # the journal is another stream
+    ours = journal_stream(tmp_path / "log")
+    other = ours + "1"      # the journal is another stream
     assert not journal.is_journal(out, {"JOURNAL_STREAM": other})
-    assert journal.is_journal(out, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    assert journal.is_journal(out, {"JOURNAL_STREAM": ours})
     rec = logging.LogRecord("vgpuctl.daemon", logging.WARNING, __file__, 1, "two\nlines",
                             None, None)
     assert logs.JournalFormatter("%(message)s").format(rec) == "<4>two\n<4>lines"
@@ -272,9 +277,8 @@ def test_a_bad_config_at_start_is_an_error_in_the_journal(tmp_path):
     cfg.write_text("tick_ms = 1\n")
     log = tmp_path / "journal"
     with open(log, "w") as out:
-        st = os.fstat(out.fileno())
         env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
-        env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+        env["JOURNAL_STREAM"] = journal_stream(log)
         r = subprocess.run([*vgpuctl_argv(), "daemon", "--config", str(cfg), "--socket",
                             str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st")],
                            stderr=out, env=env, timeout=60)
