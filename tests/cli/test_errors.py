@@ -24,6 +24,9 @@ def vgpuctl(*args, env=None, tmp_path=None):
 @pytest.mark.parametrize("args,code,needle", [
     (["run", "--mem", "4X", "--", "true"], 2, "--mem: '4X': unknown unit"),
     (["run", "--mem", "lots", "--", "true"], 2, "not a size"),
+    (["run", "--mem", "4", "--", "true"], 2, "--mem: '4' has no unit: write 4G or 4M"),
+    (["run", "--mem", "99999999999999999999999G", "--", "true"], 2, "too large"),
+    (["set", "1", "--mem", "512"], 2, "--mem: '512' has no unit: write 512G or 512M"),
     (["run", "--mem", "1G", "--core", "0", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--core", "101", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--core", "half", "--", "true"], 2, "1 to 100"),
@@ -34,6 +37,8 @@ def vgpuctl(*args, env=None, tmp_path=None):
     (["run", "--mem"], 2, ("'--mem'", "requires an argument")),
     (["run", "--mem", "1G", "--"], 2, "no command given"),
     (["kill", "abc"], 2, "not a job id"),
+    (["help", "nope"], 2, "no help topic or command 'nope'"),
+    (["daemon", "--user", "reload"], 2, "options go with `vgpuctl daemon` alone"),
     (["kill", "1", "--signal", "NOPE"], 2, "not a signal"),
     (["set", "1"], 2, "nothing to change"),
     (["set", "1", "--core", "200"], 2, "1 to 100"),

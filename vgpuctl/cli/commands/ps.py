@@ -6,7 +6,7 @@ import click
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="JSON (fields in docs/cli.md).")
+@click.option("--json", "as_json", is_flag=True, help="JSON (fields: `vgpuctl help cli`).")
 @click.option("-a", "--all", "all_jobs", is_flag=True, help="Recently ended jobs too.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 def ps(as_json: bool, all_jobs: bool, socket_path: str | None) -> None:
