@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
 from typing import Any
 
+from vgpuctl.core import layout
 from vgpuctl.core.accounting import UsageRow
+from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import UsageError
 
 MIB = 1 << 20
@@ -346,6 +348,37 @@ def to_text(report: Report, tz: tzinfo | None = None) -> str:
 
 def short_time(t: float | None, tz: tzinfo | None) -> str:
     return "" if t is None else _to_datetime(t, tz).strftime("%m-%d %H:%M")
+
+
+def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout.Cell]],
+                                        list[layout.Step]]:
+    """A narrow table of a --by job report (the demo's closing one): each
+    job's limits beside the GPU time it got and the share of the GPU that
+    makes over its run, so a limit's effect shows at a glance. Fits 80
+    columns; the name is cut first when it must (vgpuctl.core.layout)."""
+    right = {"right": True}
+    cols = [layout.Column("job", "Job", **right), layout.Column("name", "Name"),
+            layout.Column("mem", "Mem limit", **right),
+            layout.Column("core", "Core limit", **right),
+            layout.Column("gpu_time", "GPU time", **right),
+            layout.Column("share", "GPU share", **right),
+            layout.Column("peak", "Peak mem", **right), layout.Column("exit", "Exit", **right)]
+    rows = []
+    for r in report.rows:
+        j = row_job(r)
+        start = j.start if j.start is not None else report.since
+        end = j.end if j.end is not None else report.until
+        ran = max(0.0, min(end, report.until) - max(start, report.since))
+        core = "" if j.core is None else f"{j.core}% {j.policy}".rstrip()
+        rows.append([
+            layout.Cell(r.key), layout.Cell(j.name),
+            layout.Cell("" if j.mem_limit is None else format_size(j.mem_limit)),
+            layout.Cell(core), layout.Cell(f"{r.gpu_seconds:.1f}s"),
+            layout.Cell(f"{100 * r.gpu_seconds / ran:.0f}%" if ran > 0 else ""),
+            layout.Cell(format_size(r.peak_mem_bytes)),
+            layout.Cell("" if j.exit_status is None else str(j.exit_status)),
+        ])
+    return cols, rows, [layout.Cut("name", 8)]
 
 
 def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:
