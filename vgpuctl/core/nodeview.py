@@ -21,14 +21,14 @@ import fnmatch
 import io
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
 from vgpuctl.core.layout import Cell, Column, Cut, Drop, Short, Step
 from vgpuctl.core.sizes import format_size
-from vgpuctl.errors import UsageError
+from vgpuctl.errors import NotFound, UsageError
 
 MIB = 1 << 20
 FORMATS = ("table", "csv", "json")
@@ -218,6 +218,38 @@ def filter_jobs(jobs: Sequence[Record], *, user: str | None = None,
         if name is not None and not match_name(str(j.get("name", "")), name):
             continue
         out.append(j)
+    return out
+
+
+MAX_JOB_ARG = 64    # the longest job name (core.protocol.MAX_NAME)
+
+
+def is_job_id(spec: str) -> bool:
+    return spec.isdigit() and len(spec) <= 19
+
+
+def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
+                 mine: Callable[[Record], bool]) -> list[tuple[str, list[str]]]:
+    """What each JOB argument of `kill` or `set` names: an id (a number) is
+    itself, whether or not such a job runs (the daemon answers for it); a
+    name, or a shell pattern (match_name), stands for every running job
+    of that name that ``mine`` says the caller may act on. Returns (spec,
+    ids) per argument; a name that matches none is NotFound, an argument
+    that can be neither a UsageError."""
+    out = []
+    for spec in specs:
+        s = spec.strip()
+        if not s or len(s) > MAX_JOB_ARG:
+            raise UsageError(f"{spec!r} is not a job id or name (as `vgpuctl ps` shows)")
+        if s.isdigit():
+            if not is_job_id(s):
+                raise UsageError(f"{spec!r} is not a job id (a number, as `vgpuctl ps` shows)")
+            out.append((s, [str(int(s))]))
+            continue
+        ids = [str(j["id"]) for j in jobs if match_name(str(j.get("name", "")), s) and mine(j)]
+        if not ids:
+            raise NotFound(f"no job of yours named {s!r} runs (see vgpuctl ps)")
+        out.append((s, ids))
     return out
 
 
