@@ -94,6 +94,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | 
     shown = list(range(len(columns)))
     short: set[str] = set()
     widths = [_natural(i, columns, rows, False, header) for i in range(len(columns))]
+    cut: list[int] = []
 
     def total() -> int:
         return sum(widths[i] for i in shown) + GAP * max(0, len(shown) - 1)
@@ -113,8 +114,14 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int | 
             elif isinstance(step, Cut):
                 least = min(widths[i], max(step.least, 1))
                 widths[i] = max(least, widths[i] - (total() - width))
+                cut.append(i)
             else:
                 shown.remove(i)
+        # A column dropped later may have left room: give it back to the cut ones.
+        for i in cut:
+            if i in shown and total() < width:
+                full = _natural(i, columns, rows, columns[i].key in short, header)
+                widths[i] = min(full, widths[i] + width - total())
     return Layout(columns=tuple(columns[i] for i in shown),
                   widths=tuple(widths[i] for i in shown), short=frozenset(short))
 

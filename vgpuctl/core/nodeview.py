@@ -228,6 +228,16 @@ def is_job_id(spec: str) -> bool:
     return spec.isdigit() and len(spec) <= 19
 
 
+def check_job_args(specs: Sequence[str]) -> None:
+    """A UsageError for a JOB argument that can be neither an id nor a name."""
+    for spec in specs:
+        s = spec.strip()
+        if not s or len(s) > MAX_JOB_ARG:
+            raise UsageError(f"{spec!r} is not a job id or name (as `vgpuctl ps` shows)")
+        if s.isdigit() and not is_job_id(s):
+            raise UsageError(f"{spec!r} is not a job id (a number, as `vgpuctl ps` shows)")
+
+
 def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
                  mine: Callable[[Record], bool]) -> list[tuple[str, list[str]]]:
     """What each JOB argument of `kill` or `set` names: an id (a number) is
@@ -236,14 +246,11 @@ def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
     of that name that ``mine`` says the caller may act on. Returns (spec,
     ids) per argument; a name that matches none is NotFound, an argument
     that can be neither a UsageError."""
+    check_job_args(specs)
     out = []
     for spec in specs:
         s = spec.strip()
-        if not s or len(s) > MAX_JOB_ARG:
-            raise UsageError(f"{spec!r} is not a job id or name (as `vgpuctl ps` shows)")
         if s.isdigit():
-            if not is_job_id(s):
-                raise UsageError(f"{spec!r} is not a job id (a number, as `vgpuctl ps` shows)")
             out.append((s, [str(int(s))]))
             continue
         ids = [str(j["id"]) for j in jobs if match_name(str(j.get("name", "")), s) and mine(j)]
@@ -305,8 +312,9 @@ Table = tuple[list[Column], list[list[Cell]], list[Step]]
 
 GPU_PLAN: list[Step] = [Short("uuid"), Cut("name", 12), Drop("jobs"), Drop("uuid"),
                         Cut("name", 6)]
-JOB_PLAN: list[Step] = [Short("command"), Cut("command", 12), Short("pids"), Drop("command"),
-                        Drop("pids"), Drop("time"), Cut("user", 6), Drop("user"), Cut("name", 8)]
+JOB_PLAN: list[Step] = [Short("command"), Cut("command", 12), Short("pids"), Drop("pids"),
+                        Drop("command"), Drop("time"), Cut("user", 6), Drop("user"),
+                        Cut("name", 8)]
 
 
 def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from vgpuctl.cli import args as _args
+from vgpuctl.core import nodeview
 
 
 @click.command()
-@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB")
 @click.option("-s", "--signal", "sig", metavar="SIG", default="TERM", show_default=True,
               help="Signal name or number.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
@@ -23,6 +24,7 @@ def kill(jobs: tuple[str, ...], sig: str, socket_path: str | None) -> int | None
     from vgpuctl.client.connection import connect
 
     num = _args.signal_number(sig)
+    nodeview.check_job_args(jobs)
     with connect(socket_path) as cl:
         ids = [i for _, found in select_jobs(cl, jobs) for i in found]
 

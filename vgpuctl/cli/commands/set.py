@@ -10,6 +10,7 @@ import click
 
 from vgpuctl.cli import args as _args
 from vgpuctl.cli import messages
+from vgpuctl.core import nodeview
 
 
 def select_jobs(cl: Any, specs: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -46,7 +47,7 @@ def each_job(ids: Sequence[str], act: Callable[[str], None]) -> int | None:
 
 
 @click.command(name="set")
-@click.argument("jobs", nargs=-1, required=True, metavar="JOB...")
+@click.argument("jobs", nargs=-1, required=True, metavar="JOB")
 @click.option("--mem", metavar="SIZE", help="New memory limit.")
 @click.option("--core", metavar="PCT", help="New compute share (1-100).")
 @click.option("--policy", metavar="hard|soft", help="New compute policy.")
@@ -69,6 +70,7 @@ def set_(jobs: tuple[str, ...], mem: str | None, core: str | None, policy: str |
     fields = {"mem": _args.mem(mem), "core": _args.core(core), "policy": _args.policy(policy)}
     if all(v is None for v in fields.values()):
         raise UsageError("nothing to change: give --mem, --core or --policy")
+    nodeview.check_job_args(jobs)
     with connect(socket_path) as cl:
         selected = select_jobs(cl, jobs)
         for spec, ids in selected:
