@@ -86,7 +86,7 @@ def _watch(d: Any, console: Any) -> None:
         click.echo("vgpuctl demo: jobs running...", err=True)
         d.watch(keep)
         if best[1] is not None:
-            render.console().print(render.status_view(best[1]))
+            render.show(render.status_lines(best[1], None))
         return
     from rich.live import Live
 
