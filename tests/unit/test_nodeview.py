@@ -10,7 +10,7 @@ import io
 import pytest
 
 from vgpuctl.core import layout, nodeview
-from vgpuctl.core.report import JobInfo, Report, ReportRow, summary_table
+from vgpuctl.core.report import JobInfo, Report, ReportRow, summary_table, terminal_table
 from vgpuctl.errors import NotFound, UsageError
 
 G = 1 << 30
@@ -177,3 +177,20 @@ def test_summary_fits_80_columns_and_shows_the_share_got():
     lines = text(summary_table(Report(by="job", since=0.0, until=200.0, rows=rows)), 80)
     assert all(len(ln) <= 80 for ln in lines)
     assert lines[1].split() == ["1", "train", "4G", "30%", "hard", "3.0s", "30%", "300M", "0"]
+
+
+def test_report_on_a_terminal_keeps_the_job_id_at_80_columns():
+    rows = [ReportRow(key=str(i), gpu_seconds=179.8, mem_gib_hours=0.05,
+                      peak_mem_bytes=300 << 20,
+                      job=JobInfo(job_id=str(i), name=f"long-training-job-name-{i}",
+                                  user="alice", gpus=(UUID0,), mem_limit=4 * G, core=30,
+                                  start=100.0, end=700.0, exit_status=0,
+                                  command=" ".join(COMMAND)))
+            for i in (1, 2, 3)]
+    report = Report(by="job", since=0.0, until=1000.0, rows=rows)
+    lines = text(terminal_table(report), 80)
+    assert all(len(ln) <= 80 for ln in lines)
+    for ln, i in zip(lines[1:], (1, 2, 3), strict=True):
+        assert ln.split()[:3] == [str(i), f"long-training-job-name-{i}", "GPU-d1d7f5c3"]
+        assert "179.8s" in ln and "300M" in ln
+    assert UUID0 in text(terminal_table(report), None)[1]

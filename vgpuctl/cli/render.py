@@ -10,24 +10,19 @@ elsewhere, where nothing is cut and no width is imposed.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
 from datetime import tzinfo
 from typing import Any
 
 from rich.console import Console, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from vgpuctl.core import layout, nodeview
 from vgpuctl.core.report import (
     Report,
-    ReportRow,
-    columns,
     empty_line,
     iso_time,
-    row_job,
-    short_time,
     summary_table,
+    terminal_table,
 )
 
 
@@ -130,34 +125,11 @@ def status_view(data: dict[str, Any]) -> RenderableType:
 
 
 # -- reports -------------------------------------------------------------------
-_SHORT_HEADERS = {"job_id": "job", "exit_status": "exit", "memory_limit": "mem limit",
-                  "core_limit": "core", "gpu_time": "GPU time", "memory_time": "mem time",
-                  "peak_memory": "peak mem", "gpu_uuid": "GPU"}
-
-
-def report_table(report: Report, tz: tzinfo | None = None) -> RenderableType:
-    """A rich Table (for terminals) or a Text line when the report is empty.
-    Compacter than the plain text: short GPU ids and times, no uid, the
-    command cut to fit."""
+def report_lines(report: Report, tz: tzinfo | None = None) -> Lines:
+    """`vgpuctl report` on a terminal: a title, then the report fitted to the
+    terminal (vgpuctl.core.report.terminal_table), or a line when empty."""
     if not report.rows:
-        return Text(empty_line(report, tz).rstrip(), style="dim")
+        return [note_line(empty_line(report, tz).rstrip(), "dim")]
     title = (f"GPU usage by {report.by}, {iso_time(report.since, tz)} to "
              f"{iso_time(report.until, tz)}")
-    t = Table(title=title, title_justify="left", header_style="bold", box=None,
-              pad_edge=False)
-    compact: dict[str, Callable[[ReportRow], str]] = {
-        "gpus": lambda r: " ".join(g[:12] for g in row_job(r).gpus),
-        "start": lambda r: short_time(row_job(r).start, tz),
-        "end": lambda r: short_time(row_job(r).end, tz),
-    }
-    cols = [c for c in columns(report.by, tz) if c.json_key != "uid"]
-    for c in cols:
-        last = c.json_key == "command"
-        name, _, unit = c.header.partition(" ")
-        name = _SHORT_HEADERS.get(name, name.replace("_", " "))
-        t.add_column(Text(f"{name}\n{unit}" if unit else name),
-                     justify="right" if c.numeric else "left",
-                     no_wrap=True, overflow="ellipsis", max_width=24 if last else None)
-    for r in report.rows:
-        t.add_row(*[Text(compact.get(c.json_key, c.text)(r)) for c in cols])
-    return t
+    return [note_line(title, "bold"), *table_lines(terminal_table(report, tz), width())]

@@ -381,6 +381,60 @@ def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout
     return cols, rows, [layout.Cut("name", 8)]
 
 
+def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
+        list[layout.Column], list[list[layout.Cell]], list[layout.Step]]:
+    """The report for a terminal (`vgpuctl report` on a tty): sizes and
+    times in short human forms, GPUs by short UUID, fitted by
+    vgpuctl.core.layout: a job's id, its GPU time and peak memory stay
+    whole; the command, the end, the user, the memory time, the start and
+    the GPUs give way first, the name last."""
+    from vgpuctl.core.nodeview import short_uuids
+
+    right = {"right": True}
+    numbers = [layout.Column("gpu_time", "GPU time", **right),
+               layout.Column("mem_time", "Mem GiB*h", **right),
+               layout.Column("peak", "Peak mem", **right)]
+
+    def sums(r: ReportRow) -> list[layout.Cell]:
+        return [layout.Cell(f"{r.gpu_seconds:.1f}s"), layout.Cell(f"{r.mem_gib_hours:.4f}"),
+                layout.Cell(format_size(r.peak_mem_bytes))]
+    if report.by != "job":
+        keys = short_uuids([r.key for r in report.rows]) if report.by == "gpu" else {}
+        head = {"user": "User", "gpu": "GPU", "day": "Day"}[report.by]
+        cols = [layout.Column("key", head), layout.Column("jobs", "Jobs", **right), *numbers]
+        rows = [[layout.Cell(r.key, short=keys.get(r.key)), layout.Cell(str(len(r.jobs))),
+                 *sums(r)] for r in report.rows]
+        return cols, rows, [layout.Short("key")]
+    uuids = short_uuids([g for r in report.rows for g in row_job(r).gpus])
+    cols = [layout.Column("job", "Job", **right), layout.Column("name", "Name"),
+            layout.Column("user", "User"), layout.Column("gpus", "GPU"),
+            layout.Column("start", "Start"), layout.Column("end", "End"),
+            layout.Column("exit", "Exit", **right),
+            layout.Column("limit", "Limits", **right), *numbers,
+            layout.Column("command", "Command")]
+    rows = []
+    for r in report.rows:
+        j = row_job(r)
+        limit = " ".join(x for x in ("" if j.mem_limit is None else format_size(j.mem_limit),
+                                     "" if j.core is None else f"{j.core}%") if x)
+        program = j.command.split(" ", 1)
+        rows.append([
+            layout.Cell(r.key), layout.Cell(j.name), layout.Cell(j.user),
+            layout.Cell(" ".join(j.gpus), short=" ".join(uuids.get(g, g) for g in j.gpus)),
+            layout.Cell(short_time(j.start, tz)), layout.Cell(short_time(j.end, tz)),
+            layout.Cell("" if j.exit_status is None else str(j.exit_status)),
+            layout.Cell(limit), *sums(r),
+            layout.Cell(j.command, short=" ".join([program[0].rsplit("/", 1)[-1],
+                                                   *program[1:]])),
+        ])
+    plan: list[layout.Step] = [
+        layout.Short("gpus"), layout.Short("command"), layout.Cut("command", 12),
+        layout.Drop("command"), layout.Drop("end"), layout.Drop("user"),
+        layout.Drop("mem_time"), layout.Drop("start"), layout.Drop("gpus"),
+        layout.Cut("name", 8)]
+    return cols, rows, plan
+
+
 def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:
     """The report as text in ``fmt`` (table = plain aligned text)."""
     if fmt == "csv":

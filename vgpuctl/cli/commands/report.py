@@ -54,6 +54,6 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     if fmt == "table" and sys.stdout.isatty():
         from vgpuctl.cli import render
 
-        render.console().print(render.report_table(result))
+        render.show(render.report_lines(result))
         return
     click.echo(rep.render(result, fmt), nl=False)
