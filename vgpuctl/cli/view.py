@@ -9,8 +9,7 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -47,8 +46,7 @@ def fetch_or_nvml(socket_path: str | None) -> dict[str, Any]:
              "committed": None, "capacity": None, "jobs": None} for g in stats]}
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """The output options of one command, checked."""
 
     fmt: str

@@ -1,5 +1,7 @@
 """Fitting a table to a terminal's width: pure, so that the unit tests can
-lay out any table at any width.
+lay out any table at any width. (NamedTuples rather than dataclasses: `ps
+--json`, which scripts call often, loads this module, and they are cheaper
+to define.)
 
 A table is its columns (``Column``) and rows of ``Cell``s. Given a width,
 ``fit`` applies the table's plan, a list of steps taken in order only while
@@ -19,47 +21,41 @@ every column is as wide as its widest cell.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 GAP = 2         # spaces between columns
 ELLIPSIS = "…"
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):
     key: str
     header: str
     right: bool = False           # right-aligned (numbers)
 
 
-@dataclass(frozen=True)
-class Cell:
+class Cell(NamedTuple):
     text: str
     short: str | None = None      # the compact form, for a Short step
     style: str = ""               # a rich style name, for terminals
 
 
-@dataclass(frozen=True)
-class Short:
+class Short(NamedTuple):
     key: str
 
 
-@dataclass(frozen=True)
-class Cut:
+class Cut(NamedTuple):
     key: str
     least: int
 
 
-@dataclass(frozen=True)
-class Drop:
+class Drop(NamedTuple):
     key: str
 
 
 Step = Short | Cut | Drop
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """What ``fit`` decided: the columns shown, in order, with their widths,
     and which of them show their short forms."""
 

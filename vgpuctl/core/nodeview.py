@@ -16,19 +16,19 @@
 
 from __future__ import annotations
 
-import csv
-import fnmatch
-import io
 import json
-import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import datetime, tzinfo
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vgpuctl.core.layout import Cell, Column, Cut, Drop, Short, Step
 from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import NotFound, UsageError
+
+if TYPE_CHECKING:
+    from datetime import tzinfo
+
+# csv, datetime, fnmatch and shlex are imported where used: `ps --json`, which
+# scripts call often, needs none of them.
 
 MIB = 1 << 20
 FORMATS = ("table", "csv", "json")
@@ -39,8 +39,7 @@ Record = dict[str, Any]
 
 
 # -- fields --------------------------------------------------------------------
-@dataclass(frozen=True)
-class Field:
+class Field(NamedTuple):
     name: str
     kind: str = "text"     # text, int, bytes, share, seconds, time, list, argv, bool
     help: str = ""
@@ -122,6 +121,8 @@ def header(name: str, kind: str, units: str) -> str:
 
 def iso_time(t: float, tz: tzinfo | None = None) -> str:
     """Unix time t as local ISO 8601 with its offset (tz: for tests)."""
+    from datetime import datetime
+
     dt = datetime.fromtimestamp(t, tz) if tz is not None else \
         datetime.fromtimestamp(t).astimezone()
     return dt.isoformat(timespec="seconds")
@@ -139,6 +140,9 @@ def size_text(n: Any, units: str) -> str:
 
 def command_text(argv: Any) -> str:
     if isinstance(argv, list):
+        import shlex
+
+
         return " ".join(shlex.quote(str(a)) for a in argv)
     return "" if argv is None else str(argv)
 
@@ -172,6 +176,9 @@ def to_csv(records: Sequence[Record], names: Sequence[str], known: dict[str, Fie
     """RFC 4180 CSV (CRLF line ends, quotes where needed) of the records'
     fields. ``extra`` gives values for names that are not fields of a
     record (``timestamp``)."""
+    import csv
+    import io
+
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\r\n")
     if header_row:
@@ -200,6 +207,8 @@ def match_name(name: str, pattern: str) -> bool:
     """A job's name against --name: the exact name, or a shell pattern
     (``train-*``) when it has ``*``, ``?`` or ``[``."""
     if any(c in pattern for c in "*?["):
+        import fnmatch
+
         return fnmatch.fnmatchcase(name, pattern)
     return name == pattern
 
