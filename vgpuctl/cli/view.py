@@ -63,10 +63,10 @@ class Output(NamedTuple):
         return [TIMESTAMP, *default] if self.loop else list(default)
 
 
-def output_options(known: dict[str, nodeview.Field], formats: tuple[str, ...] = nodeview.FORMATS,
-                   default_units: str | None = None, loop: bool = True) -> Callable[[Any], Any]:
-    """Add --format, --json, --fields, --no-header, --units (and --loop) to a
-    command; it receives them as one ``out`` argument (an Output)."""
+def output_options(known: dict[str, nodeview.Field]) -> Callable[[Any], Any]:
+    """Add --format, --json, --fields, --no-header, --units and --loop to a
+    command; it receives them as one ``out`` argument (an Output). known:
+    the fields --fields may name."""
     names = ", ".join([*known, TIMESTAMP])
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -79,13 +79,13 @@ def output_options(known: dict[str, nodeview.Field], formats: tuple[str, ...] = 
             fmt = "json" if as_json else fmt
             chosen = nodeview.parse_fields(fields, known, (), extra=(TIMESTAMP,)) \
                 if fields is not None else None
-            units = units or default_units or ("human" if fmt == "table" else "mib")
+            units = units or ("human" if fmt == "table" else "mib")
             return f(out=Output(fmt, chosen, not no_header, units, loop_s), **kw)
 
         functools.update_wrapper(wrapper, f)     # f's docstring and click options too
         del wrapper.__wrapped__                  # click reads the wrapper's own signature
         opts = [
-            click.option("--format", "fmt", type=click.Choice(formats), default="table",
+            click.option("--format", "fmt", type=click.Choice(nodeview.FORMATS), default="table",
                          show_default=True, help="table (fitted to the terminal; whole "
                          "off a terminal), csv (RFC 4180, units in the headers) or json."),
             click.option("--json", "as_json", is_flag=True, help="Same as --format json."),
@@ -95,12 +95,11 @@ def output_options(known: dict[str, nodeview.Field], formats: tuple[str, ...] = 
             click.option("--units", type=click.Choice(nodeview.UNITS), default=None,
                          help="Memory as human sizes (4G), MiB numbers, or bytes (default: "
                               "human in tables, mib in CSV; JSON is always bytes)."),
-        ]
-        if loop:
-            opts.append(click.option(
+            click.option(
                 "--loop", "-l", "loop_s", type=click.FloatRange(0.1, 86400), metavar="SECONDS",
                 help="Repeat every SECONDS until Ctrl-C, each frame after a timestamp line "
-                     "(CSV: the timestamp field); keeps going while the daemon restarts."))
+                     "(CSV: the timestamp field); keeps going while the daemon restarts."),
+        ]
         for opt in reversed(opts):
             wrapper = opt(wrapper)
         return wrapper

@@ -67,7 +67,7 @@ def top(interval: float, iterations: int | None, socket_path: str | None) -> Non
     """Show the GPUs and jobs, refreshed every INTERVAL seconds; q or Ctrl-C quits.
 
     On a terminal the view is redrawn in place (on the alternate screen, as
-    top does); otherwise each refresh is printed after the last, like `top
+    top does, unless -n is given); otherwise each refresh is printed after the last, like `top
     -b`. When the daemon stops answering (a restart), top says so and keeps
     trying.
     """
@@ -81,8 +81,10 @@ def top(interval: float, iterations: int | None, socket_path: str | None) -> Non
             if render.is_tty():
                 from rich.live import Live
 
+                # The alternate screen, as top uses, unless -n asks for a
+                # last view that stays on the terminal.
                 with Live(_frame(data, interval), console=console, auto_refresh=False,
-                          screen=True, transient=False) as live:
+                          screen=iterations is None, transient=False) as live:
                     n = 1
                     while iterations is None or n < iterations:
                         if any(k in QUIT_KEYS for k in keys.wait(interval)):
