@@ -147,6 +147,13 @@ def command_text(argv: Any) -> str:
     return "" if argv is None else str(argv)
 
 
+def short_command(text: str) -> str:
+    """A command line with its program's folder left out: ``python3
+    train.py`` for ``/opt/conda/bin/python3 train.py``."""
+    program, sep, rest = text.partition(" ")
+    return program.rsplit("/", 1)[-1] + sep + rest
+
+
 def value_text(v: Any, kind: str, units: str, tz: tzinfo | None = None) -> str:
     """A field's value as a CSV cell: empty for null, sizes in ``units``,
     lists space-separated, times as ISO 8601."""
@@ -368,13 +375,6 @@ def _time(j: Record) -> str:
     return text
 
 
-def _base_argv0(argv: Any) -> Any:
-    """argv with its program's folder left out (``python3 train.py``)."""
-    if isinstance(argv, list) and argv and isinstance(argv[0], str):
-        return [argv[0].rsplit("/", 1)[-1], *argv[1:]]
-    return argv
-
-
 def job_table(jobs: Sequence[Record], units: str = "human") -> Table:
     cols = [Column("id", "Job", right=True), Column("name", "Name"), Column("user", "User"),
             Column("pids", "PIDs"), Column("gpu", "GPU", right=True),
@@ -393,7 +393,7 @@ def job_table(jobs: Sequence[Record], units: str = "human") -> Table:
             Cell(_pair(j.get("mem_used"), j.get("mem_limit"), units),
                  style="bold red" if j.get("over_limit") else ""),
             Cell(_core(j)), Cell(_time(j)),
-            Cell(command_text(argv), short=command_text(_base_argv0(argv))),
+            Cell(command_text(argv), short=short_command(command_text(argv))),
         ])
     return cols, rows, list(JOB_PLAN)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from vgpuctl.core import layout
 from vgpuctl.core.accounting import UsageRow
+from vgpuctl.core.nodeview import short_command, short_uuids
 from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import UsageError
 
@@ -388,8 +389,6 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
     vgpuctl.core.layout: a job's id, its GPU time and peak memory stay
     whole; the command, the end, the user, the memory time, the start and
     the GPUs give way first, the name last."""
-    from vgpuctl.core.nodeview import short_uuids
-
     right = {"right": True}
     numbers = [layout.Column("gpu_time", "GPU time", **right),
                layout.Column("mem_time", "Mem GiB*h", **right),
@@ -417,15 +416,13 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
         j = row_job(r)
         limit = " ".join(x for x in ("" if j.mem_limit is None else format_size(j.mem_limit),
                                      "" if j.core is None else f"{j.core}%") if x)
-        program = j.command.split(" ", 1)
         rows.append([
             layout.Cell(r.key), layout.Cell(j.name), layout.Cell(j.user),
             layout.Cell(" ".join(j.gpus), short=" ".join(uuids.get(g, g) for g in j.gpus)),
             layout.Cell(short_time(j.start, tz)), layout.Cell(short_time(j.end, tz)),
             layout.Cell("" if j.exit_status is None else str(j.exit_status)),
             layout.Cell(limit), *sums(r),
-            layout.Cell(j.command, short=" ".join([program[0].rsplit("/", 1)[-1],
-                                                   *program[1:]])),
+            layout.Cell(j.command, short=short_command(j.command)),
         ])
     plan: list[layout.Step] = [
         layout.Short("gpus"), layout.Short("command"), layout.Cut("command", 12),
