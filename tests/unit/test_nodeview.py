@@ -59,6 +59,11 @@ def test_fit_takes_the_plan_in_order_and_only_as_far_as_needed():
     assert layout.fit(cols, rows, 5, plan).widths == (2, 12)
 
 
+def test_control_characters_from_a_job_show_as_question_marks():
+    lines = text(nodeview.job_table([job(1, name="x\x1b]0;owned\x07\ny")]), None)
+    assert len(lines) == 2 and "x?]0;owned??y" in lines[1]
+
+
 def test_clip_marks_a_cut_with_an_ellipsis():
     assert layout.clip("abcdef", 6) == "abcdef"
     assert layout.clip("abcdef", 4) == "abc…"

@@ -68,8 +68,15 @@ class Layout(NamedTuple):
         return sum(self.widths) + GAP * max(0, len(self.widths) - 1)
 
 
+# Control characters (C0, DEL, C1) in what a job's user chose (its name, its
+# command) would break a row or, on a terminal, act as escape sequences.
+_CONTROLS = {c: "?" for c in [*range(0x20), *range(0x7f, 0xa0)]}
+
+
 def cell_text(cell: Cell, short: bool) -> str:
-    return cell.short if short and cell.short is not None else cell.text
+    """What a cell shows: its short form when asked, control characters as ?."""
+    text = cell.short if short and cell.short is not None else cell.text
+    return text.translate(_CONTROLS)
 
 
 def _natural(col: int, columns: Sequence[Column], rows: Sequence[Sequence[Cell]],
