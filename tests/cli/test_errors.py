@@ -36,13 +36,14 @@ def vgpuctl(*args, env=None, tmp_path=None):
     (["run", "--cores", "3", "true"], 2, ("no such option", "'--cores'")),
     (["run", "--mem"], 2, ("'--mem'", "requires an argument")),
     (["run", "--mem", "1G", "--"], 2, "no command given"),
-    (["kill", "abc"], 2, "not a job id"),
+    (["kill", ""], 2, "not a job id or name"),
+    (["kill", "1", "12345678901234567890"], 2, "not a job id"),
     (["help", "nope"], 2, "no help topic or command 'nope'"),
     (["daemon", "--user", "reload"], 2, "options go with `vgpuctl daemon` alone"),
     (["kill", "1", "--signal", "NOPE"], 2, "not a signal"),
     (["set", "1"], 2, "nothing to change"),
     (["set", "1", "--core", "200"], 2, "1 to 100"),
-    (["set", "x", "--core", "20"], 2, "not a job id"),
+    (["set", "x" * 65, "--core", "20"], 2, "not a job id or name"),
 ])
 def test_usage_errors(args, code, needle, tmp_path):
     r = vgpuctl(*args, tmp_path=tmp_path)
@@ -114,8 +115,8 @@ def in_process(*argv, capsys):
 
 def test_errors_in_process_are_the_same_line(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("VGPU_SOCKET", str(tmp_path / "nobody-here.sock"))
-    assert in_process("kill", "abc", capsys=capsys) == (
-        2, "", "vgpuctl: error: 'abc' is not a job id (a number, as `vgpuctl ps` shows)\n")
+    assert in_process("kill", "", capsys=capsys) == (
+        2, "", "vgpuctl: error: '' is not a job id or name (as `vgpuctl ps` shows)\n")
     code, out, err = in_process("kill", capsys=capsys)
     assert (code, out) == (2, "")
     assert err == "vgpuctl: error: missing argument 'JOB' (see vgpuctl kill --help)\n"

@@ -38,6 +38,7 @@ COMMANDS = {
     "daemon": "vgpuctl.cli.commands.daemon:daemon",
     "demo": "vgpuctl.cli.commands.demo:demo",
     "doctor": "vgpuctl.cli.commands.doctor:doctor",
+    "gpus": "vgpuctl.cli.commands.gpus:gpus",
     "help": "vgpuctl.cli.commands.help:help_",
     "kill": "vgpuctl.cli.commands.kill:kill",
     "ps": "vgpuctl.cli.commands.ps:ps",
