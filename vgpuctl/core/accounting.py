@@ -33,6 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 GIB = 1 << 30
+# Byte counts come from the job's usage region, which the job can write: no
+# GPU holds more than this, and SQLite's INTEGER must hold it. Shares are
+# clamped to 0..1, so a job never has more GPU time than wall time.
+MAX_BYTES = 1 << 50
 
 @dataclass(frozen=True)
 class UsageRow:
@@ -103,8 +107,8 @@ class Accountant:
         hook's high-water mark is known, also feeds the peak."""
         key = (job_id, gpu_uuid)
         share = min(max(float(share), 0.0), 1.0)
-        mem = max(int(mem_used_bytes), 0)
-        peak = max(mem, int(peak_bytes or 0))
+        mem = min(max(int(mem_used_bytes), 0), MAX_BYTES)
+        peak = max(mem, min(max(int(peak_bytes or 0), 0), MAX_BYTES))
         cur = self._open.get(key)
         if cur is None:
             # The first sample only sets the baseline: nothing to integrate yet.

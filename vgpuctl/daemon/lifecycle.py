@@ -322,6 +322,8 @@ class Daemon:
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
         for job, i, uuid, _ in inputs:
             g = gates.get((job.id, uuid))
+            if g is not None and g.overrun:
+                sup.flag_region(job, g.overrun)
             if g is not None:
                 sup.apply_gate(job, i, uuid, g.throttle, g.refill_rate, g.bucket_size,
                                g.measured, getattr(g, "target", None))
