@@ -67,6 +67,14 @@ static __attribute__((noinline)) void take_token(int d)
         uint64_t now = vgpu_now_ns();
         refill(u, rate, cap, now);
         int64_t cur = __atomic_load_n(&u->tokens, __ATOMIC_RELAXED);
+        /* The bucket is in the job's own region: more than it can hold was
+         * written there, not granted. Take it back down (the daemon counts
+         * gated launches against what it granted and catches the rest). */
+        while (cur > cap && !__atomic_compare_exchange_n(&u->tokens, &cur, cap, 1,
+                                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            ;
+        if (cur > cap)
+            cur = cap;
         int got = 0;
         while (cur >= VGPU_TOKEN_SCALE) {
             if (__atomic_compare_exchange_n(&u->tokens, &cur, cur - VGPU_TOKEN_SCALE, 1,
