@@ -17,6 +17,7 @@ docs/security.md, "The usage region".
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import re
@@ -31,6 +32,8 @@ from vgpuctl.system import native
 
 LIMITS_FILE = "limits"
 USAGE_FILE = "usage"
+# The daemon's checkpoint of the hook's counters (owner-only: the daemon's).
+CHECKPOINT_FILE = "checkpoint"
 
 # No GPU holds a pebibyte: a byte counter above this is a lie, not a reading.
 MAX_BYTES = 1 << 50
@@ -359,6 +362,37 @@ class Region:
                 out.append((pid, int.from_bytes(data[at:at + 8], "little")))
         return out
 
+    # -- the daemon's checkpoint -------------------------------------------------
+    def write_checkpoint(self, data: dict[str, Any]) -> None:
+        """Keep ``data`` (JSON) beside the region, in the daemon's own file
+        (the job's user can't write the directory), replaced atomically."""
+        tmp = self.path / f".{CHECKPOINT_FILE}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, json.dumps(data, separators=(",", ":")).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, self.path / CHECKPOINT_FILE)
+
+    def read_checkpoint(self) -> dict[str, Any] | None:
+        """The last checkpoint, or None (none yet, or unreadable)."""
+        try:
+            with open(self.path / CHECKPOINT_FILE, "rb") as fh:
+                data = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def slot_launches(self) -> list[dict[tuple[int, int], int]]:
+        """Per device, each live slot's (pid, start time) and its cumulative
+        launches (the hook counts every launch there, gated or not)."""
+        u = self.read_usage()
+        out: list[dict[tuple[int, int], int]] = [{} for _ in range(self._ndevices())]
+        for p in u.procs:
+            for i, n in enumerate(p.launches):
+                out[i][(p.pid, p.start_time)] = n
+        return out
+
     def close(self) -> None:
         self.limits = None
         if self._lmap is not None:
@@ -373,7 +407,7 @@ class Region:
     def remove(self) -> None:
         """Delete the region's files and directory."""
         self.close()
-        for name in (LIMITS_FILE, USAGE_FILE):
+        for name in (LIMITS_FILE, USAGE_FILE, CHECKPOINT_FILE):
             try:
                 os.unlink(self.path / name)
             except FileNotFoundError:
