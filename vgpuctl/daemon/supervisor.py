@@ -557,12 +557,12 @@ class Supervisor:
                    bucket_size: int, measured: float | None, target: float | None) -> None:
         if job.region is None or job.rec.state == ENDED:
             return
-        if job.region_error is not None:
-            throttle, refill_rate, bucket_size = True, 0, 0   # closed for good
         if measured is not None:
             job.measured[uuid] = measured
         if target is not None:
             job.target[uuid] = target
+        if job.region_error is not None:
+            throttle, refill_rate, bucket_size = True, 0, 0   # closed for good
         elif job.rec.core_share >= 100 and job.rec.policy == "hard":
             throttle, refill_rate, bucket_size = False, 0, 0   # no gate: the fast path
         gate = (throttle, refill_rate, bucket_size)
