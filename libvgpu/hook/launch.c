@@ -8,7 +8,8 @@
  * daemon writes; a launch takes VGPU_TOKEN_SCALE tokens. When the bucket is
  * empty only the launching thread waits, in naps of at most 5 ms that
  * re-read the rate, so a live change applies at once. The hook never talks
- * to the daemon here.
+ * to the daemon here. A gate with no rate and no bucket is closed: the
+ * daemon found the job's region tampered with, and no launch passes.
  */
 #define _GNU_SOURCE
 #include <time.h>
@@ -65,6 +66,14 @@ static __attribute__((noinline)) void take_token(int d)
         int64_t cap = bucket < VGPU_TOKEN_SCALE ? VGPU_TOKEN_SCALE
                       : bucket > INT64_MAX / 2  ? INT64_MAX / 2 : (int64_t)bucket;
         uint64_t now = vgpu_now_ns();
+        if (VGPU_UNLIKELY(rate == 0 && bucket == 0)) {
+            /* Closed by the daemon (the job tampered with its region): no
+             * launch, whatever the bucket in the job's region says. */
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)MAX_NAP_NS};
+            nanosleep(&ts, NULL);
+            __atomic_fetch_add(&u->throttled_ns, vgpu_now_ns() - now, __ATOMIC_RELAXED);
+            continue;
+        }
         refill(u, rate, cap, now);
         int64_t cur = __atomic_load_n(&u->tokens, __ATOMIC_RELAXED);
         /* The bucket is in the job's own region: more than it can hold was

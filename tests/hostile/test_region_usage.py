@@ -62,6 +62,15 @@ def gate(daemon, job_id: str) -> tuple[int, int, int]:
         r.close()
 
 
+def launches(daemon, job_id: str) -> int:
+    """Every launch of the job's processes (the hook counts them all)."""
+    r = Region.open(daemon.runtime / "jobs" / job_id)
+    try:
+        return sum(sum(p.launches) for p in r.read_usage().procs)
+    finally:
+        r.close()
+
+
 @pytest.fixture
 def one_gpu(daemon_factory):
     d = daemon_factory(gpus="1x16G")
@@ -127,9 +136,14 @@ def test_forged_tokens_are_caught_within_two_seconds(one_gpu):
         why = wait_for(lambda: daemon.job(attacker["id"])["region_error"], timeout=5,
                        what="the forged tokens to be caught")
         caught_s = time.monotonic() - t0
+        # The gate is closed: forged tokens buy no launch any more.
+        before = launches(daemon, attacker["id"])
+        time.sleep(1.0)   # the window launches are counted over
+        after = launches(daemon, attacker["id"])
     finally:
         stop.set()
         t.join()
     assert caught_s < 2.0, caught_s
     assert "beyond" in why
     assert gate(daemon, attacker["id"]) == (1, 0, 0)
+    assert after - before <= 4, (before, after)   # at most what was in flight
