@@ -24,7 +24,8 @@ GPU1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 T = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()
 
 JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
-               "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command")
+               "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command,"
+               "slurm_job,partition,account")
 
 
 def u(job, gpu, t0, t1, gs, gh=0.0, peak=0):
