@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import click
 
@@ -101,19 +102,17 @@ def task_prolog(socket_path: str | None) -> int:
     from vgpuctl.client.launch import job_env
 
     job_id = _slurm_env("SLURM_JOB_ID")
-    shards = os.environ.get("SLURM_SHARDS_ON_NODE", "")
     try:
-        with _connect(socket_path) as cl:
-            reply = cl.call("slurm_attach", slurm_job=job_id, pid=os.getppid())
-    except (NotFound, DaemonUnavailable) as e:
-        if not shards:
-            return 0                    # a task without shards: untouched
-        if isinstance(e, DaemonUnavailable):
-            raise VgpuError(f"Slurm job {job_id} has {shards} shards but {e}: "
-                            "not run unfenced") from None
-        raise VgpuError(f"Slurm job {job_id} has {shards} shards but vgpuctl has not "
-                        "registered it (its Prolog failed: see slurmd's log): "
-                        "not run unfenced") from None
+        reply = _attach(job_id, socket_path)
+    except VgpuError as e:
+        # Slurm shows a TaskProlog's `print` lines on the task's output; what
+        # it writes on stderr goes to slurmd's log only.
+        from vgpuctl.cli import messages
+
+        click.echo("print " + messages.error_line(str(e)))
+        raise
+    if reply is None:
+        return 0                        # a task without shards: untouched
     add, prepend = reply["env"], reply.get("prepend") or {}
     env = job_env(os.environ, add, prepend)
     lines = []
@@ -123,6 +122,24 @@ def task_prolog(socket_path: str | None) -> int:
         lines.append(f"export {k}={env[k]}")
     click.echo("\n".join(lines))
     return 0
+
+
+def _attach(job_id: str, socket_path: str | None) -> dict[str, Any] | None:
+    """The attach reply for this task; None for a task without shards of
+    a job that is not registered."""
+    shards = os.environ.get("SLURM_SHARDS_ON_NODE", "")
+    try:
+        with _connect(socket_path) as cl:
+            return cl.call("slurm_attach", slurm_job=job_id, pid=os.getppid())
+    except (NotFound, DaemonUnavailable) as e:
+        if not shards:
+            return None
+        if isinstance(e, DaemonUnavailable):
+            raise VgpuError(f"Slurm job {job_id} has {shards} shards but {e}: "
+                            "not run unfenced") from None
+        raise VgpuError(f"Slurm job {job_id} has {shards} shards but vgpuctl has not "
+                        "registered it (its Prolog failed: see slurmd's log): "
+                        "not run unfenced") from None
 
 
 @slurm.command()
