@@ -33,6 +33,16 @@ def available() -> str | None:
     return None
 
 
+def usable_by(user: str) -> str | None:
+    """None when ``user`` can run vgpuctl (a TaskProlog runs as the job's
+    user); else why not (an interpreter under a home directory of mode 0700)."""
+    r = subprocess.run(["runuser", "-u", user, "--", *vgpuctl_argv(), "--version"],
+                       capture_output=True, text=True, timeout=60, cwd="/")
+    if r.returncode != 0:
+        return f"{user} can't run {vgpuctl_argv()[0]}: {r.stderr.strip()}"
+    return None
+
+
 def slurm_version() -> str:
     out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=10)
     return out.stdout.strip()

@@ -30,6 +30,8 @@ _why = available()
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).resolve().parent
+    if _why is not None and os.environ.get("VGPU_REQUIRE_SLURM"):    # CI: no skipping
+        pytest.exit(f"VGPU_REQUIRE_SLURM is set but {_why}", returncode=1)
     for item in items:
         if here in Path(str(item.fspath)).resolve().parents:
             if _why is not None:
@@ -50,6 +52,9 @@ def node() -> Iterator[tuple[Cluster, Daemon]]:
     daemon.env["SLURM_CONF"] = str(cluster.conf)    # for its squeue
     try:
         daemon.start()
+        # Every user's jobs share the one simulated GPU, as they share a
+        # real one (the simulator creates it 0666 less the umask).
+        os.chmod(daemon.env["VGPU_SIM_STATE"], 0o666)
         gres = daemon.cli("slurm", "gres-conf", "--dev-dir", str(base / "slurm" / "dev"))
         assert gres.returncode == 0, gres.stderr
         cluster.write_config(gres.stdout)

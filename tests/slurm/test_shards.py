@@ -9,6 +9,8 @@ import subprocess
 import time
 from typing import Any
 
+import pytest
+from slurm.cluster import usable_by
 from support.daemon import wait_for
 
 from vgpuctl.system import native
@@ -102,11 +104,15 @@ def test_8_and_4_shards_on_one_gpu_get_50_and_25_percent(node, tmp_path):
         ids["hold"] = sbatch(cluster, tmp_path, 16, "sleep 120")
         wait_for(lambda: cluster.job_state(ids["hold"]) == "RUNNING", 30, "the holder")
         for n in (8, 4):
-            ids[n] = sbatch(cluster, tmp_path, n, f"exec {BURN} --kernel-us 1000 --seconds 40",
+            ids[n] = sbatch(cluster, tmp_path, n, 'echo "slurm_gpus=$SLURM_JOB_GPUS"; '
+                            f"exec {BURN} --kernel-us 1000 --seconds 40",
                             env={"VGPU_SIM_TAG": f"shards{n}"})
         jobs = {n: wait_for(lambda n=n: running(daemon, ids[n]), 30, f"job {n} to run")
                 for n in (8, 4)}
         assert jobs[8]["gpu"] == jobs[4]["gpu"] != vgpu_job(daemon, ids["hold"])["gpu"]
+        # The GPU Slurm gave them (gres.conf's order) is the one they are fenced on.
+        out = (tmp_path / f"slurm-{ids[8]}.out").read_text()
+        assert f"slurm_gpus={jobs[8]['gpu']}" in out, out
         for n, want in ((8, 0.50), (4, 0.25)):
             wait_for(lambda n=n, want=want: abs(
                 (daemon.job(jobs[n]["id"])["core_measured"] or 0) - want) < 0.03,
@@ -184,3 +190,32 @@ def test_a_job_whose_epilog_never_came_is_released_when_slurm_no_longer_runs_it(
     assert reply["job"]["slurm_job"] == "4000000"
     wait_for(lambda: not any(j["slurm_job"] == "4000000" for j in daemon.jobs()), 15,
              "reconciliation to release a Slurm job squeue does not know")
+
+
+def test_a_users_job_is_registered_for_that_user(node):
+    cluster, daemon = node
+    why = usable_by("nobody")
+    if why is not None:
+        pytest.skip(why)
+    r = cluster.run("runuser", "-u", "nobody", "--", "srun", "--gres=shard:2", *WITH_ID,
+                    *burn_args("--alloc", "1G"), cwd="/")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    sid = next(ln.split("=", 1)[1] for ln in r.stdout.splitlines()
+               if ln.startswith("slurm_job="))
+    job = vgpu_job(daemon, sid)
+    assert (job["user"], job["uid"], job["mem_limit"]) == ("nobody", 65534, 2 * G)
+
+
+def test_a_restarted_daemon_keeps_a_running_slurm_job_and_its_release(node, tmp_path):
+    cluster, daemon = node
+    sid = sbatch(cluster, tmp_path, 3, "sleep 120")
+    try:
+        wait_for(lambda: any(j["slurm_job"] == sid for j in daemon.jobs()), 30,
+                 "the job's registration")
+        daemon.stop()
+        daemon.start()
+        job = vgpu_job(daemon, sid)
+        assert (job["state"], job["mem_limit"]) == ("running", 3 * G)
+    finally:
+        cluster.run("scancel", sid)
+    wait_for(lambda: vgpu_job(daemon, sid)["state"] == "ended", 30, "the Epilog's release")
