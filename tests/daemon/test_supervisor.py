@@ -339,6 +339,19 @@ def test_a_slurm_job_outlives_its_processes_until_released(tmp_path, procs):
     assert register(sup, slurm_job="78", shards=16)["job"]["mem_limit"] == 16 * G
 
 
+def test_a_slurm_jobs_owner_can_neither_raise_its_limits_nor_end_it(tmp_path):
+    sup = make(tmp_path, SLURM)
+    owner = Peer(os.getpid(), 65534, 65534)
+    jid = register(sup, uid=owner.uid)["job"]["id"]
+    call(sup, owner, "slurm_attach", slurm_job="77")
+    with pytest.raises(P.errors.PermissionDenied, match="only root may change"):
+        call(sup, owner, "set", job=jid, mem=16 * G, core=100)
+    with pytest.raises(P.errors.UsageError, match="ends at its Epilog"):
+        call(sup, owner, "exited", job=jid, code=0)
+    assert sup.jobs[jid].rec.mem_limit == 4 * G
+    assert call(sup, ME, "set", job=jid, core=40)["job"]["core"] == 40    # root may
+
+
 def test_only_root_registers_or_releases_a_slurm_job(tmp_path):
     sup = make(tmp_path, SLURM)
     for uid in (OTHER.uid, ME.uid):

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from slurm.cluster import usable_by
 from support.daemon import wait_for
+from support.sim import busy_by_tag
 
 from vgpuctl.system import native
 
@@ -118,9 +119,9 @@ def test_8_and_4_shards_on_one_gpu_get_50_and_25_percent(node, tmp_path):
                 (daemon.job(jobs[n]["id"])["core_measured"] or 0) - want) < 0.03,
                 30, f"the {n}-shard job to settle at its share")
         # Measured on the simulator's own timeline, not the daemon's figures.
-        t0, busy0 = time.monotonic(), sim_busy(daemon)
+        t0, busy0 = time.monotonic(), busy_by_tag(daemon.env)
         time.sleep(5.0)                      # the measurement window
-        t1, busy1 = time.monotonic(), sim_busy(daemon)
+        t1, busy1 = time.monotonic(), busy_by_tag(daemon.env)
     finally:
         for sid in ids.values():
             cluster.run("scancel", sid)
@@ -142,14 +143,6 @@ def running(daemon: Any, slurm_job: str) -> dict[str, Any] | None:
     """The live vgpu job of a Slurm job once a process of it holds the GPU."""
     return next((j for j in daemon.jobs() if j["slurm_job"] == slurm_job and j["pids"]
                  and j["gated_launches"]), None)
-
-
-def sim_busy(daemon: Any) -> dict[str, float]:
-    """Seconds of kernel time per VGPU_SIM_TAG, from the simulator itself."""
-    r = daemon.cli("sim", "stats", "--json")
-    assert r.returncode == 0, r.stderr
-    return {t["name"]: sum(d["busy_ns"] for d in t["devices"]) / 1e9
-            for t in json.loads(r.stdout)["tags"]}
 
 
 def test_a_step_without_shards_is_untouched(node):

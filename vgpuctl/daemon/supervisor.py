@@ -375,6 +375,9 @@ class Supervisor:
     def op_exited(self, peer: Peer, req: P.Exited) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "end")
+        if job.rec.slurm_job is not None:
+            raise UsageError(f"job {job.id} is Slurm job {job.rec.slurm_job}'s: it ends at "
+                             "its Epilog")
         rec = job.rec
         rec.exit_code, rec.exit_signal = req.code, req.signal
         rec.launcher_pid = rec.launcher_start = None    # the launcher is leaving
@@ -408,6 +411,9 @@ class Supervisor:
     def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "change")
+        if job.rec.slurm_job is not None and not self.is_admin(peer):
+            raise PermissionDenied(f"job {job.id} is Slurm job {job.rec.slurm_job}'s: its "
+                                   "limits are its shards, only root may change them")
         if req.mem is None and req.core is None and req.policy is None:
             raise UsageError("nothing to change: give --mem, --core or --policy")
         rec = job.rec
