@@ -43,11 +43,6 @@ def usable_by(user: str) -> str | None:
     return None
 
 
-def slurm_version() -> str:
-    out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, timeout=10)
-    return out.stdout.strip()
-
-
 def free_ports(n: int) -> list[int]:
     """n TCP ports nobody listens on now (bound to port 0, then let go)."""
     socks = [socket.socket() for _ in range(n)]

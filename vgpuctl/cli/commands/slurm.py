@@ -69,15 +69,14 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
     if not uid_text.isdigit():
         raise UsageError(f"SLURM_JOB_UID={uid_text!r}: expected a number")
     share, pol = args.core(core), args.policy(policy)
+    if not os.environ.get("SLURM_JOB_GPUS"):
+        return 0                        # no GPU here (shards name theirs): don't ask slurmctld
     try:
         job = core_slurm.parse_job(sys_slurm.show_job(job_id), _node())
         if job.shards is None:
             return 0                    # no shards here: nothing to fence
         gpus = list(job.gpus) or [int(i) for i in
-                                  os.environ.get("SLURM_JOB_GPUS", "").split(",") if i.isdigit()]
-        if not gpus:
-            raise VgpuError(f"Slurm job {job_id} has {job.shards} shards on no GPU that "
-                            "scontrol or SLURM_JOB_GPUS names")
+                                  os.environ["SLURM_JOB_GPUS"].split(",") if i.isdigit()]
         with _connect(socket_path) as cl:
             cl.call("slurm_register", slurm_job=job_id, uid=int(uid_text), gpus=gpus,
                     shards=job.shards, name=job.name[:64] or None,
@@ -135,8 +134,8 @@ def _attach(job_id: str, socket_path: str | None) -> dict[str, Any] | None:
         if not shards:
             return None
         if isinstance(e, DaemonUnavailable):
-            raise VgpuError(f"Slurm job {job_id} has {shards} shards but {e}: "
-                            "not run unfenced") from None
+            raise DaemonUnavailable(f"Slurm job {job_id} has {shards} shards but {e}: "
+                                    "not run unfenced") from None
         raise VgpuError(f"Slurm job {job_id} has {shards} shards but vgpuctl has not "
                         "registered it (its Prolog failed: see slurmd's log): "
                         "not run unfenced") from None
