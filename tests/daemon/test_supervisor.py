@@ -396,10 +396,12 @@ def test_reconciliation_releases_the_slurm_jobs_squeue_shows_ended_or_forgot(tmp
     sup = make(tmp_path, SLURM)
     for sid in ("1", "2", "3", "4"):
         register(sup, slurm_job=sid, shards=1)
-    assert sup.reconcile_slurm({}) == []          # an empty list says nothing
-    gone = sup.reconcile_slurm({"1": "RUNNING", "2": "COMPLETING", "3": "CANCELLED+"})
+    asked = sup.slurm_jobs()
+    register(sup, slurm_job="5", shards=1)        # registered while squeue ran
+    assert sup.reconcile_slurm(asked, {}) == []   # an empty list says nothing
+    gone = sup.reconcile_slurm(asked, {"1": "RUNNING", "2": "COMPLETING", "3": "CANCELLED+"})
     assert sorted(gone) == ["3", "4"]
-    assert sorted(sup.slurm_jobs()) == ["1", "2"]
+    assert sorted(sup.slurm_jobs()) == ["1", "2", "5"]
 
 
 def test_a_restarted_daemon_keeps_a_slurm_job_with_no_processes(tmp_path):

@@ -377,14 +377,15 @@ class Daemon:
         while True:
             every = self.sup.config.slurm.reconcile_s
             await asyncio.sleep(every or 60)
-            if not every or not self.sup.slurm_jobs():
+            asked = self.sup.slurm_jobs()
+            if not every or not asked:
                 continue
             try:
                 states = await loop.run_in_executor(None, slurm.job_states)
                 if states is None:
                     log.debug("squeue did not answer: Slurm jobs not reconciled")
                 else:
-                    self.sup.reconcile_slurm(states)
+                    self.sup.reconcile_slurm(asked, states)
             except asyncio.CancelledError:
                 raise
             except Exception:

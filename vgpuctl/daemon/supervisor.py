@@ -187,16 +187,16 @@ class Supervisor:
     def _run_gpus(self, pin: str | None) -> list[placement.Gpu]:
         """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
         ([slurm] gpus), unless [slurm] allow_run."""
-        slurm = self.config.slurm
-        if slurm.allow_run:
+        sc = self.config.slurm
+        if sc.allow_run:
             return self.gpus
         how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
                "in the daemon's configuration")
         if pin is not None:
             g = placement.resolve_gpu(self.gpus, pin)
-            if slurm.controls(g.index):
+            if sc.controls(g.index):
                 raise AdmissionRefused(f"GPU {g.index} is Slurm's ([slurm] gpus): {how}")
-        gpus = [g for g in self.gpus if not slurm.controls(g.index)]
+        gpus = [g for g in self.gpus if not sc.controls(g.index)]
         if not gpus and self.gpus:
             raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
         return gpus
@@ -340,10 +340,12 @@ class Supervisor:
         """The Slurm job ids of the live jobs."""
         return [j.rec.slurm_job for j in self.jobs.values() if j.rec.slurm_job is not None]
 
-    def reconcile_slurm(self, states: Mapping[str, str]) -> list[str]:
-        """End the jobs of Slurm jobs that the controller's list (job id ->
-        state) shows ended or no longer has: an Epilog that never came."""
-        ended = slurm.gone(self.slurm_jobs(), states)
+    def reconcile_slurm(self, asked: list[str], states: Mapping[str, str]) -> list[str]:
+        """End the jobs of the Slurm jobs ``asked`` about (those registered
+        before the controller was asked: a later one may be missing from its
+        answer) that its list (job id -> state) shows ended or no longer
+        has: an Epilog that never came."""
+        ended = slurm.gone(asked, states)
         for sid in ended:
             job = self.slurm_job(sid)
             if job is not None:
