@@ -310,9 +310,12 @@ def test_a_slurm_job_is_registered_once_with_its_shards_as_limits(tmp_path):
     assert (job["gpu"], job["mem_limit"], job["core"]) == (1, 4 * G, 25)   # 4 of 16 shards
     assert (job["slurm_job"], job["slurm_partition"], job["slurm_account"],
             job["slurm_shards"], job["state"]) == ("77", "gpu", "physics", 4, "running")
-    again = register(sup)
+    again = register(sup, ask_core=90)
     assert again["existing"] is True and again["job"]["id"] == job["id"]
-    assert len(sup.jobs) == 1
+    # The job's own --vgpu-core may lower its share, never raise it.
+    assert register(sup, slurm_job="78", shards=8, ask_core=20)["job"]["core"] == 20
+    assert register(sup, slurm_job="79", shards=2, ask_core=90)["job"]["core"] == 12
+    assert len(sup.jobs) == 3
     # Every task of the job attaches to the same job.
     a = call(sup, ME, "slurm_attach", slurm_job="77")
     assert a["job"]["id"] == job["id"] and a["env"]["VGPU_JOB"] == job["id"]

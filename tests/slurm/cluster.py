@@ -74,12 +74,13 @@ class Cluster:
     """One node, two GPUs (`gpus` fake devices), `shards` shards on each."""
 
     def __init__(self, base: Path, vgpu_env: dict[str, str], shards: int = 16,
-                 gpus: int = 2) -> None:
+                 gpus: int = 2, spank: Path | None = None) -> None:
         self.base = base
         self.node = socket.gethostname().split(".")[0]
         self.shards = shards
         self.gpus = gpus
         self.vgpu_env = vgpu_env
+        self.spank = spank          # the SPANK plugin, when built
         for d in ("etc", "run", "log", "state", "spool", "munge", "munge-sock", "dev"):
             (base / d).mkdir(parents=True, exist_ok=True)
         os.chmod(base, 0o755)
@@ -103,6 +104,8 @@ class Cluster:
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
         (b / "etc" / "gres.conf").write_text(gres_conf)
+        plugstack = b / "etc" / "plugstack.conf"
+        plugstack.write_text(f"required {self.spank}\n" if self.spank else "")
         hooks = self._hooks()
         ctld, slurmd = free_ports(2)
         self.conf.write_text(f"""\
@@ -131,6 +134,7 @@ SchedulerParameters=sched_interval=1,bf_interval=1
 ReturnToService=2
 GresTypes=gpu,shard
 PrologFlags=Alloc
+PlugStackConfig={plugstack}
 Prolog={hooks['prolog']}
 TaskProlog={hooks['task-prolog']}
 Epilog={hooks['epilog']}

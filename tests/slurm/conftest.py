@@ -48,7 +48,12 @@ def node() -> Iterator[tuple[Cluster, Daemon]]:
     os.chmod(base, 0o755)
     (base / "vgpu").mkdir(mode=0o755)
     daemon = Daemon(base / "vgpu", "2x16G", DAEMON_CONFIG)
-    cluster = Cluster(base / "slurm", {"VGPU_SOCKET": str(daemon.socket)})
+    spank = base / "spank_vgpu.so"
+    built = daemon.cli("slurm", "build-spank", "-o", str(spank))
+    if built.returncode != 0 and os.environ.get("VGPU_REQUIRE_SLURM"):
+        raise AssertionError(f"the SPANK plugin did not build: {built.stderr}")
+    cluster = Cluster(base / "slurm", {"VGPU_SOCKET": str(daemon.socket)},
+                      spank=spank if built.returncode == 0 else None)
     daemon.env["SLURM_CONF"] = str(cluster.conf)    # for its squeue
     try:
         daemon.start()

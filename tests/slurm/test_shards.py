@@ -212,3 +212,41 @@ def test_a_restarted_daemon_keeps_a_running_slurm_job_and_its_release(node, tmp_
     finally:
         cluster.run("scancel", sid)
     wait_for(lambda: vgpu_job(daemon, sid)["state"] == "ended", 30, "the Epilog's release")
+
+
+def needs_spank(cluster: Any) -> None:
+    if cluster.spank is None:
+        pytest.skip("no SPANK plugin: slurm/spank.h missing (Debian: libslurm-dev)")
+
+
+def test_vgpu_core_lowers_a_jobs_share_but_never_raises_it(node):
+    cluster, daemon = node
+    needs_spank(cluster)
+    r, sid, _ = step(cluster, "--gres=shard:8", "--vgpu-core=20", "--vgpu-policy=soft",
+                     *WITH_ID, "true")
+    assert r.returncode == 0, r.stderr
+    job = vgpu_job(daemon, sid)
+    assert (job["core"], job["policy"], job["mem_limit"]) == (20, "soft", 8 * G)
+    r, sid, _ = step(cluster, "--gres=shard:4", "--vgpu-core=80", *WITH_ID, "true")
+    assert r.returncode == 0, r.stderr
+    assert vgpu_job(daemon, sid)["core"] == 25            # its 4 shards' share at most
+
+
+def test_a_batch_jobs_vgpu_core_holds_for_its_steps(node, tmp_path):
+    cluster, daemon = node
+    needs_spank(cluster)
+    r = cluster.run("sbatch", "--parsable", "--wait", "--gres=shard:4", "--vgpu-core=10",
+                    "-o", str(tmp_path / "out"), "--wrap", "srun true")
+    assert r.returncode == 0, r.stderr
+    assert vgpu_job(daemon, r.stdout.strip().split(";")[0])["core"] == 10
+
+
+def test_bad_vgpu_options_are_refused_at_submission(node):
+    cluster, daemon = node
+    needs_spank(cluster)
+    help_text = cluster.run("srun", "--help").stdout
+    assert "--vgpu-core=PCT" in help_text and "--vgpu-policy=hard|soft" in help_text
+    r = cluster.run("srun", "--gres=shard:1", "--vgpu-core=0", "true")
+    assert r.returncode != 0 and "--vgpu-core must be 1 to 100" in r.stderr, r.stderr
+    r = cluster.run("sbatch", "--vgpu-policy=fair", "--wrap", "true")
+    assert r.returncode != 0 and "--vgpu-policy must be hard or soft" in r.stderr, r.stderr

@@ -110,6 +110,7 @@ class SlurmRegister(NamedTuple):
     cwd: str | None = None
     core: int | None = None       # None: shards / shards per GPU
     policy: str | None = None     # None: the daemon's default
+    ask_core: int | None = None   # the job's own wish (--vgpu-core): at most the above
 
 
 class SlurmAttach(NamedTuple):
@@ -211,7 +212,8 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),
         "name": (_str(MAX_NAME), False), "partition": (_str(MAX_NAME), False),
         "account": (_str(MAX_NAME), False), "command": (_str(), False),
-        "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False)}),
+        "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
+        "ask_core": (_CORE, False)}),
     "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
                                    "pid": (_int(1, 1 << 31), False)}),
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),

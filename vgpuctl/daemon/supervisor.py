@@ -281,6 +281,8 @@ class Supervisor:
             placement.capacity(gpu, cfg.reserve, cfg.oversubscribe), size)
         mem, core = slurm.shard_limits(req.shards, per_gpu, size)
         core = req.core or core
+        if req.ask_core is not None:         # a job may take less than its share, not more
+            core = min(core, req.ask_core)
         policy = req.policy or cfg.default_policy
         placement.place(self.gpus, self.commitments(), mem, pin=gpu.uuid, reserve=cfg.reserve,
                         oversubscribe=cfg.oversubscribe)

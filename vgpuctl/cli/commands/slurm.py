@@ -69,6 +69,12 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
     if not uid_text.isdigit():
         raise UsageError(f"SLURM_JOB_UID={uid_text!r}: expected a number")
     share, pol = args.core(core), args.policy(policy)
+    # The job's own --vgpu-core / --vgpu-policy (the SPANK plugin), checked
+    # at submission; the daemon gives no job more than its shards' share.
+    ask = os.environ.get("SPANK_VGPU_CORE", "")
+    ask_core = int(ask) if ask.isdigit() and 1 <= int(ask) <= 100 else None
+    pol = os.environ.get("SPANK_VGPU_POLICY") if os.environ.get("SPANK_VGPU_POLICY") in (
+        "hard", "soft") else pol
     if not os.environ.get("SLURM_JOB_GPUS"):
         return 0                        # no GPU here (shards name theirs): don't ask slurmctld
     try:
@@ -83,7 +89,7 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
                     partition=(job.partition or "")[:64] or None,
                     account=(job.account or "")[:64] or None,
                     command=job.command[:4096] or None, cwd=job.work_dir[:4096] or None,
-                    core=share, policy=pol)
+                    core=share, policy=pol, ask_core=ask_core)
     except VgpuError as e:
         # The node stays up; the job's TaskProlog fails its steps.
         messages.error(f"Slurm job {job_id} not registered: {e}")
@@ -193,3 +199,21 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
                                g["uuid"], g["capacity"]) for g in reply["gpus"]]
     click.echo(core_slurm.gres_conf(gpus, size, node=_node(), dev_dir=dev_dir.rstrip("/"),
                                     gpu_type=gpu_type), nl=False)
+
+
+@slurm.command("build-spank")
+@click.option("-o", "--output", default="spank_vgpu.so", show_default=True, metavar="FILE",
+              help="Where to write the plugin.")
+@click.option("--cc", default="gcc", show_default=True, metavar="CC", help="The C compiler.")
+@click.option("--include", "include_dirs", multiple=True, metavar="DIR",
+              help="Where slurm/spank.h is, if not in the compiler's path (repeatable).")
+def build_spank(output: str, cc: str, include_dirs: tuple[str, ...]) -> None:
+    """Build the SPANK plugin (--vgpu-core, --vgpu-policy) against this
+    node's Slurm: its spank.h (Debian: libslurm-dev), as SPANK has no stable
+    ABI across Slurm releases. List it in plugstack.conf:
+    `required /usr/lib/slurm/spank_vgpu.so`.
+    """
+    from vgpuctl.system import slurm as sys_slurm
+
+    sys_slurm.build_spank(output, cc, list(include_dirs))
+    click.echo(f"built {output}")
