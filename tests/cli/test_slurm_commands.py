@@ -93,3 +93,16 @@ def test_gres_conf_gives_each_gpu_the_shards_its_capacity_holds(node):
     r = node.cli("slurm", "gres-conf", "--shard-size", "2G")
     assert "Name=shard Count=7 File=/dev/nvidia0" in r.stdout
     assert r.stderr.startswith("vgpuctl: warning: the daemon's shard size is 1G")
+
+
+def test_build_spank_without_slurms_headers_says_what_to_install(daemon_factory, tmp_path):
+    d = daemon_factory(start=False)
+    cc = tmp_path / "cc"          # a compiler that finds no spank.h, as gcc says it
+    cc.write_text("#!/bin/sh\necho 'spank_vgpu.c:17:10: fatal error: slurm/spank.h: "
+                  "No such file or directory' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    r = d.cli("slurm", "build-spank", "--cc", str(cc), "-o", str(tmp_path / "p.so"))
+    assert r.returncode == 9
+    assert r.stderr == ("vgpuctl: error: slurm/spank.h not found: install Slurm's headers "
+                        "(Debian: libslurm-dev) or give --include DIR\n")
+    assert list(tmp_path.iterdir()) == [cc]
