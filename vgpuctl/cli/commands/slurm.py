@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from vgpuctl.errors import DaemonUnavailable, NotFound, UsageError, VgpuError
+
+if TYPE_CHECKING:
+    from vgpuctl.client.connection import Client
 
 SOCKET_HELP = "The daemon's socket (default: $VGPU_SOCKET, else the system daemon's)."
 
@@ -37,7 +40,7 @@ def _node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def _connect(socket_path: str | None):  # type: ignore[no-untyped-def]
+def _connect(socket_path: str | None) -> Client:
     from vgpuctl.client.connection import connect
 
     return connect(socket_path)
@@ -73,8 +76,8 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
     # at submission; the daemon gives no job more than its shards' share.
     ask = os.environ.get("SPANK_VGPU_CORE", "")
     ask_core = int(ask) if ask.isdigit() and 1 <= int(ask) <= 100 else None
-    pol = os.environ.get("SPANK_VGPU_POLICY") if os.environ.get("SPANK_VGPU_POLICY") in (
-        "hard", "soft") else pol
+    if os.environ.get("SPANK_VGPU_POLICY") in ("hard", "soft"):
+        pol = os.environ["SPANK_VGPU_POLICY"]
     if not os.environ.get("SLURM_JOB_GPUS"):
         return 0                        # no GPU here (shards name theirs): don't ask slurmctld
     try:
@@ -109,6 +112,15 @@ def task_prolog(socket_path: str | None) -> int:
     job_id = _slurm_env("SLURM_JOB_ID")
     try:
         reply = _attach(job_id, socket_path)
+        if reply is None:
+            return 0                    # a task without shards: untouched
+        add, prepend = reply["env"], reply.get("prepend") or {}
+        env = job_env(os.environ, add, prepend)
+        lines = []
+        for k in [*add, *prepend]:
+            if "\n" in env[k] or "\r" in env[k]:
+                raise VgpuError(f"{k} holds a line break: a TaskProlog can't export it")
+            lines.append(f"export {k}={env[k]}")
     except VgpuError as e:
         # Slurm shows a TaskProlog's `print` lines on the task's output; what
         # it writes on stderr goes to slurmd's log only.
@@ -116,15 +128,6 @@ def task_prolog(socket_path: str | None) -> int:
 
         click.echo("print " + messages.error_line(str(e)))
         raise
-    if reply is None:
-        return 0                        # a task without shards: untouched
-    add, prepend = reply["env"], reply.get("prepend") or {}
-    env = job_env(os.environ, add, prepend)
-    lines = []
-    for k in [*add, *prepend]:
-        if "\n" in env[k] or "\r" in env[k]:
-            raise VgpuError(f"{k} holds a line break: a TaskProlog can't export it")
-        lines.append(f"export {k}={env[k]}")
     click.echo("\n".join(lines))
     return 0
 
