@@ -62,7 +62,7 @@ reconcile_s = 0
 
 def test_slurm_defaults_leave_every_gpu_to_plain_runs():
     s = Config().slurm
-    assert (s.gpus, s.allow_run, s.shard_size, s.reconcile_s) == ((), False, G, 30)
+    assert (s.gpus, s.allow_run, s.shard_size, s.reconcile_s) == ((), False, G, 60)
     assert not s.controls(0)
     assert parse_config({"slurm": {"gpus": "all"}}).slurm.controls(7)
 

@@ -33,7 +33,7 @@ class SlurmConfig:
     gpus: tuple[int, ...] | str = ()   # "all", or NVML indices: GPUs Slurm hands out
     allow_run: bool = False            # plain `vgpuctl run` on those GPUs too
     shard_size: int = 1 << 30          # bytes of memory per gres/shard
-    reconcile_s: int = 30              # end jobs squeue no longer runs; 0: never
+    reconcile_s: int = 60              # end jobs squeue no longer runs; 0: never
 
     def controls(self, index: int) -> bool:
         """Whether Slurm hands out GPU ``index`` (plain runs are refused there
