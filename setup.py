@@ -1,6 +1,7 @@
 """Compiles the native parts (hook, simulated GPU, vgpu-burn) with gcc.
 
-All metadata lives in pyproject.toml; this file only adds the build step.
+All metadata lives in pyproject.toml; this file only adds the build step
+(and copies the help topics' texts, vgpuctl/system/topics.py).
 """
 
 import importlib.util
@@ -21,6 +22,14 @@ def _native_builder():
     return mod
 
 
+def _topics():
+    spec = importlib.util.spec_from_file_location(
+        "vgpu_topics", os.path.join(HERE, "vgpuctl", "system", "topics.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class BuildWithNative(build_py):
     def run(self):
         super().run()
@@ -29,6 +38,11 @@ class BuildWithNative(build_py):
         else:
             outdir = os.path.join(self.build_lib, "vgpuctl", "_native")
         _native_builder().build(outdir)
+        # `vgpuctl help TOPIC`'s texts (docs/, etc/), which an installed
+        # package has no other copy of.
+        from pathlib import Path
+
+        _topics().copy_into(Path(outdir) / "doc", Path(HERE))
 
 
 class BinaryDistribution(Distribution):
@@ -38,4 +52,6 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithNative}, distclass=BinaryDistribution)
+# The man page, also where man(1) looks beside a venv's or pipx's bin/.
+setup(cmdclass={"build_py": BuildWithNative}, distclass=BinaryDistribution,
+      data_files=[("share/man/man1", ["vgpuctl/cli/vgpuctl.1"])])

@@ -76,9 +76,13 @@ int vgpu_parse_size(const char *text, uint64_t *bytes)
         p++;
         if (lower(*p) == 'i')
             p++;
-    }
-    if (lower(*p) == 'b')
+        if (lower(*p) == 'b')
+            p++;
+    } else if (lower(*p) == 'b') {
         p++;
+    } else {
+        return -1;   /* no unit: "4" is not a size */
+    }
     while (is_space(*p))
         p++;
     if (*p != '\0' || whole > (VGPU_SIZE_MAX >> shift))

@@ -1,6 +1,6 @@
 /*
  * log.c - "vgpu: ..." lines on stderr, at the level VGPU_LOG_LEVEL sets
- * (error, the default; warn; info; debug). Each distinct message is printed
+ * (error; warn, the default; info; debug). Each distinct message is printed
  * once per process, so a refusal inside a training loop can't flood the log.
  */
 #define _GNU_SOURCE
@@ -25,9 +25,11 @@ static int configured_level(void)
     if (l >= 0)
         return l;
     const char *e = getenv("VGPU_LOG_LEVEL");
-    l = VGPU_LOG_ERROR;
+    l = VGPU_LOG_WARN;
     if (e != NULL) {
-        if (strcasecmp(e, "warn") == 0 || strcasecmp(e, "warning") == 0)
+        if (strcasecmp(e, "error") == 0)
+            l = VGPU_LOG_ERROR;
+        else if (strcasecmp(e, "warn") == 0 || strcasecmp(e, "warning") == 0)
             l = VGPU_LOG_WARN;
         else if (strcasecmp(e, "info") == 0)
             l = VGPU_LOG_INFO;

@@ -63,7 +63,14 @@ int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what)
         if (attempt == 0 && vgpu_sweep() != 0)
             continue;
         __atomic_fetch_add(&u->oom_refusals, 1, __ATOMIC_RELAXED);
-        vgpu_log(VGPU_LOG_WARN, "%s of %s refused: the job holds %s of its %s on %s", what,
+        /* The first refusal is a warning, so that a CUDA out-of-memory error
+         * at half a GPU's memory comes with the job's limit and what holds
+         * it; later ones only at debug (a training loop retries). */
+        static int told;
+        int first = !__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED);
+        vgpu_log(first ? VGPU_LOG_WARN : VGPU_LOG_DEBUG,
+                 "%s of %s refused (CUDA_ERROR_OUT_OF_MEMORY): the job holds %s of its "
+                 "%s limit on %s, CUDA contexts included; said once per process", what,
                  vgpu_fmt_size(bytes, a, sizeof(a)), vgpu_fmt_size(cur, b, sizeof(b)),
                  vgpu_fmt_size(limit, c, sizeof(c)), vgpu_dev_uuid(d));
         return 0;

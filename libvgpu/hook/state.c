@@ -196,8 +196,8 @@ static int configure(void)
     if (mem != NULL && *mem != '\0') {
         uint64_t limit;
         if (vgpu_parse_size(mem, &limit) != 0) {
-            vgpu_log(VGPU_LOG_ERROR, "VGPU_MEM_LIMIT=%s is not a size (try 512M or 4G); "
-                     "CUDA calls fail", mem);
+            vgpu_log(VGPU_LOG_ERROR, "VGPU_MEM_LIMIT=%s is not a size (a number and a unit: "
+                     "512M, 4G; B for bytes); CUDA calls fail", mem);
             return VGPU_BROKEN;
         }
         priv_limits.magic = VGPU_REGION_MAGIC;

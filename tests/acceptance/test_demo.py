@@ -56,15 +56,18 @@ def test_demo_runs_and_reports(tmp_path):
     assert "stopping the daemon" in r.stderr
     out = r.stdout
     assert "\x1b" not in out                      # no colour off a terminal
-    report = out[out.index("job_id"):].splitlines()
-    rows = {line.split()[1]: line for line in report[1:]}
+    report = out[out.index("What each job got"):].splitlines()
+    header = report[1]
+    assert header.split()[:2] == ["Job", "Name"]
+    rows = {line.split()[1]: line for line in report[2:]}
     assert set(rows) == {"train", "serve", "etl"}
-    header = report[0]
-    col = header.index("gpu_time [s]")
+    # The summary is narrow enough for an 80-column terminal, off one too.
+    assert all(len(line) <= 80 for line in report), report
+    col = header.index("GPU time") + len("GPU time")
     for name, line in rows.items():
         # Each job used some GPU time (right-aligned under its header).
-        cell = line[:col + len("gpu_time [s]")].split()[-1]
-        assert float(cell) > 0.05, (name, line)
+        cell = line[:col].split()[-1]
+        assert float(cell.removesuffix("s")) > 0.05, (name, line)
     assert not wait_gone(tmp_path)
 
 

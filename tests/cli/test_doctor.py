@@ -168,7 +168,11 @@ def test_hook_missing(tmp_path):
     lines = r.stdout.splitlines()
     hook = [ln for ln in lines if ln.split()[1:2] == ["hook"]]
     assert hook and hook[0].startswith("FAIL") and "libvgpu.so" in hook[0]
-    assert lines[lines.index(hook[0]) + 1].strip().startswith("fix:")
+    fix = lines[lines.index(hook[0]) + 1].strip()
+    # Reinstall where this vgpuctl is installed (vgpuctl is not on PyPI).
+    assert fix.startswith("fix: reinstall vgpuctl where it is installed: ")
+    assert f"{sys.prefix}/bin/pip install --force-reinstall" in fix, fix
+    assert "pip install vgpuctl" not in fix and "--force-reinstall vgpuctl" not in fix
     config = [ln for ln in lines if ln.split()[1:2] == ["config"]]
     assert config[0].startswith("FAIL") and "/nonexistent" in config[0]
     assert "Traceback" not in r.stderr

@@ -24,6 +24,9 @@ def vgpuctl(*args, env=None, tmp_path=None):
 @pytest.mark.parametrize("args,code,needle", [
     (["run", "--mem", "4X", "--", "true"], 2, "--mem: '4X': unknown unit"),
     (["run", "--mem", "lots", "--", "true"], 2, "not a size"),
+    (["run", "--mem", "4", "--", "true"], 2, "--mem: '4' has no unit: write 4G or 4M"),
+    (["run", "--mem", "99999999999999999999999G", "--", "true"], 2, "too large"),
+    (["set", "1", "--mem", "512"], 2, "--mem: '512' has no unit: write 512G or 512M"),
     (["run", "--mem", "1G", "--core", "0", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--core", "101", "--", "true"], 2, "1 to 100"),
     (["run", "--mem", "1G", "--core", "half", "--", "true"], 2, "1 to 100"),
@@ -33,11 +36,14 @@ def vgpuctl(*args, env=None, tmp_path=None):
     (["run", "--cores", "3", "true"], 2, ("no such option", "'--cores'")),
     (["run", "--mem"], 2, ("'--mem'", "requires an argument")),
     (["run", "--mem", "1G", "--"], 2, "no command given"),
-    (["kill", "abc"], 2, "not a job id"),
+    (["kill", ""], 2, "not a job id or name"),
+    (["kill", "1", "12345678901234567890"], 2, "not a job id"),
+    (["help", "nope"], 2, "no help topic or command 'nope'"),
+    (["daemon", "--user", "reload"], 2, "options go with `vgpuctl daemon` alone"),
     (["kill", "1", "--signal", "NOPE"], 2, "not a signal"),
     (["set", "1"], 2, "nothing to change"),
     (["set", "1", "--core", "200"], 2, "1 to 100"),
-    (["set", "x", "--core", "20"], 2, "not a job id"),
+    (["set", "x" * 65, "--core", "20"], 2, "not a job id or name"),
 ])
 def test_usage_errors(args, code, needle, tmp_path):
     r = vgpuctl(*args, tmp_path=tmp_path)
@@ -109,8 +115,8 @@ def in_process(*argv, capsys):
 
 def test_errors_in_process_are_the_same_line(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("VGPU_SOCKET", str(tmp_path / "nobody-here.sock"))
-    assert in_process("kill", "abc", capsys=capsys) == (
-        2, "", "vgpuctl: error: 'abc' is not a job id (a number, as `vgpuctl ps` shows)\n")
+    assert in_process("kill", "", capsys=capsys) == (
+        2, "", "vgpuctl: error: '' is not a job id or name (as `vgpuctl ps` shows)\n")
     code, out, err = in_process("kill", capsys=capsys)
     assert (code, out) == (2, "")
     assert err == "vgpuctl: error: missing argument 'JOB' (see vgpuctl kill --help)\n"

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import sqlite3
+import stat
 import subprocess
 import sys
 import time
@@ -119,3 +120,49 @@ def test_command_errors_are_one_line(tmp_path, setup, args, needle):
     assert r.returncode != 0
     assert needle in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_output_dash_is_stdout(state_dir):
+    r = vgpuctl(["report", "--format", "csv", "-o", "-", "--state-dir", str(state_dir)])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == JOB_HEADERS and len(r.stdout.splitlines()) == 2
+
+
+def test_output_replaces_a_regular_file_keeping_its_mode(state_dir, tmp_path):
+    out = tmp_path / "r.csv"
+    out.write_text("old\n")
+    out.chmod(0o640)
+    r = vgpuctl(["report", "--format", "csv", "-o", str(out), "--state-dir", str(state_dir)])
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().startswith(JOB_HEADERS) and (out.stat().st_mode & 0o777) == 0o640
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_output_follows_a_symlink_and_keeps_it(state_dir, tmp_path):
+    target = tmp_path / "reports" / "today.csv"
+    target.parent.mkdir()
+    link = tmp_path / "latest.csv"
+    link.symlink_to(target)
+    r = vgpuctl(["report", "--format", "csv", "-o", str(link), "--state-dir", str(state_dir)])
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and target.read_text().startswith(JOB_HEADERS)
+
+
+def test_output_writes_through_a_fifo(state_dir, tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    p = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
+    r = vgpuctl(["report", "--format", "csv", "-o", str(fifo), "--state-dir", str(state_dir)])
+    got, _ = p.communicate(timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert got.startswith(JOB_HEADERS) and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_output_to_dev_null_leaves_the_device_alone(state_dir):
+    """As root a rename would replace the device node itself."""
+    before = os.stat("/dev/null")
+    r = vgpuctl(["report", "-o", "/dev/null", "--state-dir", str(state_dir)])
+    assert r.returncode == 0, r.stderr
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
+    assert after.st_rdev == before.st_rdev

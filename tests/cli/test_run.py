@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from support.daemon import read_line, vgpuctl_argv, wait_for
@@ -99,7 +100,7 @@ def test_a_signal_death_is_128_plus_n(daemon):
 
 
 def test_command_not_found_is_127_and_one_line(daemon):
-    r = daemon.cli("run", "--mem", "64M", "--", "no-such-command-xyz")
+    r = daemon.cli("run", "-q", "--mem", "1G", "--", "no-such-command-xyz")
     assert r.returncode == 127
     assert r.stderr.strip().splitlines() == [
         "vgpuctl: error: cannot run no-such-command-xyz: No such file or directory"]
@@ -247,19 +248,39 @@ def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
     try:
         assert r.returncode == 0, r.stderr
         assert r.stderr.startswith("vgpuctl: started a user daemon on "), r.stderr
-        assert len(r.stderr.splitlines()) == 1
-        r2 = d.cli("run", "--mem", "64M", "--", "true", env=env)
-        assert r2.returncode == 0 and r2.stderr == ""     # the same daemon, silently
+        assert r.stderr.splitlines()[1].startswith("vgpuctl: job 1 on GPU 0 ")
+        r2 = d.cli("run", "-q", "--mem", "64M", "--", "true", env=env)
+        assert r2.returncode == 0 and "daemon" not in r2.stderr   # the same one, silently
     finally:
-        from vgpuctl.client.connection import Client
-        try:
-            with Client.connect(d.base / "user" / "vgpud.sock") as c:
-                pid = c.call("ping")["daemon"]["pid"]
-            os.kill(pid, signal.SIGTERM)
-            wait_for(lambda: not (d.base / "user" / "vgpud.sock").exists(),
-                     what="the user daemon to stop")
-        except OSError:
-            pass
+        stop_user_daemon(d.base / "user" / "vgpud.sock")
+
+
+def stop_user_daemon(sock: Path) -> None:
+    from vgpuctl.client.connection import Client
+    try:
+        with Client.connect(sock) as c:
+            pid = c.call("ping")["daemon"]["pid"]
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not sock.exists(), what="the user daemon to stop")
+    except OSError:
+        pass
+
+
+def test_a_relative_socket_is_the_one_in_the_current_directory(daemon_factory):
+    """The user daemon starts in /: a relative --socket must not become a
+    path under / (it used to create directories there and time out)."""
+    d = daemon_factory(start=False)
+    env = {"VGPU_RUNTIME_DIR": str(d.base / "user")}
+    env.pop("VGPU_SOCKET", None)
+    try:
+        r = d.cli("run", "-q", "--socket", "rel/vgpud.sock", "--mem", "1G", "--", "true",
+                  env=env, cwd=d.base, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert (d.base / "rel" / "vgpud.sock").is_socket()
+        ps = d.cli("ps", "--json", "--socket", "rel/vgpud.sock", cwd=d.base)
+        assert ps.returncode == 0, ps.stderr
+    finally:
+        stop_user_daemon(d.base / "rel" / "vgpud.sock")
 
 
 def test_vgpuctl_alone_is_status(daemon):
@@ -267,6 +288,26 @@ def test_vgpuctl_alone_is_status(daemon):
     b = daemon.cli("status", env={"COLUMNS": "200"})
     assert a.returncode == b.returncode == 0
     assert a.stdout.splitlines()[0] == b.stdout.splitlines()[0]
+
+
+def test_run_says_its_job_id_and_gpu_on_stderr_unless_quiet(daemon):
+    r = daemon.cli("run", "--mem", "1G", "--", sys.executable, "-c",
+                   "import os; print(os.environ['VGPU_JOB'])")
+    assert r.returncode == 0, r.stderr
+    uuid = daemon.call("ps")["gpus"][0]["uuid"]
+    assert r.stderr == f"vgpuctl: job {r.stdout.strip()} on GPU 0 ({uuid[:12]})\n"
+    q = daemon.cli("run", "-q", "--mem", "1G", "--", "true")
+    assert (q.returncode, q.stderr) == (0, "")
+
+
+def test_a_limit_no_larger_than_a_context_is_warned(daemon):
+    """The simulator's context takes 300M of the job's limit (as a real
+    GPU's takes 300-500M): a 256M job can't even create one."""
+    r = daemon.cli("run", "-q", "--mem", "256M", "--", "true")
+    assert r.returncode == 0
+    assert r.stderr.startswith("vgpuctl: warning: --mem 256M is not more than a CUDA context "
+                               "takes on this GPU (about 300M"), r.stderr
+    assert len(r.stderr.splitlines()) == 1
 
 
 def test_run_with_verbose_names_the_daemon(daemon):

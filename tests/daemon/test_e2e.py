@@ -173,11 +173,46 @@ def test_sighup_reloads_and_a_bad_file_keeps_the_old_config(daemon):
     daemon.config.write_text('default_mem = "256M"\n')
     daemon.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: daemon.cli("run", "--", "true").returncode == 0, what="the reload")
-    daemon.config.write_text("default_mem = 12\nbogus = 1\n")
+    daemon.config.write_text("default_mem = \"12G\"\nbogus = 1\n")
     daemon.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: "reload failed" in daemon.log.read_text(), what="the reload error")
     assert "bogus" in daemon.log.read_text()
     assert daemon.cli("run", "--", "true").returncode == 0       # still the old config
+
+
+def test_daemon_reload_exits_non_zero_saying_why_and_keeps_the_old_config(daemon):
+    daemon.config.write_text('default_mem = "256M"\n')
+    r = daemon.cli("daemon", "reload")
+    assert r.returncode == 0 and "reloaded" in r.stderr, r.stderr
+    assert daemon.cli("run", "--", "true").returncode == 0
+    daemon.config.write_text("default_mem = 12\n")
+    bad = daemon.cli("daemon", "reload")
+    assert bad.returncode == 78
+    assert bad.stderr.splitlines() == [
+        f"vgpuctl: error: {daemon.config}: default_mem: expected a size with a unit such as "
+        f"\"12G\" or \"12M\", got the bare number 12; the daemon keeps its previous "
+        f"configuration"]
+    assert daemon.cli("run", "--", "true").returncode == 0       # still the old config
+    log = daemon.log.read_text().splitlines()
+    assert sum("reloaded" in line for line in log) == 1, log   # never for the failure
+    assert any("ERROR reload failed" in line for line in log)
+
+
+def test_a_config_file_created_after_the_start_is_read_at_reload(daemon_factory):
+    d = daemon_factory(start=False)
+    del d.env["VGPU_CONFIG"]
+    d.env["XDG_CONFIG_HOME"] = str(d.base / "xdg")     # the user daemon's default file
+    d.env["HOME"] = str(d.base)
+    d.start("--user")
+    assert d.call("ping")["daemon"]["config"] == "<defaults>"
+    assert d.cli("run", "--", "true").returncode == 2               # --mem required
+    cfg = d.base / "xdg" / "vgpu" / "vgpu.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('default_mem = "256M"\n')
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: d.call("ping")["daemon"]["config"] == str(cfg), what="the reload")
+    assert d.cli("run", "--", "true").returncode == 0
+    assert f"configuration reloaded from {cfg}" in d.log.read_text()
 
 
 def test_second_instance_on_the_same_state_is_refused(daemon):

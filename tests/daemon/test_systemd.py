@@ -33,6 +33,29 @@ def unit_settings() -> dict[str, list[str]]:
     return out
 
 
+def install_prefix() -> str:
+    """Where the README's server install puts vgpuctl: the venv it makes."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Run it on a server", 1)[1].split("\n## ", 1)[0]
+    venvs = re.findall(r"python3 -m venv (/\S+)", section)
+    assert len(venvs) == 1, "the README's server install makes one venv"
+    assert f"{venvs[0]}/bin/pip install" in section
+    return venvs[0]
+
+
+def test_the_unit_runs_vgpuctl_where_the_readme_installs_it():
+    s = unit_settings()
+    exe = f"{install_prefix()}/bin/vgpuctl"
+    assert s["ExecStart"][0].split()[0] == exe
+    assert s["ExecReload"][0].split()[0] == exe
+    # ...and doctor's advice reinstalls into that venv when run from it.
+    from vgpuctl.ops import doctor
+
+    fix = doctor.reinstall_fix()
+    assert f"{sys.prefix}/bin/pip install --force-reinstall" in fix
+    assert "pip install vgpuctl" not in fix
+
+
 def vgpuctl_exe() -> str:
     exe = Path(sys.executable).parent / "vgpuctl"
     return str(exe) if exe.exists() else shutil.which("vgpuctl") or ""
@@ -43,7 +66,7 @@ def test_unit_verifies(tmp_path):
     exe = vgpuctl_exe()
     if not exe:
         pytest.skip("vgpuctl is not installed as a command")
-    text = UNIT.read_text().replace("/usr/local/bin/vgpuctl", exe)
+    text = UNIT.read_text().replace(f"{install_prefix()}/bin/vgpuctl", exe)
     unit = tmp_path / "vgpud.service"
     unit.write_text(text)
     r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
@@ -58,8 +81,8 @@ def test_unit_verifies(tmp_path):
 def test_unit_contract():
     s = unit_settings()
     assert s["Type"] == ["notify"]
-    assert s["ExecStart"][0].endswith("vgpuctl daemon")
-    assert s["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert s["ExecStart"] == [f"{install_prefix()}/bin/vgpuctl daemon"]
+    assert s["ExecReload"] == [f"{install_prefix()}/bin/vgpuctl daemon reload"]
     # SIGTERM to the daemon only; jobs are not its children and keep running.
     assert s["KillMode"] == ["mixed"]
     assert s["Restart"] == ["on-failure"]
@@ -195,3 +218,70 @@ def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
         # The job is not the daemon's child: it runs on.
         assert job.is_running() and job.status() != psutil.STATUS_ZOMBIE
         assert all(c.is_running() for c in job.children())
+
+
+# -- the journal ----------------------------------------------------------------------
+def journal_stream(path: Path) -> str:
+    """JOURNAL_STREAM as systemd sets it for a service whose stderr is path."""
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+@needs_native
+def test_under_journald_lines_carry_priorities_and_no_timestamp(daemon_factory):
+    """With stderr a journal stream (JOURNAL_STREAM names it), each line
+    starts with its syslog priority, so `journalctl -p err` finds errors, and
+    has no timestamp of its own: the journal keeps one."""
+    import signal
+
+    from support.daemon import wait_for
+
+    d = daemon_factory(start=False)
+    d.log.touch()
+    d.env["JOURNAL_STREAM"] = journal_stream(d.log)
+    d.start()
+    d.config.write_text("tick_ms = 1\n")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload failed" in d.log.read_text(), what="the reload error")
+    lines = d.log.read_text().splitlines()
+    assert lines[0].startswith(f"<6>vgpud {d.proc.pid} listening on "), lines[0]
+    assert [line for line in lines if "reload failed" in line] == [
+        f"<3>reload failed, keeping the previous configuration: {d.config}: tick_ms: "
+        f"must be 10 to 10000, got 1"]
+    assert all(re.match(r"<[0-7]>", line) for line in lines), lines
+
+
+def test_elsewhere_lines_carry_time_pid_and_level(tmp_path):
+    import logging
+
+    from vgpuctl.daemon import logs
+    from vgpuctl.system import journal
+
+    out = open(tmp_path / "log", "w")
+    ours = journal_stream(tmp_path / "log")
+    other = ours + "1"      # the journal is another stream
+    assert not journal.is_journal(out, {"JOURNAL_STREAM": other})
+    assert journal.is_journal(out, {"JOURNAL_STREAM": ours})
+    rec = logging.LogRecord("vgpuctl.daemon", logging.WARNING, __file__, 1, "two\nlines",
+                            None, None)
+    assert logs.JournalFormatter("%(message)s").format(rec) == "<4>two\n<4>lines"
+    out.close()
+
+
+def test_a_bad_config_at_start_is_an_error_in_the_journal(tmp_path):
+    """The unit's most common failure, a bad config file, is found by
+    `journalctl -p err` too: the CLI edge's line carries <3> there."""
+    from support.daemon import vgpuctl_argv
+
+    cfg = tmp_path / "vgpu.toml"
+    cfg.write_text("tick_ms = 1\n")
+    log = tmp_path / "journal"
+    with open(log, "w") as out:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
+        env["JOURNAL_STREAM"] = journal_stream(log)
+        r = subprocess.run([*vgpuctl_argv(), "daemon", "--config", str(cfg), "--socket",
+                            str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st")],
+                           stderr=out, env=env, timeout=60)
+    assert r.returncode == 78
+    assert log.read_text() == (f"<3>vgpuctl: error: {cfg}: tick_ms: must be 10 to 10000, "
+                               f"got 1\n")

@@ -220,6 +220,28 @@ def test_private_limit_without_a_daemon(sim, clients):
     assert [a[0] for a in results(res.stdout, "alloc")] == ["0", str(CUDA_ERROR_OUT_OF_MEMORY)]
 
 
+def test_a_refusal_is_said_once_per_process_by_default(sim, clients):
+    """A user who gets CUDA_ERROR_OUT_OF_MEMORY at half the GPU hears why:
+    one warning, with the limit and what the job holds (its context
+    included), however many allocations are refused."""
+    env = sim.job_env(None, VGPU_MEM_LIMIT="1G")
+    env.pop("VGPU_LOG_LEVEL", None)
+    res = run(clients["direct"], ["ctx", "0", "alloc", "512M", "alloc", "600M", "alloc", "700M",
+                                  "async", "2G"], env)
+    codes = [a[0] for a in results(res.stdout, "alloc") + results(res.stdout, "async")]
+    assert codes == ["0", *[str(CUDA_ERROR_OUT_OF_MEMORY)] * 3]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("vgpu: cuMemAlloc_v2 of 600M refused (CUDA_ERROR_OUT_OF_MEMORY)")
+    assert "of its 1G limit" in lines[0] and "contexts included" in lines[0]
+    held = int(lines[0].split("the job holds ")[1].split("M of")[0].split(".")[0])
+    assert 512 < held < 1024           # the 512M, and the context
+    quiet = run(clients["direct"], ["ctx", "0", "alloc", "2G"],
+                {**env, "VGPU_LOG_LEVEL": "error"})
+    assert results(quiet.stdout, "alloc")[0][0] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    assert quiet.stderr == ""
+
+
 def test_no_configuration_passes_through(sim, clients):
     res = run(clients["gpa_v2"], ["ctx", "0", "info", "alloc", "2G"], sim.job_env(None))
     assert int(results(res.stdout, "info")[0][2]) == 16 * GiB

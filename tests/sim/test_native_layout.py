@@ -227,6 +227,9 @@ def test_the_size_parser_reads_every_case_of_the_table(size_check):
     ("1e9", None),          # strtod read this as 10^9 bytes
     ("0x40000000", None),
     ("0.5", None),
+    ("4", None),            # no unit: not 4 bytes
+    ("1073741824", None),
+    ("1073741824B", 1024 * MiB),
 ])
 def test_vgpu_mem_limit_is_read_with_the_size_grammar(text, limit, sim, clients):
     res = run(clients["direct"], ["ctx", "0", "info"], sim.job_env(None, VGPU_MEM_LIMIT=text))

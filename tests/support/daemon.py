@@ -96,9 +96,10 @@ class Daemon:
         self.log = base / "daemon.log"
 
     # -- the daemon process ------------------------------------------------------
-    def start(self) -> Daemon:
+    def start(self, *args: str) -> Daemon:
+        """Start `vgpuctl daemon ARGS` and wait for its socket."""
         log = open(self.log, "ab")
-        self.proc = subprocess.Popen([*vgpuctl_argv(), "daemon"], env=self.env,
+        self.proc = subprocess.Popen([*vgpuctl_argv(), "daemon", *args], env=self.env,
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
 

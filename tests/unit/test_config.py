@@ -78,6 +78,9 @@ def test_the_shipped_example_parses():
     ("tick_ms = 5", "tick_ms", "10 to 10000"),
     ("tick_ms = \"fast\"", "tick_ms", "integer"),
     ("reserve = \"lots\"", "reserve", "not a size"),
+    ("default_mem = 4", "default_mem", "bare number"),
+    ("default_mem = \"4\"", "default_mem", "has no unit: write 4G or 4M"),
+    ("[limits.default]\nmax_mem = 8", "limits.default.max_mem", "bare number"),
     ("oversubscribe = 0.5", "oversubscribe", "1.0"),
     ("default_policy = \"fair\"", "default_policy", "hard, soft"),
     ("metrics_address = \"9400\"", "metrics_address", "HOST:PORT"),
@@ -87,7 +90,7 @@ def test_the_shipped_example_parses():
     ("[slurm]\ngpus = \"some\"", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\ngpus = [true]", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\nallow_run = 1", "slurm.allow_run", "true or false"),
-    ("[slurm]\nshard_size = 0", "slurm.shard_size", "positive"),
+    ("[slurm]\nshard_size = 1", "slurm.shard_size", "unit"),
     ("[slurm]\nshards = 4", "slurm.shards", "unknown key"),
     ("slurm = 1", "slurm", "table"),
 ])
@@ -114,3 +117,8 @@ def test_missing_file(tmp_path):
 
 def test_parse_config_without_a_file():
     assert parse_config({"reserve": 0}).reserve == 0
+
+
+@pytest.mark.parametrize("zero", [0, "0", "0B"])
+def test_a_zero_reserve_needs_no_unit(zero):
+    assert parse_config({"reserve": zero}).reserve == 0

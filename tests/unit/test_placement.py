@@ -77,6 +77,16 @@ def test_pin_by_index_uuid_and_unique_prefix():
         resolve_gpu(GPUS, "GPU-cccc")
 
 
+def test_a_number_is_an_index_when_one_exists_else_a_uuid_prefix():
+    gpus = [Gpu(0, "GPU-76680000-0000", "X", 16 * G), Gpu(1, "GPU-11110000-0000", "X", 16 * G),
+            Gpu(2, "GPU-1aaa0000-0000", "X", 16 * G)]
+    assert resolve_gpu(gpus, "7668").index == 0     # no GPU 7668: the UUID's prefix
+    assert resolve_gpu(gpus, "1").index == 1        # an index that exists wins
+    assert resolve_gpu(gpus, "11").index == 1
+    with pytest.raises(NotFound, match="no GPU 5"):
+        resolve_gpu(gpus, "5")
+
+
 def test_pinned_job_is_refused_when_its_gpu_is_full_even_if_another_has_room():
     jobs = [Commitment("1", GPUS[0].uuid, 15 * G)]
     with pytest.raises(AdmissionRefused) as e:

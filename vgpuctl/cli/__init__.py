@@ -38,6 +38,8 @@ COMMANDS = {
     "daemon": "vgpuctl.cli.commands.daemon:daemon",
     "demo": "vgpuctl.cli.commands.demo:demo",
     "doctor": "vgpuctl.cli.commands.doctor:doctor",
+    "gpus": "vgpuctl.cli.commands.gpus:gpus",
+    "help": "vgpuctl.cli.commands.help:help_",
     "kill": "vgpuctl.cli.commands.kill:kill",
     "ps": "vgpuctl.cli.commands.ps:ps",
     "report": "vgpuctl.cli.commands.report:report",
@@ -121,7 +123,7 @@ def _run(argv: list[str] | None) -> int:
             import traceback
 
             traceback.print_exception(type(e), e, e.__traceback__)
-        messages.write(messages.internal_error_line(e, traceback_shown=debug))
+        messages.write(messages.internal_error_line(e, traceback_shown=debug), priority=3)
         return 1
 
 

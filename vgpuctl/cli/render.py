@@ -1,31 +1,29 @@
-"""Tables for `vgpuctl status`, `ps`, `top` and `report` (rich lives here and
-only here).
+"""Showing tables: `vgpuctl status`, `ps`, `top`, `gpus`, `report` and the
+demo (rich lives here and only here).
 
-Input is the daemon's `ps` reply as a dict (docs/cli.md lists the fields).
+The tables themselves are built and fitted in the core (vgpuctl.core.nodeview,
+vgpuctl.core.layout) as lines of (text, style) pieces; this module fits them
+to the terminal and prints them, styled on a terminal and as plain text
+elsewhere, where nothing is cut and no width is imposed.
 """
 
 from __future__ import annotations
 
 import errno
-import shlex
-from collections.abc import Callable, Sequence
 from datetime import tzinfo
 from typing import Any
 
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
+from rich.console import Console, RenderableType
 from rich.text import Text
 
+from vgpuctl.core import layout, nodeview
 from vgpuctl.core.report import (
     Report,
-    ReportRow,
-    columns,
     empty_line,
     iso_time,
-    row_job,
-    short_time,
+    summary_table,
+    terminal_table,
 )
-from vgpuctl.core.sizes import format_size
 
 
 class _Console(Console):
@@ -42,161 +40,96 @@ _console: Console | None = None
 def console() -> Console:
     global _console
     if _console is None:
-        import os
-        import sys
-
-        width = None
-        if not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
-            width = 160          # a pipe or a file: keep rows on one line
-        _console = _Console(highlight=False, width=width)
+        _console = _Console(highlight=False)
     return _console
 
 
-def _size(n: int | None) -> str:
-    return "-" if n is None else format_size(n)
+def is_tty() -> bool:
+    """Whether stdout is a terminal: only there are tables fitted to a
+    width (and cut, with an ellipsis); elsewhere nothing is shortened."""
+    import sys
+
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+def width() -> int | None:
+    """The terminal's width, or None off a terminal (no limit)."""
+    return console().width if is_tty() else None
 
 
-def _pids(pids: Sequence[int], most: int = 3) -> str:
-    if not pids:
-        return "-"
-    shown = ",".join(str(p) for p in pids[:most])
-    return shown + (f" +{len(pids) - most}" if len(pids) > most else "")
+Lines = list[list[tuple[str, str]]]
 
 
-def _command(cmd: Sequence[str], width: int = 40) -> str:
-    text = " ".join(shlex.quote(a) for a in cmd)
-    return text if len(text) <= width else text[:width - 1] + "…"
+def table_lines(table: nodeview.Table, width: int | None, header: bool = True) -> Lines:
+    cols, rows, plan = table
+    return layout.lines(layout.fit(cols, rows, width, plan, header), cols, rows, header)
 
 
-def _percent(part: int | None, whole: int | None) -> str:
-    if part is None or not whole:
-        return ""
-    return f" ({100 * part / whole:.0f}%)"
+def note_line(text: str, style: str = "") -> list[tuple[str, str]]:
+    return [(text, style)]
 
 
-def gpu_table(gpus: Sequence[dict[str, Any]]) -> Table:
-    t = Table(title=None, box=None, header_style="bold", pad_edge=False)
-    t.add_column("GPU", justify="right", no_wrap=True)
-    t.add_column("Name", no_wrap=True, overflow="ellipsis", max_width=24)
-    t.add_column("Memory used/total", justify="right", no_wrap=True)
-    t.add_column("Util", justify="right", no_wrap=True)
-    t.add_column("Limits/capacity", justify="right", no_wrap=True)
-    t.add_column("Jobs", justify="right", no_wrap=True)
-    t.add_column("UUID", style="dim", no_wrap=True, overflow="ellipsis", min_width=8)
-    for g in gpus:
-        util = g.get("utilization")
-        committed = g.get("committed")
-        t.add_row(
-            str(g["index"]), g["name"],
-            f"{_size(g.get('memory_used'))} / {_size(g['memory_total'])}"
-            + _percent(g.get("memory_used"), g["memory_total"]),
-            "-" if util is None else f"{util}%",
-            "-" if committed is None else f"{_size(committed)} / {_size(g.get('capacity'))}",
-            "-" if g.get("jobs") is None else str(g["jobs"]),
-            g["uuid"])
+def status_lines(data: dict[str, Any], width: int | None, units: str = "human",
+                 header: bool = True) -> Lines:
+    """The status view: the GPUs, then the jobs (or why there are none)."""
+    out = table_lines(nodeview.gpu_table(data.get("gpus", []), units), width, header)
+    out.append([])
+    jobs = data.get("jobs", [])
+    if data.get("daemon") is None:
+        out.append(note_line("no daemon running: jobs are not shown (vgpuctl run starts one)",
+                             "yellow"))
+    elif not jobs:
+        out.append(note_line("no jobs"))
+    else:
+        out += table_lines(nodeview.job_table(jobs, units), width, header)
+    return out
+
+
+def rich_text(lines: Lines) -> Text:
+    """The lines as one rich Text (a terminal's view, for Live too), each
+    cropped at the terminal's edge rather than wrapped."""
+    t = Text(no_wrap=True, overflow="crop", end="")
+    for i, ln in enumerate(lines):
+        if i:
+            t.append("\n")
+        for piece, style in ln:
+            t.append(piece, style=style or None)
     return t
 
 
-def job_table(jobs: Sequence[dict[str, Any]]) -> Table:
-    t = Table(box=None, header_style="bold", pad_edge=False)
-    t.add_column("Job", justify="right", no_wrap=True)
-    t.add_column("Name", no_wrap=True, max_width=16, overflow="ellipsis")
-    t.add_column("User", no_wrap=True, max_width=12, overflow="ellipsis")
-    t.add_column("PIDs", no_wrap=True)
-    t.add_column("GPU", justify="right", no_wrap=True)
-    t.add_column("Mem used/limit", justify="right", no_wrap=True)
-    t.add_column("Core target/meas.", justify="right", no_wrap=True)
-    t.add_column("Time", justify="right", no_wrap=True)
-    t.add_column("Command", overflow="ellipsis", no_wrap=True, ratio=1, min_width=8)
-    for j in jobs:
-        measured = j.get("core_measured")
-        core = f"{j['core']}% / " + ("-" if measured is None else f"{100 * measured:.0f}%")
-        if j.get("policy") == "soft":
-            core += " soft"
-        mem = f"{_size(j.get('mem_used'))} / {_size(j['mem_limit'])}"
-        mem_text = Text(mem, style="bold red" if j.get("over_limit") else "")
-        state = j.get("state")
-        time_text = _duration(j.get("runtime_s"))
-        if state == "ended":
-            code = j.get("exit_code")
-            sig = j.get("exit_signal")
-            time_text += " ended" + (f" sig {sig}" if sig else f" ({code})" if code is not None
-                                     else "")
-        elif state == "starting":
-            time_text = "starting"
-        t.add_row(str(j["id"]), j["name"], j["user"], _pids(j.get("pids", [])),
-                  "-" if j.get("gpu") is None else str(j["gpu"]), mem_text, core, time_text,
-                  _command(j.get("command", [])))
-    return t
+def show(lines: Lines) -> None:
+    """Print lines: styled on a terminal, plain text elsewhere."""
+    if is_tty():
+        console().print(rich_text(lines), crop=True, overflow="crop")
+    else:
+        import sys
+
+        sys.stdout.write(layout.plain(lines))
+
+
+def summary_lines(report: Report) -> Lines:
+    """The closing report of `vgpuctl demo`: a title, then each job's limits
+    beside what it got (vgpuctl.core.report.summary_table)."""
+    if not report.rows:
+        return [note_line(empty_line(report).rstrip(), "dim")]
+    title = note_line("What each job got (GPU share: its GPU time over its run time):", "bold")
+    return [title, *table_lines(summary_table(report), width())]
 
 
 def status_view(data: dict[str, Any]) -> RenderableType:
-    parts: list[RenderableType] = [gpu_table(data.get("gpus", [])), Text("")]
-    daemon = data.get("daemon")
-    jobs = data.get("jobs", [])
-    if daemon is None:
-        parts.append(Text("no daemon running: jobs are not shown (vgpuctl run starts one)",
-                          style="yellow"))
-    elif not jobs:
-        parts.append(Text("no jobs"))
-    else:
-        parts.append(job_table(jobs))
-    return Group(*parts)
-
-
-def print_status(data: dict[str, Any]) -> None:
-    console().print(status_view(data))
-
-
-def print_jobs(jobs: Sequence[dict[str, Any]]) -> None:
-    if not jobs:
-        console().print("no jobs")
-        return
-    console().print(job_table(jobs))
+    """The status view as a rich renderable, fitted to the terminal."""
+    return rich_text(status_lines(data, width()))
 
 
 # -- reports -------------------------------------------------------------------
-_SHORT_HEADERS = {"job_id": "job", "exit_status": "exit", "memory_limit": "mem limit",
-                  "core_limit": "core", "gpu_time": "GPU time", "memory_time": "mem time",
-                  "peak_memory": "peak mem", "gpu_uuid": "GPU"}
-
-
-def report_table(report: Report, tz: tzinfo | None = None) -> RenderableType:
-    """A rich Table (for terminals) or a Text line when the report is empty.
-    Compacter than the plain text: short GPU ids and times, no uid, the
-    command cut to fit."""
+def report_lines(report: Report, tz: tzinfo | None = None) -> Lines:
+    """`vgpuctl report` on a terminal: a title, then the report fitted to the
+    terminal (vgpuctl.core.report.terminal_table), or a line when empty."""
     if not report.rows:
-        return Text(empty_line(report, tz).rstrip(), style="dim")
+        return [note_line(empty_line(report, tz).rstrip(), "dim")]
     title = (f"GPU usage by {report.by}, {iso_time(report.since, tz)} to "
              f"{iso_time(report.until, tz)}")
-    t = Table(title=title, title_justify="left", header_style="bold", box=None,
-              pad_edge=False)
-    compact: dict[str, Callable[[ReportRow], str]] = {
-        "gpus": lambda r: " ".join(g[:12] for g in row_job(r).gpus),
-        "start": lambda r: short_time(row_job(r).start, tz),
-        "end": lambda r: short_time(row_job(r).end, tz),
-    }
-    cols = [c for c in columns(report.by, tz) if c.json_key != "uid"]
-    for c in cols:
-        last = c.json_key == "command"
-        name, _, unit = c.header.partition(" ")
-        name = _SHORT_HEADERS.get(name, name.replace("_", " "))
-        t.add_column(Text(f"{name}\n{unit}" if unit else name),
-                     justify="right" if c.numeric else "left",
-                     no_wrap=True, overflow="ellipsis", max_width=24 if last else None)
-    for r in report.rows:
-        t.add_row(*[Text(compact.get(c.json_key, c.text)(r)) for c in cols])
-    return t
+    return [note_line(title, "bold"), *table_lines(terminal_table(report, tz), width())]

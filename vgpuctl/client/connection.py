@@ -122,7 +122,8 @@ def start_user_daemon(socket_path: str | None = None,
     e = dict(os.environ if env is None else env)
     for k in ("VGPU_REGION", "VGPU_JOB"):
         e.pop(k, None)
-    sock = Path(socket_path) if socket_path else paths.client_sockets(None, e)[-1]
+    # Absolute before anything is created: the daemon runs in /.
+    sock = paths.absolute(socket_path) if socket_path else paths.client_sockets(None, e)[-1]
     dp = paths.daemon_paths(True, socket=str(sock), env=e)
     paths.ensure_private_dir(dp.state_dir)
     log_path = dp.log
@@ -146,6 +147,8 @@ def start_user_daemon(socket_path: str | None = None,
                                         f"(log: {log_path})")
             waiting = None
         time.sleep(0.02)
+    if waiting is not None and waiting.poll() is None:
+        waiting.terminate()     # ours, and of no use to anyone: don't leave it running
     raise DaemonUnavailable(f"started a daemon but its socket {sock} did not appear within "
                             f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
 

@@ -24,11 +24,12 @@ Say = Callable[[str], None]
 
 def run_job(*, command: list[str], mem: int | None, core: int | None, policy: str | None,
             gpu: str | None, name: str | None, socket_path: str | None, verbose: bool,
-            note: Say, warn: Say) -> int:
+            note: Say, warn: Say, quiet: bool = False) -> int:
     """Admit and run command; returns its exit code (128+N for signal N).
-    note tells the user what was done for them (a daemon started; with
-    verbose, where the job runs), warn what went wrong without stopping the
-    command (with verbose)."""
+    note tells the user what was done for them (a daemon started, the job's
+    id and GPU; nothing when quiet), warn what the daemon warns of (a limit
+    too small for a context) and, with verbose, what went wrong without
+    stopping the command."""
     if not command:
         raise UsageError("no command given: vgpuctl run --mem SIZE [--core PCT] -- COMMAND...")
     if name is not None and not 1 <= len(name) <= 64:
@@ -45,12 +46,22 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
     with cl:
         reply = cl.call("run", **fields)
         job = reply["job"]
-        if started is not None:
+        if started is not None and not quiet:
             note(f"started a user daemon on {cl.path} (log: {started})")
-        if verbose:
-            note(f"job {job['id']} on GPU {job['gpu']} ({job['gpu_uuid']}) via {cl.path}")
+        if not quiet:
+            note(job_line(job) + (f" via {cl.path}" if verbose else ""))
+        for w in reply.get("warnings") or []:
+            warn(str(w))
         return launch(cl, job["id"], reply["env"], list(command),
                       warn=warn if verbose else None, prepend=reply.get("prepend"))
+
+
+def job_line(job: Mapping[str, Any]) -> str:
+    """What `run` says of the job it started: its id (for `set`, `kill`) and
+    its GPU, with the UUID short."""
+    uuid = str(job.get("gpu_uuid") or "")
+    short = uuid[:12] if uuid.startswith("GPU-") else uuid[:8]
+    return f"job {job['id']} on GPU {job['gpu']} ({short})"
 
 
 # Forwarded to the command. A signal the kernel sent to the whole foreground

@@ -1,7 +1,8 @@
 """The daemon's configuration, checked: ``parse_config(data, source)`` turns
 a parsed TOML table (every key in etc/vgpu.toml) into a ``Config``. An
 unknown key or a bad value raises ConfigError naming the source, the key and
-the reason. Sizes are strings ("512M", "8G") or integers (bytes). Reading
+the reason. Sizes are strings with a unit ("512M", "8G", "100B"); the one
+bare number allowed is 0, for ``reserve``. Reading
 the file is vgpuctl.system.config's job.
 """
 
@@ -100,9 +101,12 @@ def _size(source: str, key: str, v: Any, allow_zero: bool = False) -> int:
     if isinstance(v, bool):
         raise _fail(source, key, f"expected a size such as \"512M\", got {v!r}")
     if isinstance(v, int):
-        if v < 0 or (v == 0 and not allow_zero):
-            raise _fail(source, key, f"expected a positive size, got {v}")
-        return v
+        # A bare number is refused, as on the command line (is 4 bytes or
+        # 4 GiB meant?); zero needs no unit where it is allowed.
+        if v == 0 and allow_zero:
+            return 0
+        raise _fail(source, key, f"expected a size with a unit such as \"{v}G\" or "
+                                 f"\"{v}M\", got the bare number {v}")
     if isinstance(v, str):
         if allow_zero and v.strip() in ("0", "0B", "0b"):
             return 0

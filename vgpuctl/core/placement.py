@@ -56,7 +56,10 @@ def committed(commitments: Iterable[Commitment], exclude_job: str | None = None)
 
 def resolve_gpu(gpus: Sequence[Gpu], spec: str) -> Gpu:
     """The GPU named by spec: an index ("0"), a UUID ("GPU-8f3a..."), or a
-    unique prefix of a UUID (with or without "GPU-")."""
+    unique prefix of a UUID (with or without "GPU-"). A number is an index
+    when a GPU has that index, and a UUID prefix otherwise: "7668" is
+    GPU-7668... on a node with no GPU 7668 (UUIDs are hex, so their
+    prefixes are often all digits)."""
     s = spec.strip()
     if not s:
         raise UsageError("--gpu: empty GPU name")
@@ -64,7 +67,6 @@ def resolve_gpu(gpus: Sequence[Gpu], spec: str) -> Gpu:
         for g in gpus:
             if g.index == int(s):
                 return g
-        raise NotFound(f"no GPU {s}: there are {_gpu_list(gpus)}")
     low = s.lower()
     for g in gpus:
         if g.uuid.lower() == low:
@@ -135,6 +137,22 @@ def check_resize(gpus: Sequence[Gpu], commitments: Iterable[Commitment], job_id:
     if used.get(uuid, 0) + new_mem > cap:
         raise AdmissionRefused(f"no room for {format_size(new_mem)}: "
                                + _left_text([g], used, reserve, oversubscribe))
+
+
+# What a CUDA context takes on a real GPU before the job allocates anything:
+# about 300 to 500 MiB on current GPUs and drivers (the hook measures it per
+# process through NVML; the simulator charges VGPU_SIM_CTX_MEM, 300M).
+CONTEXT_MEM = 300 << 20
+
+
+def context_warning(mem: int, context_mem: int) -> str | None:
+    """What to tell the user of a job whose memory limit leaves no room past
+    one CUDA context (the context counts against the limit), or None."""
+    if context_mem <= 0 or mem > context_mem:
+        return None
+    return (f"--mem {format_size(mem)} is not more than a CUDA context takes on this GPU "
+            f"(about {format_size(context_mem)}, counted against the limit): the job's "
+            f"first context or allocation will fail with out of memory")
 
 
 def check_user_limits(limits: UserLimits, user: str, mem: int | None, core: int | None) -> None:

@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
 from typing import Any
 
+from vgpuctl.core import layout
 from vgpuctl.core.accounting import UsageRow
+from vgpuctl.core.nodeview import short_command, short_uuids
+from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import UsageError
 
 MIB = 1 << 20
@@ -361,6 +364,87 @@ def to_text(report: Report, tz: tzinfo | None = None) -> str:
 
 def short_time(t: float | None, tz: tzinfo | None) -> str:
     return "" if t is None else _to_datetime(t, tz).strftime("%m-%d %H:%M")
+
+
+def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout.Cell]],
+                                        list[layout.Step]]:
+    """A narrow table of a --by job report (the demo's closing one): each
+    job's limits beside the GPU time it got and the share of the GPU that
+    makes over its run, so a limit's effect shows at a glance. Fits 80
+    columns; the name is cut first when it must (vgpuctl.core.layout)."""
+    right = {"right": True}
+    cols = [layout.Column("job", "Job", **right), layout.Column("name", "Name"),
+            layout.Column("mem", "Mem limit", **right),
+            layout.Column("core", "Core limit", **right),
+            layout.Column("gpu_time", "GPU time", **right),
+            layout.Column("share", "GPU share", **right),
+            layout.Column("peak", "Peak mem", **right), layout.Column("exit", "Exit", **right)]
+    rows = []
+    for r in report.rows:
+        j = row_job(r)
+        start = j.start if j.start is not None else report.since
+        end = j.end if j.end is not None else report.until
+        ran = max(0.0, min(end, report.until) - max(start, report.since))
+        core = "" if j.core is None else f"{j.core}% {j.policy}".rstrip()
+        rows.append([
+            layout.Cell(r.key), layout.Cell(j.name),
+            layout.Cell("" if j.mem_limit is None else format_size(j.mem_limit)),
+            layout.Cell(core), layout.Cell(f"{r.gpu_seconds:.1f}s"),
+            layout.Cell(f"{100 * r.gpu_seconds / ran:.0f}%" if ran > 0 else ""),
+            layout.Cell(format_size(r.peak_mem_bytes)),
+            layout.Cell("" if j.exit_status is None else str(j.exit_status)),
+        ])
+    return cols, rows, [layout.Cut("name", 8)]
+
+
+def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
+        list[layout.Column], list[list[layout.Cell]], list[layout.Step]]:
+    """The report for a terminal (`vgpuctl report` on a tty): sizes and
+    times in short human forms, GPUs by short UUID, fitted by
+    vgpuctl.core.layout: a job's id, its GPU time and peak memory stay
+    whole; the command, the end, the user, the memory time, the start and
+    the GPUs give way first, the name last."""
+    right = {"right": True}
+    numbers = [layout.Column("gpu_time", "GPU time", **right),
+               layout.Column("mem_time", "Mem GiB*h", **right),
+               layout.Column("peak", "Peak mem", **right)]
+
+    def sums(r: ReportRow) -> list[layout.Cell]:
+        return [layout.Cell(f"{r.gpu_seconds:.1f}s"), layout.Cell(f"{r.mem_gib_hours:.4f}"),
+                layout.Cell(format_size(r.peak_mem_bytes))]
+    if report.by != "job":
+        keys = short_uuids([r.key for r in report.rows]) if report.by == "gpu" else {}
+        head = {"user": "User", "gpu": "GPU", "day": "Day"}[report.by]
+        cols = [layout.Column("key", head), layout.Column("jobs", "Jobs", **right), *numbers]
+        rows = [[layout.Cell(r.key, short=keys.get(r.key)), layout.Cell(str(len(r.jobs))),
+                 *sums(r)] for r in report.rows]
+        return cols, rows, [layout.Short("key")]
+    uuids = short_uuids([g for r in report.rows for g in row_job(r).gpus])
+    cols = [layout.Column("job", "Job", **right), layout.Column("name", "Name"),
+            layout.Column("user", "User"), layout.Column("gpus", "GPU"),
+            layout.Column("start", "Start"), layout.Column("end", "End"),
+            layout.Column("exit", "Exit", **right),
+            layout.Column("limit", "Limits", **right), *numbers,
+            layout.Column("command", "Command")]
+    rows = []
+    for r in report.rows:
+        j = row_job(r)
+        limit = " ".join(x for x in ("" if j.mem_limit is None else format_size(j.mem_limit),
+                                     "" if j.core is None else f"{j.core}%") if x)
+        rows.append([
+            layout.Cell(r.key), layout.Cell(j.name), layout.Cell(j.user),
+            layout.Cell(" ".join(j.gpus), short=" ".join(uuids.get(g, g) for g in j.gpus)),
+            layout.Cell(short_time(j.start, tz)), layout.Cell(short_time(j.end, tz)),
+            layout.Cell("" if j.exit_status is None else str(j.exit_status)),
+            layout.Cell(limit), *sums(r),
+            layout.Cell(j.command, short=short_command(j.command)),
+        ])
+    plan: list[layout.Step] = [
+        layout.Short("gpus"), layout.Short("command"), layout.Cut("command", 12),
+        layout.Drop("command"), layout.Drop("end"), layout.Drop("user"),
+        layout.Drop("mem_time"), layout.Drop("start"), layout.Drop("gpus"),
+        layout.Cut("name", 8)]
+    return cols, rows, plan
 
 
 def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:

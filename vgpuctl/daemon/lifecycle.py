@@ -25,15 +25,14 @@ import fcntl
 import logging
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
-from vgpuctl.daemon import metrics, tracking
+from vgpuctl.core.placement import CONTEXT_MEM
+from vgpuctl.daemon import logs, metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
@@ -41,7 +40,7 @@ from vgpuctl.governor import compute
 from vgpuctl.store import retention, usage
 from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths, slurm
-from vgpuctl.system.config import load_config
+from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import Nvml
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -62,23 +61,16 @@ class Options:
     user: bool = False        # the user layout even as root
 
 
-def _log_setup(level: str) -> None:
-    root = logging.getLogger("vgpuctl")
-    if not root.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s vgpud[%(process)d] %(levelname)s "
-                                         "%(message)s"))
-        root.addHandler(h)
-        root.propagate = False
-    root.setLevel(level.upper())
-
-
 def resolve(opts: Options) -> tuple[paths.DaemonPaths, Config]:
     user = opts.user or os.geteuid() != 0
-    cfg_path = Path(opts.config) if opts.config else paths.default_config(user)
-    config = load_config(cfg_path)
+    if opts.config:
+        cfg_path, optional = paths.absolute(opts.config), False
+    else:
+        cfg_path, optional = paths.config_file(user)
+    config = load_daemon_config(cfg_path, optional)
     dp = paths.daemon_paths(user, socket=opts.socket, runtime_dir=opts.runtime_dir,
                             state_dir=opts.state_dir, config=cfg_path,
+                            config_optional=optional,
                             from_config={"socket": config.socket,
                                          "runtime_dir": config.runtime_dir,
                                          "state_dir": config.state_dir})
@@ -112,6 +104,15 @@ def _lock(dp: paths.DaemonPaths) -> int:
     return fd
 
 
+def _context_mem() -> int:
+    """About what a CUDA context takes on this node's GPUs."""
+    if not os.environ.get("VGPU_SIM"):
+        return CONTEXT_MEM
+    from vgpuctl.system import sim
+
+    return sim.context_cost()
+
+
 def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     """What a job needs to see the same (simulated) GPUs as the daemon: the
     variables to set, and the library dir to put first on LD_LIBRARY_PATH."""
@@ -137,7 +138,7 @@ class Daemon:
         self._tick_errors = 0
 
     def run(self) -> int:
-        _log_setup(self.config.log_level)
+        logs.setup(self.config.log_level)
         _prepare_dirs(self.dp)
         lock_fd = _lock(self.dp)
         try:
@@ -153,7 +154,8 @@ class Daemon:
         devices = nvml.devices()
         sim_set, sim_prepend = _sim_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
-                         sim_env=sim_set, sim_prepend=sim_prepend)
+                         sim_env=sim_set, sim_prepend=sim_prepend,
+                         context_mem=_context_mem())
         self.sup = sup
         self._start_compute(loop)
         self._start_accounting(store)

@@ -36,7 +36,7 @@ from vgpuctl.errors import (
     VgpuError,
 )
 from vgpuctl.store.jobs import ENDED, RUNNING, STARTING, JobRecord, Store
-from vgpuctl.system.config import load_config
+from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import DeviceLimit, Region
@@ -84,7 +84,8 @@ class Supervisor:
                  devices: list[GpuStats], hook_library: Callable[[], Path],
                  clock: Callable[[], float] = time.time,
                  sim_env: Mapping[str, str] | None = None,
-                 sim_prepend: Mapping[str, str] | None = None) -> None:
+                 sim_prepend: Mapping[str, str] | None = None,
+                 context_mem: int = placement.CONTEXT_MEM) -> None:
         self.config = config
         self.paths = paths
         self.store = store
@@ -94,6 +95,7 @@ class Supervisor:
         self.clock = clock
         self.sim_env = dict(sim_env or {})
         self.sim_prepend = dict(sim_prepend or {})
+        self.context_mem = context_mem    # what one CUDA context takes, about
         self.jobs: dict[str, Job] = {}
         self.started = clock()
         self.compute = False            # set by the shell when a governor runs
@@ -153,6 +155,7 @@ class Supervisor:
                 "socket": str(self.paths.socket), "system": self.paths.system,
                 "started": self.started, "compute": self.compute,
                 "config": self.config.source, "jobs": len(self.jobs),
+                "config_file": None if self.paths.config is None else str(self.paths.config),
                 "slurm": {"shard_size": self.config.slurm.shard_size,
                           "allow_run": self.config.slurm.allow_run}}
 
@@ -182,7 +185,9 @@ class Supervisor:
         log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
                  user, where.gpu.index, format_size(mem), core, policy)
         env, prepend = self._job_env(job)
-        return P.ok(job=self.view(job), env=env, prepend=prepend)
+        small = placement.context_warning(mem, self.context_mem)
+        return P.ok(job=self.view(job), env=env, prepend=prepend,
+                    warnings=[small] if small else [])
 
     def _run_gpus(self, pin: str | None) -> list[placement.Gpu]:
         """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
@@ -479,12 +484,17 @@ class Supervisor:
     def op_reload(self, peer: Peer, req: P.Reload) -> dict[str, Any]:
         if not self.is_admin(peer):
             raise PermissionDenied("only root may reload the daemon's configuration")
-        self.reload()
+        try:
+            self.reload()
+        except VgpuError as e:
+            log.error("reload failed, keeping the previous configuration: %s", e)
+            raise
         return P.ok(config=self.config.source)
 
     def reload(self) -> None:
-        """Re-read the config file; on error keep the old one and raise."""
-        new = load_config(self.paths.config)
+        """Re-read the config file (the default one is read if it has been
+        created since); on error keep the old config and raise."""
+        new = load_daemon_config(self.paths.config, self.paths.config_optional)
         old = self.config
         for key in ("socket", "runtime_dir", "state_dir"):
             if getattr(new, key) != getattr(old, key):
@@ -493,7 +503,10 @@ class Supervisor:
         self.config = new
         if self.on_config is not None:
             self.on_config(new)
-        log.info("configuration reloaded from %s", new.source)
+        if new.source == Config().source and self.paths.config is not None:
+            log.info("configuration reloaded: no %s, the defaults", self.paths.config)
+        else:
+            log.info("configuration reloaded from %s", new.source)
 
     # -- views ------------------------------------------------------------------
     def _dev_usage(self, job: Job, i: int = 0) -> dict[str, int]:

@@ -147,8 +147,23 @@ def _run_probe(name: str, env: Mapping[str, str]) -> dict[str, Any]:
 # -- the checks -------------------------------------------------------------------
 NO_DRIVER_FIX = ("install the NVIDIA driver (`nvidia-smi` must work), or try vgpuctl on the "
                  "simulated GPU: VGPU_SIM=1x16G vgpuctl demo")
-SIM_BROKEN_FIX = ("the simulated GPU's library is broken: reinstall vgpuctl "
-                  "(pip install --force-reinstall vgpuctl)")
+
+
+def reinstall_fix(why: str = "") -> str:
+    """How to reinstall vgpuctl where this one is installed (its venv, e.g.
+    /opt/vgpuctl, the install the README and the unit use): vgpuctl is not
+    on PyPI, and Debian's system pip refuses to install."""
+    prefix = sys.prefix
+    sudo = "" if os.access(prefix, os.W_OK) else "sudo "
+    return (f"{why}reinstall vgpuctl where it is installed: {sudo}{prefix}/bin/pip install "
+            f"--force-reinstall --no-deps <your vgpuctl clone or wheel> "
+            f"(vgpuctl help operations)")
+
+
+SIM_BROKEN_FIX = reinstall_fix("the simulated GPU's library is broken: ")
+UNIT_FIX = ("install the unit and start it: vgpuctl help unit | sudo tee "
+            "/etc/systemd/system/vgpud.service && sudo systemctl daemon-reload && "
+            "sudo systemctl enable --now vgpud")
 
 
 def _no_driver_fix(env: Mapping[str, str]) -> str:
@@ -209,7 +224,7 @@ def check_nvml(env: Mapping[str, str]) -> Check:
         return Check("nvml", FAIL, f"NVML crashed: {r.get('error')}", "reinstall the driver")
     if not r.get("imported"):
         return Check("nvml", FAIL, f"the pynvml module is missing: {r.get('error')}",
-                     "pip install nvidia-ml-py (a dependency of vgpuctl: reinstall it)")
+                     f"{sys.prefix}/bin/pip install nvidia-ml-py (a dependency of vgpuctl)")
     if not r.get("init"):
         return Check("nvml", FAIL, f"nvmlInit failed: {r.get('error')}", _no_driver_fix(env))
     if r.get("error"):
@@ -226,7 +241,7 @@ def check_hook(env: Mapping[str, str]) -> Check:
     try:
         hook = native.hook_library()
     except VgpuError as e:
-        return Check("hook", FAIL, str(e), "reinstall vgpuctl: pip install vgpuctl")
+        return Check("hook", FAIL, str(e), reinstall_fix())
     # Not inside a job's region: a plain program with the hook preloaded.
     child = {k: v for k, v in env.items() if k not in ("VGPU_REGION", "VGPU_JOB")}
     child["LD_PRELOAD"] = str(hook)
@@ -239,13 +254,12 @@ def check_hook(env: Mapping[str, str]) -> Check:
         r = subprocess.run([true], env=child, capture_output=True, text=True,
                            stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return Check("hook", FAIL, f"LD_PRELOAD={hook} true: {e}", "reinstall vgpuctl")
+        return Check("hook", FAIL, f"LD_PRELOAD={hook} true: {e}", reinstall_fix())
     said = (r.stdout + r.stderr).strip()
     if r.returncode != 0 or said:
         first = said.splitlines()[0] if said else f"exit status {r.returncode}"
         return Check("hook", FAIL, f"LD_PRELOAD={hook} true: {first}",
-                     "reinstall vgpuctl (pip install --force-reinstall vgpuctl) so the hook "
-                     "is rebuilt for this system")
+                     reinstall_fix("so that the hook is rebuilt for this system, "))
     return Check("hook", OK, f"{hook} loads into programs silently")
 
 
@@ -307,12 +321,11 @@ def check_daemon(env: Mapping[str, str]) -> Check:
     if stale:
         return Check("daemon", WARN, f"no daemon listens on {', '.join(stale)} (left by a "
                      "daemon that stopped)",
-                     "start one: systemctl start vgpud (system) or just `vgpuctl run ...`, "
+                     "start one: sudo systemctl start vgpud (system) or just `vgpuctl run ...`, "
                      "which starts a user daemon; the stale socket is replaced")
     where = explicit or " or ".join(str(c) for c in candidates)
     return Check("daemon", WARN, f"no daemon is running (no socket at {where})",
-                 "systemctl enable --now vgpud for the whole node, or let `vgpuctl run` "
-                 "start a user daemon")
+                 f"for the whole node, {UNIT_FIX}; or let `vgpuctl run` start a user daemon")
 
 
 def check_config(env: Mapping[str, str]) -> Check:
@@ -327,7 +340,8 @@ def check_config(env: Mapping[str, str]) -> Check:
         cfg = load_config(path)
     except VgpuError as e:
         return Check("config", FAIL, str(e),
-                     "fix the named key (every key is described in etc/vgpu.toml)")
+                     "fix the named key (every key: vgpuctl help config), then "
+                     "vgpuctl daemon reload")
     extra = ""
     if cfg.metrics_address:
         from vgpuctl.daemon import metrics

@@ -20,6 +20,15 @@ def _toml() -> Any:
     return tomli
 
 
+def load_daemon_config(path: Path | None, optional: bool) -> Config:
+    """A daemon's config: the file at path, or the defaults when there is
+    none or it is optional and absent (the default location, before an
+    operator creates it)."""
+    if path is None or (optional and not Path(path).exists()):
+        return Config()
+    return load_config(path)
+
+
 def load_config(path: Path | str | None) -> Config:
     """Read and check a config file; None gives the defaults."""
     if path is None:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from vgpuctl.errors import NativeMissing
@@ -26,7 +27,8 @@ def _need(path: Path) -> Path:
     if not path.exists():
         raise NativeMissing(
             f"{path.name} is missing from {path.parent}: the native parts were not built; "
-            "reinstall with `pip install .`"
+            f"reinstall from your clone: {sys.prefix}/bin/pip install --force-reinstall "
+            "--no-deps ."
         )
     return path
 

@@ -70,15 +70,22 @@ def user_socket(env: Mapping[str, str] | None = None) -> Path:
     return user_runtime_dir(env) / SOCKET_NAME
 
 
+def absolute(path: str | Path) -> Path:
+    """path made absolute against the current directory, as given: a
+    relative --socket names the same file for a daemon started elsewhere
+    (the user daemon runs in /)."""
+    return Path(os.path.abspath(os.fspath(path)))
+
+
 def client_sockets(explicit: str | None = None,
                    env: Mapping[str, str] | None = None) -> list[Path]:
     """The sockets a client tries, in order: --socket, else $VGPU_SOCKET, else
     the system socket then the user socket."""
     if explicit:
-        return [Path(explicit)]
+        return [absolute(explicit)]
     e = _env(env)
     if e.get("VGPU_SOCKET"):
-        return [Path(e["VGPU_SOCKET"])]
+        return [absolute(e["VGPU_SOCKET"])]
     return [SYSTEM_SOCKET, user_socket(env)]
 
 
@@ -86,8 +93,11 @@ class DaemonPaths(NamedTuple):
     socket: Path
     runtime_dir: Path
     state_dir: Path
-    config: Path | None   # None: no file, defaults
+    config: Path | None   # the config file; None: no file, defaults
     system: bool          # the system daemon's layout (dirs shared with other users)
+    # config is the default location, read when it exists (at start and at
+    # each reload: a file created later is picked up), defaults otherwise.
+    config_optional: bool = False
 
     @property
     def jobs_dir(self) -> Path:
@@ -108,17 +118,25 @@ class DaemonPaths(NamedTuple):
 
 def default_config(user: bool, env: Mapping[str, str] | None = None) -> Path | None:
     """$VGPU_CONFIG, else the system or user config file when it exists."""
+    p, optional = config_file(user, env)
+    return None if optional and not p.exists() else p
+
+
+def config_file(user: bool, env: Mapping[str, str] | None = None) -> tuple[Path, bool]:
+    """The config file a daemon reads: $VGPU_CONFIG (which must exist), else
+    the system or user one (read when it exists); and whether it may be
+    absent."""
     e = _env(env)
     if e.get("VGPU_CONFIG"):
-        return Path(e["VGPU_CONFIG"])
-    p = user_config(env) if user else SYSTEM_CONFIG
-    return p if p.exists() else None
+        return absolute(e["VGPU_CONFIG"]), False
+    return (user_config(env) if user else SYSTEM_CONFIG), True
 
 
 def daemon_paths(user: bool, *, socket: str | None = None, runtime_dir: str | None = None,
                  state_dir: str | None = None, config: Path | None = None,
                  from_config: Mapping[str, str | None] | None = None,
-                 env: Mapping[str, str] | None = None) -> DaemonPaths:
+                 env: Mapping[str, str] | None = None,
+                 config_optional: bool = False) -> DaemonPaths:
     """Resolve the daemon's paths: command line, then environment, then the
     config file's keys, then the defaults of a system or user daemon. A
     runtime dir given without a socket holds the socket."""
@@ -126,7 +144,8 @@ def daemon_paths(user: bool, *, socket: str | None = None, runtime_dir: str | No
     cfg = from_config or {}
 
     def pick(cli: str | None, var: str, key: str) -> str | None:
-        return cli or e.get(var) or cfg.get(key) or None
+        p = cli or e.get(var) or cfg.get(key) or None
+        return str(absolute(p)) if p else None
 
     rt = pick(runtime_dir, "VGPU_RUNTIME_DIR", "runtime_dir")
     st = pick(state_dir, "VGPU_STATE_DIR", "state_dir")
@@ -135,7 +154,7 @@ def daemon_paths(user: bool, *, socket: str | None = None, runtime_dir: str | No
     state = Path(st) if st else (user_state_dir(env) if user else SYSTEM_STATE_DIR)
     sockp = Path(sock) if sock else runtime / SOCKET_NAME
     return DaemonPaths(socket=sockp, runtime_dir=runtime, state_dir=state,
-                       config=config, system=not user)
+                       config=config, system=not user, config_optional=config_optional)
 
 
 def ensure_private_dir(path: Path) -> None:

@@ -46,6 +46,18 @@ def parse_spec(text: str) -> SimSpec:
     return SimSpec(count, memory)
 
 
+def context_cost(env: MutableMapping[str, str] | None = None) -> int:
+    """Bytes the simulator charges per context (VGPU_SIM_CTX_MEM, 300M by
+    default, 0 for none), as libcuda.so.1 reads it."""
+    text = (env if env is not None else os.environ).get("VGPU_SIM_CTX_MEM", "").strip()
+    if text == "0":
+        return 0
+    try:
+        return parse_size(text) if text else 300 << 20
+    except ValueError:
+        return 300 << 20
+
+
 def active(env: MutableMapping[str, str] | None = None) -> bool:
     """True when VGPU_SIM selects the simulated GPU."""
     return bool((env if env is not None else os.environ).get("VGPU_SIM"))

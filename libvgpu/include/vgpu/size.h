@@ -1,13 +1,14 @@
 /*
- * size.h - sizes as users write them (512M, 1.5G, 4GiB, 1073741824), read
+ * size.h - sizes as users write them (512M, 1.5G, 4GiB, 100B), read
  * one way by every native part: the hook's VGPU_MEM_LIMIT, the simulator's
  * VGPU_SIM and VGPU_SIM_CTX_MEM, vgpu-burn's --alloc. vgpuctl reads them the
  * same way; tests/data/sizes.json is the table both sides are tested against.
  *
- *   size := space* digits ["." digits] space* [unit] space*
+ *   size := space* digits ["." digits] space* unit space*
  *   unit := ("K" | "M" | "G" | "T") ["i"] ["B"]  |  "B"      (any case)
  *
- * Units are binary (K = 1024). There is no sign, exponent, hex, inf or nan,
+ * The unit is required: "4" is refused (4 bytes or 4 GiB? write 4G, 4M or
+ * 4B). Units are binary (K = 1024). There is no sign, exponent, hex, inf or nan,
  * and a decimal point needs digits on both sides. The value is exact (no
  * floating point), rounded down to whole bytes, and must be 1 to 2^60.
  */

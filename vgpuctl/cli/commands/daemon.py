@@ -1,25 +1,59 @@
-"""``vgpuctl daemon``: the supervisor daemon, in the foreground."""
+"""``vgpuctl daemon``: the supervisor daemon, in the foreground; ``vgpuctl
+daemon reload``: make a running daemon re-read its config file."""
 
 from __future__ import annotations
 
 import click
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--socket", "socket_path", metavar="PATH", help="Listen here.")
 @click.option("--config", metavar="FILE", help="Config file (default: /etc/vgpu/vgpu.toml "
-              "for root, ~/.config/vgpu/vgpu.toml otherwise, when it exists).")
+              "for root, ~/.config/vgpu/vgpu.toml otherwise, read when it exists; "
+              "`vgpuctl help config`).")
 @click.option("--runtime-dir", metavar="DIR", help="Where the jobs' regions live.")
 @click.option("--state-dir", metavar="DIR", help="Where the job database lives.")
 @click.option("--user", is_flag=True, help="Use a user daemon's paths even as root.")
-def daemon(socket_path: str | None, config: str | None, runtime_dir: str | None,
-           state_dir: str | None, user: bool) -> int:
+@click.pass_context
+def daemon(ctx: click.Context, socket_path: str | None, config: str | None,
+           runtime_dir: str | None, state_dir: str | None, user: bool) -> int | None:
     """Run the supervisor daemon in the foreground (for systemd).
 
     SIGTERM stops it and leaves the jobs running; a later start re-adopts
-    them. SIGHUP re-reads the config file.
+    them. SIGHUP, or `vgpuctl daemon reload`, re-reads the config file (the
+    default one too when it was created after the start); a bad file keeps
+    the previous configuration.
     """
+    if ctx.invoked_subcommand is not None:
+        if any((socket_path, config, runtime_dir, state_dir, user)):
+            from vgpuctl.errors import UsageError
+
+            raise UsageError(f"the daemon's options go with `vgpuctl daemon` alone, not "
+                             f"with `{ctx.invoked_subcommand}`")
+        return None
     from vgpuctl.daemon import Options, run
 
     return run(Options(socket=socket_path, runtime_dir=runtime_dir, state_dir=state_dir,
                        config=config, user=user))
+
+
+@daemon.command()
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+def reload(socket_path: str | None) -> None:
+    """Make the running daemon re-read its config file (systemd's ExecReload).
+
+    Exits 0 once the new configuration is in use. A bad file is refused
+    with its file, key and reason (exit 78) and the daemon keeps its
+    previous configuration; no daemon answering is exit 3.
+    """
+    from vgpuctl.cli import messages
+    from vgpuctl.client.connection import connect
+    from vgpuctl.errors import ConfigError
+
+    with connect(socket_path) as cl:
+        try:
+            reply = cl.call("reload")
+        except ConfigError as e:
+            raise ConfigError(f"{e}; the daemon keeps its previous configuration") from None
+    messages.note(f"the daemon on {cl.path} reloaded its configuration "
+                  f"({reply.get('config', '<defaults>')})")

@@ -43,7 +43,6 @@ def demo(seconds: float) -> None:
     stopped and removed at the end, on Ctrl-C too.
     """
     from vgpuctl.cli import render
-    from vgpuctl.core import report
     from vgpuctl.ops import demo as dm
 
     tty = sys.stdout.isatty()
@@ -62,11 +61,9 @@ def demo(seconds: float) -> None:
         with _step(console, "stopping the daemon..."):
             d.stop_daemon()
         result = d.report()
-        if console is not None:
-            console.print(render.report_table(result))
-        else:
+        if console is None:
             click.echo()
-            click.echo(report.to_text(result), nl=False)
+        render.show(render.summary_lines(result))
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:
             raise DemoError("demo jobs that failed: " + ", ".join(
@@ -89,12 +86,12 @@ def _watch(d: Any, console: Any) -> None:
         click.echo("vgpuctl demo: jobs running...", err=True)
         d.watch(keep)
         if best[1] is not None:
-            render.console().print(render.status_view(best[1]))
+            render.show(render.status_lines(best[1], None))
         return
     from rich.live import Live
 
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         def show(data: dict[str, Any]) -> None:
-            return live.update(
-                    render.status_view(data))
+            if data.get("jobs"):     # the last view keeps the jobs, not "no jobs"
+                live.update(render.status_view(data))
         d.watch(show)

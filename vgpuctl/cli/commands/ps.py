@@ -1,26 +1,79 @@
-"""``vgpuctl ps``: the jobs, as a table or as JSON for scripts."""
+"""``vgpuctl ps``: the jobs, as a table, CSV or JSON."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
+
+from vgpuctl.cli import view
+from vgpuctl.core import nodeview
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="JSON (fields in docs/cli.md).")
-@click.option("-a", "--all", "all_jobs", is_flag=True, help="Recently ended jobs too.")
+@view.output_options(nodeview.JOB_FIELDS)
+@click.option("-a", "--all", "all_jobs", is_flag=True, help="Include the last 100 ended jobs.")
+@click.option("-u", "--user", metavar="USER", help="Only USER's jobs (a name or a uid).")
+@click.option("--gpu", metavar="GPU", help="Only the jobs on GPU: index, UUID or UUID prefix "
+              "(as run --gpu).")
+@click.option("--name", metavar="NAME", help="Only the jobs named NAME (a shell pattern such "
+              "as 'train-*' matches several).")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
-def ps(as_json: bool, all_jobs: bool, socket_path: str | None) -> None:
-    """List the jobs: id, name, user, pids, GPU, memory, compute share."""
-    from vgpuctl.cli.commands.status import fetch
+def ps(out: view.Output, all_jobs: bool, user: str | None, gpu: str | None, name: str | None,
+       socket_path: str | None) -> int | None:
+    """List the jobs: id, name, user, pids, GPU, memory, compute share.
 
-    data = fetch(socket_path, all_jobs)
-    if as_json:     # scripts call this often: no rich on this path
-        import json
+    The table keeps each job's id, GPU and memory whole and gives up the
+    command first when the terminal is narrow; off a terminal nothing is cut.
+    """
+    def frame(t: float | None, first: bool) -> None:
+        data = view.fetch(socket_path, all_jobs)
+        show(data, filtered(data, user, gpu, name), out, t, first)
 
-        out = {"v": data.get("v", 1), "daemon": data.get("daemon"),
-               "gpus": data.get("gpus", []), "jobs": data.get("jobs", [])}
-        click.echo(json.dumps(out, indent=1))
+    if out.loop is not None:
+        return view.run_loop(out, frame)
+    frame(None, True)
+    return None
+
+
+def filtered(data: dict[str, Any], user: str | None, gpu: str | None,
+             name: str | None) -> list[dict[str, Any]]:
+    """The reply's jobs that pass --user, --gpu and --name."""
+    uuid = None
+    if gpu is not None:
+        from vgpuctl.core.placement import Gpu, resolve_gpu
+
+        gpus = [Gpu(g["index"], g["uuid"], g.get("name", ""), g.get("memory_total", 0))
+                for g in data.get("gpus", [])]
+        uuid = resolve_gpu(gpus, gpu).uuid
+    return nodeview.filter_jobs(data.get("jobs", []), user=user, gpu_uuid=uuid, name=name)
+
+
+def show(data: dict[str, Any], jobs: list[dict[str, Any]], out: view.Output,
+         t: float | None = None, first: bool = True) -> None:
+    """One frame of ps in out's format (t: the frame's time, under --loop)."""
+    extra = {view.TIMESTAMP: view.stamp(t)} if t is not None else {}
+    if out.fmt == "json":    # scripts call this often: no rich on this path
+        obj = {"v": data.get("v", 1), **extra, "daemon": data.get("daemon"),
+               "gpus": data.get("gpus", []), "jobs": nodeview.select(jobs, out.fields)}
+        click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
+        return
+    if out.fmt == "csv":
+        names = out.names(nodeview.JOB_FIELDS, nodeview.JOB_DEFAULT)
+        click.echo(nodeview.to_csv(jobs, names, nodeview.JOB_FIELDS, out.units,
+                                   out.header and first, extra), nl=False)
         return
     from vgpuctl.cli import render
 
-    render.print_jobs(data.get("jobs", []))
+    lines = [] if first or t is None else [[]]
+    if t is not None:
+        lines.append(render.note_line(view.stamp(t), "dim"))
+    if not jobs:
+        lines.append(render.note_line("no jobs"))
+    elif out.fields is None:
+        lines += render.table_lines(nodeview.job_table(jobs, out.units), render.width(),
+                                    out.header)
+    else:
+        lines += render.table_lines(nodeview.fields_table(
+            jobs, out.fields, nodeview.JOB_FIELDS, out.units, extra), render.width(), out.header)
+    render.show(lines)

@@ -11,7 +11,7 @@ import click
 from vgpuctl.core import report as rep
 from vgpuctl.store import reports
 from vgpuctl.system import paths
-from vgpuctl.system.files import write_atomic
+from vgpuctl.system.files import write_output
 
 
 @click.command()
@@ -25,8 +25,10 @@ from vgpuctl.system.files import write_atomic
 @click.option("--format", "fmt", type=click.Choice(rep.FORMATS), default="table",
               show_default=True, help="table (rich on a terminal, plain text otherwise), "
                                       "csv (units in the headers) or json.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write to FILE (atomically: readers never see half a report).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              metavar="FILE", help="Write to FILE: a regular file is replaced atomically "
+              "(readers never see half a report), a FIFO or device is written through, "
+              "a symlink followed; - is stdout.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="The daemon's state directory holding vgpu.db "
                    "(default: $VGPU_STATE_DIR, else the system daemon's, else yours).")
@@ -46,12 +48,12 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     # report; a --state-dir that does not exist is a mistake.
     missing_ok = state_dir is None or state_dir.is_dir()
     result = reports.build(db, by, t0, t1, missing_ok=missing_ok)
-    if output is not None:
-        write_atomic(output, rep.render(result, fmt))
+    if output is not None and str(output) != "-":
+        write_output(output, rep.render(result, fmt))
         return
     if fmt == "table" and sys.stdout.isatty():
         from vgpuctl.cli import render
 
-        render.console().print(render.report_table(result))
+        render.show(render.report_lines(result))
         return
     click.echo(rep.render(result, fmt), nl=False)

@@ -22,10 +22,12 @@ import click
               "may borrow idle compute (default: the daemon's default_policy).")
 @click.option("--name", metavar="NAME", help="Job name (default: the command's name).")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
-@click.option("-v", "--verbose", is_flag=True, help="Say which daemon and GPU are used.")
+@click.option("-q", "--quiet", is_flag=True, help="Don't say which job id and GPU the job got.")
+@click.option("-v", "--verbose", is_flag=True, help="Also say which daemon is used, and when "
+              "it could not be told of the command's start or end.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(mem: str | None, core: str | None, gpu: str | None, policy: str | None,
-        name: str | None, socket_path: str | None, verbose: bool,
+        name: str | None, socket_path: str | None, quiet: bool, verbose: bool,
         command: tuple[str, ...]) -> int:
     """Run COMMAND as a job: vgpuctl run --mem 4G --core 30 -- python train.py
 
@@ -33,10 +35,13 @@ def run(mem: str | None, core: str | None, gpu: str | None, policy: str | None,
     SIGHUP, and its exit code is vgpuctl's (128+N when signal N ended it). It
     sees one GPU, the one it was placed on. When no daemon answers, a user
     daemon is started.
+
+    Before the command starts, one line on stderr names the job's id and GPU
+    (vgpuctl: job 7 on GPU 0 (GPU-d1d7f5c3)); -q leaves it out.
     """
     from vgpuctl.cli import args, messages
     from vgpuctl.client.launch import run_job
 
     return run_job(command=list(command), mem=args.mem(mem), core=args.core(core),
                    policy=args.policy(policy), gpu=gpu, name=name, socket_path=socket_path,
-                   verbose=verbose, note=messages.note, warn=messages.warn)
+                   verbose=verbose, quiet=quiet, note=messages.note, warn=messages.warn)

@@ -12,7 +12,7 @@ from vgpuctl.system import native
 
 @click.group()
 def sim() -> None:
-    """The simulated GPU (for machines with no GPU; see docs/simulator.md).
+    """The simulated GPU (for machines with no GPU; `vgpuctl help simulator`).
 
     Its state is the file VGPU_SIM_STATE names (default
     /dev/shm/vgpu-sim-<uid>), shared by every process that uses it.

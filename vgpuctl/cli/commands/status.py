@@ -6,36 +6,50 @@ from typing import Any
 
 import click
 
-
-def fetch(socket_path: str | None, all_jobs: bool = False) -> dict[str, Any]:
-    """The daemon's ps reply."""
-    from vgpuctl.client.connection import connect
-
-    with connect(socket_path) as cl:
-        return cl.call("ps", all=all_jobs or None)
+from vgpuctl.cli import view
+from vgpuctl.core import nodeview
 
 
 @click.command()
+@view.output_options(nodeview.GPU_FIELDS)
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
-def status(socket_path: str | None) -> None:
+def status(out: view.Output, socket_path: str | None) -> int | None:
     """Show the GPUs (memory, utilization) and the jobs on them.
 
-    With no daemon running, shows the GPUs as NVML sees them.
+    With no daemon running, shows the GPUs as NVML sees them. CSV and
+    --fields give one line per GPU (as nvidia-smi --query-gpu); JSON the
+    whole state (daemon, GPUs, jobs), as `vgpuctl ps --json`.
     """
+    if out.loop is not None:
+        return view.run_loop(out, lambda t, first: show(view.fetch_or_nvml(socket_path), out,
+                                                        t, first))
+    show(view.fetch_or_nvml(socket_path), out)
+    return None
+
+
+def show(data: dict[str, Any], out: view.Output, t: float | None = None,
+         first: bool = True) -> None:
+    """One frame of status in out's format (t: the frame's time, under --loop)."""
     from vgpuctl.cli import render
-    from vgpuctl.errors import DaemonUnavailable
 
-    try:
-        data = fetch(socket_path)
-    except DaemonUnavailable as e:
-        from vgpuctl.system.nvml import query
-
-        try:
-            stats = query()
-        except Exception:
-            raise e from None
-        data = {"daemon": None, "jobs": [], "gpus": [
-            {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total": g.memory_total,
-             "memory_used": g.memory_used, "utilization": g.utilization,
-             "committed": None, "capacity": None, "jobs": None} for g in stats]}
-    render.print_status(data)
+    gpus = data.get("gpus", [])
+    extra = {view.TIMESTAMP: view.stamp(t)} if t is not None else {}
+    if out.fmt == "json":
+        obj = {"v": data.get("v", 1), **extra, "daemon": data.get("daemon"),
+               "gpus": nodeview.select(gpus, out.fields), "jobs": data.get("jobs", [])}
+        click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
+        return
+    if out.fmt == "csv":
+        names = out.names(nodeview.GPU_FIELDS, nodeview.GPU_DEFAULT)
+        click.echo(nodeview.to_csv(gpus, names, nodeview.GPU_FIELDS, out.units,
+                                   out.header and first, extra), nl=False)
+        return
+    lines = [] if first or t is None else [[]]
+    if t is not None:
+        lines.append(render.note_line(view.stamp(t), "dim"))
+    if out.fields is None:
+        lines += render.status_lines(data, render.width(), out.units, out.header)
+    else:
+        lines += render.table_lines(nodeview.fields_table(
+            gpus, out.fields, nodeview.GPU_FIELDS, out.units, extra), render.width(), out.header)
+    render.show(lines)

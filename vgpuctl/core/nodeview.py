@@ -1,0 +1,427 @@
+"""The node's live state as tables and records: what `vgpuctl status`, `ps`,
+`top` and `gpus` show, in every format, from the daemon's ``ps`` reply
+(docs/cli.md lists its fields).
+
+- Field names (``--fields``) are the reply's keys, so a field means the same
+  in a table, in CSV and in JSON. ``JOB_FIELDS`` and ``GPU_FIELDS`` list them.
+- Units (``--units``): ``human`` (``4G``), ``mib`` (a number of MiB, as
+  ``nvidia-smi --format=csv,nounits``) or ``bytes``. CSV headers carry the
+  unit in brackets (``mem_limit [MiB]``) as nvidia-smi's and `vgpuctl
+  report`'s do; JSON always carries bytes, as the daemon sends them.
+- The default tables (``job_table``, ``gpu_table``) keep a job's id, its
+  GPU and its memory whole and give up width in a fixed order (``JOB_PLAN``,
+  ``GPU_PLAN``; vgpuctl.core.layout): the command first, then the UUID's
+  tail, the pids, the running time, the user, and the job's name last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from vgpuctl.core.layout import Cell, Column, Cut, Drop, Short, Step
+from vgpuctl.core.sizes import format_size
+from vgpuctl.errors import NotFound, UsageError
+
+if TYPE_CHECKING:
+    from datetime import tzinfo
+
+# csv, datetime, fnmatch and shlex are imported where used: `ps --json`, which
+# scripts call often, needs none of them.
+
+MIB = 1 << 20
+FORMATS = ("table", "csv", "json")
+UNITS = ("human", "mib", "bytes")
+UUID_SHORT_HEX = 8      # GPU-d1d7f5c3: as many hex digits as a short UUID shows
+
+Record = dict[str, Any]
+
+
+# -- fields --------------------------------------------------------------------
+class Field(NamedTuple):
+    name: str
+    kind: str = "text"     # text, int, bytes, share, seconds, time, list, argv, bool
+    help: str = ""
+
+
+JOB_FIELDS: dict[str, Field] = {f.name: f for f in (
+    Field("id", "text", "job id"),
+    Field("name", "text", "job name"),
+    Field("user", "text", "user name"),
+    Field("uid", "int", "user id"),
+    Field("state", "text", "starting, running or ended"),
+    Field("pids", "list", "its live processes"),
+    Field("gpu", "int", "GPU index"),
+    Field("gpu_uuid", "text", "GPU UUID"),
+    Field("mem_used", "bytes", "memory it holds (the hook's count)"),
+    Field("mem_limit", "bytes", "memory limit"),
+    Field("mem_peak", "bytes", "highest mem_used"),
+    Field("mem_nvml", "bytes", "memory NVML reports for its processes"),
+    Field("over_limit", "bool", "mem_nvml above mem_limit"),
+    Field("oom_refusals", "int", "allocations refused for the limit"),
+    Field("core", "int", "compute share target, percent"),
+    Field("core_measured", "share", "measured compute share, 0..1"),
+    Field("policy", "text", "hard or soft"),
+    Field("gated_launches", "int", "launches that waited at the compute gate"),
+    Field("throttled_s", "seconds", "seconds spent waiting at the gate"),
+    Field("created", "time", "when it was admitted"),
+    Field("started", "time", "when its command started"),
+    Field("ended", "time", "when it ended"),
+    Field("runtime_s", "seconds", "seconds it has run"),
+    Field("command", "argv", "its command line"),
+    Field("cwd", "text", "where it was started"),
+    Field("exit_code", "int", "exit code, once ended"),
+    Field("exit_signal", "int", "signal that ended it"),
+)}
+
+GPU_FIELDS: dict[str, Field] = {f.name: f for f in (
+    Field("index", "int", "NVML index"),
+    Field("uuid", "text", "GPU UUID"),
+    Field("name", "text", "product name"),
+    Field("memory_total", "bytes", "memory on the GPU"),
+    Field("memory_used", "bytes", "memory in use (all processes)"),
+    Field("utilization", "int", "percent busy, NVML's last sample"),
+    Field("committed", "bytes", "sum of the limits of its jobs"),
+    Field("capacity", "bytes", "what the limits may sum to"),
+    Field("jobs", "int", "jobs on it"),
+)}
+
+# What CSV and JSON show when --fields is not given.
+JOB_DEFAULT = ("id", "name", "user", "state", "pids", "gpu", "gpu_uuid", "mem_used",
+               "mem_limit", "core", "core_measured", "policy", "runtime_s", "command")
+GPU_DEFAULT = ("index", "uuid", "name", "memory_total", "memory_used", "utilization",
+               "committed", "capacity", "jobs")
+LIST_FIELDS = ("index", "name", "uuid")        # `vgpuctl gpus`
+
+
+def parse_fields(text: str | None, known: dict[str, Field], default: Sequence[str],
+                 extra: Sequence[str] = ()) -> list[str]:
+    """The field names of a --fields value (comma-separated, in order), or
+    the default; an unknown name is a UsageError naming the valid ones.
+    ``extra`` are names valid besides ``known`` (``timestamp``)."""
+    if text is None:
+        return list(default)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    valid = [*known, *extra]
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        what = f"unknown field {bad[0]!r}" if bad else "no field given"
+        raise UsageError(f"--fields: {what}; valid fields: {', '.join(valid)}")
+    return names
+
+
+def header(name: str, kind: str, units: str) -> str:
+    """The CSV (and --fields table) header of a field: its name, with the
+    unit in brackets where the number has one."""
+    if kind == "bytes":
+        return name + {"mib": " [MiB]", "bytes": " [B]"}.get(units, "")
+    return name
+
+
+def iso_time(t: float, tz: tzinfo | None = None) -> str:
+    """Unix time t as local ISO 8601 with its offset (tz: for tests)."""
+    from datetime import datetime
+
+    dt = datetime.fromtimestamp(t, tz) if tz is not None else \
+        datetime.fromtimestamp(t).astimezone()
+    return dt.isoformat(timespec="seconds")
+
+
+def size_text(n: Any, units: str) -> str:
+    if not isinstance(n, int) or isinstance(n, bool):
+        return ""
+    if units == "bytes":
+        return str(n)
+    if units == "mib":
+        return str(round(n / MIB))
+    return format_size(n)
+
+
+def command_text(argv: Any) -> str:
+    if isinstance(argv, list):
+        import shlex
+
+
+        return " ".join(shlex.quote(str(a)) for a in argv)
+    return "" if argv is None else str(argv)
+
+
+def short_command(text: str) -> str:
+    """A command line with its program's folder left out: ``python3
+    train.py`` for ``/opt/conda/bin/python3 train.py``."""
+    program, sep, rest = text.partition(" ")
+    return program.rsplit("/", 1)[-1] + sep + rest
+
+
+def value_text(v: Any, kind: str, units: str, tz: tzinfo | None = None) -> str:
+    """A field's value as a CSV cell: empty for null, sizes in ``units``,
+    lists space-separated, times as ISO 8601."""
+    if v is None:
+        return ""
+    if kind == "bytes":
+        return size_text(v, units)
+    if kind == "bool":
+        return "true" if v else "false"
+    if kind == "list":
+        return " ".join(str(x) for x in v) if isinstance(v, list) else str(v)
+    if kind == "argv":
+        return command_text(v)
+    if kind == "share" and isinstance(v, (int, float)):
+        return f"{v:.3f}"
+    if kind == "seconds" and isinstance(v, (int, float)):
+        return f"{v:.1f}"
+    if kind == "time" and isinstance(v, (int, float)):
+        return iso_time(v, tz)
+    return str(v)
+
+
+# -- CSV and JSON --------------------------------------------------------------
+def to_csv(records: Sequence[Record], names: Sequence[str], known: dict[str, Field],
+           units: str, header_row: bool = True, extra: Record | None = None,
+           tz: tzinfo | None = None) -> str:
+    """CSV (RFC 4180 quoting; LF line ends, as `report` and nvidia-smi write) of the records'
+    fields. ``extra`` gives values for names that are not fields of a
+    record (``timestamp``)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    if header_row:
+        w.writerow([header(n, known[n].kind if n in known else "text", units) for n in names])
+    for r in records:
+        w.writerow([(extra or {}).get(n, "") if n not in known
+                    else value_text(r.get(n), known[n].kind, units, tz) for n in names])
+    return buf.getvalue()
+
+
+def select(records: Sequence[Record], names: Sequence[str] | None) -> list[Record]:
+    """The records with only the named fields (all of them for None)."""
+    if names is None:
+        return [dict(r) for r in records]
+    return [{n: r.get(n) for n in names} for r in records]
+
+
+def to_json(obj: Any, compact: bool = False) -> str:
+    if compact:
+        return json.dumps(obj, separators=(",", ":")) + "\n"
+    return json.dumps(obj, indent=1) + "\n"
+
+
+# -- filters -------------------------------------------------------------------
+def match_name(name: str, pattern: str) -> bool:
+    """A job's name against --name: the exact name, or a shell pattern
+    (``train-*``) when it has ``*``, ``?`` or ``[``."""
+    if any(c in pattern for c in "*?["):
+        import fnmatch
+
+        return fnmatch.fnmatchcase(name, pattern)
+    return name == pattern
+
+
+def filter_jobs(jobs: Sequence[Record], *, user: str | None = None,
+                gpu_uuid: str | None = None, name: str | None = None) -> list[Record]:
+    """The jobs that match every filter given: user (a name or a numeric
+    uid), the GPU (its UUID, already resolved), name (match_name)."""
+    out = []
+    for j in jobs:
+        if user is not None and user != str(j.get("user")) and \
+                not (user.isdigit() and str(j.get("uid")) == user):
+            continue
+        if gpu_uuid is not None and j.get("gpu_uuid") != gpu_uuid:
+            continue
+        if name is not None and not match_name(str(j.get("name", "")), name):
+            continue
+        out.append(j)
+    return out
+
+
+MAX_JOB_ARG = 64    # the longest job name (core.protocol.MAX_NAME)
+
+
+def is_job_id(spec: str) -> bool:
+    return spec.isdigit() and len(spec) <= 19
+
+
+def check_job_args(specs: Sequence[str]) -> None:
+    """A UsageError for a JOB argument that can be neither an id nor a name."""
+    for spec in specs:
+        s = spec.strip()
+        if not s or len(s) > MAX_JOB_ARG:
+            raise UsageError(f"{spec!r} is not a job id or name (as `vgpuctl ps` shows)")
+        if s.isdigit() and not is_job_id(s):
+            raise UsageError(f"{spec!r} is not a job id (a number, as `vgpuctl ps` shows)")
+
+
+def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
+                 mine: Callable[[Record], bool]) -> list[tuple[str, list[str]]]:
+    """What each JOB argument of `kill` or `set` names: an id (a number) is
+    itself, whether or not such a job runs (the daemon answers for it); a
+    name, or a shell pattern (match_name), stands for every running job
+    of that name that ``mine`` says the caller may act on. Returns (spec,
+    ids) per argument; a name that matches none is NotFound, an argument
+    that can be neither a UsageError."""
+    check_job_args(specs)
+    out = []
+    for spec in specs:
+        s = spec.strip()
+        if s.isdigit():
+            out.append((s, [str(int(s))]))
+            continue
+        ids = [str(j["id"]) for j in jobs if match_name(str(j.get("name", "")), s) and mine(j)]
+        if not ids:
+            raise NotFound(f"no job of yours named {s!r} runs (see vgpuctl ps)")
+        out.append((s, ids))
+    return out
+
+
+# -- the default tables --------------------------------------------------------
+def short_uuids(uuids: Sequence[str]) -> dict[str, str]:
+    """Each UUID's short form: ``GPU-`` and its first 8 hex digits, more
+    where two of them would share it (each short form is a unique prefix,
+    usable as ``--gpu``)."""
+    out = {}
+    for u in uuids:
+        n = len("GPU-") + UUID_SHORT_HEX if u.startswith("GPU-") else UUID_SHORT_HEX
+        while n < len(u) and any(o != u and o.startswith(u[:n]) for o in uuids):
+            n += 1
+        out[u] = u[:n].rstrip("-")
+    return out
+
+
+def _percent(part: Any, whole: Any) -> str:
+    if not isinstance(part, int) or not whole:
+        return ""
+    return f" ({100 * part / whole:.0f}%)"
+
+
+def _pair(a: Any, b: Any, units: str) -> str:
+    return f"{size_text(a, units) or '-'} / {size_text(b, units) or '-'}"
+
+
+def _unit_suffix(units: str) -> str:
+    return {"mib": " [MiB]", "bytes": " [B]"}.get(units, "")
+
+
+def duration(s: Any) -> str:
+    if not isinstance(s, (int, float)):
+        return "-"
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _pids(pids: Sequence[int], most: int = 3) -> str:
+    if not pids:
+        return "-"
+    shown = ",".join(str(p) for p in pids[:most])
+    return shown + (f" +{len(pids) - most}" if len(pids) > most else "")
+
+
+Table = tuple[list[Column], list[list[Cell]], list[Step]]
+
+GPU_PLAN: list[Step] = [Short("uuid"), Cut("name", 12), Drop("jobs"), Drop("uuid"),
+                        Cut("name", 6)]
+JOB_PLAN: list[Step] = [Short("command"), Cut("command", 12), Short("pids"), Drop("pids"),
+                        Drop("command"), Drop("time"), Cut("user", 6), Drop("user"),
+                        Cut("name", 8)]
+
+
+def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:
+    cols = [Column("index", "GPU", right=True), Column("name", "Name"),
+            Column("memory", "Memory used/total" + _unit_suffix(units), right=True),
+            Column("util", "Util", right=True),
+            Column("limits", "Limits/capacity" + _unit_suffix(units), right=True),
+            Column("jobs", "Jobs", right=True), Column("uuid", "UUID")]
+    shorts = short_uuids([str(g.get("uuid", "")) for g in gpus])
+    rows = []
+    for g in gpus:
+        util = g.get("utilization")
+        committed = g.get("committed")
+        uuid = str(g.get("uuid", ""))
+        rows.append([
+            Cell(str(g.get("index", "-"))), Cell(str(g.get("name", ""))),
+            Cell(_pair(g.get("memory_used"), g.get("memory_total"), units)
+                 + _percent(g.get("memory_used"), g.get("memory_total"))),
+            Cell("-" if util is None else f"{util}%"),
+            Cell("-" if committed is None else _pair(committed, g.get("capacity"), units)),
+            Cell("-" if g.get("jobs") is None else str(g["jobs"])),
+            Cell(uuid, short=shorts.get(uuid), style="dim"),
+        ])
+    return cols, rows, list(GPU_PLAN)
+
+
+def _core(j: Record) -> str:
+    measured = j.get("core_measured")
+    text = f"{j.get('core', '-')}% / " + ("-" if not isinstance(measured, (int, float))
+                                          else f"{100 * measured:.0f}%")
+    return text + (" soft" if j.get("policy") == "soft" else "")
+
+
+def _time(j: Record) -> str:
+    state = j.get("state")
+    if state == "starting":
+        return "starting"
+    text = duration(j.get("runtime_s"))
+    if state == "ended":
+        code, sig = j.get("exit_code"), j.get("exit_signal")
+        text += " ended" + (f" sig {sig}" if sig else f" ({code})" if code is not None else "")
+    return text
+
+
+def job_table(jobs: Sequence[Record], units: str = "human") -> Table:
+    cols = [Column("id", "Job", right=True), Column("name", "Name"), Column("user", "User"),
+            Column("pids", "PIDs"), Column("gpu", "GPU", right=True),
+            Column("mem", "Mem used/limit" + _unit_suffix(units), right=True),
+            Column("core", "Core set/meas.", right=True), Column("time", "Time", right=True),
+            Column("command", "Command")]
+    rows = []
+    for j in jobs:
+        pids = j.get("pids") or []
+        argv = j.get("command")
+        rows.append([
+            Cell(str(j.get("id", ""))), Cell(str(j.get("name", ""))),
+            Cell(str(j.get("user", ""))),
+            Cell(_pids(pids), short=_pids(pids, 1)),
+            Cell("-" if j.get("gpu") is None else str(j["gpu"])),
+            Cell(_pair(j.get("mem_used"), j.get("mem_limit"), units),
+                 style="bold red" if j.get("over_limit") else ""),
+            Cell(_core(j)), Cell(_time(j)),
+            Cell(command_text(argv), short=short_command(command_text(argv))),
+        ])
+    return cols, rows, list(JOB_PLAN)
+
+
+def fields_table(records: Sequence[Record], names: Sequence[str], known: dict[str, Field],
+                 units: str, extra: Record | None = None) -> Table:
+    """A table of the named fields (--fields), headers as in CSV. In a
+    narrow terminal UUIDs go short first, then the command is cut, then
+    the name."""
+    uuids = [str(r.get(n)) for r in records for n in names
+             if n in ("uuid", "gpu_uuid") and r.get(n)]
+    shorts = short_uuids(uuids)
+    cols = []
+    for n in names:
+        kind = known[n].kind if n in known else "text"
+        cols.append(Column(n, header(n, kind, units),
+                           right=kind in ("int", "bytes", "share", "seconds")))
+    rows = []
+    for r in records:
+        row = []
+        for n in names:
+            if n not in known:
+                row.append(Cell(str((extra or {}).get(n, ""))))
+                continue
+            text = value_text(r.get(n), known[n].kind, units)
+            row.append(Cell(text, short=shorts.get(text)))
+        rows.append(row)
+    plan: list[Step] = [Short("uuid"), Short("gpu_uuid"), Cut("command", 16), Cut("cwd", 16),
+                        Cut("name", 8)]
+    return cols, rows, plan
+
