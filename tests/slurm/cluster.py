@@ -175,7 +175,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
         return r.stdout.strip()
 
     def stop(self) -> None:
-        subprocess.run(["scancel", "--full", "-u", "root"], env=self.env,
+        subprocess.run(["scancel", "--partition", "debug"], env=self.env,
                        capture_output=True, timeout=30)
         pids = []
         for name in DAEMONS:
