@@ -20,6 +20,7 @@ enum alloc_kind {
     ALLOC_REGISTERED, /* cuMemHostRegister: the caller's memory */
     ALLOC_ARRAY,
     ALLOC_VA,         /* cuMemAddressReserve */
+    ALLOC_GLOBAL,     /* a module's __device__ variable: part of its image */
 };
 
 struct alloc {

@@ -138,6 +138,7 @@ struct vmm_handle {
     size_t size;
     int phys;
     int refs; /* the handle itself, plus one per mapping */
+    int imported; /* from a shareable handle: the exporter's memory, not charged here */
     CUmemAllocationProp prop;
 };
 
@@ -161,7 +162,8 @@ static void handle_unref(struct vmm_handle *h)
 {
     if (--h->refs == 0) {
         close(h->fd);
-        sim_uncharge(h->phys, h->size);
+        if (!h->imported)
+            sim_uncharge(h->phys, h->size);
         cu_obj_del(h, sizeof *h);
     }
 }
@@ -230,6 +232,65 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         handle_unref(h);
     pthread_mutex_unlock(&g_vmm_lock);
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+#define HANDLE_TYPE_POSIX_FD 1
+
+/* A POSIX file descriptor for an allocation created to be shared that way
+ * (requestedHandleTypes); another process maps the same memory with it. */
+VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
+                                                  int type, unsigned long long flags)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmm_lock);
+    struct vmm_handle *h = handle_of(handle);
+    CUresult rc = CUDA_SUCCESS;
+    if (!h || type != HANDLE_TYPE_POSIX_FD ||
+        !(h->prop.requestedHandleTypes & HANDLE_TYPE_POSIX_FD)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int fd = dup(h->fd);
+        if (fd < 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)out = fd;
+    }
+    pthread_mutex_unlock(&g_vmm_lock);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *shared,
+                                                    int type)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || type != HANDLE_TYPE_POSIX_FD)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = dup((int)(intptr_t)shared);
+    off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    if (size <= 0 || size % SIM_GRANULARITY) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
+    if (!h) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->fd = fd;
+    h->size = (size_t)size;
+    h->phys = cu_phys[0];
+    h->refs = 1;
+    h->imported = 1;
+    h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    h->prop.requestedHandleTypes = HANDLE_TYPE_POSIX_FD;
+    h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,

@@ -1,0 +1,115 @@
+"""NVIDIA's CUDA runtime and CuPy, unmodified, on the simulated GPU: the
+runtime's handshake with the driver (cuGetExportTable) and what the
+frameworks built on it call first. The wheels are pinned in the test extras;
+docs/simulator.md has the version matrix."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.sim import run_py, script
+
+SITE = Path(importlib.util.find_spec("nvidia").submodule_search_locations[0]) \
+    if importlib.util.find_spec("nvidia") else None
+
+
+def _cudart(rel: str) -> Path:
+    if SITE is None or not (SITE / rel).exists():
+        pytest.skip(f"the CUDA runtime wheel is not installed ({rel})")
+    return SITE / rel
+
+
+CUDART_12 = "cuda_runtime/lib/libcudart.so.12"
+CUDART_13 = "cu13/lib/libcudart.so.13"
+
+# Through ctypes, as a program linked to libcudart calls it.
+CUDART_SNIPPET = """
+lib = ctypes.CDLL(PATH)
+n = ctypes.c_int(); v = ctypes.c_int()
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+p, q = ctypes.c_void_p(), ctypes.c_void_p()
+res = {
+    "count": (lib.cudaGetDeviceCount(ctypes.byref(n)), n.value),
+    "version": (lib.cudaRuntimeGetVersion(ctypes.byref(v)), v.value),
+    "malloc": lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 30)),
+}
+res["info"] = (lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)), free.value,
+               total.value)
+res["oom"] = lib.cudaMalloc(ctypes.byref(q), ctypes.c_size_t(64 << 30))
+res["free"] = lib.cudaFree(p)
+res["reset"] = lib.cudaDeviceReset()
+out(res)
+"""
+
+
+@pytest.mark.parametrize(("rel", "major"), [(CUDART_12, 12), (CUDART_13, 13)])
+def test_cudart_runs_on_the_simulator(sim, rel, major):
+    """cudart 12.x and 13.x: device count, malloc, memGetInfo, OOM as
+    cudaErrorMemoryAllocation (2), free."""
+    lib = _cudart(rel)
+    res = run_py(sim.env, f"PATH = {str(lib)!r}\n", CUDART_SNIPPET)
+    assert res["count"] == [0, 2]
+    assert res["version"][0] == 0 and res["version"][1] // 1000 == major
+    assert res["malloc"] == 0
+    rc, free, total = res["info"]
+    assert rc == 0 and total == 16 << 30
+    # the context (300 MiB) and the 1 GiB allocation are in use
+    assert total - free == (300 << 20) + (1 << 30)
+    assert res["oom"] == 2          # cudaErrorMemoryAllocation
+    assert res["free"] == 0 and res["reset"] == 0
+
+
+def test_darkapi_log_names_each_table_asked_for(sim):
+    """VGPU_SIM_DARKAPI_LOG names the tables a runtime asks for, and the
+    unknown one every runtime asks for first, refused as the driver does."""
+    lib = _cudart(CUDART_13)
+    env = dict(sim.env, VGPU_SIM_DARKAPI_LOG="1")
+    code = (f"lib = ctypes.CDLL({str(lib)!r}); n = ctypes.c_int()\n"
+            "rc = lib.cudaGetDeviceCount(ctypes.byref(n)); out(rc)\n")
+    res = subprocess.run([sys.executable, "-c", script(code)], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "0"
+    for table in ("CUDART_INTERFACE", "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
+                  "INTEGRITY_CHECK"):
+        assert f"darkapi: table {table}" in res.stderr
+    assert "darkapi: unknown table f8cff95121468b4eb9e2fb469e7c0dd9 refused" in res.stderr
+
+
+CUPY_SNIPPET = r"""
+import cupy as cp
+res = {"count": cp.cuda.runtime.getDeviceCount(),
+       "cc": cp.cuda.Device(0).compute_capability,
+       "info": list(cp.cuda.runtime.memGetInfo())}
+k = cp.RawKernel(r'''
+extern "C" __global__ void scale(float *x, float a, int n) {
+    int i = blockDim.x * blockIdx.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+}''', "scale")
+x = cp.zeros(1024, dtype=cp.float32)
+k((4,), (256,), (x, cp.float32(2.0), cp.int32(1024)))
+cp.cuda.Device().synchronize()
+res["launched"] = True
+try:
+    cp.empty(64 << 30, dtype=cp.uint8)
+    res["oom"] = None
+except cp.cuda.memory.OutOfMemoryError as e:
+    res["oom"] = str(e)
+out(res)
+"""
+
+
+def test_cupy_runs_on_the_simulator(sim):
+    """CuPy: the device, memGetInfo, an NVRTC-compiled RawKernel launched,
+    and OutOfMemoryError past the device's memory."""
+    pytest.importorskip("cupy")
+    res = run_py(sim.env, CUPY_SNIPPET, timeout=120)
+    assert res["count"] == 2
+    assert res["cc"] == "90"
+    assert res["info"][1] == 16 << 30
+    assert res["launched"]
+    assert res["oom"] and "Out of memory" in res["oom"]
