@@ -380,6 +380,8 @@ VGPU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+VGPU_ALIAS(cuCtxPushCurrent_v2, cuCtxPushCurrent)
+
 VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     if (!cu_initialized)
@@ -391,6 +393,8 @@ VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
         *pctx = c;
     return CUDA_SUCCESS;
 }
+
+VGPU_ALIAS(cuCtxPopCurrent_v2, cuCtxPopCurrent)
 
 VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {

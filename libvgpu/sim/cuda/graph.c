@@ -136,14 +136,21 @@ VGPU_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const 
     return rc ? rc : add_node(out, g, deps, ndeps, &proto);
 }
 
+/* The CUDA 10 forms, with the shorter parameter struct (no kern, ctx). */
+static CUDA_KERNEL_NODE_PARAMS_v2 params_v2(const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 v2;
+    memset(&v2, 0, sizeof v2);
+    memcpy(&v2, p, sizeof *p);
+    return v2;
+}
+
 VGPU_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
                                           size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *p)
 {
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
-    CUDA_KERNEL_NODE_PARAMS_v2 v2;
-    memset(&v2, 0, sizeof v2);
-    memcpy(&v2, p, sizeof *p);
+    CUDA_KERNEL_NODE_PARAMS_v2 v2 = params_v2(p);
     return cuGraphAddKernelNode_v2(out, g, deps, ndeps, &v2);
 }
 
@@ -229,6 +236,22 @@ VGPU_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode n, const CUDA_KER
     return rc;
 }
 
+VGPU_EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!cu_obj_is(n, MAGIC_NODE) || n->type != NODE_KERNEL || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(p, &n->k, sizeof *p);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 v2 = params_v2(p);
+    return cuGraphKernelNodeSetParams_v2(n, &v2);
+}
+
 VGPU_EXPORT CUresult cuGraphDestroyNode(CUgraphNode n)
 {
     if (!cu_obj_is(n, MAGIC_NODE))
@@ -300,6 +323,8 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 }
 VGPU_ALIAS(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz)
 
+VGPU_ALIAS(cuGraphInstantiate_v2, cuGraphInstantiate)
+
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     if (!cu_obj_is(e, MAGIC_GEXEC))
@@ -324,6 +349,15 @@ VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNod
         }
     }
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n,
+                                                    const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 v2 = params_v2(p);
+    return cuGraphExecKernelNodeSetParams_v2(e, n, &v2);
 }
 
 VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream h)
