@@ -65,9 +65,11 @@ def test_pytorch_bare(sim):
     assert res["amp_loss_dtype"] == "torch.float32"  # cross_entropy autocasts to float32
 
 
-# Allocate 256 MiB blocks until PyTorch says out of memory; report what it saw.
+# Allocate 256 MiB blocks until PyTorch says out of memory, drop them (the
+# allocator keeps them cached, or in its pool), then ask the runtime itself
+# for 1 GiB beside what PyTorch holds; report what it saw.
 UNDER_LIMIT = r"""
-import json, torch
+import ctypes, glob, json, os, torch
 free, total = torch.cuda.mem_get_info()
 held, oom = [], None
 try:
@@ -75,7 +77,15 @@ try:
         held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
 except torch.OutOfMemoryError as e:
     oom = type(e).__name__
-print(json.dumps({"total": total, "free": free, "oom": oom, "blocks": len(held)}))
+blocks = len(held)
+del held
+torch.cuda.synchronize()
+cudart = ctypes.CDLL(glob.glob(os.path.join(os.path.dirname(torch.__file__), "..", "nvidia",
+                                            "cu13", "lib", "libcudart.so.*"))[0])
+p = ctypes.c_void_p()
+beside = cudart.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 30))
+print(json.dumps({"total": total, "free": free, "oom": oom, "blocks": blocks,
+                  "beside": beside}))
 """
 
 
@@ -83,7 +93,9 @@ print(json.dumps({"total": total, "free": free, "oom": oom, "blocks": len(held)}
                                         "backend:cudaMallocAsync"])
 def test_pytorch_under_a_2g_limit(daemon_factory, alloc_conf):
     """mem_get_info shows the job's 2 GiB; allocating past it is
-    torch.OutOfMemoryError with every allocator; and the simulator's own
+    torch.OutOfMemoryError with every allocator; what the allocator keeps
+    after the tensors are gone (its cache, or cudaMallocAsync's pool) still
+    counts, so 1 GiB more from the runtime is refused; and the simulator's own
     record of the job's device memory never exceeds the limit."""
     d = daemon_factory(gpus="1x16G")
     tag = "torch-" + (alloc_conf.split(":")[0] or "default")
@@ -95,6 +107,7 @@ def test_pytorch_under_a_2g_limit(daemon_factory, alloc_conf):
     assert res["total"] == 2 * GiB
     assert res["oom"] == "OutOfMemoryError"
     assert 1 <= res["blocks"] < 8
+    assert res["beside"] == 2  # cudaErrorMemoryAllocation
     stats = subprocess.run([*vgpuctl_argv(), "sim", "stats", "--json"], env=d.env,
                            capture_output=True, text=True, timeout=60, check=True)
     record = next(t for t in json.loads(stats.stdout)["tags"] if t["name"] == tag)

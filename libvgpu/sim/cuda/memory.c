@@ -9,6 +9,7 @@
 #include "context.h"
 #include "exec.h"
 #include "init.h"
+#include "vmm.h"
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
@@ -69,12 +70,19 @@ VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (dptr == 0)
         return CUDA_SUCCESS;
     struct alloc a;
-    /* Device and managed memory both go back through cuMemFree. */
-    if (mem_take(dptr, ALLOC_DEVICE, &a) < 0 && mem_take(dptr, ALLOC_MANAGED, &a) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    /* Device, managed and stream-ordered memory all go back through cuMemFree. */
+    int pooled = 0;
+    if (mem_take(dptr, ALLOC_DEVICE, &a) < 0 && mem_take(dptr, ALLOC_MANAGED, &a) < 0) {
+        if (mem_take(dptr, ALLOC_POOL, &a) < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        pooled = 1;
+    }
     /* The driver frees once the device is done with what is queued. */
     exec_sync_ctx(NULL);
-    mem_release(&a);
+    if (pooled)
+        cu_pool_free(&a);
+    else
+        mem_release(&a);
     return CUDA_SUCCESS;
 }
 
