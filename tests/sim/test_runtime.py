@@ -148,3 +148,43 @@ def test_stream_capture_records_launches_as_a_graph(sim):
     assert res["nodes"] == 3
     assert res["replay_s"] >= 0.003  # three 1 ms kernels ran on replay
     assert res["after"] == "CU_STREAM_CAPTURE_STATUS_NONE"
+
+
+# The runtime's per-context state, through the table it asks for: a value
+# stored for a context is read back, and its destructor runs when the
+# context dies (here: the primary context's last release).
+CLS_SNIPPET = """
+lib = ctypes.CDLL("libcuda.so.1")
+assert lib.cuInit(0) == 0
+uuid = bytes.fromhex("c693336e1121df11a8c368f355d89593")
+table = ctypes.POINTER(ctypes.c_void_p)()
+res = {"table": lib.cuGetExportTable(ctypes.byref(table), uuid)}
+DTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+PUT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, DTOR)
+GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                       ctypes.c_void_p)
+put, get = PUT(table[0]), GET(table[2])
+died = []
+dtor = DTOR(lambda ctx, key, value: died.append(value))
+v = ctypes.c_void_p()
+res["get_no_ctx"] = get(ctypes.byref(v), None, 7)
+ctx = ctypes.c_void_p()
+assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert lib.cuCtxSetCurrent(ctx) == 0
+res["get_absent"] = get(ctypes.byref(v), None, 7)
+res["put"] = put(None, 7, 1234, dtor)
+res["get"] = [get(ctypes.byref(v), ctx, 7), v.value]
+res["died_before"] = list(died)
+assert lib.cuDevicePrimaryCtxRelease_v2(0) == 0
+res["died_after"] = list(died)
+out(res)
+"""
+
+
+def test_context_local_storage_destructors_run_when_the_context_dies(sim):
+    res = run_py(sim.env, CLS_SNIPPET)
+    assert res["table"] == 0
+    assert res["get_no_ctx"] == 201      # CUDA_ERROR_INVALID_CONTEXT: none current
+    assert res["get_absent"] == 400      # CUDA_ERROR_INVALID_HANDLE: no such key
+    assert res["put"] == 0 and res["get"] == [0, 1234]
+    assert res["died_before"] == [] and res["died_after"] == [1234]
