@@ -192,13 +192,18 @@ static struct CUctx_st *primary_of(CUdevice dev)
     return c;
 }
 
-CUresult cu_primary_handle(CUcontext *pctx, CUdevice dev)
+/* The arguments of a primary context call: a device and somewhere to put it. */
+static CUresult primary_args(CUcontext *pctx, CUdevice dev)
 {
     CUresult rc = cu_check_device(dev);
+    return rc ? rc : (pctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult cu_primary_handle(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = primary_args(pctx, dev);
     if (rc)
         return rc;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&cu_lock);
     *pctx = primary_of(dev);
     pthread_mutex_unlock(&cu_lock);
@@ -207,11 +212,9 @@ CUresult cu_primary_handle(CUcontext *pctx, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
+    CUresult rc = primary_args(pctx, dev);
     if (rc)
         return rc;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = primary_of(dev);
     if (!c) {
