@@ -203,8 +203,10 @@ def test_a_restarted_daemon_keeps_a_running_slurm_job_and_its_release(node, tmp_
     cluster, daemon = node
     sid = sbatch(cluster, tmp_path, 3, "sleep 120")
     try:
-        wait_for(lambda: any(j["slurm_job"] == sid for j in daemon.jobs()), 30,
-                 "the job's registration")
+        # restart once the batch step's TaskProlog has attached: one that
+        # finds no daemon fails its step (fail closed), and the job with it
+        wait_for(lambda: any(j["slurm_job"] == sid and j["pids"] for j in daemon.jobs()), 30,
+                 "the batch step's attach")
         daemon.stop()
         daemon.start()
         job = vgpu_job(daemon, sid)
