@@ -6,13 +6,12 @@ simulated GPU's own record of the job's busy time."""
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 
 from support.daemon import needs_native, wait_for
-from support.sim import run_py
+from support.hook import Sim
+from support.store import usage_rows
 
-from vgpuctl.store.usage import read_usage
 from vgpuctl.system import native
 
 pytestmark = needs_native
@@ -21,25 +20,13 @@ OUTAGE_S = 6.0
 
 
 def recorded_gpu_seconds(daemon, job_id: str) -> float:
-    conn = sqlite3.connect(daemon.state / "vgpu.db")
-    try:
-        return sum(r.gpu_seconds for r in read_usage(conn) if r.job_id == job_id)
-    finally:
-        conn.close()
+    return sum(r.gpu_seconds for r in usage_rows(daemon.state / "vgpu.db", job_id))
 
 
 def sim_busy_s(daemon) -> float:
     """The simulated GPU's busy time (the job is alone on it)."""
     env = {**daemon.env, "LD_LIBRARY_PATH": str(native.sim_libdir())}
-    stats = run_py(env, """
-        import ctypes, json
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuInit(0)
-        buf = ctypes.create_string_buffer(1 << 20)
-        lib.vgpu_sim_ctl_stats(buf, len(buf))
-        out(json.loads(buf.value.decode()))
-    """)
-    return stats["devices"][0]["busy_ns"] / 1e9
+    return Sim(daemon.base, env).stats()["devices"][0]["busy_ns"] / 1e9
 
 
 def test_an_outage_is_accounted_from_the_hooks_counters(daemon_factory):

@@ -5,14 +5,13 @@ their accounting, and the tampering job is flagged with its gate closed."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
 
 import pytest
 from support.daemon import needs_native, wait_for
+from support.store import usage_rows
 
-from vgpuctl.store.usage import read_usage
 from vgpuctl.system import native
 from vgpuctl.system.region import Region, ffi
 
@@ -105,11 +104,7 @@ def test_memory_counters_at_2_64_minus_1_stop_no_one_elses_accounting(one_gpu, f
     t_poke = time.time()
 
     def victim_rows_after(t: float) -> bool:
-        conn = sqlite3.connect(daemon.state / "vgpu.db")
-        try:
-            rows = [r for r in read_usage(conn) if r.job_id == victim["id"]]
-        finally:
-            conn.close()
+        rows = usage_rows(daemon.state / "vgpu.db", victim["id"])
         return bool(rows) and max(r.t1 for r in rows) > t and sum(
             r.gpu_seconds for r in rows) > 0
     # Flushed every 2 s: the victim's rows still advance.
