@@ -106,3 +106,15 @@ def test_a_malformed_vgpu_mem_limit_is_an_error_never_a_bigger_limit(daemon, val
     r = job_process(daemon, {"VGPU_MEM_LIMIT": value}, drop=("VGPU_RUNTIME_DIR",))
     assert r.returncode != 0
     assert "is not a size" in r.stderr, r.stderr
+
+
+def test_the_hooks_system_daemon_is_the_cli_s():
+    """The directory compiled into the hook is where the system daemon puts
+    its regions: were they to drift, the hook would obey no daemon."""
+    import re
+
+    from vgpuctl.system import paths
+
+    src = (Path(native.__file__).resolve().parents[2] / "libvgpu" / "hook" / "state.c").read_text()
+    m = re.search(r'#define VGPU_SYSTEM_RUNTIME_DIR "([^"]+)"', src)
+    assert m and m.group(1) == str(paths.SYSTEM_RUNTIME_DIR)
