@@ -354,7 +354,7 @@ class Daemon:
         acc = self.accountant
         for job in list(self.sup.jobs.values()):
             reg = job.region
-            if reg is None or job.rec.state != "running" or job.region_error:
+            if reg is None or job.rec.state != "running" or job.rec.region_error:
                 continue
             try:
                 slots = reg.slot_launches()

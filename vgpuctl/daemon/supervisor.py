@@ -62,7 +62,6 @@ class Job:
     measured: dict[str, float] = field(default_factory=dict)   # uuid -> share 0..1
     target: dict[str, float] = field(default_factory=dict)     # uuid -> share 0..1
     over_limit_logged: bool = False
-    region_error: str | None = None   # the job tampered with its usage region
     gates: dict[int, tuple[bool, int, int]] = field(default_factory=dict)  # last written
 
     @property
@@ -515,7 +514,7 @@ class Supervisor:
         bounded by the GPU's memory; {} when unreadable or tampered with (the
         job is then flagged and its gate closed: see `flag_region`)."""
         reg = job.region
-        if reg is None or not reg.usage_readable or reg.limits is None or job.region_error:
+        if reg is None or not reg.usage_readable or reg.limits is None or job.rec.region_error:
             return {}
         try:
             devs = reg.read_devices()
@@ -536,13 +535,14 @@ class Supervisor:
     def flag_region(self, job: Job, why: str) -> None:
         """The job wrote what the hook never writes into its usage region: its
         counters are no longer read, it is flagged (``region_error`` in
-        ``ps --json``, the log) and its compute gate closed for good. Only
-        this job is affected."""
-        if job.region_error is not None:
+        ``ps --json``, the job's record, the log) and its compute gate closed
+        for good: its kernel launches fail. Only this job is affected."""
+        if job.rec.region_error is not None:
             return
-        job.region_error = why
+        job.rec.region_error = why
+        self.store.update_job(job.rec, ["region_error"])
         log.warning("job %s (%s) of %s: its usage region was tampered with (%s): "
-                    "its counters are ignored and its kernel launches stopped",
+                    "its counters are ignored and its kernel launches fail",
                     job.id, job.rec.name, job.rec.user, why)
         if job.region is not None and job.rec.state != ENDED:
             for i in range(len(job.uuids())):
@@ -585,7 +585,7 @@ class Supervisor:
             "exit_code": rec.exit_code, "exit_signal": rec.exit_signal,
             "slurm_job": rec.slurm_job, "slurm_partition": rec.slurm_partition,
             "slurm_account": rec.slurm_account, "slurm_shards": rec.slurm_shards,
-            "region_error": job.region_error,
+            "region_error": rec.region_error,
         }
 
     def gpu_views(self) -> list[dict[str, Any]]:
@@ -611,7 +611,7 @@ class Supervisor:
         """Slot pids of the job's region that run as the job's user (the
         usage file is the job's to write: never trust it for anyone else's
         processes)."""
-        if job.region is None or not job.region.usage_readable or job.region_error:
+        if job.region is None or not job.region.usage_readable or job.rec.region_error:
             return {}
         out = {}
         try:
@@ -733,7 +733,7 @@ class Supervisor:
             job.measured[uuid] = measured
         if target is not None:
             job.target[uuid] = target
-        if job.region_error is not None:
+        if job.rec.region_error is not None:
             throttle, refill_rate, bucket_size = True, 0, 0   # closed for good
         elif job.rec.core_share >= 100 and job.rec.policy == "hard":
             throttle, refill_rate, bucket_size = False, 0, 0   # no gate: the fast path
