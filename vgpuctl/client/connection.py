@@ -1,5 +1,9 @@
 """Talking to the daemon: connect to the first that answers, or start a user
-daemon.
+daemon -- but never in the place of a system daemon: when this node has one
+(its socket, runtime dir, config file or unit exists) or a shared daemon's
+socket is left where we connect, `connect_or_start` waits for it, saying so,
+until WAIT_S (``VGPU_DAEMON_WAIT``) and then fails (exit 3). A private daemon
+would admit jobs outside the system daemon's admission and accounting.
 
 Kept light on purpose (no dataclasses, no click): `vgpuctl run` imports this
 module and little else, so that the time it adds to a command stays small
@@ -23,6 +27,8 @@ from vgpuctl.system import paths
 
 MAX_REPLY = 256 << 20
 START_TIMEOUT_S = 15.0
+WAIT_S = 60.0            # how long `run` waits for a system daemon that does not answer
+BUSY_RETRY_S = 0.01      # first pause after a full backlog (EAGAIN), doubling to 0.2 s
 
 
 class Client:
@@ -43,8 +49,21 @@ class Client:
         if len(name.encode()) >= 100:     # too long for sun_path: go through the dir
             fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             name = f"/proc/self/fd/{fd}/{path.name}"
+        deadline = time.monotonic() + timeout
+        pause = BUSY_RETRY_S
         try:
-            s.connect(name)
+            while True:
+                try:
+                    s.connect(name)
+                    break
+                except BlockingIOError:
+                    # The daemon's listen backlog is full (a burst of
+                    # connections): a Unix socket says EAGAIN. Try again.
+                    if time.monotonic() + pause > deadline:
+                        raise TimeoutError(errno.ETIMEDOUT, "the daemon is too busy to "
+                                           "accept a connection") from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.2)
         except OSError:
             s.close()
             raise
@@ -110,6 +129,57 @@ def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None
             tried.append(f"{p} ({e.strerror or e})")
     raise DaemonUnavailable("no vgpuctl daemon answers: tried " + ", ".join(tried)
                             + "; start one with `vgpuctl daemon`")
+
+
+def connect_or_start(socket_path: str | None = None, note: Any = None,
+                     env: Mapping[str, str] | None = None) -> tuple[Client, Path | None]:
+    """A connection for `vgpuctl run`: to the daemon that answers; else, when
+    a system daemon is expected (see the module's doc), to it once it answers
+    within the wait (note hears that we wait); else to a user daemon started
+    now. Returns the client and the started daemon's log (None: none was
+    started). DaemonUnavailable when the wait runs out."""
+    try:
+        return connect(socket_path, env), None
+    except DaemonUnavailable as e:
+        first = e
+    why = expected_daemon(socket_path, env)
+    if why is None:
+        return start_user_daemon(socket_path, env)
+    e_ = os.environ if env is None else env
+    try:
+        wait = float(e_.get("VGPU_DAEMON_WAIT") or WAIT_S)
+    except ValueError:
+        wait = WAIT_S
+    where = ", ".join(str(p) for p in paths.client_sockets(socket_path, env))
+    if note is not None:
+        note(f"no daemon answers on {where}, but {why}: waiting up to {wait:.0f} s for it "
+             "(a private daemon would run outside its admission)")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        try:
+            return connect(socket_path, env), None
+        except DaemonUnavailable as e:
+            first = e
+    raise DaemonUnavailable(f"{first}; waited {wait:.0f} s because {why}, and did not "
+                            "start a private daemon in its place")
+
+
+def expected_daemon(socket_path: str | None = None,
+                    env: Mapping[str, str] | None = None) -> str | None:
+    """Why a daemon other than a private one of ours is expected on the
+    sockets a client tries (a shared daemon's socket left there, or, on the
+    default sockets, a system daemon set up on this node); None when
+    starting a user daemon is right."""
+    socks = paths.client_sockets(socket_path, env)
+    for p in socks:
+        if paths.shared_socket(p):
+            return f"a shared daemon's socket is at {p}"
+    if paths.SYSTEM_SOCKET in socks:
+        sign = paths.system_daemon_sign()
+        if sign is not None:
+            return f"this node has a system daemon ({sign} exists)"
+    return None
 
 
 def start_user_daemon(socket_path: str | None = None,

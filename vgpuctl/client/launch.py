@@ -38,11 +38,7 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
               "mem": mem, "core": core, "policy": policy, "gpu": gpu}
     from vgpuctl.client import connection as client
 
-    started = None
-    try:
-        cl = client.connect(socket_path)
-    except DaemonUnavailable:
-        cl, started = client.start_user_daemon(socket_path)
+    cl, started = client.connect_or_start(socket_path, note=warn)
     with cl:
         reply = cl.call("run", **fields)
         job = reply["job"]

@@ -22,6 +22,7 @@ VERSION = 1
 MAX_LINE = 1 << 20          # bytes, newline included
 MAX_COMMAND_ARGS = 4096
 MAX_NAME = 64
+MAX_STORED_COMMAND = 4096   # characters of a job's command the daemon keeps
 
 # error code <-> the exception a client raises for it
 ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
@@ -209,6 +210,27 @@ def request_from(obj: Any) -> Request:
             raise errors.RequestInvalid(f"{op}: missing field {key!r}")
     req: Request = cls(**kwargs)
     return req
+
+
+def stored_command(argv: list[str], limit: int = MAX_STORED_COMMAND) -> list[str]:
+    """What the daemon keeps of a job's command (for ps, the database,
+    reports): the arguments up to ``limit`` characters in all, the last one
+    cut with "…", and a last element saying how many arguments were left out.
+    The command itself runs in full (the client executes its own argv)."""
+    if sum(len(a) for a in argv) <= limit:
+        return list(argv)
+    out: list[str] = []
+    left = limit
+    for i, a in enumerate(argv):
+        if len(a) > left:
+            out.append(a[:left] + "…")
+            rest = len(argv) - i - 1
+            if rest:
+                out.append(f"…(+{rest} more arguments)")
+            break
+        out.append(a)
+        left -= len(a)
+    return out
 
 
 def encode_request(op: str, **fields: Any) -> bytes:

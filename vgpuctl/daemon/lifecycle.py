@@ -164,7 +164,7 @@ class Daemon:
         server = Server(sup)
         sock = listen(self.dp.socket, 0o666 if self.dp.system else 0o600)
         sock_inode = os.stat(self.dp.socket).st_ino
-        aserver = await server.start(sock)
+        await server.start(sock)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self._sighup)
@@ -181,7 +181,6 @@ class Daemon:
         finally:
             log.info("stopping; %d jobs keep running", len(sup.jobs))
             notify.stopping()
-            aserver.close()
             await server.close()
             for t in tasks:
                 t.cancel()
