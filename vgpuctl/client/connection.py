@@ -28,7 +28,7 @@ from vgpuctl.system import paths
 MAX_REPLY = 256 << 20
 START_TIMEOUT_S = 15.0
 WAIT_S = 60.0            # how long `run` waits for a system daemon that does not answer
-BUSY_RETRY_S = 0.01      # first pause after a full backlog (EAGAIN), doubling to 0.2 s
+BUSY_RETRY_S = 0.01      # first pause after a full backlog (EAGAIN), doubling to 0.05 s
 
 
 class Client:
@@ -63,7 +63,7 @@ class Client:
                         raise TimeoutError(errno.ETIMEDOUT, "the daemon is too busy to "
                                            "accept a connection") from None
                     time.sleep(pause)
-                    pause = min(pause * 2, 0.2)
+                    pause = min(pause * 2, 0.05)
         except OSError:
             s.close()
             raise
@@ -198,7 +198,10 @@ def start_user_daemon(socket_path: str | None = None,
     paths.ensure_private_dir(dp.state_dir)
     log_path = dp.log
     argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock)]
-    with open(log_path, "ab") as log:
+    # Owner-only: the log names every job's command and directory.
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                           0o600), "ab") as log:
+        os.fchmod(log.fileno(), 0o600)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, close_fds=True, env=e, cwd="/")
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -46,11 +46,12 @@ from vgpuctl.errors import DaemonConflict, DaemonUnavailable, RequestInvalid
 log = logging.getLogger("vgpuctl.daemon")
 
 PER_UID = 64            # connections one uid other than root may hold
+MAX_CONNECTIONS = 1024  # connections in all, however many descriptors there are
 ROOT_RESERVE = 32       # kept for root above what all the others may hold
 FD_HEADROOM = 128       # descriptors kept for the database, regions, NVML, threads
 IDLE_S = 30.0           # a connection without a request for this long is closed
 BACKLOG = 4096
-ACCEPT_BATCH = 64       # accepts per wake-up, so that requests are served in between
+ACCEPT_BATCH = 256      # accepts per wake-up, so that requests are served in between
 BURST_QUIET_S = 5.0     # a burst of refusals ends after this long without one
 
 
@@ -124,7 +125,7 @@ class ConnectionLimits:
     def for_descriptors(cls, nofile: int, per_uid: int = PER_UID) -> ConnectionLimits:
         """The limits for a descriptor limit: what FD_HEADROOM leaves, of
         which ROOT_RESERVE is root's alone."""
-        total = max(8, nofile - FD_HEADROOM)
+        total = max(8, min(MAX_CONNECTIONS, nofile - FD_HEADROOM))
         others = max(4, total - min(ROOT_RESERVE, total // 4))
         return cls(total=total, others=others, per_uid=min(per_uid, others))
 

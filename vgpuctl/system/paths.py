@@ -220,6 +220,9 @@ def report_db(env: Mapping[str, str] | None = None) -> Path:
     if e.get("VGPU_STATE_DIR"):
         return Path(e["VGPU_STATE_DIR"]) / DB_NAME
     system = SYSTEM_STATE_DIR / DB_NAME
-    if system.exists():
+    try:
+        if system.exists():
+            return system
+    except PermissionError:     # the state dir is the daemon's (0700): say so on open
         return system
     return user_state_dir(env) / DB_NAME
