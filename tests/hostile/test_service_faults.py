@@ -183,3 +183,32 @@ def test_report_as_another_user_on_a_private_state_dir_is_exit_5(daemon_factory)
     if "Permission denied" in r.stderr and "vgpuctl: error" not in r.stderr:
         pytest.skip(f"can't run vgpuctl as nobody here: {r.stderr.strip()[-200:]}")
     one_line(r, 5)
+
+
+def test_report_reading_a_private_state_dir_is_permission_denied(daemon_factory):
+    """The same as nobody through vgpuctl's own code, where the interpreter
+    can't be run as nobody: a forked child drops to uid 65534 and reads."""
+    from vgpuctl.errors import VgpuError
+    from vgpuctl.store import reports
+
+    d = daemon_factory()
+    d.state.chmod(0o700)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            reports.load(d.state / "vgpu.db", 0.0, 1e12)
+        except VgpuError as e:
+            code = e.exit_code
+        except BaseException:
+            code = 99
+        finally:
+            os.write(w, bytes([code]))
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == bytes([5])

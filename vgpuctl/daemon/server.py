@@ -205,10 +205,10 @@ class Burst:
 
 class Server:
     def __init__(self, sup: Supervisor, limits: ConnectionLimits | None = None,
-                 idle_s: float = IDLE_S) -> None:
+                 idle_s: float | None = None) -> None:
         self.sup = sup
         self.limits = limits or ConnectionLimits.for_descriptors(descriptor_limit())
-        self.idle_s = idle_s
+        self.idle_s = IDLE_S if idle_s is None else idle_s
         self._conns: set[asyncio.Task[None]] = set()
         self._held: Counter[int] = Counter()
         self._lsock: socket.socket | None = None
