@@ -39,37 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from support.hostile import NOBODY  # noqa: E402
-
-HOLD = r"""
-import socket, sys, time
-path, n = sys.argv[1], int(sys.argv[2])
-socks = []
-for _ in range(n):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        socks.append(s)
-    except OSError:
-        s.close()
-print(len(socks), flush=True)
-sys.stdin.read()
-"""
-
-CHURN = r"""
-import socket, sys, time
-path, secs = sys.argv[1], float(sys.argv[2])
-end, n = time.monotonic() + secs, 0
-while time.monotonic() < end:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-    except OSError:
-        pass
-    s.close()
-    n += 1
-print(n, flush=True)
-"""
+from support.hostile import CHURN, HOLD, NOBODY  # noqa: E402
 
 
 def vgpuctl_argv() -> list[str]:
@@ -197,12 +167,12 @@ def main() -> int:
 
         log0 = log.stat().st_size
         hog = attacker(HOLD, str(sock), str(a.idle))
-        held = int(hog.stdout.readline() or 0)
+        held = json.loads(hog.stdout.readline())["open"]
         idle = sample(sock, env, 5.0)
         idle["run"] = run_job(env)
         hog.stdin.close()
         hog.wait(60)
-        idle.update(connections_made=held, log_bytes=log.stat().st_size - log0)
+        idle.update(connections_kept=held, log_bytes=log.stat().st_size - log0)
         out["idle"] = idle
 
         log0 = log.stat().st_size

@@ -9,55 +9,7 @@ import resource
 import time
 
 from support.daemon import needs_native, read_line
-from support.hostile import as_nobody
-
-# Opens N connections to SOCKET and holds them; then says, as JSON, how many
-# the daemon closed at once (with the error line it sent) and how many it
-# keeps open; holds them until its stdin closes.
-HOLD = r"""
-import json, select, socket, sys, time
-path, n = sys.argv[1], int(sys.argv[2])
-socks, failed = [], 0
-for _ in range(n):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-        socks.append(s)
-    except OSError:
-        failed += 1
-        s.close()
-time.sleep(1.0)
-poll = select.poll()
-for s in socks:
-    poll.register(s, select.POLLIN)
-byfd = {s.fileno(): s for s in socks}
-closed, lines = 0, set()
-for fd, _ in poll.poll(0):
-    s = byfd[fd]
-    data = s.recv(4096)
-    closed += 1
-    if data:
-        lines.add(json.loads(data)["error"]["message"])
-print(json.dumps({"open": len(socks) - closed, "closed": closed, "failed": failed,
-                  "lines": sorted(lines)}), flush=True)
-sys.stdin.read()
-"""
-
-# Connects and closes as fast as it can for SECONDS; prints how many times.
-CHURN = r"""
-import socket, sys, time
-path, secs = sys.argv[1], float(sys.argv[2])
-end, n = time.monotonic() + secs, 0
-while time.monotonic() < end:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.connect(path)
-    except OSError:
-        pass
-    s.close()
-    n += 1
-print(n, flush=True)
-"""
+from support.hostile import CHURN, HOLD, as_nobody
 
 
 def _nofile_1024() -> None:

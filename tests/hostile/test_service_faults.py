@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from support.daemon import needs_native, read_line, vgpuctl_argv, wait_for
 
+from vgpuctl.errors import StateError
+
 G = 1 << 30
 
 
@@ -139,19 +141,22 @@ def test_exit_status_survives_a_full_state_disk(daemon_factory, tmpfs):
     filler = d.state / "filler"
     try:
         assert read_line(p.stdout).strip() == "up"
-        with open(filler, "wb") as f:          # the disk is full from here
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError:
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:                                   # the disk is full from here
+            while os.write(fd, b"\0" * 4096):
                 pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
         with d.client() as c:                  # the WAL's free pages too
-            for _ in range(200):
+            for _ in range(500):
                 try:
                     c.call("run", command=["x" * 4000], cwd="/", mem=1 << 20)
-                except Exception:
+                except StateError:
                     break
+            else:
+                pytest.fail("the full disk did not stop a run")
         p.stdin.write("go\n")
         p.stdin.close()
         assert p.wait(30) == 7
@@ -163,6 +168,8 @@ def test_exit_status_survives_a_full_state_disk(daemon_factory, tmpfs):
         if p.poll() is None:
             p.kill()
         filler.unlink(missing_ok=True)
+    wait_for(lambda: "can't write" in d.log.read_text(), what="the write error logged")
+    wait_for(lambda: "writable again" in d.log.read_text(), what="the writes to land")
     d.stop()
     d.start()
     ended = [j for j in d.jobs(all_jobs=True) if j["name"] == "full"]

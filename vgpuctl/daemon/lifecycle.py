@@ -415,13 +415,14 @@ class Daemon:
 
     def _retry_writes(self) -> None:
         store = self.sup.store
-        if store.pending:
-            store.retry_pending()
-            self._note_write_error(store.write_error)
-        elif store.write_error is not None:
+        if store.write_error is not None:     # a write failed since the last call
             self._note_write_error(store.write_error)
             store.write_error = None
-        elif self._write_failing is not None:
+        if store.pending:
+            store.retry_pending()
+            if store.write_error is not None:
+                return
+        if self._write_failing is not None:
             try:
                 if self.accountant is not None:
                     usage.flush(store.conn, self.accountant)
