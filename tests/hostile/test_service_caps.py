@@ -52,3 +52,36 @@ def test_the_unit_gives_the_daemon_room_for_its_connections():
     lines = [ln.strip() for ln in unit.read_text().splitlines()]
     nofile = [int(ln.split("=", 1)[1]) for ln in lines if ln.startswith("LimitNOFILE=")]
     assert nofile and ConnectionLimits.for_descriptors(nofile[0]).total == 1024
+
+
+def test_a_request_refused_unread_is_sent_again_on_a_new_connection(tmp_path: Path):
+    """A connection over a cap is refused before its request is read (the
+    reply says retry): the client tries again, so a burst of one user's
+    jobs waits a moment instead of failing."""
+    import threading
+
+    from vgpuctl.client.connection import Client
+    from vgpuctl.core import protocol as P
+
+    path = tmp_path / "vgpud.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(8)
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        for i in range(2):
+            conn, _ = srv.accept()
+            with conn:
+                if i == 0:                      # over the cap: refused unread
+                    conn.sendall(P.encode(P.error("unavailable", "full", retry=True)))
+                    continue
+                seen.append(conn.recv(4096))
+                conn.sendall(P.encode(P.ok(pong=True)))
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with Client.connect(path, timeout=10) as c:
+        assert c.call("ping")["pong"] is True
+    t.join(10)
+    srv.close()
+    assert seen == [P.encode_request("ping")]

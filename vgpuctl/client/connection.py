@@ -35,10 +35,11 @@ class Client:
     """One connection to a daemon; `call` sends a request and returns the
     reply's fields, raising the VgpuError an error reply stands for."""
 
-    def __init__(self, path: Path, sock: socket.socket) -> None:
+    def __init__(self, path: Path, sock: socket.socket, timeout: float = 30.0) -> None:
         self.path = path
         self._sock = sock
         self._buf = b""
+        self._timeout = timeout
 
     @classmethod
     def connect(cls, path: Path, timeout: float = 30.0) -> Client:
@@ -70,26 +71,52 @@ class Client:
         finally:
             if fd is not None:
                 os.close(fd)
-        return cls(path, s)
+        return cls(path, s, timeout)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        try:
-            self._sock.sendall(P.encode_request(op, **fields))
-            line = self._readline()
-        except TimeoutError:
-            raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
-        except OSError as e:
-            raise DaemonUnavailable(f"lost the daemon on {self.path}: {e.strerror or e}") from None
-        import json
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            raise ProtocolError(f"the daemon on {self.path} sent something that is not JSON") \
-                from None
+        deadline = time.monotonic() + self._timeout
+        pause = BUSY_RETRY_S
+        while True:
+            reply = self._exchange(P.encode_request(op, **fields))
+            if not P.may_retry(reply) or time.monotonic() + pause > deadline:
+                break
+            # Over one of the daemon's connection caps: it closed this
+            # connection unread. Send the request again on a new one.
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            self.close()
+            try:
+                fresh = Client.connect(self.path, max(0.1, deadline - time.monotonic()))
+            except OSError:
+                break
+            self._sock, self._buf = fresh._sock, b""
         exc = P.reply_exception(reply)
         if exc is not None:
             raise exc
         return reply
+
+    def _exchange(self, request: bytes) -> Any:
+        """Send one request line, return the reply line decoded."""
+        try:
+            self._sock.sendall(request)
+            line = self._readline()
+        except TimeoutError:
+            raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
+        except OSError as e:
+            # A refusal may come before the request is sent in full: read it.
+            line = self._buf.partition(b"\n")[0] if b"\n" in self._buf else None
+            if line is None:
+                try:
+                    line = self._readline()
+                except OSError:
+                    raise DaemonUnavailable(f"lost the daemon on {self.path}: "
+                                            f"{e.strerror or e}") from None
+        import json
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise ProtocolError(f"the daemon on {self.path} sent something that is not JSON") \
+                from None
 
     def _readline(self) -> bytes:
         while b"\n" not in self._buf:

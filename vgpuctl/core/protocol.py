@@ -251,8 +251,20 @@ def ok(**fields: Any) -> dict[str, Any]:
     return msg
 
 
-def error(code: str, message: str) -> dict[str, Any]:
-    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
+def error(code: str, message: str, retry: bool = False) -> dict[str, Any]:
+    """An error reply. retry: the daemon did not read the request (a
+    connection over a cap): the client may send it again on a new
+    connection a moment later."""
+    err: dict[str, Any] = {"code": code, "message": message}
+    if retry:
+        err["retry"] = True
+    return {"v": VERSION, "ok": False, "error": err}
+
+
+def may_retry(reply: Any) -> bool:
+    """Whether an error reply says the request was not read (see error)."""
+    return (isinstance(reply, dict) and isinstance(reply.get("error"), dict)
+            and reply["error"].get("retry") is True)
 
 
 def reply_exception(reply: Any) -> errors.VgpuError | None:

@@ -41,7 +41,7 @@ from typing import Any
 from vgpuctl.core import protocol as P
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.errors import DaemonConflict, DaemonUnavailable, RequestInvalid
+from vgpuctl.errors import DaemonConflict, RequestInvalid, StateError
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -83,7 +83,7 @@ def listen(path: Path, mode: int) -> socket.socket:
             st = None
         if st is not None:
             if not stat.S_ISSOCK(st.st_mode):
-                raise DaemonUnavailable(f"{path} exists and is not a socket")
+                raise StateError(f"{path} exists and is not a socket")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.settimeout(1.0)
@@ -382,7 +382,7 @@ def _refuse(conn: socket.socket, why: str) -> None:
     (without waiting: if the line does not fit, the client sees the close)."""
     try:
         conn.setblocking(False)
-        conn.send(P.encode(P.error("unavailable", why)))
+        conn.send(P.encode(P.error("unavailable", why, retry=True)))
     except OSError:
         pass
     finally:
