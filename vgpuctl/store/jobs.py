@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from vgpuctl.errors import PermissionDenied, StateError
+from vgpuctl.errors import StateError
 
 SCHEMA_VERSION = 1
 
@@ -154,8 +154,6 @@ class Store:
             path.parent.mkdir(parents=True, exist_ok=True)
             _create_private(path)
             owner_only(path)
-        except PermissionError as e:
-            raise PermissionDenied(f"{path}: {e.strerror}") from None
         except OSError as e:
             raise StateError(f"{path}: {e.strerror}") from None
         try:
