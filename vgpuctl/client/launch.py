@@ -38,11 +38,7 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
               "mem": mem, "core": core, "policy": policy, "gpu": gpu}
     from vgpuctl.client import connection as client
 
-    started = None
-    try:
-        cl = client.connect(socket_path)
-    except DaemonUnavailable:
-        cl, started = client.start_user_daemon(socket_path)
+    cl, started = client.connect_or_start(socket_path, note=warn)
     with cl:
         reply = cl.call("run", **fields)
         job = reply["job"]
@@ -139,6 +135,10 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
         finally:
             os._exit(127)
     maybe: Client | None = _tell(cl, "started", warn, job=job_id, pid=pid)
+    if maybe is not None:
+        # Not held while the command runs: a user's connections are capped
+        # (a burst of jobs would fill them); `exited` comes on a new one.
+        maybe.close()
     status = None
     while status is None:
         info = signal.sigtimedwait(block, 1.0)
@@ -156,7 +156,12 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
     code = os.waitstatus_to_exitcode(status) if status is not None else 1
     fields = {"code": code} if code >= 0 else {"signal": -code}
     if maybe is not None:
-        maybe = _tell(maybe, "exited", warn, job=job_id, **fields)
+        try:
+            maybe = _tell(Client.connect(maybe.path), "exited", warn, job=job_id, **fields)
+        except OSError:
+            maybe = None
+            if warn is not None:
+                warn("the daemon did not get `exited`")
         if maybe is not None:
             maybe.close()
     signal.pthread_sigmask(signal.SIG_SETMASK, old)

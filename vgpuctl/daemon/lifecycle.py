@@ -12,10 +12,18 @@ Loops (the blocking parts run in the default executor):
             accounting samples, the metrics snapshot
   track     every 0.5 s while jobs exist: one /proc scan -> job processes,
             jobs whose processes are all gone end
-  inventory every 1 s: NVML memory, utilization and per-process memory
+  inventory every 1 s: NVML memory, utilization and per-process memory; and
+            the job changes a failed database write left in memory (a full
+            disk) written again
   slurm     every [slurm] reconcile_s while Slurm jobs are registered: jobs
             squeue shows ended (or no longer knows) are released, for an
             Epilog that never came
+
+Nothing at start is a traceback: a state or socket dir that can't be used
+(read-only, not ours) or a corrupt database is one StateError line (exit 8).
+The database, its -wal and -shm, and the lock are created 0600 whatever the
+umask (store/jobs.py); the process umask stays 022 because what the daemon
+shares with jobs (the runtime dirs, regions, socket) gets explicit modes.
 """
 
 from __future__ import annotations
@@ -83,7 +91,8 @@ def _prepare_dirs(dp: paths.DaemonPaths) -> None:
         paths.ensure_shared_dir(dp.runtime_dir)
         paths.ensure_shared_dir(dp.jobs_dir)
         try:
-            dp.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            # Owner-only, as systemd's StateDirectoryMode=0700 makes it.
+            dp.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise StateError(f"{dp.state_dir}: {e.strerror}") from None
     else:
@@ -93,14 +102,22 @@ def _prepare_dirs(dp: paths.DaemonPaths) -> None:
 
 
 def _lock(dp: paths.DaemonPaths) -> int:
-    fd = os.open(dp.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(dp.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StateError(f"{dp.lock}: {e.strerror} (the state dir must be writable: "
+                         "--state-dir or VGPU_STATE_DIR names another)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise DaemonConflict(f"another daemon runs with state dir {dp.state_dir}") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as e:
+        os.close(fd)
+        raise StateError(f"{dp.lock}: {e.strerror}") from None
     return fd
 
 
@@ -136,6 +153,7 @@ class Daemon:
         self.metrics_box: Any = None
         self._last_metrics = 0.0
         self._tick_errors = 0
+        self._write_failing: str | None = None    # the database write error, while it lasts
 
     def run(self) -> int:
         logs.setup(self.config.log_level)
@@ -150,6 +168,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
         store = Store.open(self.dp.db)
+        store.active_jobs()         # a corrupt jobs table stops the start here, in one line
         nvml = await loop.run_in_executor(None, Nvml)
         devices = nvml.devices()
         sim_set, sim_prepend = _sim_env()
@@ -165,9 +184,14 @@ class Daemon:
         sup.adopt(await loop.run_in_executor(None, tracking.scan))
         self._start_metrics()
         server = Server(sup)
-        sock = listen(self.dp.socket, 0o666 if self.dp.system else 0o600)
+        try:
+            sock = listen(self.dp.socket, 0o666 if self.dp.system else 0o600)
+        except OSError as e:
+            raise StateError(f"{self.dp.socket}: can't listen: {e.strerror} (the socket's "
+                             "dir must be writable: --socket or VGPU_SOCKET names "
+                             "another)") from None
         sock_inode = os.stat(self.dp.socket).st_ino
-        aserver = await server.start(sock)
+        await server.start(sock)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self._sighup)
@@ -184,7 +208,6 @@ class Daemon:
         finally:
             log.info("stopping; %d jobs keep running", len(sup.jobs))
             notify.stopping()
-            aserver.close()
             await server.close()
             for t in tasks:
                 t.cancel()
@@ -200,6 +223,11 @@ class Daemon:
             if self.governor is not None:
                 self.governor.close()
             sup.close()
+            if store.pending:
+                store.retry_pending()
+            if store.pending:
+                log.error("%d job changes could not be written to %s (%s): lost",
+                          len(store.pending), store.path, store.write_error)
             store.close()
             nvml.close()
         return 0
@@ -254,8 +282,8 @@ class Daemon:
             self.accountant.end_job(job_id, time.time(), lag)
             try:   # a report right after the job's end sees all of it
                 usage.flush(self.sup.store.conn, self.accountant)
-            except Exception:
-                log.exception("accounting flush failed")
+            except StateError as e:
+                self._note_write_error(str(e))
 
     def _sighup(self) -> None:
         notify.reloading()
@@ -335,7 +363,11 @@ class Daemon:
                     continue
                 self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
                                         u.get("used", 0), u.get("peak"))
-            usage.maybe_flush(sup.store.conn, self.accountant, wall)
+            try:
+                usage.maybe_flush(sup.store.conn, self.accountant, wall)
+            except StateError as e:
+                # Kept in memory by the accountant, written at a later flush.
+                self._note_write_error(str(e))
         if self.metrics_box is not None and wall - self._last_metrics >= 1.0:
             self._last_metrics = wall
             self.metrics_box.set(self._metrics_snapshot())
@@ -393,10 +425,38 @@ class Daemon:
             except Exception:
                 log.exception("Slurm reconciliation failed")
 
+    def _note_write_error(self, why: str | None) -> None:
+        """Log a database write error once while it lasts, and its end."""
+        if why is not None and self._write_failing is None:
+            log.error("can't write %s: %s; job changes and accounting are kept in memory "
+                      "and written when it works again", self.sup.store.path, why)
+        elif why is None and self._write_failing is not None:
+            log.info("%s is writable again: the changes kept in memory are written",
+                     self.sup.store.path)
+        self._write_failing = why
+
+    def _retry_writes(self) -> None:
+        store = self.sup.store
+        if store.write_error is not None:     # a write failed since the last call
+            self._note_write_error(store.write_error)
+            store.write_error = None
+        if store.pending:
+            store.retry_pending()
+            if store.write_error is not None:
+                return
+        if self._write_failing is not None:
+            try:
+                if self.accountant is not None:
+                    usage.flush(store.conn, self.accountant)
+                self._note_write_error(None)
+            except StateError:
+                pass
+
     async def _inventory_loop(self, nvml: Nvml) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(INVENTORY_S)
+            self._retry_writes()
             try:
                 self.sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
             except asyncio.CancelledError:

@@ -3,8 +3,8 @@
 Everything here runs on the event loop's thread and is synchronous: the
 asyncio shell (server.py, lifecycle.py) reads the socket, runs the blocking
 readers (/proc scan, NVML, the compute governor) in an executor, and hands
-their results to the methods below. No method here blocks for long: the
-longest is `kill`, which reads /proc once.
+their results to the methods below (`kill` gets its /proc scan that way).
+No method here blocks for long.
 """
 
 from __future__ import annotations
@@ -121,8 +121,13 @@ class Supervisor:
             return P.error("protocol", str(e))
         return self.handle(peer, req)
 
-    def handle(self, peer: Peer, req: P.Request) -> dict[str, Any]:
+    def handle(self, peer: Peer, req: P.Request,
+               table: tracking.ProcTable | None = None) -> dict[str, Any]:
+        """The reply to one request. table: a fresh /proc scan, which `kill`
+        then uses instead of scanning on the caller's thread."""
         try:
+            if table is not None and isinstance(req, P.Kill):
+                return self.op_kill(peer, req, table)
             return self._handlers[type(req)](peer, req)
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
@@ -171,11 +176,14 @@ class Supervisor:
             raise UsageError("--mem is required (this daemon has no default_mem)")
         core = req.core if req.core is not None else 100
         policy = req.policy or cfg.default_policy
-        placement.check_user_limits(cfg.limits_for(user, peer.uid), user, mem, core)
+        limits = cfg.limits_for(user, peer.uid)
+        placement.check_user_limits(limits, user, mem, core)
+        placement.check_user_total(limits, user, self.held_by(peer.uid), mem)
         where = placement.place(self._run_gpus(req.gpu), self.commitments(), mem, pin=req.gpu,
                                 reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
         name = req.name or os.path.basename(req.command[0]) or req.command[0]
-        rec = JobRecord(name=name, uid=peer.uid, user=user, command=list(req.command),
+        rec = JobRecord(name=name, uid=peer.uid, user=user,
+                        command=P.stored_command(req.command),
                         cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],
                         mem_limit=mem, core_share=core, policy=policy, created=self.clock(),
                         state=STARTING, launcher_pid=peer.pid,
@@ -361,6 +369,11 @@ class Supervisor:
                 self.end_job(job)
         return ended
 
+    def held_by(self, uid: int) -> int:
+        """The memory limits a user's live jobs hold, per GPU summed."""
+        return sum(j.rec.mem_limit * max(1, len(j.rec.gpus))
+                   for j in self.jobs.values() if j.rec.uid == uid)
+
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "start")
@@ -427,8 +440,11 @@ class Supervisor:
             raise UsageError("nothing to change: give --mem, --core or --policy")
         rec = job.rec
         if not self.is_admin(peer):
-            placement.check_user_limits(self.config.limits_for(rec.user, rec.uid), rec.user,
-                                        req.mem, req.core)
+            limits = self.config.limits_for(rec.user, rec.uid)
+            placement.check_user_limits(limits, rec.user, req.mem, req.core)
+            if req.mem is not None and req.mem > rec.mem_limit:
+                placement.check_user_total(limits, rec.user, self.held_by(rec.uid),
+                                           (req.mem - rec.mem_limit) * max(1, len(rec.gpus)))
         warnings = []
         if req.mem is not None and req.mem > rec.mem_limit:
             for u in job.uuids():
@@ -458,14 +474,16 @@ class Supervisor:
                  ", ".join(f"{k}={v}" for k, v in changes.items()))
         return P.ok(job=self.view(job), warnings=warnings)
 
-    def op_kill(self, peer: Peer, req: P.Kill) -> dict[str, Any]:
+    def op_kill(self, peer: Peer, req: P.Kill,
+                table: tracking.ProcTable | None = None) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "kill")
         try:
             sig = _signal.Signals(req.signal)
         except ValueError:
             raise UsageError(f"no signal {req.signal}") from None
-        table = tracking.scan()
+        if table is None:
+            table = tracking.scan()
         pids = self._processes(job, table, tracking.children_map(table))
         done = []
         for pid in sorted(pids):
@@ -606,8 +624,17 @@ class Supervisor:
         that have none left and no launcher waiting to start them."""
         children = tracking.children_map(table)
         roots = self._roots()
+        now = self.clock()
         for job in list(self.jobs.values()):
             rec = job.rec
+            if rec.state == STARTING and now - rec.created > self.config.start_timeout_s:
+                # Admitted but never started (a launcher that holds the
+                # reservation and does nothing): give the memory back.
+                log.warning("job %s (%s) of %s did not start within %d s: its reservation "
+                            "of %s is released", rec.id, rec.name, rec.user,
+                            self.config.start_timeout_s, format_size(rec.mem_limit))
+                self.end_job(job)
+                continue
             live = self._processes(job, table, children, roots)
             if live != rec.pids:
                 rec.pids = live
