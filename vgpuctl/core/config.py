@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuctl.core.sizes import parse_size
+from vgpuctl.core.violations import ON_VIOLATION
 from vgpuctl.errors import ConfigError
 
 POLICIES = ("hard", "soft")
@@ -44,6 +45,7 @@ class Config:
     metrics_address: str = ""
     log_level: str = "info"
     retention_days: int = 90
+    on_violation: str = "report"    # or "kill": see core/violations.py
 
     def limits_for(self, user: str, uid: int) -> UserLimits:
         """The maxima that apply to a user: their own table, else the
@@ -154,6 +156,7 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "metrics_address": lambda s, k, v: ("metrics_address", _address(s, k, v)),
     "log_level": lambda s, k, v: ("log_level", _choice(s, k, v, LOG_LEVELS)),
     "retention_days": lambda s, k, v: ("retention_days", _int(s, k, v, 1, 36_500)),
+    "on_violation": lambda s, k, v: ("on_violation", _choice(s, k, v, ON_VIOLATION)),
 }
 
 
