@@ -77,6 +77,8 @@ def test_unhooked_process_over_its_jobs_limit_is_recorded_logged_and_counted(dae
         # `vgpuctl ps --json` shows it as the daemon records it.
         shown = json.loads(d.cli("ps", "--json").stdout)
         assert shown["jobs"][0]["violations"][0]["pid"] == v["pid"]
+        csv = d.cli("ps", "--format", "csv", "--fields", "id,violations").stdout
+        assert f"{job['id']},memory:{v['pid']}" in csv
         wait_for(lambda: "violation (memory)" in d.log.read_text(), what="the log line")
         wait_for(lambda: (_metric(port, "vgpu_violations_total", kind="memory") or 0) >= 1,
                  what="vgpu_violations_total{kind=memory}")
