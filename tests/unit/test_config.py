@@ -74,6 +74,7 @@ def test_the_shipped_example_parses():
     ("socket = \"relative.sock\"", "socket", "absolute path"),
     ("[limits.users.bob]\nmax_gpu = 1", "limits.users.bob.max_gpu", "unknown key"),
     ("[limits.default]\nmax_core = 101", "limits.default.max_core", "1 to 100"),
+    ("on_violation = \"stop\"", "on_violation", "report, kill"),
 ])
 def test_bad_values_name_file_key_and_reason(tmp_path, text, key, reason):
     p = write(tmp_path, text)
