@@ -8,6 +8,7 @@ on_violation = "kill"."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -98,8 +99,8 @@ def test_with_kill_the_unhooked_process_over_its_limit_is_killed(daemon_factory)
         assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
         job = d.call("ps", all=True)["jobs"][-1]
         assert job["exit_signal"] == signal.SIGKILL
-        assert "pid" in d.log.read_text().split("violation (memory)")[1].split("\n")[0]
-        assert ": pid" in d.log.read_text() and "killed" in d.log.read_text()
+        line = next(ln for ln in d.log.read_text().splitlines() if "violation (memory)" in ln)
+        assert re.search(rf"job {job['id']}: pid \d+ .*: pid \d+ killed$", line), line
     finally:
         if p.poll() is None:
             p.kill()
@@ -160,6 +161,19 @@ def test_compute_overrun_with_the_gate_bypassed_is_caught(daemon):
         for p in (hooked, rogue):
             p.send_signal(signal.SIGTERM)
             p.wait(30)
+
+
+def test_with_kill_the_process_past_its_compute_share_is_killed(daemon_factory):
+    d = daemon_factory(config='on_violation = "kill"\n')
+    p = d.popen("run", "--mem", "2G", "--core", "10", "--",
+                *_burn("--kernel-us", "1000", "--seconds", "60"))
+    try:
+        assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
+        assert "violation (compute)" in d.log.read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.parametrize("action", ["report", "kill"])

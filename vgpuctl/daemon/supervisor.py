@@ -583,7 +583,7 @@ class Supervisor:
         fresh = {v.key for v in res.new}
         for v in res.killed:
             if v.key not in fresh:
-                log.info("violation (%s): pid %d killed again", v.kind, v.pid)
+                log.debug("violation (%s): pid %d killed again", v.kind, v.pid)
 
     def update_stats(self, stats: list[GpuStats]) -> None:
         for s in stats:
