@@ -99,6 +99,8 @@ def test_with_kill_the_unhooked_process_over_its_limit_is_killed(daemon_factory)
         assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
         job = d.call("ps", all=True)["jobs"][-1]
         assert job["exit_signal"] == signal.SIGKILL
+        # The ended job's record keeps what was caught and done.
+        assert [(v["kind"], v["action"]) for v in job["violations"]] == [("memory", "killed")]
         line = next(ln for ln in d.log.read_text().splitlines() if "violation (memory)" in ln)
         assert re.search(rf"job {job['id']}: pid \d+ .*: pid \d+ killed$", line), line
     finally:
@@ -147,9 +149,10 @@ def test_compute_overrun_with_the_gate_bypassed_is_caught(daemon):
     rogue = daemon.popen("run", "--mem", "2G", "--core", "10", "--gpu", "0", "--name",
                          "rogue", "--", *_burn("--kernel-us", "1000", "--seconds", "60"))
     try:
-        jobs = wait_for(lambda: {j["name"]: j for j in daemon.jobs()
-                                 if j["state"] == "running" and j["pids"]}
-                        if len(daemon.jobs()) == 2 else None, timeout=20, what="both jobs")
+        def running() -> dict | None:
+            jobs = {j["name"]: j for j in daemon.jobs() if j["state"] == "running" and j["pids"]}
+            return jobs if set(jobs) == {"gated", "rogue"} else None
+        jobs = wait_for(running, timeout=20, what="both jobs")
         found = wait_for(lambda: _violations(daemon, jobs["rogue"]["id"], "compute"),
                          timeout=CAUGHT_S, what="a compute violation")
         v = found[0]

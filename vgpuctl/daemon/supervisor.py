@@ -46,8 +46,10 @@ log = logging.getLogger("vgpuctl.daemon")
 
 POLICY_CODES = {"hard": 0, "soft": 1}
 
-# Violations kept per job, and of processes in no job (the newest).
+# Violations kept per job, and of processes in no job (the newest); the
+# violations of this many ended jobs (as many as `ps --all` shows).
 MAX_VIOLATIONS = 50
+ENDED_VIOLATIONS = 100
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ class Supervisor:
         self.on_config: Callable[[Config], None] | None = None
         self.on_job_end: Callable[[str], None] | None = None
         self.strays: list[dict[str, Any]] = []      # violations of processes in no job
+        self.ended_violations: dict[str, list[dict[str, Any]]] = {}  # job id -> its, in memory
         self.violation_totals: dict[str, int] = dict.fromkeys(KINDS, 0)
         self._handlers: dict[type, Callable[[Peer, Any], dict[str, Any]]] = {
             P.Ping: self.op_ping, P.Run: self.op_run, P.Started: self.op_started,
@@ -252,14 +255,18 @@ class Supervisor:
                 rec = self.store.get_job(req.job)
                 if rec is None:
                     raise NotFound(f"no job {req.job}")
-                jobs = [self.view(Job(rec))]
+                jobs = [self.view(self._ended(rec))]
         else:
             jobs = []
             if req.all:
-                jobs = [self.view(Job(r)) for r in self.store.ended_jobs()]
+                jobs = [self.view(self._ended(r)) for r in self.store.ended_jobs()]
             jobs += [self.view(j) for j in sorted(self.jobs.values(), key=lambda j: int(j.id))]
         return P.ok(daemon=self.info(), gpus=self.gpu_views(), jobs=jobs,
                     violations=list(self.strays))
+
+    def _ended(self, rec: JobRecord) -> Job:
+        """An ended job for its view, with the violations this daemon saw."""
+        return Job(rec, violations=self.ended_violations.get(rec.id, []))
 
     def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:
         job = self._job(req.job)
@@ -463,6 +470,10 @@ class Supervisor:
         rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
         self.store.update_job(rec, ["state", "ended", "pids"])
         self.jobs.pop(rec.id, None)
+        if job.violations:
+            self.ended_violations[rec.id] = job.violations
+            for old in list(self.ended_violations)[:-ENDED_VIOLATIONS]:
+                del self.ended_violations[old]
         if self.on_job_end is not None:
             self.on_job_end(rec.id)
         log.info("job %s (%s) ended (exit %s)", rec.id, rec.name,
@@ -574,10 +585,14 @@ class Supervisor:
             job = self.jobs.get(v.job_id) if v.job_id is not None else None
             if job is not None:
                 job.violation_count += 1
-            target = job.violations if job is not None else self.strays
-            if job is not None or v.job_id is None:    # not of a job that just ended
-                target.append(entry)
-                del target[:-MAX_VIOLATIONS]
+            if job is not None:
+                target = job.violations
+            elif v.job_id is not None:      # a job that ended since (killed, say)
+                target = self.ended_violations.setdefault(v.job_id, [])
+            else:
+                target = self.strays
+            target.append(entry)
+            del target[:-MAX_VIOLATIONS]
             log.warning("violation (%s): %s%s", v.kind, v.describe(),
                         f": pid {v.pid} killed" if done == "killed" else "")
         fresh = {v.key for v in res.new}
