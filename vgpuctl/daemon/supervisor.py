@@ -557,19 +557,18 @@ class Supervisor:
     # -- violations ---------------------------------------------------------------
     def watch_known(self) -> watch.Known:
         """What the violation watch needs of the jobs, copied for its thread."""
-        limits, pids, launchers = [], {}, {}
+        limits, pids, starts, launchers = [], {}, {}, {}
         for job in self.jobs.values():
             rec = job.rec
             for u in job.uuids():
                 share = max(rec.core_share / 100, job.target.get(u, 0.0))
                 limits.append(JobLimits(job.id, u, rec.mem_limit, share, job.measured.get(u)))
-            for p in rec.pids:
+            for p, start in rec.pids.items():
                 pids[p] = job.id
-            if rec.root_pid is not None and rec.state != ENDED:
-                pids.setdefault(rec.root_pid, job.id)
+                starts[p] = start
             if rec.launcher_pid is not None and rec.launcher_start is not None:
                 launchers[rec.launcher_pid] = (rec.launcher_start, job.id)
-        return watch.Known(limits, pids, launchers)
+        return watch.Known(limits, pids, starts, launchers)
 
     def record_violations(self, res: watch.Result) -> None:
         """Apply one check of the watch: fresh NVML figures, and each new

@@ -39,6 +39,7 @@ class Known:
     never touches the supervisor's live state)."""
     limits: list[JobLimits]
     pids: Mapping[int, str]                  # tracked pid -> job id
+    starts: Mapping[int, int]                # tracked pid -> its start time
     launchers: Mapping[int, tuple[int, str]]  # launcher pid -> (start, job id)
 
 
@@ -67,11 +68,12 @@ class Watch:
                 busy[s.uuid] = self._busy(s.uuid)
         owner: dict[tuple[str, int], str | None] = {}
         starts: dict[int, int | None] = {}
+        jobs = {lim.job_id for lim in known.limits}
         for uuid, procs in memory.items():
             for pid in procs:
                 job = known.pids.get(pid)
                 if job is None:
-                    job, starts[pid] = self._attribute(pid, known)
+                    job, starts[pid] = self._attribute(pid, known, jobs)
                 owner[(uuid, pid)] = job
         live = {(p, s) for p, s in starts.items() if s is not None}
         self._strangers = {k: v for k, v in self._strangers.items() if k in live}
@@ -79,20 +81,23 @@ class Watch:
         res = Result(stats, found, new)
         if on_violation == "kill":
             for v in found:
-                start = starts.get(v.pid) or tracking.start_time(v.pid)
+                start = starts.get(v.pid) or known.starts.get(v.pid)
                 if self._kill(v.pid, start):
                     res.killed.append(v)
         return res
 
-    def _attribute(self, pid: int, known: Known) -> tuple[str | None, int | None]:
+    def _attribute(self, pid: int, known: Known,
+                   jobs: set[str]) -> tuple[str | None, int | None]:
         """The job of a pid no job tracks (by its ancestors), and its start
-        time (None when it is gone)."""
+        time (None when it is gone). A verdict is kept while the process
+        lives and its job runs."""
         st = tracking.read_stat(pid)
         if st is None:
             return None, None
         start = st[1]
-        if (pid, start) in self._strangers:
-            return self._strangers[(pid, start)], start
+        cached = self._strangers.get((pid, start), "")
+        if cached is None or cached in jobs:
+            return cached, start
         job = None
         ppid = st[0]
         for _ in range(MAX_DEPTH):
