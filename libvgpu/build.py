@@ -116,6 +116,13 @@ def build(outdir: str, cc: str | None = None, verbose: bool = False,
     hdr = os.path.join(hdr_dir, "region.h")
     shutil.copyfile(os.path.join(HERE, "include", "vgpu", "region.h"), hdr)
     written.append(hdr)
+    # So does the SPANK plugin's source: a site builds it against its own
+    # Slurm's spank.h (`vgpuctl slurm build-spank`).
+    src_dir = os.path.join(outdir, "src")
+    os.makedirs(src_dir, exist_ok=True)
+    spank = os.path.join(src_dir, "spank_vgpu.c")
+    shutil.copyfile(os.path.join(HERE, "slurm", "spank_vgpu.c"), spank)
+    written.append(spank)
     return written
 
 

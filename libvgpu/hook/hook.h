@@ -175,6 +175,16 @@ int vgpu_job_mem_view(int d, uint64_t *free_b, uint64_t *total_b, uint64_t *used
  * memory); 1 on success, 0 when over the limit (after sweeping dead slots). */
 int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what);
 void vgpu_unreserve(int d, uint64_t bytes, int is_ctx);
+/* Count bytes the driver took beyond what was reserved (a pool that grew by
+ * more than an allocation): past the limit if need be, as it is taken. */
+void vgpu_reserve_anyway(int d, uint64_t bytes);
+/* Memory pools (pool.c): what a pool can serve without growing; settle a
+ * pool's charge on the reserve the driver reports (extra: bytes reserved for
+ * it by the caller), every known pool's, or forget a destroyed one's. */
+uint64_t vgpu_pool_spare(CUmemoryPool pool);
+void vgpu_pool_settle(CUmemoryPool pool, int dev, uint64_t extra);
+void vgpu_pool_settle_all(void);
+void vgpu_pool_forget(CUmemoryPool pool);
 void vgpu_release_slot_memory(struct vgpu_proc_slot *slot);
 uint64_t vgpu_nvml_process_used(const char *uuid);   /* nvml.c */
 

@@ -93,8 +93,45 @@ static void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
         int had_ = vgpu_untrack(kind, (uint64_t)(uintptr_t)(key), &e_); \
         CUresult r_ = REAL(sym) args; \
         settle_free(had_, &e_, r_); \
+        if (!had_) /* perhaps a pool's: what the pool holds now */ \
+            vgpu_pool_settle_all(); \
         return r_; \
     } while (0)
+
+/* A stream-ordered allocation from `pool` (see pool.c): reserve what the pool
+ * lacks, call, then charge the job what the pool holds. */
+#define POOL_ALLOC(sym, args, pool, bytes) \
+    do { \
+        ENTER(sym, args); \
+        CU_PROLOGUE(sym, args); \
+        count_alloc(); \
+        int d_ = vgpu_dev_for_launch(); \
+        CUmemoryPool pool_ = d_ == VGPU_DEV_NO_CONTEXT ? NULL : (pool); \
+        if (!pool_) \
+            return REAL(sym) args; \
+        uint64_t sz_ = vgpu_round_gran(bytes), spare_ = vgpu_pool_spare(pool_); \
+        uint64_t need_ = sz_ > spare_ ? sz_ - spare_ : 0; \
+        if (need_ && !vgpu_reserve(d_, need_, 0, #sym)) \
+            return CUDA_ERROR_OUT_OF_MEMORY; \
+        CUresult r_ = REAL(sym) args; \
+        if (r_ != CUDA_SUCCESS) { \
+            vgpu_unreserve(d_, need_, 0); \
+            return r_; \
+        } \
+        vgpu_pool_settle(pool_, d_, need_); \
+        return r_; \
+    } while (0)
+
+/* The pool cuMemAllocAsync takes from: the current device's. */
+static CUmemoryPool current_pool(void)
+{
+    CUdevice dev;
+    CUmemoryPool pool = NULL;
+    if (REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS ||
+        REAL(cuDeviceGetMemPool)(&pool, dev) != CUDA_SUCCESS)
+        return NULL;
+    return pool;
+}
 
 /* ---- allocations -------------------------------------------------------------- */
 CUresult hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
@@ -109,24 +146,24 @@ CUresult hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int
 
 CUresult hook_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    PLAIN_ALLOC(cuMemAllocAsync, (dptr, bytesize, hStream), bytesize);
+    POOL_ALLOC(cuMemAllocAsync, (dptr, bytesize, hStream), current_pool(), bytesize);
 }
 
 CUresult hook_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    PLAIN_ALLOC(cuMemAllocAsync_ptsz, (dptr, bytesize, hStream), bytesize);
+    POOL_ALLOC(cuMemAllocAsync_ptsz, (dptr, bytesize, hStream), current_pool(), bytesize);
 }
 
 CUresult hook_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream)
 {
-    PLAIN_ALLOC(cuMemAllocFromPoolAsync, (dptr, bytesize, pool, hStream), bytesize);
+    POOL_ALLOC(cuMemAllocFromPoolAsync, (dptr, bytesize, pool, hStream), pool, bytesize);
 }
 
 CUresult hook_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                            CUstream hStream)
 {
-    PLAIN_ALLOC(cuMemAllocFromPoolAsync_ptsz, (dptr, bytesize, pool, hStream), bytesize);
+    POOL_ALLOC(cuMemAllocFromPoolAsync_ptsz, (dptr, bytesize, pool, hStream), pool, bytesize);
 }
 
 /* The pitch is only known after the call: reserve for the smallest pitch the

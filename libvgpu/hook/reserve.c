@@ -87,6 +87,19 @@ int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what)
     return 1;
 }
 
+void vgpu_reserve_anyway(int d, uint64_t bytes)
+{
+    if (d < 0 || bytes == 0)
+        return;
+    struct vgpu_dev_usage *u = &vgpu_g_usage->dev[d];
+    uint64_t now = __atomic_add_fetch(&u->used, bytes, __ATOMIC_ACQ_REL);
+    uint64_t peak = __atomic_load_n(&u->peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&u->peak, &peak, now, 1, __ATOMIC_RELAXED,
+                                                      __ATOMIC_RELAXED))
+        ;
+    __atomic_fetch_add(&vgpu_g_slot->used[d], bytes, __ATOMIC_RELAXED);
+}
+
 void vgpu_unreserve(int d, uint64_t bytes, int is_ctx)
 {
     if (d < 0 || bytes == 0)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.daemon import needs_native
+from support.sim import busy_by_tag
 
 from vgpuctl.ops.demo import Demo, DemoJob
 
@@ -36,15 +36,6 @@ def vgpuctl_exe() -> str:
     return str(exe)
 
 
-def sim_busy_by_tag(demo: Demo) -> dict[str, float]:
-    """Seconds of kernel time per VGPU_SIM_TAG, from the simulator itself."""
-    r = subprocess.run([vgpuctl_exe(), "sim", "stats", "--json"], env=demo.env,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    stats = json.loads(r.stdout)
-    return {t["name"]: sum(d["busy_ns"] for d in t["devices"]) / 1e9 for t in stats["tags"]}
-
-
 def cron_run(args: list[str], home: Path, state_dir: Path) -> subprocess.CompletedProcess[str]:
     """As cron runs a command: nothing inherited but what the entry sets."""
     return subprocess.run(
@@ -60,7 +51,7 @@ def test_cron_report_matches_the_simulator_timeline(tmp_path):
         demo.start_jobs()
         codes = demo.finish_jobs()
         assert codes == {j.name: 0 for j in JOBS}, codes
-        busy = sim_busy_by_tag(demo)
+        busy = busy_by_tag(demo.env)
 
         r = cron_run(["report", "--format", "csv", "--since", "1h"], tmp_path, demo.state_dir)
         assert r.returncode == 0, r.stderr

@@ -13,7 +13,7 @@ import pytest
 from support.daemon import read_line, wait_for
 
 from vgpuctl.core import protocol as P
-from vgpuctl.core.config import Config, UserLimits
+from vgpuctl.core.config import Config, SlurmConfig, UserLimits
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.store.jobs import Store
@@ -290,3 +290,129 @@ def test_job_env_puts_the_hook_and_libraries_first_once():
     assert env == {"LD_PRELOAD": "/hook.so:/a.so:/b.so", "LD_LIBRARY_PATH": "/sim:/x",
                    "KEEP": "1", "VGPU_JOB": "4"}
     assert job_env({}, {}, {"LD_PRELOAD": "/hook.so"}) == {"LD_PRELOAD": "/hook.so"}
+
+
+# -- Slurm jobs (registered by root's Prolog) ------------------------------------
+SLURM = Config(reserve=0, slurm=SlurmConfig(gpus=(1,)))
+
+
+def register(sup, peer=ME, **fields):
+    fields.setdefault("slurm_job", "77")
+    fields.setdefault("uid", ME.uid)
+    fields.setdefault("gpus", [1])
+    fields.setdefault("shards", 4)
+    return call(sup, peer, "slurm_register", **fields)
+
+
+def test_a_slurm_job_is_registered_once_with_its_shards_as_limits(tmp_path):
+    sup = make(tmp_path, SLURM)
+    job = register(sup, partition="gpu", account="physics")["job"]
+    assert (job["gpu"], job["mem_limit"], job["core"]) == (1, 4 * G, 25)   # 4 of 16 shards
+    assert (job["slurm_job"], job["slurm_partition"], job["slurm_account"],
+            job["slurm_shards"], job["state"]) == ("77", "gpu", "physics", 4, "running")
+    again = register(sup, ask_core=90)
+    assert again["existing"] is True and again["job"]["id"] == job["id"]
+    # The job's own --vgpu-core may lower its share, never raise it.
+    assert register(sup, slurm_job="78", shards=8, ask_core=20)["job"]["core"] == 20
+    assert register(sup, slurm_job="79", shards=2, ask_core=90)["job"]["core"] == 12
+    assert len(sup.jobs) == 3
+    # Every task of the job attaches to the same job.
+    a = call(sup, ME, "slurm_attach", slurm_job="77")
+    assert a["job"]["id"] == job["id"] and a["env"]["VGPU_JOB"] == job["id"]
+    assert a["env"]["CUDA_VISIBLE_DEVICES"] == DEVICES[1].uuid
+    assert a["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
+
+
+def test_a_slurm_job_outlives_its_processes_until_released(tmp_path, procs):
+    sup = make(tmp_path, SLURM)
+    register(sup)
+    p = procs()
+    call(sup, ME, "slurm_attach", slurm_job="77", pid=p.pid)
+    sup.track(tracking.scan())
+    assert sup.jobs["1"].rec.pids == {p.pid: tracking.start_time(p.pid)}
+    p.kill()
+    p.wait()
+    sup.track(tracking.scan())
+    assert "1" in sup.jobs                       # no processes: still the Slurm job's
+    region = Path(sup.jobs["1"].rec.region)
+    assert call(sup, ME, "slurm_release", slurm_job="77")["released"] == "1"
+    assert not sup.jobs and not region.exists()
+    assert call(sup, ME, "slurm_release", slurm_job="77")["released"] is None
+    # The shards are free again at once (no wait for a /proc scan).
+    assert register(sup, slurm_job="78", shards=16)["job"]["mem_limit"] == 16 * G
+
+
+def test_a_slurm_jobs_owner_can_neither_raise_its_limits_nor_end_it(tmp_path):
+    sup = make(tmp_path, SLURM)
+    owner = Peer(os.getpid(), 65534, 65534)
+    jid = register(sup, uid=owner.uid)["job"]["id"]
+    call(sup, owner, "slurm_attach", slurm_job="77")
+    with pytest.raises(P.errors.PermissionDenied, match="only root may change"):
+        call(sup, owner, "set", job=jid, mem=16 * G, core=100)
+    with pytest.raises(P.errors.UsageError, match="ends at its Epilog"):
+        call(sup, owner, "exited", job=jid, code=0)
+    assert sup.jobs[jid].rec.mem_limit == 4 * G
+    assert call(sup, ME, "set", job=jid, core=40)["job"]["core"] == 40    # root may
+
+
+def test_only_root_registers_or_releases_a_slurm_job(tmp_path):
+    sup = make(tmp_path, SLURM)
+    for uid in (OTHER.uid, ME.uid):
+        with pytest.raises(P.errors.PermissionDenied, match="only root"):
+            register(sup, peer=OTHER, uid=uid)
+    register(sup)
+    with pytest.raises(P.errors.PermissionDenied, match="only root"):
+        call(sup, OTHER, "slurm_release", slurm_job="77")
+    with pytest.raises(P.errors.PermissionDenied):
+        call(sup, OTHER, "slurm_attach", slurm_job="77")
+    assert len(sup.jobs) == 1
+
+
+def test_a_refused_registration_fails_the_jobs_tasks_with_the_reason(tmp_path):
+    sup = make(tmp_path, SLURM)
+    with pytest.raises(P.errors.AdmissionRefused, match="17 shards of 1G do not fit"):
+        register(sup, shards=17)
+    with pytest.raises(P.errors.AdmissionRefused, match="refused Slurm job 77: 17 shards"):
+        call(sup, ME, "slurm_attach", slurm_job="77")
+    with pytest.raises(P.errors.AdmissionRefused, match="on 2 GPUs"):
+        register(sup, slurm_job="79", gpus=[0, 1])
+    with pytest.raises(P.errors.NotFound, match="not registered"):
+        call(sup, ME, "slurm_attach", slurm_job="80")
+    call(sup, ME, "slurm_release", slurm_job="77")      # the Epilog forgets the refusal
+    with pytest.raises(P.errors.NotFound, match="not registered"):
+        call(sup, ME, "slurm_attach", slurm_job="77")
+
+
+def test_plain_runs_keep_off_slurms_gpus_unless_allowed(tmp_path):
+    sup = make(tmp_path, SLURM)
+    assert run(sup, mem=G)["job"]["gpu"] == 0
+    assert run(sup, mem=G)["job"]["gpu"] == 0      # GPU 1 is emptier, but Slurm's
+    with pytest.raises(P.errors.AdmissionRefused, match="GPU 1 is Slurm's"):
+        run(sup, mem=G, gpu="1")
+    allowed = Config(slurm=SlurmConfig(gpus="all", allow_run=True))
+    assert run(make(tmp_path / "b", allowed), mem=G, gpu="1")["job"]["gpu"] == 1
+    with pytest.raises(P.errors.AdmissionRefused, match="every GPU here is Slurm's"):
+        run(make(tmp_path / "c", Config(slurm=SlurmConfig(gpus="all"))), mem=G)
+
+
+def test_reconciliation_releases_the_slurm_jobs_squeue_shows_ended_or_forgot(tmp_path):
+    sup = make(tmp_path, SLURM)
+    for sid in ("1", "2", "3", "4"):
+        register(sup, slurm_job=sid, shards=1)
+    asked = sup.slurm_jobs()
+    register(sup, slurm_job="5", shards=1)        # registered while squeue ran
+    assert sup.reconcile_slurm(asked, {}) == []   # an empty list says nothing
+    gone = sup.reconcile_slurm(asked, {"1": "RUNNING", "2": "COMPLETING", "3": "CANCELLED+"})
+    assert sorted(gone) == ["3", "4"]
+    assert sorted(sup.slurm_jobs()) == ["1", "2", "5"]
+
+
+def test_a_restarted_daemon_keeps_a_slurm_job_with_no_processes(tmp_path):
+    sup = make(tmp_path, SLURM)
+    register(sup)
+    sup.close()
+    sup.store.close()
+    sup2 = make(tmp_path, SLURM)
+    sup2.adopt(tracking.scan())
+    assert sup2.slurm_job("77") is not None
+    assert call(sup2, ME, "slurm_release", slurm_job="77")["released"] == "1"

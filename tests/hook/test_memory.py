@@ -24,6 +24,7 @@ from support.hook import (
     slot_of,
     wait_for,
 )
+from support.sim import run_py
 
 # name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)
 ENTRY_POINTS = {
@@ -323,3 +324,40 @@ def test_forked_child_is_a_process_of_its_own(sim, client_factory):
     parent, child = map(int, c.until("pids"))
     slots = {p.pid for p in region.read_usage().procs}
     assert {parent, child} <= slots
+
+
+# A pool that keeps what it frees (PyTorch's cudaMallocAsync backend sets
+# the threshold so): 1 GiB allocated from it and freed stays the job's.
+POOL_RESERVE = """
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+pool = ck(cu.cuDeviceGetDefaultMemPool(0))
+A = cu.CUmemPool_attribute
+ck(cu.cuMemPoolSetAttribute(pool, A.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, cu.cuuint64_t(2**64 - 1)))
+s = cu.CUstream(0)
+p = ck(cu.cuMemAllocFromPoolAsync(1 << 30, pool, s))
+ck(cu.cuMemFreeAsync(p, s)); ck(cu.cuCtxSynchronize())
+res = {"elsewhere": err(cu.cuMemAlloc(1 << 30))}
+r = cu.cuMemAllocFromPoolAsync(1 << 30, pool, s)
+res["from_reserve"] = err(r)
+if r[1]:
+    ck(cu.cuMemFreeAsync(r[1], s)); ck(cu.cuCtxSynchronize())
+ck(cu.cuMemPoolTrimTo(pool, 0))
+r = cu.cuMemAlloc(1 << 30)
+res["after_trim"] = err(r)
+out(res)
+"""
+
+
+def test_a_pools_reserve_counts_against_the_limit(sim):
+    """Freed pool memory the pool keeps is still the job's: another 1 GiB
+    does not fit a 2 GiB limit beside it (the device would hold 2.3 GiB for
+    the job), the pool's own reserve serves a new allocation, and a trim
+    gives it back. The simulator's record of the job never passes 2 GiB."""
+    region = sim.region([2 * GiB, 2 * GiB])
+    env = sim.job_env(region.path, VGPU_SIM_TAG="pool-job")
+    res = run_py(env, POOL_RESERVE)
+    assert res == {"elsewhere": "CUDA_ERROR_OUT_OF_MEMORY", "from_reserve": "CUDA_SUCCESS",
+                   "after_trim": "CUDA_SUCCESS"}
+    tag = next(t for t in sim.stats()["tags"] if t["name"] == "pool-job")
+    assert tag["devices"][0]["peak"] <= 2 * GiB

@@ -128,3 +128,14 @@ def burn(env: dict[str, str], program: str, *args: str, timeout: float = 60) -> 
     out["rc"] = res.returncode
     out["stderr"] = res.stderr
     return out
+
+
+def busy_by_tag(env: dict[str, str]) -> dict[str, float]:
+    """Seconds of kernel time per VGPU_SIM_TAG on the simulated GPU of env,
+    from the simulator's own timeline (`vgpuctl sim stats --json`)."""
+    res = subprocess.run([*VGPUCTL, "sim", "stats", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"vgpuctl sim stats failed: {res.stderr}")
+    return {t["name"]: sum(d["busy_ns"] for d in t["devices"]) / 1e9
+            for t in json.loads(res.stdout)["tags"]}

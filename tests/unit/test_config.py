@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support import REPO
 
-from vgpuctl.core.config import Config, UserLimits, parse_config
+from vgpuctl.core.config import Config, SlurmConfig, UserLimits, parse_config
 from vgpuctl.errors import ConfigError
 from vgpuctl.system.config import load_config
 
@@ -42,6 +42,11 @@ max_mem = "8G"
 max_core = 50
 [limits.users.alice]
 max_mem = "12G"
+[slurm]
+gpus = [1, 0]
+allow_run = true
+shard_size = "2G"
+reconcile_s = 0
 """)
     c = load_config(p)
     assert c.socket == "/run/x/vgpud.sock" and c.runtime_dir == "/run/x"
@@ -52,6 +57,14 @@ max_mem = "12G"
     assert c.limits_for("alice", 1000) == UserLimits(max_mem=12 * G)
     assert c.limits_for("bob", 1001) == UserLimits(max_mem=8 * G, max_core=50)
     assert c.limits_for("root", 0) == UserLimits()
+    assert c.slurm == SlurmConfig(gpus=(0, 1), allow_run=True, shard_size=2 * G, reconcile_s=0)
+
+
+def test_slurm_defaults_leave_every_gpu_to_plain_runs():
+    s = Config().slurm
+    assert (s.gpus, s.allow_run, s.shard_size, s.reconcile_s) == ((), False, G, 60)
+    assert not s.controls(0)
+    assert parse_config({"slurm": {"gpus": "all"}}).slurm.controls(7)
 
 
 def test_the_shipped_example_parses():
@@ -75,6 +88,12 @@ def test_the_shipped_example_parses():
     ("[limits.users.bob]\nmax_gpu = 1", "limits.users.bob.max_gpu", "unknown key"),
     ("[limits.default]\nmax_core = 101", "limits.default.max_core", "1 to 100"),
     ("on_violation = \"stop\"", "on_violation", "report, kill"),
+    ("[slurm]\ngpus = \"some\"", "slurm.gpus", "list of GPU indices"),
+    ("[slurm]\ngpus = [true]", "slurm.gpus", "list of GPU indices"),
+    ("[slurm]\nallow_run = 1", "slurm.allow_run", "true or false"),
+    ("[slurm]\nshard_size = 1", "slurm.shard_size", "unit"),
+    ("[slurm]\nshards = 4", "slurm.shards", "unknown key"),
+    ("slurm = 1", "slurm", "table"),
 ])
 def test_bad_values_name_file_key_and_reason(tmp_path, text, key, reason):
     p = write(tmp_path, text)

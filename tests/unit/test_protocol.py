@@ -46,6 +46,14 @@ def test_optional_fields_may_be_null():
     (req(op="kill", job="../1"), "job id"),
     (req(op="kill", job=1), "job id"),
     (req(op="ps", all="yes"), "true or false"),
+    (req(op="slurm_register", slurm_job="12", uid=0, gpus=[0]), "missing field 'shards'"),
+    (req(op="slurm_register", slurm_job="12;rm", uid=0, gpus=[0], shards=1), "job id"),
+    (req(op="slurm_register", slurm_job="12", uid=-1, gpus=[0], shards=1), "must be"),
+    (req(op="slurm_register", slurm_job="12", uid=0, gpus=[], shards=1), "GPU indices"),
+    (req(op="slurm_register", slurm_job="12", uid=0, gpus=["0"], shards=1), "GPU indices"),
+    (req(op="slurm_register", slurm_job="12", uid=0, gpus=[0], shards=0), "must be"),
+    (req(op="slurm_attach", slurm_job="12", pid=0), "must be"),
+    (req(op="slurm_release"), "missing field 'slurm_job'"),
 ])
 def test_bad_requests_are_refused_with_a_reason(line, needle):
     with pytest.raises(errors.RequestInvalid, match=needle):

@@ -24,7 +24,8 @@ GPU1 = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 T = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()
 
 JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
-               "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command")
+               "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command,"
+               "slurm_job,partition,account")
 
 
 def u(job, gpu, t0, t1, gs, gh=0.0, peak=0):
@@ -173,3 +174,19 @@ def test_write_atomic_replaces_whole_file(tmp_path):
 
 
 # -- the command, on a database the daemon's store wrote ---------------------------
+
+
+def test_by_slurm_job_sums_a_slurm_jobs_vgpu_jobs_and_keeps_the_others_apart():
+    from dataclasses import replace
+
+    jobs = [replace(JOBS[0], slurm_job="900", partition="gpu", account="physics"),
+            replace(JOBS[1], slurm_job="900"),      # requeued: registered again
+            JOBS[2]]
+    r = aggregate(jobs, USAGE, "slurm-job", T, T + 200, UTC)
+    by = {row.key: row for row in r.rows}
+    assert set(by) == {"900", rep.NOT_SLURM}
+    assert by["900"].jobs == {"1", "2"} and by["900"].gpu_seconds == pytest.approx(70.0)
+    assert json.loads(rep.to_json(r, UTC))[0]["slurm_job"] is None      # "-" sorts first
+    (row,) = [row for row in csv.DictReader(io.StringIO(
+        rep.to_csv(aggregate(jobs, USAGE, "job", T, T + 200, UTC), UTC))) if row["job_id"] == "1"]
+    assert (row["slurm_job"], row["partition"], row["account"]) == ("900", "gpu", "physics")

@@ -46,6 +46,7 @@ COMMANDS = {
     "run": "vgpuctl.cli.commands.run:run",
     "set": "vgpuctl.cli.commands.set:set_",
     "sim": "vgpuctl.cli.commands.sim:sim",
+    "slurm": "vgpuctl.cli.commands.slurm:slurm",
     "status": "vgpuctl.cli.commands.status:status",
     "top": "vgpuctl.cli.commands.top:top",
 }

@@ -30,6 +30,20 @@ class UserLimits:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """The [slurm] table: how the daemon serves a Slurm node."""
+    gpus: tuple[int, ...] | str = ()   # "all", or NVML indices: GPUs Slurm hands out
+    allow_run: bool = False            # plain `vgpuctl run` on those GPUs too
+    shard_size: int = 1 << 30          # bytes of memory per gres/shard
+    reconcile_s: int = 60              # end jobs squeue no longer runs; 0: never
+
+    def controls(self, index: int) -> bool:
+        """Whether Slurm hands out GPU ``index`` (plain runs are refused there
+        unless allow_run)."""
+        return self.gpus == "all" or index in self.gpus
+
+
+@dataclass(frozen=True)
 class Config:
     source: str = "<defaults>"
     socket: str | None = None
@@ -46,6 +60,7 @@ class Config:
     log_level: str = "info"
     retention_days: int = 90
     on_violation: str = "report"    # or "kill": see core/violations.py
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def limits_for(self, user: str, uid: int) -> UserLimits:
         """The maxima that apply to a user: their own table, else the
@@ -144,6 +159,35 @@ def _user_limits(source: str, prefix: str, v: Any) -> UserLimits:
     return UserLimits(max_mem=max_mem, max_core=max_core)
 
 
+def _slurm(source: str, v: Any) -> SlurmConfig:
+    if not isinstance(v, dict):
+        raise _fail(source, "slurm", f"expected a table, got {v!r}")
+    values: dict[str, Any] = {}
+    for k, val in v.items():
+        key = f"slurm.{k}"
+        if k == "gpus":
+            if val == "all":
+                values["gpus"] = "all"
+            elif isinstance(val, list) and all(
+                    isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1024
+                    for i in val):
+                values["gpus"] = tuple(sorted(set(val)))
+            else:
+                raise _fail(source, key, f'expected "all" or a list of GPU indices, got {val!r}')
+        elif k == "allow_run":
+            if not isinstance(val, bool):
+                raise _fail(source, key, f"expected true or false, got {val!r}")
+            values["allow_run"] = val
+        elif k == "shard_size":
+            values["shard_size"] = _size(source, key, val)
+        elif k == "reconcile_s":
+            values["reconcile_s"] = _int(source, key, val, 0, 86_400)
+        else:
+            raise _fail(source, key,
+                        "unknown key (known: gpus, allow_run, shard_size, reconcile_s)")
+    return SlurmConfig(**values)
+
+
 _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "socket": lambda s, k, v: ("socket", _path(s, k, v)),
     "runtime_dir": lambda s, k, v: ("runtime_dir", _path(s, k, v)),
@@ -183,6 +227,9 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
                 else:
                     raise _fail(source, f"limits.{lk}", "unknown key (known: default, users)")
             values["user_limits"] = users
+        elif key == "slurm":
+            values["slurm"] = _slurm(source, v)
         else:
-            raise _fail(source, key, "unknown key (known: " + ", ".join([*_TOP, "limits"]) + ")")
+            raise _fail(source, key,
+                        "unknown key (known: " + ", ".join([*_TOP, "limits", "slurm"]) + ")")
     return Config(**values)

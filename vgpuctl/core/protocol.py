@@ -97,7 +97,35 @@ class Reload(NamedTuple):
     pass
 
 
-Request = Ping | Run | Started | Exited | Ps | Set | Kill | Reload
+class SlurmRegister(NamedTuple):
+    """Root's Prolog: fence a Slurm job's shards for its user (idempotent)."""
+    slurm_job: str
+    uid: int
+    gpus: list[int]               # Slurm's indices of the GPUs the shards are on
+    shards: int
+    name: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    command: str | None = None
+    cwd: str | None = None
+    core: int | None = None       # None: shards / shards per GPU
+    policy: str | None = None     # None: the daemon's default
+    ask_core: int | None = None   # the job's own wish (--vgpu-core): at most the above
+
+
+class SlurmAttach(NamedTuple):
+    """A task of a Slurm job (its user, or root): the job's environment."""
+    slurm_job: str
+    pid: int | None = None        # the task's pid, to track
+
+
+class SlurmRelease(NamedTuple):
+    """Root's Epilog: end the Slurm job's vgpu job now."""
+    slurm_job: str
+
+
+Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | SlurmRegister
+           | SlurmAttach | SlurmRelease)
 
 # -- field checks -----------------------------------------------------------
 
@@ -153,6 +181,14 @@ def _command(name: str, v: Any) -> Any:
     return [check(name, a) for a in v]
 
 
+def _gpu_indices(name: str, v: Any) -> Any:
+    if (not isinstance(v, list) or not 1 <= len(v) <= 64
+            or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1024
+                   for i in v)):
+        raise errors.RequestInvalid(f"{name}: expected a list of 1 to 64 GPU indices")
+    return v
+
+
 _MEM = _int(1, 1 << 60)
 _CORE = _int(1, 100)
 
@@ -171,6 +207,16 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
                   "policy": (_policy, False)}),
     "kill": (Kill, {"job": (_job, True), "signal": (_int(1, 64), False)}),
     "reload": (Reload, {}),
+    "slurm_register": (SlurmRegister, {
+        "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
+        "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),
+        "name": (_str(MAX_NAME), False), "partition": (_str(MAX_NAME), False),
+        "account": (_str(MAX_NAME), False), "command": (_str(), False),
+        "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
+        "ask_core": (_CORE, False)}),
+    "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
+                                   "pid": (_int(1, 1 << 31), False)}),
+    "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),
 }
 
 

@@ -34,7 +34,8 @@ from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import UsageError
 
 MIB = 1 << 20
-GROUPINGS = ("job", "user", "gpu", "day")
+GROUPINGS = ("job", "user", "gpu", "day", "slurm-job")
+NOT_SLURM = "-"     # the --by slurm-job key of jobs run outside Slurm
 FORMATS = ("table", "csv", "json")
 
 
@@ -54,6 +55,9 @@ class JobInfo:
     start: float | None = None      # epoch seconds
     end: float | None = None        # None while running
     exit_status: int | None = None  # exit code, 128+N for signal N; None: unknown
+    slurm_job: str | None = None    # the Slurm job id, for a job its Prolog registered
+    partition: str | None = None    # its Slurm partition and account
+    account: str | None = None
 
 
 # -- time arguments ------------------------------------------------------------
@@ -184,6 +188,9 @@ def aggregate(jobs: Iterable[JobInfo], usage: Iterable[UsageRow], by: str,
             return [rec.user if rec and rec.user else "?"]
         if by == "gpu":
             return [gpu]
+        if by == "slurm-job":
+            rec = records.get(job_id)
+            return [rec.slurm_job if rec and rec.slurm_job else NOT_SLURM]
         return []
 
     for u in usage:
@@ -297,10 +304,18 @@ def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
             *_common(by),
             Column("command", "command", lambda r: row_job(r).command,
                    lambda r: row_job(r).command),
+            Column("slurm_job", "slurm_job", lambda r: row_job(r).slurm_job or "",
+                   lambda r: row_job(r).slurm_job),
+            Column("partition", "partition", lambda r: row_job(r).partition or "",
+                   lambda r: row_job(r).partition),
+            Column("account", "account", lambda r: row_job(r).account or "",
+                   lambda r: row_job(r).account),
         ]
     first = {"user": Column("user", "user", lambda r: r.key, lambda r: r.key),
              "gpu": Column("gpu_uuid", "gpu_uuid", lambda r: r.key, lambda r: r.key),
-             "day": Column("day", "day", lambda r: r.key, lambda r: r.key)}
+             "day": Column("day", "day", lambda r: r.key, lambda r: r.key),
+             "slurm-job": Column("slurm_job", "slurm_job", lambda r: r.key,
+                                 lambda r: None if r.key == NOT_SLURM else r.key)}
     if by not in first:
         raise UsageError(f"--by {by!r}: must be one of {', '.join(GROUPINGS)}")
     return [first[by], jobs_col, *_common(by)]
@@ -513,7 +528,14 @@ def job_from_row(row: Mapping[str, Any]) -> JobInfo:
                                 "created")),
         end=_opt_float(_first(row, "end", "ended", "end_time", "ended_at")),
         exit_status=_exit_status(row),
+        slurm_job=_opt_str(_first(row, "slurm_job")),
+        partition=_opt_str(_first(row, "slurm_partition", "partition")),
+        account=_opt_str(_first(row, "slurm_account", "account")),
     )
+
+
+def _opt_str(v: Any) -> str | None:
+    return None if v is None or v == "" else str(v)
 
 
 def _exit_status(row: Mapping[str, Any]) -> int | None:

@@ -14,6 +14,9 @@ Loops (the blocking parts run in the default executor):
   track     every 0.5 s while jobs exist: one /proc scan -> job processes,
             jobs whose processes are all gone end
   inventory every 1 s: NVML memory, utilization and per-process memory
+  slurm     every [slurm] reconcile_s while Slurm jobs are registered: jobs
+            squeue shows ended (or no longer knows) are released, for an
+            Epilog that never came
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.governor import compute
 from vgpuctl.store import retention, usage
 from vgpuctl.store.jobs import Store
-from vgpuctl.system import native, notify, paths
+from vgpuctl.system import native, notify, paths, slurm
 from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import Nvml
 
@@ -196,7 +199,7 @@ class Daemon:
         notify.ready(f"{len(sup.jobs)} jobs, {len(devices)} GPUs")
         tasks = [asyncio.ensure_future(c) for c in
                  (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml),
-                  self._retention_loop())]
+                  self._retention_loop(), self._slurm_loop())]
         try:
             await self.stop_event.wait()
         finally:
@@ -396,6 +399,25 @@ class Daemon:
                 raise
             except Exception:
                 log.exception("process tracking failed")
+
+    async def _slurm_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            every = self.sup.config.slurm.reconcile_s
+            await asyncio.sleep(every or 60)
+            asked = self.sup.slurm_jobs()
+            if not every or not asked:
+                continue
+            try:
+                states = await loop.run_in_executor(None, slurm.job_states)
+                if states is None:
+                    log.debug("squeue did not answer: Slurm jobs not reconciled")
+                else:
+                    self.sup.reconcile_slurm(asked, states)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("Slurm reconciliation failed")
 
     async def _inventory_loop(self, nvml: Nvml) -> None:
         loop = asyncio.get_running_loop()

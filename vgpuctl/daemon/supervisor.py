@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl import __version__
-from vgpuctl.core import placement
+from vgpuctl.core import placement, slurm
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
 from vgpuctl.core.sizes import format_size
@@ -29,6 +29,7 @@ from vgpuctl.core.violations import KINDS, JobLimits
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon import violations as watch
 from vgpuctl.errors import (
+    AdmissionRefused,
     NotFound,
     PermissionDenied,
     RequestInvalid,
@@ -115,7 +116,12 @@ class Supervisor:
             P.Ping: self.op_ping, P.Run: self.op_run, P.Started: self.op_started,
             P.Exited: self.op_exited, P.Ps: self.op_ps, P.Set: self.op_set,
             P.Kill: self.op_kill, P.Reload: self.op_reload,
+            P.SlurmRegister: self.op_slurm_register, P.SlurmAttach: self.op_slurm_attach,
+            P.SlurmRelease: self.op_slurm_release,
         }
+        # Slurm job id -> (uid, why): registrations refused, for the job's
+        # TaskProlog to fail its steps with the reason (until the Epilog).
+        self.slurm_refused: dict[str, tuple[int, str]] = {}
 
     # -- requests ---------------------------------------------------------------
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -160,7 +166,9 @@ class Supervisor:
                 "socket": str(self.paths.socket), "system": self.paths.system,
                 "started": self.started, "compute": self.compute,
                 "config": self.config.source, "jobs": len(self.jobs),
-                "config_file": None if self.paths.config is None else str(self.paths.config)}
+                "config_file": None if self.paths.config is None else str(self.paths.config),
+                "slurm": {"shard_size": self.config.slurm.shard_size,
+                          "allow_run": self.config.slurm.allow_run}}
 
     def commitments(self) -> list[placement.Commitment]:
         return [placement.Commitment(j.id, u, j.rec.mem_limit)
@@ -175,40 +183,194 @@ class Supervisor:
         core = req.core if req.core is not None else 100
         policy = req.policy or cfg.default_policy
         placement.check_user_limits(cfg.limits_for(user, peer.uid), user, mem, core)
-        where = placement.place(self.gpus, self.commitments(), mem, pin=req.gpu,
+        where = placement.place(self._run_gpus(req.gpu), self.commitments(), mem, pin=req.gpu,
                                 reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
-        hook = str(self.hook_library())
-        now = self.clock()
         name = req.name or os.path.basename(req.command[0]) or req.command[0]
         rec = JobRecord(name=name, uid=peer.uid, user=user, command=list(req.command),
                         cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],
-                        mem_limit=mem, core_share=core, policy=policy, created=now,
+                        mem_limit=mem, core_share=core, policy=policy, created=self.clock(),
                         state=STARTING, launcher_pid=peer.pid,
                         launcher_start=tracking.start_time(peer.pid))
+        self.hook_library()            # NativeMissing before anything is admitted
+        job = self._admit(rec)
+        log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
+                 user, where.gpu.index, format_size(mem), core, policy)
+        env, prepend = self._job_env(job)
+        small = placement.context_warning(mem, self.context_mem)
+        return P.ok(job=self.view(job), env=env, prepend=prepend,
+                    warnings=[small] if small else [])
+
+    def _run_gpus(self, pin: str | None) -> list[placement.Gpu]:
+        """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
+        ([slurm] gpus), unless [slurm] allow_run."""
+        sc = self.config.slurm
+        if sc.allow_run:
+            return self.gpus
+        how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
+               "in the daemon's configuration")
+        if pin is not None:
+            g = placement.resolve_gpu(self.gpus, pin)
+            if sc.controls(g.index):
+                raise AdmissionRefused(f"GPU {g.index} is Slurm's ([slurm] gpus): {how}")
+        gpus = [g for g in self.gpus if not sc.controls(g.index)]
+        if not gpus and self.gpus:
+            raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
+        return gpus
+
+    def _admit(self, rec: JobRecord) -> Job:
+        """Insert an admitted job and create its region; the live Job."""
         self.store.insert_job(rec)
         job_dir = self.paths.jobs_dir / rec.id
         try:
             if job_dir.exists():       # left by a database that was deleted
                 shutil.rmtree(job_dir)
-            region = Region.create(job_dir, rec.id, peer.uid, [DeviceLimit(
-                uuid=where.gpu.uuid, mem_limit=mem, core_share=core,
-                policy=POLICY_CODES[policy])])
+            region = Region.create(job_dir, rec.id, rec.uid, [DeviceLimit(
+                uuid=str(g["uuid"]), mem_limit=rec.mem_limit, core_share=rec.core_share,
+                policy=POLICY_CODES[rec.policy]) for g in rec.gpus])
         except (OSError, ValueError) as e:
-            rec.state, rec.ended = ENDED, now
+            rec.state, rec.ended = ENDED, self.clock()
             self.store.update_job(rec)
             raise StateError(f"could not create the job's region in {job_dir}: {e}") from None
         rec.region = str(job_dir)
         self.store.update_job(rec, ["region"])
-        self.jobs[rec.id] = Job(rec, region)
-        log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
-                 user, where.gpu.index, format_size(mem), core, policy)
-        env = {"VGPU_REGION": str(job_dir), "VGPU_JOB": rec.id,
-               "CUDA_VISIBLE_DEVICES": where.gpu.uuid, **self.sim_env}
-        # Paths the client puts in front of the variable's current value.
-        prepend = {"LD_PRELOAD": hook, **self.sim_prepend}
-        small = placement.context_warning(mem, self.context_mem)
-        return P.ok(job=self.view(self.jobs[rec.id]), env=env, prepend=prepend,
-                    warnings=[small] if small else [])
+        job = self.jobs[rec.id] = Job(rec, region)
+        return job
+
+    def _job_env(self, job: Job) -> tuple[dict[str, str], dict[str, str]]:
+        """The variables a job's processes get, and the paths put first on
+        path-list variables (the hook on LD_PRELOAD, the simulator's
+        libraries on LD_LIBRARY_PATH)."""
+        rec = job.rec
+        env = {"VGPU_REGION": str(rec.region), "VGPU_JOB": rec.id,
+               "CUDA_VISIBLE_DEVICES": ",".join(job.uuids()), **self.sim_env}
+        return env, {"LD_PRELOAD": str(self.hook_library()), **self.sim_prepend}
+
+    # -- Slurm --------------------------------------------------------------------
+    def slurm_job(self, slurm_job: str) -> Job | None:
+        """The live job registered for a Slurm job id."""
+        return next((j for j in self.jobs.values() if j.rec.slurm_job == slurm_job), None)
+
+    def slurm_gpu(self, index: int) -> placement.Gpu:
+        """Slurm's GPU ``index``: the index-th GPU in /dev/nvidiaN minor order,
+        the order of gres.conf's lines (`vgpuctl slurm gres-conf`)."""
+        def minor(g: placement.Gpu) -> tuple[int, int]:
+            st = self.stats.get(g.uuid)
+            m = st.minor if st is not None and st.minor is not None else g.index
+            return m, g.index
+        ordered = sorted(self.gpus, key=minor)
+        if index >= len(ordered):
+            raise NotFound(f"Slurm's GPU {index} is not here: this node has {len(ordered)} "
+                           "GPUs (gres.conf and vgpuctl disagree; see `vgpuctl slurm gres-conf`)")
+        return ordered[index]
+
+    def op_slurm_register(self, peer: Peer, req: P.SlurmRegister) -> dict[str, Any]:
+        if peer.uid != 0 and not (self.is_admin(peer) and req.uid == peer.uid):
+            raise PermissionDenied("only root may register a Slurm job (from its Prolog)")
+        job = self.slurm_job(req.slurm_job)
+        if job is not None:
+            if job.rec.uid != req.uid:
+                raise UsageError(f"Slurm job {req.slurm_job} is registered for uid "
+                                 f"{job.rec.uid}, not {req.uid}")
+            return P.ok(job=self.view(job), existing=True)
+        try:
+            job = self._register_slurm(req)
+        except (AdmissionRefused, NotFound, UsageError) as e:
+            self.slurm_refused.pop(req.slurm_job, None)
+            self.slurm_refused[req.slurm_job] = (req.uid, str(e))
+            while len(self.slurm_refused) > 4096:       # missed Epilogs: forget the oldest
+                del self.slurm_refused[next(iter(self.slurm_refused))]
+            log.warning("Slurm job %s of uid %d refused: %s", req.slurm_job, req.uid, e)
+            raise
+        self.slurm_refused.pop(req.slurm_job, None)
+        return P.ok(job=self.view(job), existing=False)
+
+    def _register_slurm(self, req: P.SlurmRegister) -> Job:
+        cfg = self.config
+        where = sorted(set(req.gpus))
+        if len(where) != 1:
+            raise AdmissionRefused(
+                f"Slurm job {req.slurm_job} has shards on {len(where)} GPUs of this node "
+                f"({', '.join(map(str, where))}): vgpuctl fences a job on one GPU")
+        gpu = self.slurm_gpu(where[0])
+        size = cfg.slurm.shard_size
+        per_gpu = slurm.shards_per_gpu(
+            placement.capacity(gpu, cfg.reserve, cfg.oversubscribe), size)
+        mem, core = slurm.shard_limits(req.shards, per_gpu, size)
+        core = req.core or core
+        if req.ask_core is not None:         # a job may take less than its share, not more
+            core = min(core, req.ask_core)
+        policy = req.policy or cfg.default_policy
+        placement.place(self.gpus, self.commitments(), mem, pin=gpu.uuid, reserve=cfg.reserve,
+                        oversubscribe=cfg.oversubscribe)
+        self.hook_library()
+        now = self.clock()
+        rec = JobRecord(name=req.name or f"slurm-{req.slurm_job}", uid=req.uid,
+                        user=user_name(req.uid),
+                        command=[req.command or f"slurm job {req.slurm_job}"],
+                        cwd=req.cwd or "/", gpus=[{"index": gpu.index, "uuid": gpu.uuid}],
+                        mem_limit=mem, core_share=core, policy=policy, created=now,
+                        state=RUNNING, started=now, slurm_job=req.slurm_job,
+                        slurm_partition=req.partition, slurm_account=req.account,
+                        slurm_shards=req.shards)
+        job = self._admit(rec)
+        log.info("job %s: Slurm job %s of %s registered on GPU %d: %d shards, mem %s, "
+                 "core %d%%, %s", rec.id, req.slurm_job, rec.user, gpu.index, req.shards,
+                 format_size(mem), core, policy)
+        return job
+
+    def op_slurm_attach(self, peer: Peer, req: P.SlurmAttach) -> dict[str, Any]:
+        job = self.slurm_job(req.slurm_job)
+        if job is None:
+            refused = self.slurm_refused.get(req.slurm_job)
+            if refused is not None and (peer.uid == refused[0] or self.is_admin(peer)):
+                raise AdmissionRefused(f"vgpuctl refused Slurm job {req.slurm_job}: "
+                                       f"{refused[1]}")
+            raise NotFound(f"Slurm job {req.slurm_job} is not registered with vgpuctl")
+        self._authorize(peer, job, "attach to")
+        if req.pid is not None:
+            self._add_pid(job, req.pid)
+        env, prepend = self._job_env(job)
+        return P.ok(job=self.view(job), env=env, prepend=prepend)
+
+    def _add_pid(self, job: Job, pid: int) -> None:
+        """Track pid (and what it starts) as the job's, if it runs as the
+        job's user."""
+        start = tracking.start_time(pid)
+        if start is None:
+            return
+        if job.rec.uid != 0 and tracking.proc_uid(pid) != job.rec.uid:
+            raise PermissionDenied(f"process {pid} does not run as {job.rec.user}")
+        if job.rec.pids.get(pid) != start:
+            job.rec.pids[pid] = start
+            self.store.update_job(job.rec, ["pids"])
+
+    def op_slurm_release(self, peer: Peer, req: P.SlurmRelease) -> dict[str, Any]:
+        if not self.is_admin(peer):
+            raise PermissionDenied("only root may release a Slurm job (from its Epilog)")
+        self.slurm_refused.pop(req.slurm_job, None)
+        job = self.slurm_job(req.slurm_job)
+        if job is None:
+            return P.ok(released=None)
+        self.end_job(job)
+        return P.ok(released=job.id)
+
+    def slurm_jobs(self) -> list[str]:
+        """The Slurm job ids of the live jobs."""
+        return [j.rec.slurm_job for j in self.jobs.values() if j.rec.slurm_job is not None]
+
+    def reconcile_slurm(self, asked: list[str], states: Mapping[str, str]) -> list[str]:
+        """End the jobs of the Slurm jobs ``asked`` about (those registered
+        before the controller was asked: a later one may be missing from its
+        answer) that its list (job id -> state) shows ended or no longer
+        has: an Epilog that never came."""
+        ended = slurm.gone(asked, states)
+        for sid in ended:
+            job = self.slurm_job(sid)
+            if job is not None:
+                log.warning("Slurm job %s is %s: releasing job %s (its Epilog did not)", sid,
+                            states.get(sid, "gone").lower(), job.id)
+                self.end_job(job)
+        return ended
 
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self._job(req.job)
@@ -233,6 +395,9 @@ class Supervisor:
     def op_exited(self, peer: Peer, req: P.Exited) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "end")
+        if job.rec.slurm_job is not None:
+            raise UsageError(f"job {job.id} is Slurm job {job.rec.slurm_job}'s: it ends at "
+                             "its Epilog")
         rec = job.rec
         rec.exit_code, rec.exit_signal = req.code, req.signal
         rec.launcher_pid = rec.launcher_start = None    # the launcher is leaving
@@ -271,6 +436,9 @@ class Supervisor:
     def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "change")
+        if job.rec.slurm_job is not None and not self.is_admin(peer):
+            raise PermissionDenied(f"job {job.id} is Slurm job {job.rec.slurm_job}'s: its "
+                                   "limits are its shards, only root may change them")
         if req.mem is None and req.core is None and req.policy is None:
             raise UsageError("nothing to change: give --mem, --core or --policy")
         rec = job.rec
@@ -396,6 +564,8 @@ class Supervisor:
             "command": rec.command, "cwd": rec.cwd,
             "exit_code": rec.exit_code, "exit_signal": rec.exit_signal,
             "violations": list(job.violations),
+            "slurm_job": rec.slurm_job, "slurm_partition": rec.slurm_partition,
+            "slurm_account": rec.slurm_account, "slurm_shards": rec.slurm_shards,
         }
 
     def gpu_views(self) -> list[dict[str, Any]]:
@@ -405,6 +575,8 @@ class Supervisor:
             st = self.stats.get(g.uuid)
             out.append({
                 "index": g.index, "uuid": g.uuid, "name": g.name, "memory_total": g.total,
+                "minor": st.minor if st else None,
+                "slurm": self.config.slurm.controls(g.index),
                 "memory_used": st.memory_used if st else None,
                 "utilization": st.utilization if st else None,
                 "committed": used.get(g.uuid, 0),
@@ -461,8 +633,8 @@ class Supervisor:
                 self.store.update_job(rec, ["pids"])
             launcher = (rec.launcher_pid is not None
                         and tracking.alive(rec.launcher_pid, rec.launcher_start, table))
-            if not live and not launcher:
-                self.end_job(job)
+            if not live and not launcher and rec.slurm_job is None:
+                self.end_job(job)     # a Slurm job ends at its Epilog, not here
 
     def end_job(self, job: Job) -> None:
         rec = job.rec
@@ -506,7 +678,7 @@ class Supervisor:
             live = self._processes(job, table, children)
             launcher = (rec.launcher_pid is not None
                         and tracking.alive(rec.launcher_pid, rec.launcher_start, table))
-            if job.region is None or (not live and not launcher):
+            if job.region is None or (not live and not launcher and rec.slurm_job is None):
                 if job.region is None and (live or launcher):
                     log.warning("job %s: processes %s run without a region: not adopted",
                                 rec.id, sorted(live))

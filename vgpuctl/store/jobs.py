@@ -18,7 +18,7 @@ from typing import Any
 
 from vgpuctl.errors import StateError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 STARTING = "starting"   # admitted, the command not yet started
 RUNNING = "running"     # the command runs (root pid known)
@@ -47,11 +47,19 @@ CREATE TABLE IF NOT EXISTS jobs (
     pids          TEXT    NOT NULL DEFAULT '{}',  -- JSON {pid: starttime} seen
     exit_code     INTEGER,
     exit_signal   INTEGER,
-    region        TEXT                  -- the job's region directory
+    region        TEXT,                 -- the job's region directory
+    slurm_job     TEXT,                 -- the Slurm job id (a job the Prolog registered)
+    slurm_partition TEXT,
+    slurm_account TEXT,
+    slurm_shards  INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
 """
+
+# Columns added since schema 1, added to an older database when it opens.
+_ADDED = {"slurm_job": "TEXT", "slurm_partition": "TEXT", "slurm_account": "TEXT",
+          "slurm_shards": "INTEGER"}
 
 
 @dataclass
@@ -79,6 +87,10 @@ class JobRecord:
     exit_code: int | None = None
     exit_signal: int | None = None
     region: str | None = None
+    slurm_job: str | None = None
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_shards: int | None = None
 
     @property
     def active(self) -> bool:
@@ -127,6 +139,10 @@ class Store:
                 raise StateError(f"{path}: written by a newer vgpuctl (schema {version}); "
                                 "upgrade vgpuctl")
             conn.executescript(_SCHEMA)
+            have = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+            for col, typ in _ADDED.items():
+                if col not in have:
+                    conn.execute(f"ALTER TABLE jobs ADD COLUMN {col} {typ}")
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.Error as e:
             raise StateError(f"{path}: {e}") from None

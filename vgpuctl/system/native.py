@@ -7,6 +7,8 @@
     _native/sim/libnvidia-ml.so.1      the simulated GPU's NVML
     _native/bin/vgpu-burn              the workload program
     _native/include/vgpu/region.h      the shared region layout
+    _native/src/spank_vgpu.c           the SPANK plugin's source, built at a
+                                       Slurm site against its spank.h
 """
 
 from __future__ import annotations
@@ -48,3 +50,7 @@ def burn_program() -> Path:
 
 def region_header() -> Path:
     return _need(NATIVE_DIR / "include" / "vgpu" / "region.h")
+
+
+def spank_source() -> Path:
+    return _need(NATIVE_DIR / "src" / "spank_vgpu.c")

@@ -24,6 +24,7 @@ class GpuStats:
     memory_used: int | None = None    # bytes, as NVML reports for the whole GPU
     utilization: int | None = None    # percent over NVML's last sample period
     processes: dict[int, int] = field(default_factory=dict)  # pid -> bytes used
+    minor: int | None = None          # /dev/nvidia<minor>; None: unknown
 
 
 def _text(v: Any) -> str:
@@ -57,9 +58,14 @@ class Nvml:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
                 self._handles.append(h)
                 mem = nv.nvmlDeviceGetMemoryInfo(h)
+                try:
+                    minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
+                except nv.NVMLError:
+                    minor = None
                 self._static.append(GpuStats(
                     index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                    name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total)))
+                    name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
+                    minor=minor))
 
     def devices(self) -> list[GpuStats]:
         """The GPUs as found at start (index, uuid, name, total)."""
@@ -89,7 +95,8 @@ class Nvml:
                             procs[int(p.pid)] = procs.get(int(p.pid), 0) + int(mem or 0)
                     except nv.NVMLError:
                         pass
-                out.append(GpuStats(g.index, g.uuid, g.name, g.memory_total, used, util, procs))
+                out.append(GpuStats(g.index, g.uuid, g.name, g.memory_total, used, util, procs,
+                                    g.minor))
         return out
 
     def close(self) -> None:

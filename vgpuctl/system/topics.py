@@ -25,6 +25,8 @@ TOPICS: dict[str, tuple[str, str]] = {
     "hook": ("docs/hook.md", "libvgpu.so, the preload library, and its environment"),
     "compute": ("docs/compute.md", "how --core shares are measured and enforced"),
     "simulator": ("docs/simulator.md", "the simulated GPU: VGPU_SIM and its knobs"),
+    "slurm": ("docs/slurm.md", "Slurm's --gres=shard jobs fenced and accounted: node set-up"),
+    "slurm-conf": ("etc/slurm/slurm.conf.example", "the slurm.conf lines a vgpuctl node needs"),
 }
 
 PACKAGE = Path(__file__).resolve().parent.parent

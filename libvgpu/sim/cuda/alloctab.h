@@ -20,6 +20,8 @@ enum alloc_kind {
     ALLOC_REGISTERED, /* cuMemHostRegister: the caller's memory */
     ALLOC_ARRAY,
     ALLOC_VA,         /* cuMemAddressReserve */
+    ALLOC_GLOBAL,     /* a module's __device__ variable: part of its image */
+    ALLOC_POOL,       /* from a memory pool: the pool's reserve is charged */
 };
 
 struct alloc {

@@ -1,7 +1,8 @@
 /*
  * context.c - contexts: primary (retain/release/state/reset) and created
  * ones (create/destroy), the per-thread context stack, and what a context
- * costs in device memory.
+ * costs in device memory, and what runtimes store per context (their
+ * context-local storage, reached through the export tables of darkapi.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,100 @@ static __thread CUcontext t_stack[STACK_MAX];
 static __thread int t_depth;
 static struct CUctx_st *g_primary[VGPU_SIM_MAX_DEVICES];
 static unsigned long long g_next_id = 1;
+
+/* ---- context-local storage ----
+ *
+ * A runtime keeps its per-context state here (CONTEXT_LOCAL_STORAGE in
+ * darkapi.c): a value per (context, key), with a destructor the driver runs
+ * when the context dies (its last primary release, a reset, cuCtxDestroy).
+ * The destructors call back into the driver, so they run with no lock held.
+ */
+
+struct cls_entry {
+    CUcontext ctx;
+    void *key;
+    void *value;
+    cu_cls_dtor dtor;
+    struct cls_entry *next;
+};
+
+static struct cls_entry *g_cls;
+static pthread_mutex_t g_cls_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct cls_entry **cls_find(CUcontext ctx, void *key)
+{
+    struct cls_entry **e = &g_cls;
+    while (*e && !((*e)->ctx == ctx && (*e)->key == key))
+        e = &(*e)->next;
+    return e;
+}
+
+CUresult cu_cls_put(CUcontext ctx, void *key, void *value, cu_cls_dtor dtor)
+{
+    pthread_mutex_lock(&g_cls_lock);
+    struct cls_entry **e = cls_find(ctx, key);
+    if (!*e) {
+        *e = calloc(1, sizeof **e);
+        if (!*e) {
+            pthread_mutex_unlock(&g_cls_lock);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        (*e)->ctx = ctx;
+        (*e)->key = key;
+    }
+    (*e)->value = value;
+    (*e)->dtor = dtor;
+    pthread_mutex_unlock(&g_cls_lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cu_cls_get(CUcontext ctx, void *key, void **value)
+{
+    pthread_mutex_lock(&g_cls_lock);
+    struct cls_entry *e = *cls_find(ctx, key);
+    if (e)
+        *value = e->value;
+    pthread_mutex_unlock(&g_cls_lock);
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cu_cls_delete(CUcontext ctx, void *key)
+{
+    pthread_mutex_lock(&g_cls_lock);
+    struct cls_entry **e = cls_find(ctx, key);
+    struct cls_entry *gone = *e;
+    if (gone)
+        *e = gone->next;
+    pthread_mutex_unlock(&g_cls_lock);
+    free(gone);
+    return gone ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* The context is dying: take its entries out, then run their destructors
+ * (with no lock held: they call the driver, on this very context). */
+static void cls_context_dies(CUcontext ctx)
+{
+    pthread_mutex_lock(&g_cls_lock);
+    struct cls_entry *dying = NULL, **e = &g_cls;
+    while (*e) {
+        if ((*e)->ctx == ctx) {
+            struct cls_entry *d = *e;
+            *e = d->next;
+            d->next = dying;
+            dying = d;
+        } else {
+            e = &(*e)->next;
+        }
+    }
+    pthread_mutex_unlock(&g_cls_lock);
+    while (dying) {
+        struct cls_entry *d = dying;
+        dying = d->next;
+        if (d->dtor)
+            d->dtor(ctx, d->key, d->value);
+        free(d);
+    }
+}
 
 /* ---- contexts ---- */
 
@@ -79,22 +174,52 @@ static void stack_remove(CUcontext c)
     t_depth = j;
 }
 
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+/* The device's primary context object, created inactive if need be. Needs
+ * cu_lock. */
+static struct CUctx_st *primary_of(CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = g_primary[dev];
     if (!c) {
         c = cu_obj_new(sizeof *c, MAGIC_CTX);
+        if (!c)
+            return NULL;
         c->ordinal = dev;
         c->phys = cu_phys[dev];
         c->primary = 1;
         c->id = g_next_id++;
         g_primary[dev] = c;
+    }
+    return c;
+}
+
+/* The arguments of a primary context call: a device and somewhere to put it. */
+static CUresult primary_args(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    return rc ? rc : (pctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE);
+}
+
+CUresult cu_primary_handle(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = primary_args(pctx, dev);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&cu_lock);
+    *pctx = primary_of(dev);
+    pthread_mutex_unlock(&cu_lock);
+    return *pctx ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CUresult rc = primary_args(pctx, dev);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&cu_lock);
+    struct CUctx_st *c = primary_of(dev);
+    if (!c) {
+        pthread_mutex_unlock(&cu_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (c->refcount == 0)
         rc = ctx_activate(c);
@@ -113,6 +238,11 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
         return rc;
     pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = g_primary[dev];
+    int last = c && c->refcount == 1;
+    pthread_mutex_unlock(&cu_lock);
+    if (last)
+        cls_context_dies(c);
+    pthread_mutex_lock(&cu_lock);
     if (!c || c->refcount == 0) {
         rc = CUDA_ERROR_INVALID_CONTEXT;
     } else if (--c->refcount == 0) {
@@ -162,6 +292,10 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         return rc;
     pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = g_primary[dev];
+    pthread_mutex_unlock(&cu_lock);
+    if (c)
+        cls_context_dies(c);
+    pthread_mutex_lock(&cu_lock);
     if (c && c->refcount > 0) {
         exec_sync_ctx(c);
         mem_free_ctx(c);
@@ -227,6 +361,7 @@ VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!cu_ctx_valid(ctx) || ctx->primary)
         return CUDA_ERROR_INVALID_CONTEXT;
+    cls_context_dies(ctx);
     pthread_mutex_lock(&cu_lock);
     ctx->refcount = 0;
     pthread_mutex_unlock(&cu_lock);
@@ -248,6 +383,8 @@ VGPU_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+VGPU_ALIAS(cuCtxPushCurrent_v2, cuCtxPushCurrent)
+
 VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
     if (!cu_initialized)
@@ -260,6 +397,8 @@ VGPU_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+VGPU_ALIAS(cuCtxPopCurrent_v2, cuCtxPopCurrent)
+
 VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
     if (!cu_initialized)
@@ -269,7 +408,10 @@ VGPU_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
             t_depth--;
         return CUDA_SUCCESS;
     }
-    if (!cu_ctx_valid(ctx))
+    /* A primary context may be made current before it is retained (the
+     * runtime does so with the handle CUDART_INTERFACE gives it): calls that
+     * need it fail until it is active. */
+    if (!cu_ctx_valid(ctx) && !(cu_obj_is(ctx, MAGIC_CTX) && ctx->primary))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (t_depth == 0)
         t_depth = 1;
@@ -408,5 +550,50 @@ VGPU_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
         *least = 0;
     if (greatest)
         *greatest = -5;
+    return CUDA_SUCCESS;
+}
+
+/* ---- peer access ----
+ * Every simulated GPU can reach every other (cuDeviceCanAccessPeer says so):
+ * enabling access from the current context to peer's device is remembered
+ * per pair, as the driver refuses enabling it twice. */
+
+static unsigned char g_peer[VGPU_SIM_MAX_DEVICES][VGPU_SIM_MAX_DEVICES];
+
+static CUresult peer_pair(CUcontext peer, CUcontext *cur)
+{
+    CUresult rc = cu_current(cur);
+    if (rc)
+        return rc;
+    if (!cu_ctx_valid(peer))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (peer->ordinal == (*cur)->ordinal)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    CUcontext cur;
+    CUresult rc = peer_pair(peer, &cur);
+    if (rc)
+        return rc;
+    if (flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *on = &g_peer[cur->ordinal][peer->ordinal];
+    if (__atomic_exchange_n(on, 1, __ATOMIC_RELAXED))
+        return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
+{
+    CUcontext cur;
+    CUresult rc = peer_pair(peer, &cur);
+    if (rc)
+        return rc;
+    unsigned char *on = &g_peer[cur->ordinal][peer->ordinal];
+    if (!__atomic_exchange_n(on, 0, __ATOMIC_RELAXED))
+        return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
     return CUDA_SUCCESS;
 }

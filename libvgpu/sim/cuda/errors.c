@@ -2,6 +2,7 @@
  * errors.c - cuGetErrorName and cuGetErrorString.
  */
 #include <stddef.h>
+#include <stdio.h>
 
 #include "common/sim.h"
 #include "vgpu/cuda_types.h"
@@ -121,4 +122,57 @@ VGPU_EXPORT CUresult cuGetErrorString(CUresult error, const char **str)
     int i = find(error);
     *str = i < 0 ? NULL : k_errors[i].text;
     return i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* ---- the driver's error log (cuLogs*, 12.9) ----
+ * This driver logs nothing: a callback is registered and never called, the
+ * current position is 0 and dumps are empty. */
+
+VGPU_EXPORT CUresult cuLogsRegisterCallback(void (*cb)(void *, int, const char *, size_t),
+                                            void *data, void **handle)
+{
+    (void)data;
+    if (!cb || !handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    *handle = (void *)cb;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLogsUnregisterCallback(void *handle)
+{
+    return handle ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+VGPU_EXPORT CUresult cuLogsCurrent(unsigned int *iterator, unsigned int flags)
+{
+    if (!iterator || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *iterator = 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLogsDumpToFile(unsigned int *iterator, const char *path, unsigned int flags)
+{
+    if (!path || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return CUDA_ERROR_INVALID_VALUE;
+    fclose(f);
+    if (iterator)
+        *iterator = 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLogsDumpToMemory(unsigned int *iterator, char *buffer, size_t *size,
+                                        unsigned int flags)
+{
+    if (!buffer || !size || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (*size)
+        buffer[0] = '\0';
+    *size = 0;
+    if (iterator)
+        *iterator = 0;
+    return CUDA_SUCCESS;
 }

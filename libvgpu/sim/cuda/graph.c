@@ -13,7 +13,8 @@
 #include "copy.h"
 #include "exec.h"
 #include "init.h"
-#include "launch.h"
+#include "graph.h"
+#include "kernel.h"
 #include "stream.h"
 
 #define MAGIC_NODE 0x564e4f44u
@@ -135,14 +136,21 @@ VGPU_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const 
     return rc ? rc : add_node(out, g, deps, ndeps, &proto);
 }
 
+/* The CUDA 10 forms, with the shorter parameter struct (no kern, ctx). */
+static CUDA_KERNEL_NODE_PARAMS_v2 params_v2(const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 v2;
+    memset(&v2, 0, sizeof v2);
+    memcpy(&v2, p, sizeof *p);
+    return v2;
+}
+
 VGPU_EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
                                           size_t ndeps, const CUDA_KERNEL_NODE_PARAMS *p)
 {
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
-    CUDA_KERNEL_NODE_PARAMS_v2 v2;
-    memset(&v2, 0, sizeof v2);
-    memcpy(&v2, p, sizeof *p);
+    CUDA_KERNEL_NODE_PARAMS_v2 v2 = params_v2(p);
     return cuGraphAddKernelNode_v2(out, g, deps, ndeps, &v2);
 }
 
@@ -228,6 +236,22 @@ VGPU_EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode n, const CUDA_KER
     return rc;
 }
 
+VGPU_EXPORT CUresult cuGraphKernelNodeGetParams(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!cu_obj_is(n, MAGIC_NODE) || n->type != NODE_KERNEL || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(p, &n->k, sizeof *p);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 v2 = params_v2(p);
+    return cuGraphKernelNodeSetParams_v2(n, &v2);
+}
+
 VGPU_EXPORT CUresult cuGraphDestroyNode(CUgraphNode n)
 {
     if (!cu_obj_is(n, MAGIC_NODE))
@@ -299,6 +323,8 @@ VGPU_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *pe, CUgraph g,
 }
 VGPU_ALIAS(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz)
 
+VGPU_ALIAS(cuGraphInstantiate_v2, cuGraphInstantiate)
+
 VGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     if (!cu_obj_is(e, MAGIC_GEXEC))
@@ -323,6 +349,15 @@ VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNod
         }
     }
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n,
+                                                    const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 v2 = params_v2(p);
+    return cuGraphExecKernelNodeSetParams_v2(e, n, &v2);
 }
 
 VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream h)
@@ -366,3 +401,236 @@ VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream h)
     return rc;
 }
 VGPU_ALIAS(cuGraphLaunch, cuGraphLaunch_ptsz)
+
+/* ---- stream capture ----
+ *
+ * Between cuStreamBeginCapture and cuStreamEndCapture a stream records
+ * instead of running: each kernel launched on it becomes a kernel node of
+ * the capture's graph, depending on the node captured before it (or on what
+ * cuStreamUpdateCaptureDependencies set). Copies and memsets issued to a
+ * capturing stream still happen at once (kernels never touch memory here, so
+ * a replay would copy the same bytes). The legacy default stream cannot
+ * capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), as on the driver.
+ */
+
+enum { CAPTURE_STATUS_NONE = 0, CAPTURE_STATUS_ACTIVE = 1 };
+enum { CAPTURE_MODE_GLOBAL = 0, CAPTURE_MODE_RELAXED = 2 };
+
+static unsigned long long g_capture_ids;
+static __thread int t_capture_mode = CAPTURE_MODE_GLOBAL;
+
+CUresult cu_capture_kernel(CUstream s, CUfunction f, unsigned int gx, unsigned int gy,
+                           unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
+                           unsigned int shmem, void **params, void **extra)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 p = {
+        .func = f, .gridDimX = gx, .gridDimY = gy, .gridDimZ = gz, .blockDimX = bx,
+        .blockDimY = by, .blockDimZ = bz, .sharedMemBytes = shmem, .kernelParams = params,
+        .extra = extra,
+    };
+    CUgraphNode node;
+    CUresult rc = cuGraphAddKernelNode_v2(&node, s->capture, s->capture_last ? &s->capture_last : NULL,
+                                          s->capture_last ? 1 : 0, &p);
+    if (rc == CUDA_SUCCESS)
+        s->capture_last = node;
+    return rc;
+}
+
+/* A stream that may capture: a created one (not a default stream). */
+static CUresult capture_stream(CUstream h, CUstream *s)
+{
+    CUcontext ctx;
+    CUresult rc = cu_stream_resolve(h, &ctx, s);
+    if (rc)
+        return rc;
+    return *s ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+static CUresult begin_capture(CUstream h, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                              int mode)
+{
+    CUstream s;
+    CUresult rc = capture_stream(h, &s);
+    if (rc)
+        return rc;
+    if (mode < CAPTURE_MODE_GLOBAL || mode > CAPTURE_MODE_RELAXED || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    if (!g) {
+        rc = cuGraphCreate(&g, 0);
+        if (rc)
+            return rc;
+    } else if (!cu_obj_is(g, MAGIC_GRAPH)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    s->capture_mode = mode;
+    s->capture_last = ndeps ? deps[ndeps - 1] : NULL;
+    s->capture_id = __atomic_add_fetch(&g_capture_ids, 1, __ATOMIC_RELAXED);
+    s->capture = g;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, int mode)
+{
+    return begin_capture(h, NULL, NULL, 0, mode);
+}
+VGPU_ALIAS(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz)
+
+VGPU_EXPORT CUresult cuStreamBeginCapture(CUstream h)
+{
+    return begin_capture(h, NULL, NULL, 0, CAPTURE_MODE_GLOBAL);
+}
+VGPU_ALIAS(cuStreamBeginCapture, cuStreamBeginCapture_ptsz)
+
+VGPU_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream h, CUgraph g, const CUgraphNode *deps,
+                                                 const void *edge_data, size_t ndeps, int mode)
+{
+    (void)edge_data;
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(h, g, deps, ndeps, mode);
+}
+VGPU_ALIAS(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz)
+
+VGPU_EXPORT CUresult cuStreamEndCapture(CUstream h, CUgraph *pg)
+{
+    CUstream s;
+    CUresult rc = capture_stream(h, &s);
+    if (rc)
+        return rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ? CUDA_ERROR_ILLEGAL_STATE : rc;
+    if (!pg)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!s->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    *pg = s->capture;
+    s->capture = NULL;
+    s->capture_last = NULL;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuStreamEndCapture, cuStreamEndCapture_ptsz)
+
+static CUresult capture_info(CUstream h, int *status, cuuint64_t *id, CUgraph *graph,
+                             const CUgraphNode **deps, const void **edges, size_t *ndeps)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    int active = s && s->capture;
+    *status = active ? CAPTURE_STATUS_ACTIVE : CAPTURE_STATUS_NONE;
+    if (id && active)
+        *id = s->capture_id;
+    if (graph)
+        *graph = active ? s->capture : NULL;
+    if (deps)
+        *deps = active && s->capture_last ? &s->capture_last : NULL;
+    if (edges)
+        *edges = NULL;
+    if (ndeps)
+        *ndeps = active && s->capture_last ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuStreamGetCaptureInfo(CUstream h, int *status, cuuint64_t *id)
+{
+    return capture_info(h, status, id, NULL, NULL, NULL, NULL);
+}
+VGPU_ALIAS(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz)
+
+VGPU_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream h, int *status, cuuint64_t *id,
+                                               CUgraph *graph, const CUgraphNode **deps,
+                                               size_t *ndeps)
+{
+    return capture_info(h, status, id, graph, deps, NULL, ndeps);
+}
+VGPU_ALIAS(cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz)
+
+VGPU_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream h, int *status, cuuint64_t *id,
+                                               CUgraph *graph, const CUgraphNode **deps,
+                                               const void **edges, size_t *ndeps)
+{
+    return capture_info(h, status, id, graph, deps, edges, ndeps);
+}
+VGPU_ALIAS(cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz)
+
+/* flags: CU_STREAM_ADD_CAPTURE_DEPENDENCIES (0) or _SET_ (1). Nodes run in the
+ * order they were added, so the last one named is what the next depends on. */
+VGPU_EXPORT CUresult cuStreamUpdateCaptureDependencies(CUstream h, CUgraphNode *deps, size_t n,
+                                                       unsigned int flags)
+{
+    CUstream s;
+    CUresult rc = capture_stream(h, &s);
+    if (rc)
+        return rc == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED ? CUDA_ERROR_ILLEGAL_STATE : rc;
+    if (flags > 1 || (n && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!s->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    for (size_t i = 0; i < n; i++)
+        if (!cu_obj_is(deps[i], MAGIC_NODE) || deps[i]->graph != s->capture)
+            return CUDA_ERROR_INVALID_VALUE;
+    if (n)
+        s->capture_last = deps[n - 1];
+    else if (flags == 1)
+        s->capture_last = NULL;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuStreamUpdateCaptureDependencies, cuStreamUpdateCaptureDependencies_ptsz)
+
+VGPU_EXPORT CUresult cuStreamUpdateCaptureDependencies_v2(CUstream h, CUgraphNode *deps,
+                                                          const void *edges, size_t n,
+                                                          unsigned int flags)
+{
+    (void)edges;
+    return cuStreamUpdateCaptureDependencies(h, deps, n, flags);
+}
+VGPU_ALIAS(cuStreamUpdateCaptureDependencies_v2, cuStreamUpdateCaptureDependencies_v2_ptsz)
+
+VGPU_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    if (!mode || *mode < CAPTURE_MODE_GLOBAL || *mode > CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+/* ---- graph memory ----
+ * Graphs here hold no memory of their own (no memory alloc/free nodes), so
+ * every attribute reads 0; the high watermarks reset to 0 (the only value
+ * they may be set to). */
+
+enum { GRAPH_MEM_USED = 0, GRAPH_MEM_USED_HIGH = 1, GRAPH_MEM_RESERVED = 2,
+       GRAPH_MEM_RESERVED_HIGH = 3 };
+
+VGPU_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!value || attr < GRAPH_MEM_USED || attr > GRAPH_MEM_RESERVED_HIGH)
+        return CUDA_ERROR_INVALID_VALUE;
+    *(cuuint64_t *)value = 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!value || (attr != GRAPH_MEM_USED_HIGH && attr != GRAPH_MEM_RESERVED_HIGH) ||
+        *(cuuint64_t *)value != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
+{
+    return cu_check_device(dev);
+}

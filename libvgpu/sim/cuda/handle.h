@@ -50,6 +50,11 @@ struct CUstream_st {
     int priority;
     unsigned long long id;
     uint64_t last_seq;
+    /* stream capture (graph.c): the graph being recorded, or NULL */
+    CUgraph capture;
+    unsigned long long capture_id;
+    int capture_mode;
+    CUgraphNode capture_last; /* the node the next one depends on */
 };
 
 struct CUevent_st {
@@ -69,11 +74,13 @@ struct vgpu_param {
 struct CUfunc_st {
     uint32_t magic;
     CUmodule mod;
-    char name[256];
+    char name[4096];      /* C++ template kernels have long mangled names */
     int nparams;
     struct vgpu_param params[64];
     int spin;             /* name starts with vgpu_spin: duration from param 0 */
 };
+
+struct module_global;
 
 struct CUmod_st {
     uint32_t magic;
@@ -81,6 +88,13 @@ struct CUmod_st {
     int nfuncs;
     struct CUfunc_st *funcs;
     CUlibrary lib;
+    /* open: an image that could not be read (a compressed fatbin, the
+     * runtime's fatbin wrapper): every name asked for is a function of it,
+     * made on first use, as the runtime only asks for names it registered. */
+    int open;
+    int nextra;
+    struct CUfunc_st **extra;
+    struct module_global *globals; /* __device__ variables, made on first use */
 };
 
 /* Handle objects: never returned to malloc, so a stale handle's magic can

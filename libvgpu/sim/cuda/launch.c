@@ -1,81 +1,18 @@
 /*
- * launch.c - kernel launches (plain, extended, cooperative), occupancy,
- * and the rule that gives a simulated kernel its run time:
- *
- *   - a function whose name starts with "vgpu_spin" runs for as many
- *     nanoseconds as its first parameter (a u64) says;
- *   - any other kernel runs VGPU_SIM_NS_PER_BLOCK (default 2000) ns per wave
- *     of blocks, a wave being one block per SM (132 SMs), and at least 2 us.
+ * launch.c - kernel launches (plain, extended, cooperative) and occupancy.
+ * A launch on a capturing stream becomes a node of its graph (graph.c); how
+ * long a kernel runs is kernel.c's rule.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "context.h"
 #include "exec.h"
-#include "launch.h"
+#include "graph.h"
+#include "kernel.h"
 #include "stream.h"
 
-#define MIN_KERNEL_NS 2000ull
-#define MAX_SHARED 232448u
-#define CU_LAUNCH_PARAM_END ((void *)0x00)
-#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
-#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
-
-static uint64_t ns_per_block(void)
-{
-    static uint64_t v;
-    if (!v) {
-        const char *s = getenv("VGPU_SIM_NS_PER_BLOCK");
-        char *end;
-        unsigned long long n = s ? strtoull(s, &end, 10) : 0;
-        v = (s && *s && *end == '\0' && n > 0) ? n : 2000;
-    }
-    return v;
-}
-
-/* The first parameter's bytes, from kernelParams or the `extra` buffer. */
-static int first_param(void **params, void **extra, uint64_t *out)
-{
-    if (params && params[0]) {
-        memcpy(out, params[0], sizeof *out);
-        return 0;
-    }
-    for (int i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END && i < 16; i += 2) {
-        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER && extra[i + 1]) {
-            memcpy(out, extra[i + 1], sizeof *out);
-            return 0;
-        }
-    }
-    return -1;
-}
-
-CUresult cu_kernel_check(CUfunction f, CUcontext ctx, unsigned int gx, unsigned int gy,
-                         unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
-                         unsigned int shmem, void **params, void **extra, uint64_t *ns)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC) || !cu_obj_is(f->mod, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (f->mod->ctx && f->mod->ctx != ctx)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!gx || !gy || !gz || gy > 65535 || gz > 65535 || !bx || !by || !bz || bx > 1024 ||
-        by > 1024 || bz > 64 || (uint64_t)bx * by * bz > 1024 || shmem > MAX_SHARED)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (params && extra)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (f->nparams > 0 && !params && !extra)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (f->spin) {
-        if (first_param(params, extra, ns) < 0)
-            return CUDA_ERROR_INVALID_VALUE;
-    } else {
-        uint64_t blocks = (uint64_t)gx * gy * gz;
-        uint64_t waves = (blocks + SIM_SM_COUNT - 1) / SIM_SM_COUNT;
-        *ns = waves * ns_per_block();
-        if (*ns < MIN_KERNEL_NS)
-            *ns = MIN_KERNEL_NS;
-    }
-    return CUDA_SUCCESS;
-}
+#define MAX_SHARED 232448u /* shared memory per SM (kernel.h checks launches) */
 
 static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
@@ -100,6 +37,8 @@ static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned 
         if ((uint64_t)gx * gy * gz > per_sm * SIM_SM_COUNT)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
+    if (s && s->capture)
+        return cu_capture_kernel(s, f, gx, gy, gz, bx, by, bz, shmem, params, extra);
     exec_kernel(ctx, s, ns);
     return CUDA_SUCCESS;
 }
@@ -168,5 +107,54 @@ VGPU_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_
     int b = (limit > 0 && limit < 1024) ? limit : 1024;
     *block_size = b;
     *min_grid = SIM_SM_COUNT * (2048 / b > 32 ? 32 : 2048 / b);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, int *block_size,
+                                                               CUfunction f,
+                                                               size_t (*smem_fn)(int),
+                                                               size_t shmem, int limit,
+                                                               unsigned int flags)
+{
+    if (flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuOccupancyMaxPotentialBlockSize(min_grid, block_size, f, smem_fn, shmem, limit);
+}
+
+/* Shared memory a block may still ask for dynamically: the SM's, shared by
+ * the blocks that fit. */
+VGPU_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfunction f,
+                                                             int blocks, int block_size)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!smem || blocks <= 0 || block_size <= 0 || block_size > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t per_block = MAX_SHARED / (size_t)blocks;
+    *smem = per_block > MAX_SHARED - 1024 ? MAX_SHARED - 1024 : per_block;
+    return CUDA_SUCCESS;
+}
+
+/* Thread block clusters: an H100 runs clusters of up to 8 blocks (16 with
+ * the non-portable attribute); one cluster per GPC pair of SMs here. */
+VGPU_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f,
+                                                        const CUlaunchConfig *config)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!size || !config)
+        return CUDA_ERROR_INVALID_VALUE;
+    *size = 8;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f,
+                                                  const CUlaunchConfig *config)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!clusters || !config)
+        return CUDA_ERROR_INVALID_VALUE;
+    *clusters = SIM_SM_COUNT / 8;
     return CUDA_SUCCESS;
 }

@@ -9,6 +9,7 @@
 #include "context.h"
 #include "exec.h"
 #include "init.h"
+#include "vmm.h"
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
@@ -69,12 +70,19 @@ VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     if (dptr == 0)
         return CUDA_SUCCESS;
     struct alloc a;
-    /* Device and managed memory both go back through cuMemFree. */
-    if (mem_take(dptr, ALLOC_DEVICE, &a) < 0 && mem_take(dptr, ALLOC_MANAGED, &a) < 0)
-        return CUDA_ERROR_INVALID_VALUE;
+    /* Device, managed and stream-ordered memory all go back through cuMemFree. */
+    int pooled = 0;
+    if (mem_take(dptr, ALLOC_DEVICE, &a) < 0 && mem_take(dptr, ALLOC_MANAGED, &a) < 0) {
+        if (mem_take(dptr, ALLOC_POOL, &a) < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        pooled = 1;
+    }
     /* The driver frees once the device is done with what is queued. */
     exec_sync_ctx(NULL);
-    mem_release(&a);
+    if (pooled)
+        cu_pool_free(&a);
+    else
+        mem_release(&a);
     return CUDA_SUCCESS;
 }
 
@@ -276,5 +284,80 @@ VGPU_EXPORT CUresult cuPointerGetAttributes(unsigned int n, int *attrs, void **d
         if (rc)
             return rc;
     }
+    return CUDA_SUCCESS;
+}
+
+/* ---- prefetching managed memory ----
+ * Managed memory is one mapping here: a prefetch has nothing to move. */
+
+VGPU_EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr ptr, size_t n, CUdevice dev, CUstream h)
+{
+    (void)h;
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct alloc a;
+    if (!n || !mem_find(ptr, n, &a) || a.kind != ALLOC_MANAGED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev != -1 /* CU_DEVICE_CPU */ && (dev < 0 || dev >= cu_count))
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz)
+
+VGPU_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr ptr, size_t n, CUmemLocation loc,
+                                           unsigned int flags, CUstream h)
+{
+    if (flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1;
+    return cuMemPrefetchAsync(ptr, n, dev, h);
+}
+VGPU_ALIAS(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz)
+
+/* ---- tensor maps (TMA descriptors, sm_90) ----
+ * A CUtensorMap is 128 opaque bytes the kernel reads; kernels do not run
+ * here, so the descriptor is checked and zeroed. */
+
+#define TENSOR_MAP_BYTES 128
+
+static CUresult tensor_map(void *map, unsigned int rank, void *addr)
+{
+    if (!map || rank == 0 || rank > 5 || !addr || (uintptr_t)addr % 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(map, 0, TENSOR_MAP_BYTES);
+    memcpy(map, &addr, sizeof addr);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuTensorMapEncodeTiled(void *map, int dtype, unsigned int rank, void *addr,
+                                            const uint64_t *dims, const uint64_t *strides,
+                                            const unsigned int *box, const unsigned int *elem,
+                                            int interleave, int swizzle, int l2, int oob)
+{
+    (void)dtype, (void)interleave, (void)swizzle, (void)l2, (void)oob;
+    if (!dims || !box || !elem || (rank > 1 && !strides))
+        return CUDA_ERROR_INVALID_VALUE;
+    return tensor_map(map, rank, addr);
+}
+
+VGPU_EXPORT CUresult cuTensorMapEncodeIm2col(void *map, int dtype, unsigned int rank, void *addr,
+                                             const uint64_t *dims, const uint64_t *strides,
+                                             const int *lower, const int *upper,
+                                             unsigned int channels, unsigned int pixels,
+                                             const unsigned int *elem, int interleave,
+                                             int swizzle, int l2, int oob)
+{
+    (void)dtype, (void)channels, (void)pixels, (void)interleave, (void)swizzle, (void)l2,
+        (void)oob;
+    if (!dims || !elem || !lower || !upper || (rank > 1 && !strides) || rank < 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    return tensor_map(map, rank, addr);
+}
+
+VGPU_EXPORT CUresult cuTensorMapReplaceAddress(void *map, void *addr)
+{
+    if (!map || !addr || (uintptr_t)addr % 16)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(map, &addr, sizeof addr);
     return CUDA_SUCCESS;
 }

@@ -6,6 +6,11 @@
  * holding either. Anything else is CUDA_ERROR_INVALID_IMAGE, and PTX newer
  * than this driver's ISA is CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Nothing is
  * compiled: a kernel's run time follows the rule in launch.c.
+ *
+ * The runtime hands over its registered fatbins as a __fatBinC_Wrapper_t,
+ * often compressed: such a module (and any fatbin with nothing readable in
+ * it) is open, answering every function and global name asked for, since the
+ * runtime asks only for names its program registered.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -14,11 +19,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloctab.h"
 #include "context.h"
 #include "init.h"
+#include "module.h"
 
 #define PTX_ISA_MAJOR_MAX 9 /* the newest PTX ISA this driver version reads */
 #define FATBIN_MAGIC 0xba55ed50u
+#define FATBIN_WRAPPER_MAGIC 0x466243b1u
+/* What a __device__ variable of an open module holds: its size is in the
+ * image, which is not read. */
+#define OPEN_GLOBAL_SIZE (64u << 10)
+
+/* __fatBinC_Wrapper_t, as nvcc emits it. */
+struct fatbin_wrapper {
+    uint32_t magic;
+    uint32_t version;
+    const void *data;
+    const void *filename_or_fatbins;
+};
+
+struct module_global {
+    char name[256];
+    CUdeviceptr ptr;
+    size_t size;
+    struct module_global *next;
+};
 
 struct CUlib_st {
     uint32_t magic;
@@ -216,6 +242,17 @@ static size_t image_size(const unsigned char *img)
     return strlen((const char *)img);
 }
 
+static CUresult new_open_module(CUcontext ctx, struct CUmod_st **out)
+{
+    struct CUmod_st *m = cu_obj_new(sizeof *m, MAGIC_MODULE);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->ctx = ctx;
+    m->open = 1;
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
 static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **out)
 {
     if (!image)
@@ -223,6 +260,12 @@ static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **o
     const unsigned char *img = image;
     uint32_t magic;
     memcpy(&magic, img, 4);
+    if (magic == FATBIN_WRAPPER_MAGIC) {
+        const struct fatbin_wrapper *w = image;
+        if ((w->version != 1 && w->version != 2) || (w->version == 1 && !w->data))
+            return CUDA_ERROR_INVALID_IMAGE;
+        return new_open_module(ctx, out);
+    }
     if (magic == FATBIN_MAGIC) {
         /* header: magic, version, header size (16 bits each after magic),
          * then the payload size; look inside for an ELF or PTX text. */
@@ -231,11 +274,12 @@ static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **o
         size_t n = 16 + (size_t)(payload < (64u << 20) ? payload : 0);
         const unsigned char *elf = memmem(img, n, ELFMAG, SELFMAG);
         const unsigned char *ptx = memmem(img, n, ".version", 8);
-        if (elf)
-            return load_image(elf, ctx, out);
-        if (ptx)
-            return load_image(ptx, ctx, out);
-        return CUDA_ERROR_NO_BINARY_FOR_GPU;
+        if (elf && load_image(elf, ctx, out) == CUDA_SUCCESS)
+            return CUDA_SUCCESS;
+        if (ptx && load_image(ptx, ctx, out) == CUDA_SUCCESS)
+            return CUDA_SUCCESS;
+        /* compressed entries: nothing to read */
+        return new_open_module(ctx, out);
     }
     int is_elf = memcmp(img, ELFMAG, SELFMAG) == 0;
     size_t n = image_size(img);
@@ -277,6 +321,14 @@ static void unload(struct CUmod_st *m)
 {
     for (int i = 0; i < m->nfuncs; i++)
         __atomic_store_n(&m->funcs[i].magic, DEAD, __ATOMIC_RELEASE);
+    for (int i = 0; i < m->nextra; i++)
+        __atomic_store_n(&m->extra[i]->magic, DEAD, __ATOMIC_RELEASE);
+    while (m->globals) {
+        struct module_global *g = m->globals;
+        m->globals = g->next;
+        mem_free(g->ptr, ALLOC_GLOBAL);
+        free(g);
+    }
     /* funcs stay allocated: a stale CUfunction must still read as invalid */
     cu_obj_del(m, sizeof *m);
 }
@@ -382,7 +434,96 @@ static CUresult get_function(CUfunction *out, struct CUmod_st *m, const char *na
             return CUDA_SUCCESS;
         }
     }
-    return CUDA_ERROR_NOT_FOUND;
+    if (!m->open || strlen(name) >= sizeof m->funcs[0].name) {
+        const char *log = getenv("VGPU_SIM_DARKAPI_LOG");
+        if (log && *log && strcmp(log, "0") != 0)
+            fprintf(stderr, "vgpu-sim: module: no function %s in a module of %d\n", name,
+                    m->nfuncs);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    pthread_mutex_lock(&cu_lock);
+    CUresult rc = CUDA_SUCCESS;
+    struct CUfunc_st *f = NULL;
+    for (int i = 0; i < m->nextra && !f; i++)
+        if (strcmp(m->extra[i]->name, name) == 0)
+            f = m->extra[i];
+    if (!f) {
+        struct CUfunc_st **grown = realloc(m->extra, sizeof *grown * (size_t)(m->nextra + 1));
+        f = grown ? calloc(1, sizeof *f) : NULL;
+        if (grown)
+            m->extra = grown;
+        if (f) {
+            snprintf(f->name, sizeof f->name, "%s", name);
+            f->magic = MAGIC_FUNC;
+            f->mod = m;
+            f->nparams = -1; /* the image was not read */
+            f->spin = strncmp(f->name, "vgpu_spin", 9) == 0;
+            m->extra[m->nextra++] = f;
+        } else {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    pthread_mutex_unlock(&cu_lock);
+    if (f)
+        *out = f;
+    return rc;
+}
+
+CUresult cu_module_from_fatbin(CUmodule *mod, const void *image)
+{
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    if (!mod || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    return load_image(image, ctx, mod);
+}
+
+/* A __device__ variable: an open module makes each name asked for, on
+ * first use, in the current context; a module read from its image has none
+ * (its data sections are not read). */
+static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m, const char *name)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!cu_obj_is(m, MAGIC_MODULE))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!m->open || strlen(name) >= sizeof m->globals->name)
+        return CUDA_ERROR_NOT_FOUND;
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&cu_lock);
+    struct module_global *g = m->globals;
+    while (g && strcmp(g->name, name) != 0)
+        g = g->next;
+    if (!g) {
+        g = calloc(1, sizeof *g);
+        uintptr_t p = 0;
+        rc = g ? mem_alloc(ctx, OPEN_GLOBAL_SIZE, ALLOC_GLOBAL, 0, &p) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc == CUDA_SUCCESS) {
+            snprintf(g->name, sizeof g->name, "%s", name);
+            g->ptr = p;
+            g->size = OPEN_GLOBAL_SIZE;
+            g->next = m->globals;
+            m->globals = g;
+        } else {
+            free(g);
+            g = NULL;
+        }
+    }
+    pthread_mutex_unlock(&cu_lock);
+    if (!g)
+        return rc;
+    if (dptr)
+        *dptr = g->ptr;
+    if (bytes)
+        *bytes = g->size;
+    return CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
@@ -393,11 +534,7 @@ VGPU_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *
 VGPU_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m,
                                           const char *name)
 {
-    (void)dptr;
-    (void)bytes;
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
-    return name ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_VALUE; /* no globals here */
+    return get_global(dptr, bytes, m, name);
 }
 
 VGPU_EXPORT CUresult cuModuleGetLoadingMode(int *mode)
@@ -414,7 +551,7 @@ VGPU_EXPORT CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule m)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!count)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = (unsigned)m->nfuncs;
+    *count = (unsigned)m->nfuncs; /* an open module's names are not known */
     return CUDA_SUCCESS;
 }
 
@@ -483,6 +620,35 @@ VGPU_EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *
     if (!cu_obj_is(lib, MAGIC_LIBRARY))
         return CUDA_ERROR_INVALID_HANDLE;
     return get_function((CUfunction *)k, lib->mod, name);
+}
+
+VGPU_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib,
+                                        const char *name)
+{
+    if (!cu_obj_is(lib, MAGIC_LIBRARY))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return get_global(dptr, bytes, lib->mod, name);
+}
+
+VGPU_EXPORT CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib,
+                                         const char *name)
+{
+    return cuLibraryGetGlobal(dptr, bytes, lib, name);
+}
+
+VGPU_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!lib)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cu_obj_is(k, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = (struct CUfunc_st *)k;
+    if (!f->mod->lib)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *lib = f->mod->lib;
+    return CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib)
@@ -626,4 +792,85 @@ VGPU_EXPORT CUresult cuFuncIsLoaded(int *state, CUfunction f)
 VGPU_EXPORT CUresult cuFuncLoad(CUfunction f)
 {
     return cu_obj_is(f, MAGIC_FUNC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ---- the JIT linker ----
+ * Nothing is compiled or linked here: a link's result is the first image
+ * added to it (PTX or a cubin, which the loaders read as they are). */
+
+struct link_state {
+    void *image;
+    size_t size;
+};
+
+VGPU_EXPORT CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *opts, void **values,
+                                     void **state)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!state || (n && (!opts || !values)))
+        return CUDA_ERROR_INVALID_VALUE;
+    empty_logs(n, opts, values);
+    *state = calloc(1, sizeof(struct link_state));
+    return *state ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+VGPU_ALIAS(cuLinkCreate_v2, cuLinkCreate)
+
+VGPU_EXPORT CUresult cuLinkAddData_v2(void *state, int type, void *data, size_t size,
+                                      const char *name, unsigned int n, CUjit_option *opts,
+                                      void **values)
+{
+    (void)type, (void)name;
+    struct link_state *l = state;
+    if (!l || !data || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    empty_logs(n, opts, values);
+    if (l->image)
+        return CUDA_SUCCESS;
+    l->image = malloc(size + 1);
+    if (!l->image)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(l->image, data, size);
+    ((char *)l->image)[size] = '\0';
+    l->size = size;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuLinkAddData_v2, cuLinkAddData)
+
+VGPU_EXPORT CUresult cuLinkAddFile_v2(void *state, int type, const char *path, unsigned int n,
+                                      CUjit_option *opts, void **values)
+{
+    if (!state || !path)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc;
+    char *img = read_file(path, &rc);
+    if (!img)
+        return rc;
+    rc = cuLinkAddData_v2(state, type, img, strlen(img) ? strlen(img) : 1, path, n, opts,
+                          values);
+    free(img);
+    return rc;
+}
+VGPU_ALIAS(cuLinkAddFile_v2, cuLinkAddFile)
+
+VGPU_EXPORT CUresult cuLinkComplete(void *state, void **cubin, size_t *size)
+{
+    struct link_state *l = state;
+    if (!l || !cubin || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!l->image)
+        return CUDA_ERROR_INVALID_IMAGE;
+    *cubin = l->image;
+    *size = l->size;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLinkDestroy(void *state)
+{
+    struct link_state *l = state;
+    if (!l)
+        return CUDA_ERROR_INVALID_HANDLE;
+    free(l->image);
+    free(l);
+    return CUDA_SUCCESS;
 }

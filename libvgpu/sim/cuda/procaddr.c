@@ -5,6 +5,8 @@
  * point, these two included.
  */
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/sim.h"
@@ -62,6 +64,11 @@ static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t 
             best = e;
     }
     if (!best) {
+        /* VGPU_SIM_DARKAPI_LOG names what a runtime asks for and lacks */
+        const char *log = getenv("VGPU_SIM_DARKAPI_LOG");
+        if (log && *log && strcmp(log, "0") != 0)
+            fprintf(stderr, "vgpu-sim: procaddr: %s (%d%s) not found\n", symbol, version,
+                    want_pt ? ", per-thread" : "");
         if (known && status)
             *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
         return CUDA_ERROR_NOT_FOUND;

@@ -4,7 +4,9 @@
  * stream's last sequence number is all it needs to know.
  */
 #include <stdlib.h>
+#include <string.h>
 
+#include "alloctab.h"
 #include "context.h"
 #include "exec.h"
 #include "init.h"
@@ -133,8 +135,8 @@ STREAM_GETTER(cuStreamGetPriority, int, s ? s->priority : 0)
 STREAM_GETTER(cuStreamGetFlags, unsigned int, s ? s->flags : 0)
 STREAM_GETTER(cuStreamGetCtx, CUcontext, ctx)
 STREAM_GETTER(cuStreamGetId, unsigned long long, s ? s->id : 0)
-/* CU_STREAM_CAPTURE_STATUS_NONE: capture is not simulated */
-STREAM_GETTER(cuStreamIsCapturing, int, 0)
+/* CU_STREAM_CAPTURE_STATUS_ACTIVE (1) while a graph is recorded, else NONE */
+STREAM_GETTER(cuStreamIsCapturing, int, s && s->capture ? 1 : 0)
 
 VGPU_EXPORT CUresult cuLaunchHostFunc(CUstream h, void (*fn)(void *), void *data)
 {
@@ -276,3 +278,75 @@ VGPU_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
     return CUDA_SUCCESS;
 }
 VGPU_ALIAS(cuEventElapsedTime, cuEventElapsedTime_v2)
+
+/* ---- stream memory operations ----
+ * A write lands at once (copies do here; see copy.c); a wait is for a value
+ * a kernel or another stream would write, and kernels write nothing here, so
+ * it is satisfied at once. The address must be in an allocation. */
+
+enum { MEMOP_WAIT_32 = 1, MEMOP_WRITE_32 = 2, MEMOP_FLUSH = 3, MEMOP_WAIT_64 = 4,
+       MEMOP_WRITE_64 = 5, MEMOP_BARRIER = 6 };
+
+static CUresult memop(CUstream h, int op, CUdeviceptr addr, uint64_t value)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    if (op == MEMOP_FLUSH || op == MEMOP_BARRIER)
+        return CUDA_SUCCESS;
+    size_t n = (op == MEMOP_WAIT_64 || op == MEMOP_WRITE_64) ? 8 : 4;
+    if (op < MEMOP_WAIT_32 || op > MEMOP_WRITE_64 || addr % n || !mem_find(addr, n, NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (op == MEMOP_WRITE_32) {
+        uint32_t v = (uint32_t)value;
+        memcpy((void *)(uintptr_t)addr, &v, 4);
+    } else if (op == MEMOP_WRITE_64) {
+        memcpy((void *)(uintptr_t)addr, &value, 8);
+    }
+    return CUDA_SUCCESS;
+}
+
+#define STREAM_MEMOP(name, op, type)                                                \
+    VGPU_EXPORT CUresult name(CUstream h, CUdeviceptr addr, type value, unsigned int flags) \
+    {                                                                               \
+        (void)flags;                                                                \
+        return memop(h, op, addr, value);                                           \
+    }                                                                               \
+    VGPU_ALIAS(name, name##_ptsz)                                                  \
+    VGPU_ALIAS(name, name##_v2)                                                    \
+    VGPU_ALIAS(name, name##_v2_ptsz)
+
+STREAM_MEMOP(cuStreamWriteValue32, MEMOP_WRITE_32, uint32_t)
+STREAM_MEMOP(cuStreamWriteValue64, MEMOP_WRITE_64, uint64_t)
+STREAM_MEMOP(cuStreamWaitValue32, MEMOP_WAIT_32, uint32_t)
+STREAM_MEMOP(cuStreamWaitValue64, MEMOP_WAIT_64, uint64_t)
+
+/* CUstreamBatchMemOpParams: a 48-byte union led by the operation, then the
+ * address and the value. */
+struct batch_memop {
+    uint32_t operation;
+    uint32_t pad0;
+    CUdeviceptr address;
+    uint64_t value;
+    uint32_t flags;
+    uint32_t pad1;
+    uint64_t pad[2];
+};
+
+VGPU_EXPORT CUresult cuStreamBatchMemOp(CUstream h, unsigned int count,
+                                        const struct batch_memop *ops, unsigned int flags)
+{
+    if (flags || (count && !ops))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned int i = 0; i < count; i++) {
+        CUresult rc = memop(h, (int)ops[i].operation, ops[i].address, ops[i].value);
+        if (rc)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuStreamBatchMemOp, cuStreamBatchMemOp_ptsz)
+VGPU_ALIAS(cuStreamBatchMemOp, cuStreamBatchMemOp_v2)
+VGPU_ALIAS(cuStreamBatchMemOp, cuStreamBatchMemOp_v2_ptsz)

@@ -138,6 +138,7 @@ struct vmm_handle {
     size_t size;
     int phys;
     int refs; /* the handle itself, plus one per mapping */
+    int imported; /* from a shareable handle: the exporter's memory, not charged here */
     CUmemAllocationProp prop;
 };
 
@@ -161,7 +162,8 @@ static void handle_unref(struct vmm_handle *h)
 {
     if (--h->refs == 0) {
         close(h->fd);
-        sim_uncharge(h->phys, h->size);
+        if (!h->imported)
+            sim_uncharge(h->phys, h->size);
         cu_obj_del(h, sizeof *h);
     }
 }
@@ -230,6 +232,65 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
         handle_unref(h);
     pthread_mutex_unlock(&g_vmm_lock);
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+#define HANDLE_TYPE_POSIX_FD 1
+
+/* A POSIX file descriptor for an allocation created to be shared that way
+ * (requestedHandleTypes); another process maps the same memory with it. */
+VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle,
+                                                  int type, unsigned long long flags)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmm_lock);
+    struct vmm_handle *h = handle_of(handle);
+    CUresult rc = CUDA_SUCCESS;
+    if (!h || type != HANDLE_TYPE_POSIX_FD ||
+        !(h->prop.requestedHandleTypes & HANDLE_TYPE_POSIX_FD)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int fd = dup(h->fd);
+        if (fd < 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)out = fd;
+    }
+    pthread_mutex_unlock(&g_vmm_lock);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *shared,
+                                                    int type)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || type != HANDLE_TYPE_POSIX_FD)
+        return CUDA_ERROR_INVALID_VALUE;
+    int fd = dup((int)(intptr_t)shared);
+    off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+    if (size <= 0 || size % SIM_GRANULARITY) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
+    if (!h) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    h->fd = fd;
+    h->size = (size_t)size;
+    h->phys = cu_phys[0];
+    h->refs = 1;
+    h->imported = 1;
+    h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    h->prop.requestedHandleTypes = HANDLE_TYPE_POSIX_FD;
+    h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
+    return CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align,
@@ -397,6 +458,12 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *o
 
 /* ---- stream-ordered pools ---- */
 
+/* A pool holds device memory (its reserve, charged to the device) of which
+ * its live allocations use part. An allocation takes free reserve first and
+ * grows the reserve by what is missing; a free returns its bytes to the
+ * reserve, and the reserve beyond the live allocations is given back to the
+ * device down to the release threshold (default 0) - at once here, at the
+ * next synchronisation on the driver - or by cuMemPoolTrimTo. */
 struct CUmemPoolHandle_st {
     uint32_t magic;
     int ordinal;
@@ -404,7 +471,36 @@ struct CUmemPoolHandle_st {
     int reuse[3];
     uint64_t threshold;
     uint64_t used, used_high;
+    uint64_t reserved, reserved_high;
 };
+
+/* Give reserve back to the device down to max(used, keep). Needs g_vmm_lock. */
+static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep)
+{
+    uint64_t floor = p->used > keep ? p->used : keep;
+    if (p->reserved > floor) {
+        sim_uncharge(cu_phys[p->ordinal], p->reserved - floor);
+        p->reserved = floor;
+    }
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+void cu_pool_free(const struct alloc *a)
+{
+    struct CUmemPoolHandle_st *pool = a->pool;
+    mem_release(a); /* unmaps: the pool's reserve holds the charge */
+    if (!cu_obj_is(pool, MAGIC_POOL))
+        return;
+    pthread_mutex_lock(&g_vmm_lock);
+    uint64_t n = mem_round(a->size);
+    pool->used = pool->used > n ? pool->used - n : 0;
+    pool_release(pool, sat_add(pool->used, pool->threshold));
+    pthread_mutex_unlock(&g_vmm_lock);
+}
 
 static struct CUmemPoolHandle_st *g_default_pool[VGPU_SIM_MAX_DEVICES];
 static struct CUmemPoolHandle_st *g_current_pool[VGPU_SIM_MAX_DEVICES];
@@ -486,6 +582,11 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
         return CUDA_ERROR_INVALID_VALUE;
     if (g_current_pool[pool->ordinal] == pool)
         g_current_pool[pool->ordinal] = NULL;
+    pthread_mutex_lock(&g_vmm_lock);
+    pool_release(pool, 0);
+    if (pool->reserved) /* live allocations keep their memory until freed */
+        sim_uncharge(cu_phys[pool->ordinal], pool->reserved);
+    pthread_mutex_unlock(&g_vmm_lock);
     cu_obj_del(pool, sizeof *pool);
     return CUDA_SUCCESS;
 }
@@ -501,9 +602,16 @@ VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribut
         pool->reuse[attr - 1] = *(int *)value;
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        pthread_mutex_lock(&g_vmm_lock);
         pool->threshold = *(cuuint64_t *)value;
+        pool_release(pool, sat_add(pool->used, pool->threshold));
+        pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        if (*(cuuint64_t *)value != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        pool->reserved_high = pool->reserved;
+        return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
         if (*(cuuint64_t *)value != 0)
             return CUDA_ERROR_INVALID_VALUE;
@@ -528,10 +636,14 @@ VGPU_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribut
         *(cuuint64_t *)value = pool->threshold;
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = pool->reserved;
+        return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-        *(cuuint64_t *)value = pool->used; /* freed memory goes back at once */
+        *(cuuint64_t *)value = pool->used;
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *(cuuint64_t *)value = pool->reserved_high;
+        return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
         *(cuuint64_t *)value = pool->used_high;
         return CUDA_SUCCESS;
@@ -542,8 +654,12 @@ VGPU_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribut
 
 VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
-    (void)keep;
-    return cu_obj_is(pool, MAGIC_POOL) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!cu_obj_is(pool, MAGIC_POOL))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_vmm_lock);
+    pool_release(pool, keep);
+    pthread_mutex_unlock(&g_vmm_lock);
+    return CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *desc, size_t n)
@@ -572,15 +688,33 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
         return rc;
     if (!dptr || !cu_obj_is(pool, MAGIC_POOL))
         return CUDA_ERROR_INVALID_VALUE;
-    uintptr_t p;
-    rc = mem_alloc(ctx, size, ALLOC_DEVICE, 0, &p);
-    if (rc)
-        return rc;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* free reserve first, then grow the reserve by what is missing */
+    uint64_t n = mem_round(size);
     pthread_mutex_lock(&g_vmm_lock);
-    pool->used += mem_round(size);
+    uint64_t spare = pool->reserved - pool->used;
+    uint64_t grow = n > spare ? n - spare : 0;
+    if (grow && sim_charge(cu_phys[pool->ordinal], grow, 1) < 0) {
+        pthread_mutex_unlock(&g_vmm_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pool->reserved += grow;
+    pool->used += n;
     if (pool->used > pool->used_high)
         pool->used_high = pool->used;
+    if (pool->reserved > pool->reserved_high)
+        pool->reserved_high = pool->reserved;
     pthread_mutex_unlock(&g_vmm_lock);
+    uintptr_t p;
+    rc = mem_alloc(ctx, size, ALLOC_POOL, 0, &p);
+    if (rc) {
+        pthread_mutex_lock(&g_vmm_lock);
+        pool->used -= n;
+        pool_release(pool, sat_add(pool->used, pool->threshold));
+        pthread_mutex_unlock(&g_vmm_lock);
+        return rc;
+    }
     mem_set_pool(p, pool);
     *dptr = p;
     return CUDA_SUCCESS;
@@ -606,14 +740,13 @@ VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
     if (rc)
         return rc;
     struct alloc a;
+    if (mem_take(dptr, ALLOC_POOL, &a) == 0) {
+        cu_pool_free(&a);
+        return CUDA_SUCCESS;
+    }
+    /* cuMemAlloc memory may be freed stream-ordered too */
     if (mem_take(dptr, ALLOC_DEVICE, &a) < 0)
         return CUDA_ERROR_INVALID_VALUE;
-    struct CUmemPoolHandle_st *pool = a.pool;
-    if (cu_obj_is(pool, MAGIC_POOL)) {
-        pthread_mutex_lock(&g_vmm_lock);
-        pool->used = pool->used > a.charged ? pool->used - a.charged : 0;
-        pthread_mutex_unlock(&g_vmm_lock);
-    }
     mem_release(&a);
     return CUDA_SUCCESS;
 }

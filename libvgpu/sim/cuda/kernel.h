@@ -1,9 +1,9 @@
 /*
- * launch.h - checking a launch and giving a kernel its run time (launch.c),
- * for graphs' kernel nodes.
+ * kernel.h - checking a launch and giving a kernel its run time (kernel.c),
+ * for launches and graphs' kernel nodes.
  */
-#ifndef VGPU_SIM_CUDA_LAUNCH_H
-#define VGPU_SIM_CUDA_LAUNCH_H
+#ifndef VGPU_SIM_CUDA_KERNEL_H
+#define VGPU_SIM_CUDA_KERNEL_H
 
 #include <stdint.h>
 
@@ -14,4 +14,4 @@ CUresult cu_kernel_check(CUfunction f, CUcontext ctx, unsigned int gx, unsigned 
                          unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz,
                          unsigned int shmem, void **params, void **extra, uint64_t *ns);
 
-#endif /* VGPU_SIM_CUDA_LAUNCH_H */
+#endif /* VGPU_SIM_CUDA_KERNEL_H */

@@ -1,0 +1,203 @@
+"""PyTorch on the simulated GPU: what vgpuctl costs a training step, and how
+well it holds two training loops to their shares.
+
+  1  time per training step of a small CNN (two convolutions and a linear
+     layer, SGD), bare and under ``vgpuctl run --core 100``: the CPU-side
+     overhead of the hook and the simulator. Kernels take the simulator's
+     default time, so the step is bound by the host.
+  2  two training loops at ``--core 30`` and ``--core 60`` (hard) on one GPU,
+     each share measured from the simulator's own timeline (busy time per
+     ``VGPU_SIM_TAG``) over ``--seconds`` (10) after ``--settle`` (5) seconds.
+     Kernels take 50 us per wave of blocks (``VGPU_SIM_NS_PER_BLOCK``), so
+     each loop alone would keep the GPU busy: the share is the governor's.
+
+Prints a table and writes bench/results/frameworks.json. Not part of the test
+suite's pass/fail (tests/frameworks checks the shares within 3 points).
+Needs torch (``.ci/run`` installs the pinned version).
+
+    python bench/frameworks.py [--seconds 10] [--settle 5] [--steps-s 8]
+    python bench/frameworks.py --loop SECONDS    # the training loop itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from share_accuracy import VGPUCTL, DaemonHarness, DeviceRecord, JobSpec, Running  # noqa: E402
+
+from vgpuctl.system import sim  # noqa: E402
+
+SIM_SPEC = "1x16G"
+SHARE_NS_PER_BLOCK = "50000"   # GPU-bound loops for the share runs
+SHARES = (("t30", 30), ("t60", 60))
+
+
+# ---- the training loop (the jobs' program) ------------------------------------
+
+def train(seconds: float) -> dict[str, Any]:
+    """Train a small CNN for `seconds`; the mean time per step, after 5 of
+    warm-up (cuDNN/cuBLAS set-up)."""
+    import torch
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 32 * 32, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 3, 32, 32, device="cuda")
+    y = torch.randint(0, 10, (64,), device="cuda")
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    print(json.dumps({"ready": True}), flush=True)
+    steps, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        step()
+        steps += 1
+        if steps % 10 == 0:   # as a training loop's logging would
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    elapsed = time.monotonic() - t0
+    return {"steps": steps, "seconds": round(elapsed, 3),
+            "ms_per_step": round(elapsed / max(steps, 1) * 1e3, 3)}
+
+
+def loop_cmd(seconds: float) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--loop", f"{seconds:g}"]
+
+
+# ---- 1: time per step -----------------------------------------------------------
+
+def last_json(text: str) -> dict[str, Any]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def step_time(env: dict[str, str], harness: DaemonHarness, seconds: float) -> dict[str, Any]:
+    bare = subprocess.run(loop_cmd(seconds), env=env, capture_output=True, text=True,
+                          timeout=seconds + 120, check=True)
+    gated = subprocess.run([*VGPUCTL, "run", "--mem", "4G", "--core", "100", "--",
+                            *loop_cmd(seconds)], env=harness.env, capture_output=True,
+                           text=True, timeout=seconds + 120, check=True)
+    b, g = last_json(bare.stdout), last_json(gated.stdout)
+    return {"bare": b, "vgpuctl_core_100": g,
+            "overhead_pct": round((g["ms_per_step"] / b["ms_per_step"] - 1) * 100, 1)}
+
+
+# ---- 2: two loops held to 30 % and 60 % -------------------------------------------
+
+class LoopHarness(DaemonHarness):
+    """share_accuracy's daemon harness, with the training loop as the job."""
+
+    def burn_cmd(self, spec: JobSpec, seconds: float) -> list[str]:
+        return loop_cmd(seconds)
+
+
+def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float) -> dict[str, Any]:
+    env = dict(env, VGPU_SIM_NS_PER_BLOCK=SHARE_NS_PER_BLOCK)
+    harness = LoopHarness(tmp / "shares", env)
+    record = DeviceRecord(env)
+    jobs: list[Running] = []
+    try:
+        for tag, core in SHARES:
+            jobs.append(harness.start(JobSpec(tag, core), tag, settle + seconds + 60))
+        for j in jobs:   # each loop has set up and runs
+            assert j.proc.stdout is not None
+            if "ready" not in j.proc.stdout.readline():
+                raise RuntimeError(f"{j.tag} did not start: {j.proc.stderr.read()[-2000:]}")
+        time.sleep(settle)
+        a = record.busy_ns()
+        time.sleep(seconds)
+        b = record.busy_ns()
+    finally:
+        for j in jobs:
+            j.proc.terminate()
+        for j in jobs:
+            try:
+                j.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                j.proc.kill()
+        harness.close()
+    dt = (b[0] - a[0]) * 1e9
+    shares = {tag: round((b[1].get(tag, 0) - a[1].get(tag, 0)) / dt * 100, 2) for tag, _ in SHARES}
+    return {"window_s": round(dt / 1e9, 2), "settle_s": settle, "shares_pct": shares,
+            "targets_pct": dict(SHARES),
+            "error_points": {tag: round(shares[tag] - core, 2) for tag, core in SHARES}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--loop", type=float, help="run the training loop for this many seconds")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--settle", type=float, default=5.0)
+    ap.add_argument("--steps-s", type=float, default=8.0, help="seconds of each step-time run")
+    ap.add_argument("--out", default=str(HERE / "results" / "frameworks.json"))
+    args = ap.parse_args(argv)
+    if args.loop is not None:
+        print(json.dumps(train(args.loop)), flush=True)
+        return 0
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="vgpu-bench-fw-") as d:
+        tmp = Path(d)
+        os.environ.update(VGPU_SIM=SIM_SPEC, VGPU_SIM_STATE=str(tmp / "simstate"))
+        os.environ.pop("LD_PRELOAD", None)
+        env = dict(sim.child_env(dict(os.environ)))
+        t0 = time.monotonic()
+        load_before = [round(x, 2) for x in os.getloadavg()]
+        (tmp / "steps").mkdir()
+        harness = DaemonHarness(tmp / "steps", env)
+        try:
+            steps = step_time(env, harness, args.steps_s)
+        finally:
+            harness.close()
+        (tmp / "shares").mkdir()
+        shares = two_loops(env, tmp, args.settle, args.seconds)
+    table = "\n".join([
+        f"{'measure':<40} {'value':>12}",
+        f"{'ms per step, bare':<40} {steps['bare']['ms_per_step']:>12}",
+        f"{'ms per step, vgpuctl run --core 100':<40} "
+        f"{steps['vgpuctl_core_100']['ms_per_step']:>12}",
+        f"{'overhead %':<40} {steps['overhead_pct']:>12}",
+        *(f"{f'share of --core {core} hard (%)':<40} {shares['shares_pct'][tag]:>12}"
+          for tag, core in SHARES),
+    ])
+    print(table)
+    out = {
+        "benchmark": "frameworks",
+        "device": f"simulated GPU (VGPU_SIM={SIM_SPEC})",
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "elapsed_s": round(time.monotonic() - t0, 1),
+        "loadavg_before": load_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "step_time": steps,
+        "two_loops": shares,
+        "table": table,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""`vgpuctl slurm ...` as Slurm runs its hooks, against a real daemon but no
+Slurm (tests/slurm has the cluster): the TaskProlog's export lines and its
+fail-closed exits, the Epilog's release, gres.conf from the daemon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from support.daemon import needs_native, vgpuctl_argv
+
+pytestmark = needs_native
+
+SLURM_CONFIG = '[slurm]\nshard_size = "1G"\n'
+
+
+@pytest.fixture
+def node(daemon_factory):
+    d = daemon_factory(config=SLURM_CONFIG)
+    d.call("slurm_register", slurm_job="5", uid=os.getuid(), gpus=[1], shards=3)
+    return d
+
+
+def hook(daemon, name, **env):
+    """Run a hook as slurmstepd does a TaskProlog: as the child of the task
+    (here a shell, which the task-prolog attaches as the job's; never this
+    test's process, which the daemon fixture would then kill at teardown)."""
+    argv = [*vgpuctl_argv(), "slurm", name]
+    return subprocess.run(["sh", "-c", '"$@"; exit $?', "sh", *argv],
+                          env={**daemon.env, "SLURM_JOB_ID": "5", **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_task_prolog_prints_the_jobs_exports(node):
+    r = hook(node, "task-prolog", SLURM_SHARDS_ON_NODE="3", LD_PRELOAD="libm.so.6")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in r.stdout.splitlines())
+    job = node.jobs()[0]
+    assert exports["VGPU_JOB"] == job["id"] and exports["VGPU_REGION"].endswith("/" + job["id"])
+    assert exports["CUDA_VISIBLE_DEVICES"] == job["gpu_uuid"]
+    hook_lib, mine = exports["LD_PRELOAD"].split(":")
+    assert hook_lib.endswith("libvgpu.so") and mine == "libm.so.6"
+    assert (job["mem_limit"], job["slurm_shards"]) == (3 << 30, 3)
+
+
+def test_a_task_with_shards_of_an_unregistered_job_fails_with_one_line(node):
+    r = hook(node, "task-prolog", SLURM_JOB_ID="6", SLURM_SHARDS_ON_NODE="2")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("vgpuctl: error: Slurm job 6 has")
+    assert "not run unfenced" in r.stderr
+    # The same line through Slurm's `print`, for the task's output.
+    assert r.stdout == "print " + r.stderr
+
+
+def test_a_task_with_shards_and_no_daemon_fails_and_one_without_is_untouched(node):
+    gone = {"VGPU_SOCKET": str(node.base / "nobody-here.sock")}
+    r = hook(node, "task-prolog", SLURM_SHARDS_ON_NODE="3", **gone)
+    assert r.returncode == 3 and "not run unfenced" in r.stderr, r.stderr
+    for env in (gone, {"SLURM_JOB_ID": "6"}):
+        r = hook(node, "task-prolog", **env)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+def test_the_epilog_releases_the_job(node):
+    r = hook(node, "epilog")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert node.jobs() == []
+    assert node.jobs(all_jobs=True)[-1]["slurm_job"] == "5"
+
+
+def test_the_hooks_need_slurms_environment(node):
+    for name in ("prolog", "task-prolog", "epilog"):
+        r = node.cli("slurm", name)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == ("vgpuctl: error: SLURM_JOB_ID is not set: run this as Slurm's "
+                            "Prolog, TaskProlog or Epilog\n")
+
+
+def test_the_prolog_leaves_a_job_without_gpus_alone(node):
+    r = hook(node, "prolog", SLURM_JOB_ID="7", SLURM_JOB_UID="0")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert [j["slurm_job"] for j in node.jobs()] == ["5"]
+
+
+def test_gres_conf_gives_each_gpu_the_shards_its_capacity_holds(node):
+    r = node.cli("slurm", "gres-conf")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "Name=shard Count=15 File=/dev/nvidia0 Flags=nvidia_gpu_env" in lines  # 16G - 512M
+    assert "Name=shard Count=15 File=/dev/nvidia1 Flags=nvidia_gpu_env" in lines
+    assert lines[-1].endswith("Gres=gpu:2,shard:30")
+    r = node.cli("slurm", "gres-conf", "--shard-size", "2G")
+    assert "Name=shard Count=7 File=/dev/nvidia0" in r.stdout
+    assert r.stderr.startswith("vgpuctl: warning: the daemon's shard size is 1G")
+
+
+def test_build_spank_without_slurms_headers_says_what_to_install(daemon_factory, tmp_path):
+    d = daemon_factory(start=False)
+    cc = tmp_path / "cc"          # a compiler that finds no spank.h, as gcc says it
+    cc.write_text("#!/bin/sh\necho 'spank_vgpu.c:17:10: fatal error: slurm/spank.h: "
+                  "No such file or directory' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    r = d.cli("slurm", "build-spank", "--cc", str(cc), "-o", str(tmp_path / "p.so"))
+    assert r.returncode == 9
+    assert r.stderr == ("vgpuctl: error: slurm/spank.h not found: install Slurm's headers "
+                        "(Debian: libslurm-dev) or give --include DIR\n")
+    assert list(tmp_path.iterdir()) == [cc]

@@ -1,0 +1,254 @@
+"""Slurm's --gres=shard jobs fenced and accounted by vgpuctl, on a real
+single-node cluster: 16 shards of 1 GiB on each of two simulated 16 GiB GPUs,
+`vgpuctl slurm prolog|task-prolog|epilog` as the node's hooks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from slurm.cluster import usable_by
+from support.daemon import wait_for
+from support.sim import busy_by_tag
+
+from vgpuctl.system import native
+
+G = 1 << 30
+BURN = str(native.burn_program())
+# Prints the Slurm job id, then runs the command (the step's own process).
+WITH_ID = ["sh", "-c", 'echo "slurm_job=$SLURM_JOB_ID"; exec "$@"', "sh"]
+
+
+def burn_args(*extra: str) -> list[str]:
+    return [BURN, "--kernel-us", "100", "--count", "20", *extra]
+
+
+def step(cluster: Any, *argv: str, env: dict[str, str] | None = None
+         ) -> tuple[subprocess.CompletedProcess[str], str, dict[str, Any]]:
+    """srun argv; (the finished srun, the Slurm job id, burn's JSON line)."""
+    r = cluster.run("srun", *argv, env=env)
+    sid = next((ln.split("=", 1)[1] for ln in r.stdout.splitlines()
+                if ln.startswith("slurm_job=")), "")
+    js = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    return r, sid, (json.loads(js[-1]) if js else {})
+
+
+def vgpu_job(daemon: Any, slurm_job: str) -> dict[str, Any]:
+    """The one vgpu job (live or ended) registered for a Slurm job."""
+    jobs = [j for j in daemon.jobs(all_jobs=True) if j["slurm_job"] == slurm_job]
+    assert len(jobs) == 1, jobs
+    return jobs[0]
+
+
+def report(daemon: Any, *args: str) -> list[dict[str, Any]]:
+    r = daemon.cli("report", "--format", "json", "--since", "1h", "--state-dir",
+                   str(daemon.state), *args)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_4_shard_step_may_allocate_3g_and_is_refused_5g(node):
+    cluster, daemon = node
+    r, sid, out = step(cluster, "--gres=shard:4", *WITH_ID, *burn_args("--alloc", "3G"))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert out["alloc"] == 3 * G and "error" not in out, out
+    job = vgpu_job(daemon, sid)
+    assert (job["mem_limit"], job["core"], job["slurm_shards"]) == (4 * G, 25, 4)
+    # Released by the Epilog (which runs after srun has returned).
+    wait_for(lambda: vgpu_job(daemon, sid)["state"] == "ended", 30, "the Epilog's release")
+
+    r, sid, out = step(cluster, "--gres=shard:4", *WITH_ID, *burn_args("--alloc", "5G"))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert out["error"] == "CUDA_ERROR_OUT_OF_MEMORY", out
+
+
+def test_a_whole_gpu_of_shards_runs_twice_back_to_back(node):
+    cluster, daemon = node
+    for _ in range(2):
+        r, sid, out = step(cluster, "--gres=shard:16", *WITH_ID,
+                           *burn_args("--alloc", "15G"))
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "error" not in out, out
+        assert vgpu_job(daemon, sid)["mem_limit"] == 16 * G
+
+
+def test_a_batch_job_and_its_steps_are_one_vgpu_job(node, tmp_path):
+    cluster, daemon = node
+    burn = " ".join(burn_args("--alloc", "1G"))
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\n#SBATCH --gres=shard:2\n"
+                      f"echo \"region=$VGPU_REGION\"\nsrun {burn}\nsrun {burn}\n{burn}\n")
+    r = cluster.run("sbatch", "--parsable", "--wait", "-o", str(tmp_path / "out"), str(script))
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.strip().split(";")[0]
+    out = (tmp_path / "out").read_text()
+    assert out.count('"kernels": 20') == 3, out      # two steps and the batch step ran
+    assert "region=/" in out, out                    # the batch step is fenced too
+    job = vgpu_job(daemon, sid)
+    assert job["slurm_partition"] == "debug" and job["mem_limit"] == 2 * G
+
+    rows = [row for row in report(daemon) if row["slurm_job"] == sid]
+    assert len(rows) == 1, rows
+    assert rows[0]["job_id"] == job["id"] and rows[0]["partition"] == "debug"
+    (row,) = [row for row in report(daemon, "--by", "slurm-job") if row["slurm_job"] == sid]
+    assert row["jobs"] == 1
+
+
+def test_8_and_4_shards_on_one_gpu_get_50_and_25_percent(node, tmp_path):
+    cluster, daemon = node
+    ids = {}
+    try:
+        # A job holding one whole GPU's shards puts the other two on the other GPU.
+        ids["hold"] = sbatch(cluster, tmp_path, 16, "sleep 120")
+        wait_for(lambda: cluster.job_state(ids["hold"]) == "RUNNING", 30, "the holder")
+        for n in (8, 4):
+            ids[n] = sbatch(cluster, tmp_path, n, 'echo "slurm_gpus=$SLURM_JOB_GPUS"; '
+                            f"exec {BURN} --kernel-us 1000 --seconds 40",
+                            env={"VGPU_SIM_TAG": f"shards{n}"})
+        jobs = {n: wait_for(lambda n=n: running(daemon, ids[n]), 30, f"job {n} to run")
+                for n in (8, 4)}
+        assert jobs[8]["gpu"] == jobs[4]["gpu"] != vgpu_job(daemon, ids["hold"])["gpu"]
+        # The GPU Slurm gave them (gres.conf's order) is the one they are fenced on.
+        out = (tmp_path / f"slurm-{ids[8]}.out").read_text()
+        assert f"slurm_gpus={jobs[8]['gpu']}" in out, out
+        for n, want in ((8, 0.50), (4, 0.25)):
+            wait_for(lambda n=n, want=want: abs(
+                (daemon.job(jobs[n]["id"])["core_measured"] or 0) - want) < 0.03,
+                30, f"the {n}-shard job to settle at its share")
+        # Measured on the simulator's own timeline, not the daemon's figures.
+        t0, busy0 = time.monotonic(), busy_by_tag(daemon.env)
+        time.sleep(5.0)                      # the measurement window
+        t1, busy1 = time.monotonic(), busy_by_tag(daemon.env)
+    finally:
+        for sid in ids.values():
+            cluster.run("scancel", sid)
+    shares = {n: 100 * (busy1[f"shards{n}"] - busy0[f"shards{n}"]) / (t1 - t0) for n in (8, 4)}
+    print(f"shares on the simulator's timeline: {shares}")
+    assert abs(shares[8] - 50) <= 3, shares
+    assert abs(shares[4] - 25) <= 3, shares
+
+
+def sbatch(cluster: Any, tmp_path: Any, shards: int, command: str,
+           env: dict[str, str] | None = None) -> str:
+    r = cluster.run("sbatch", "--parsable", f"--gres=shard:{shards}", "-o",
+                    str(tmp_path / "slurm-%j.out"), "--wrap", command, env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
+def running(daemon: Any, slurm_job: str) -> dict[str, Any] | None:
+    """The live vgpu job of a Slurm job once a process of it holds the GPU."""
+    return next((j for j in daemon.jobs() if j["slurm_job"] == slurm_job and j["pids"]
+                 and j["gated_launches"]), None)
+
+
+def test_a_step_without_shards_is_untouched(node):
+    cluster, daemon = node
+    show = ["sh", "-c", 'echo "region=$VGPU_REGION preload=$LD_PRELOAD"']
+    r = cluster.run("srun", *show, env={"LD_PRELOAD": ""})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "region= preload=", r.stdout
+    r = cluster.run("srun", "--gres=shard:1", *show, env={"LD_PRELOAD": ""})
+    assert r.returncode == 0, r.stderr
+    assert "region=/" in r.stdout and "libvgpu.so" in r.stdout, r.stdout
+
+
+def test_a_misconfigured_shard_count_fails_the_step_not_the_node(node):
+    cluster, daemon = node
+    config = daemon.config.read_text()
+    daemon.config.write_text(config.replace("reserve = 0", 'reserve = "1G"'))   # 15 shards
+    try:
+        daemon.call("reload")
+        r = cluster.run("srun", "--gres=shard:16", "true")
+    finally:
+        daemon.config.write_text(config)
+        daemon.call("reload")
+    assert r.returncode == 6, r.stderr             # vgpuctl's "admission refused"
+    # The TaskProlog's one line, on the step's output (where Slurm puts it).
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("vgpuctl: error:")]
+    assert len(lines) == 1, (r.stdout, r.stderr)
+    assert "refused Slurm job" in lines[0] and "16 shards of 1G do not fit" in lines[0]
+    # Not drained: the node takes the next job.
+    wait_for(lambda: cluster.node_state() == "idle", 30, "the node to be idle, not drained")
+    r, _, out = step(cluster, "--gres=shard:16", *WITH_ID, *burn_args())
+    assert r.returncode == 0 and "error" not in out, (r.stdout, r.stderr)
+
+
+def test_a_job_whose_epilog_never_came_is_released_when_slurm_no_longer_runs_it(node):
+    cluster, daemon = node
+    reply = daemon.call("slurm_register", slurm_job="4000000", uid=0, gpus=[1], shards=1)
+    assert reply["job"]["slurm_job"] == "4000000"
+    wait_for(lambda: not any(j["slurm_job"] == "4000000" for j in daemon.jobs()), 15,
+             "reconciliation to release a Slurm job squeue does not know")
+
+
+def test_a_users_job_is_registered_for_that_user(node):
+    cluster, daemon = node
+    why = usable_by("nobody")
+    if why is not None:
+        pytest.skip(why)
+    r = cluster.run("runuser", "-u", "nobody", "--", "srun", "--gres=shard:2", *WITH_ID,
+                    *burn_args("--alloc", "1G"), cwd="/")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    sid = next(ln.split("=", 1)[1] for ln in r.stdout.splitlines()
+               if ln.startswith("slurm_job="))
+    job = vgpu_job(daemon, sid)
+    assert (job["user"], job["uid"], job["mem_limit"]) == ("nobody", 65534, 2 * G)
+
+
+def test_a_restarted_daemon_keeps_a_running_slurm_job_and_its_release(node, tmp_path):
+    cluster, daemon = node
+    sid = sbatch(cluster, tmp_path, 3, "sleep 120")
+    try:
+        # restart once the batch step's TaskProlog has attached: one that
+        # finds no daemon fails its step (fail closed), and the job with it
+        wait_for(lambda: any(j["slurm_job"] == sid and j["pids"] for j in daemon.jobs()), 30,
+                 "the batch step's attach")
+        daemon.stop()
+        daemon.start()
+        job = vgpu_job(daemon, sid)
+        assert (job["state"], job["mem_limit"]) == ("running", 3 * G)
+    finally:
+        cluster.run("scancel", sid)
+    wait_for(lambda: vgpu_job(daemon, sid)["state"] == "ended", 30, "the Epilog's release")
+
+
+def needs_spank(cluster: Any) -> None:
+    if cluster.spank is None:
+        pytest.skip("no SPANK plugin: slurm/spank.h missing (Debian: libslurm-dev)")
+
+
+def test_vgpu_core_lowers_a_jobs_share_but_never_raises_it(node):
+    cluster, daemon = node
+    needs_spank(cluster)
+    r, sid, _ = step(cluster, "--gres=shard:8", "--vgpu-core=20", "--vgpu-policy=soft",
+                     *WITH_ID, "true")
+    assert r.returncode == 0, r.stderr
+    job = vgpu_job(daemon, sid)
+    assert (job["core"], job["policy"], job["mem_limit"]) == (20, "soft", 8 * G)
+    r, sid, _ = step(cluster, "--gres=shard:4", "--vgpu-core=80", *WITH_ID, "true")
+    assert r.returncode == 0, r.stderr
+    assert vgpu_job(daemon, sid)["core"] == 25            # its 4 shards' share at most
+
+
+def test_a_batch_jobs_vgpu_core_holds_for_its_steps(node, tmp_path):
+    cluster, daemon = node
+    needs_spank(cluster)
+    r = cluster.run("sbatch", "--parsable", "--wait", "--gres=shard:4", "--vgpu-core=10",
+                    "-o", str(tmp_path / "out"), "--wrap", "srun true")
+    assert r.returncode == 0, r.stderr
+    assert vgpu_job(daemon, r.stdout.strip().split(";")[0])["core"] == 10
+
+
+def test_bad_vgpu_options_are_refused_at_submission(node):
+    cluster, daemon = node
+    needs_spank(cluster)
+    help_text = cluster.run("srun", "--help").stdout
+    assert "--vgpu-core=PCT" in help_text and "--vgpu-policy=hard|soft" in help_text
+    r = cluster.run("srun", "--gres=shard:1", "--vgpu-core=0", "true")
+    assert r.returncode != 0 and "--vgpu-core must be 1 to 100" in r.stderr, r.stderr
+    r = cluster.run("sbatch", "--vgpu-policy=fair", "--wrap", "true")
+    assert r.returncode != 0 and "--vgpu-policy must be hard or soft" in r.stderr, r.stderr

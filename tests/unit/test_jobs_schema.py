@@ -1,0 +1,43 @@
+"""The jobs table across versions: a database written before the Slurm
+columns existed opens, gains them, and keeps its jobs."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from vgpuctl.store.jobs import SCHEMA_VERSION, JobRecord, Store
+
+# The jobs table as schema 1 created it.
+SCHEMA_1 = """
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, uid INTEGER NOT NULL,
+    user TEXT NOT NULL, command TEXT NOT NULL, cwd TEXT NOT NULL, gpus TEXT NOT NULL,
+    mem_limit INTEGER NOT NULL, core_share INTEGER NOT NULL, policy TEXT NOT NULL,
+    state TEXT NOT NULL, created REAL NOT NULL, started REAL, ended REAL,
+    launcher_pid INTEGER, launcher_start INTEGER, root_pid INTEGER, root_start INTEGER,
+    pids TEXT NOT NULL DEFAULT '{}', exit_code INTEGER, exit_signal INTEGER, region TEXT);
+INSERT INTO jobs (name, uid, user, command, cwd, gpus, mem_limit, core_share, policy,
+                  state, created) VALUES ('old', 0, 'root', '["x"]', '/', '[]', 1, 100,
+                  'hard', 'running', 1.0);
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_schema_1_database_gains_the_slurm_columns(tmp_path):
+    db = tmp_path / "vgpu.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(SCHEMA_1)
+    conn.close()
+    store = Store.open(db)
+    old = store.get_job("1")
+    assert old is not None and old.name == "old" and old.slurm_job is None
+    rec = JobRecord(name="s", uid=0, user="root", command=["x"], cwd="/", gpus=[],
+                    mem_limit=1, core_share=25, policy="hard", created=2.0, slurm_job="42",
+                    slurm_partition="gpu", slurm_account="physics", slurm_shards=4)
+    store.insert_job(rec)
+    got = store.get_job(rec.id)
+    assert got is not None
+    assert (got.slurm_job, got.slurm_partition, got.slurm_account, got.slurm_shards) == (
+        "42", "gpu", "physics", 4)
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    store.close()

@@ -1,0 +1,102 @@
+"""Slurm's shards as vgpuctl limits (vgpuctl.core.slurm): what a Prolog
+reads from scontrol, the limits a count of shards gives, the gres.conf that
+matches the daemon, and which registered jobs the controller has ended."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpuctl.core import slurm as S
+from vgpuctl.errors import AdmissionRefused, UsageError
+
+G = 1 << 30
+
+# `scontrol show job -d 1` of Slurm 22.05.8 for `srun --gres=shard:4 ...`, as a
+# Prolog sees it (the job is still in its Prolog).
+SHOW_JOB = """\
+JobId=1 JobName=train
+   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A
+   Priority=4294901759 Nice=0 Account=physics QOS=(null)
+   JobState=RUNNING Reason=Prolog Dependency=(null)
+   Partition=gpu AllocNode:Sid=localhost:20153
+   NodeList=vm
+   TRES=cpu=1,node=1,billing=1
+   JOB_GRES=shard:4
+     Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:4(IDX:1)
+   Command=/home/alice/train.sh --epochs 3
+   WorkDir=/home/alice
+   TresPerNode=gres:shard:4
+"""
+
+
+def test_a_prolog_reads_its_nodes_shards_and_gpu_from_scontrol():
+    job = S.parse_job(SHOW_JOB, "vm")
+    assert job == S.SlurmJob(job_id="1", name="train", partition="gpu", account="physics",
+                             command="/home/alice/train.sh --epochs 3",
+                             work_dir="/home/alice", shards=4, gpus=(1,))
+
+
+def test_a_job_without_shards_on_this_node_has_none():
+    gpu_job = SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=gpu:sim:1(IDX:0)")
+    assert S.parse_job(gpu_job, "vm").shards is None
+    assert S.parse_job(SHOW_JOB, "other").shards is None
+    no_account = S.parse_job(SHOW_JOB.replace("Account=physics", "Account=(null)"), "vm")
+    assert no_account.account is None
+
+
+def test_a_multi_node_job_counts_the_line_that_names_this_node():
+    text = SHOW_JOB.replace(
+        "     Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:4(IDX:1)",
+        "     Nodes=gpu[01-02] CPU_IDs=0 Mem=0 GRES=gpu:sim:0,shard:sim:2(IDX:0-1)\n"
+        "     Nodes=gpu03 CPU_IDs=0 Mem=0 GRES=shard:6(IDX:0)")
+    assert (S.parse_job(text, "gpu02").shards, S.parse_job(text, "gpu02").gpus) == (2, (0, 1))
+    assert (S.parse_job(text, "gpu03").shards, S.parse_job(text, "gpu03").gpus) == (6, (0,))
+
+
+def test_scontrol_output_without_a_job_is_an_error():
+    with pytest.raises(UsageError, match="JobId"):
+        S.parse_job("slurm_load_jobs error: Invalid job id specified", "vm")
+
+
+def test_host_lists_expand_as_slurm_writes_them():
+    assert S.expand_hostlist("vm") == ["vm"]
+    assert S.expand_hostlist("n[1-3,07],gpu05") == ["n1", "n2", "n3", "n07", "gpu05"]
+    assert S.expand_hostlist("r[1-2]n[01-02]") == ["r1n01", "r1n02", "r2n01", "r2n02"]
+
+
+def test_shards_become_memory_and_a_proportional_share():
+    per_gpu = S.shards_per_gpu(16 * G, G)
+    assert per_gpu == 16
+    assert S.shard_limits(4, per_gpu, G) == (4 * G, 25)
+    assert S.shard_limits(8, per_gpu, G) == (8 * G, 50)
+    assert S.shard_limits(16, per_gpu, G) == (16 * G, 100)
+    assert S.shards_per_gpu(15 * G + G // 2, G) == 15     # the default 512M reserve
+    assert S.shard_limits(1, 300, G)[1] == 1               # never 0 %
+
+
+def test_more_shards_than_the_gpu_carries_is_refused_naming_the_mismatch():
+    with pytest.raises(AdmissionRefused, match="16 shards of 1G do not fit: this GPU carries 15"):
+        S.shard_limits(16, 15, G)
+    with pytest.raises(UsageError):
+        S.shards_per_gpu(16 * G, 0)
+
+
+def test_gres_conf_lists_gpus_in_minor_order_with_the_daemons_counts():
+    gpus = [S.GresGpu(1, "GPU-b", 16 * G), S.GresGpu(0, "GPU-a", 15 * G + G // 2)]
+    text = S.gres_conf(gpus, G, node="vm", dev_dir="/dev", gpu_type="h100")
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert lines == [
+        "AutoDetect=off",
+        "Name=gpu Type=h100 File=/dev/nvidia0 Flags=nvidia_gpu_env  # GPU-a",
+        "Name=gpu Type=h100 File=/dev/nvidia1 Flags=nvidia_gpu_env  # GPU-b",
+        "Name=shard Count=15 File=/dev/nvidia0 Flags=nvidia_gpu_env",
+        "Name=shard Count=16 File=/dev/nvidia1 Flags=nvidia_gpu_env",
+    ]
+    assert text.splitlines()[-1] == "# slurm.conf: NodeName=vm ... Gres=gpu:h100:2,shard:31"
+
+
+def test_jobs_the_controller_ended_or_forgot_are_gone():
+    states = S.parse_squeue("5 RUNNING\n6 COMPLETING\n7 COMPLETED\n8 CANCELLED+\n9 PENDING\n")
+    assert states["8"] == "CANCELLED+"
+    assert S.gone(["5", "6", "7", "8", "9", "10"], states) == ["7", "8", "10"]
+    assert S.gone(["5"], {}) == []          # an empty list says nothing

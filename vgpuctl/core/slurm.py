@@ -1,0 +1,193 @@
+"""Slurm's `gres/shard` as vgpuctl limits: pure functions, no I/O.
+
+- ``parse_job(text, node)``: what ``scontrol show job -d ID`` says of a job
+  on one node (its shards, the GPU they are on, partition, account). A
+  Prolog has no shard count in its environment, so it asks scontrol; the
+  text form is used because Debian's 22.05 scontrol has no ``--json``.
+- ``shards_per_gpu`` / ``shard_limits``: a GPU of capacity C carries
+  ``floor(C / shard_size)`` shards; a job of N shards gets ``N * shard_size``
+  of memory and ``N / shards_per_gpu`` of the compute time.
+- ``gres_conf``: the ``gres.conf`` lines and the node's ``Gres=`` string for
+  those counts, so that Slurm never admits what the daemon would refuse.
+- ``gone``: which registered Slurm jobs the controller no longer runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from vgpuctl.core.sizes import format_size
+from vgpuctl.errors import AdmissionRefused, UsageError
+
+# Job states after which the job holds nothing on the node (squeue %T).
+# COMPLETING is not one: the Epilog has not run yet.
+ENDED_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+    "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT",
+})
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What a Prolog needs to know of a Slurm job on its node."""
+
+    job_id: str
+    name: str = ""
+    partition: str | None = None
+    account: str | None = None
+    command: str = ""
+    work_dir: str = ""
+    shards: int | None = None        # shards on this node; None: no shards here
+    gpus: tuple[int, ...] = ()       # Slurm's GPU indices the shards are on
+
+
+def _value(text: str, key: str) -> str | None:
+    m = re.search(rf"(?:^|\s){re.escape(key)}=(\S*)", text)
+    if m is None:
+        return None
+    v = m.group(1)
+    return None if v in ("(null)", "") else v
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Slurm's host list form into names: ``n[1-3,7],gpu05`` -> n1 n2 n3 n7
+    gpu05 (numbers keep their zero padding)."""
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", expr):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if m is None:
+            out.append(part)
+            continue
+        prefix, ranges, rest = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if not hi:
+                out += [prefix + lo + x for x in expand_hostlist(rest)] if rest else [prefix + lo]
+                continue
+            for n in range(int(lo), int(hi) + 1):
+                name = prefix + str(n).zfill(len(lo))
+                out += [name + x for x in expand_hostlist(rest)] if rest else [name]
+    return out
+
+
+def _indices(spec: str) -> tuple[int, ...]:
+    """``0-1,3`` -> (0, 1, 3)."""
+    out: list[int] = []
+    for r in spec.split(","):
+        lo, _, hi = r.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise UsageError(f"unexpected GRES index {spec!r} in scontrol's output")
+        out += range(int(lo), int(hi or lo) + 1)
+    return tuple(out)
+
+
+def _gres_items(gres: str) -> list[str]:
+    """Split ``gpu:sim:1(IDX:0),shard:3(IDX:0-1)`` at the commas between items."""
+    return [s for s in re.split(r",(?![^()]*\))", gres) if s]
+
+
+def parse_job(text: str, node: str) -> SlurmJob:
+    """A SlurmJob from ``scontrol show job -d`` text, as seen on ``node``.
+    The per-node lines (``Nodes=n1 ... GRES=shard:4(IDX:0)``) give this
+    node's shards and GPU; a job with no shards here has ``shards=None``."""
+    job_id = _value(text, "JobId")
+    if job_id is None or not job_id.isdigit():
+        raise UsageError("scontrol's output names no job (JobId=)")
+    shards = None
+    gpus: tuple[int, ...] = ()
+    for line in text.splitlines():
+        nodes = _value(line, "Nodes")
+        gres = _value(line, "GRES")
+        if nodes is None or gres is None or node not in expand_hostlist(nodes):
+            continue
+        for item in _gres_items(gres):
+            m = re.fullmatch(r"shard(?::[^:(]+)?:(\d+)(?:\(IDX:([^)]*)\))?", item)
+            if m is None:
+                continue
+            shards = (shards or 0) + int(m.group(1))
+            if m.group(2):
+                gpus += _indices(m.group(2))
+    cmd_m = re.search(r"(?:^|\s)Command=(.*)$", text, re.M)
+    return SlurmJob(job_id=job_id, name=_value(text, "JobName") or "",
+                    partition=_value(text, "Partition"), account=_value(text, "Account"),
+                    command=(cmd_m.group(1).strip() if cmd_m else ""),
+                    work_dir=_value(text, "WorkDir") or "",
+                    shards=shards, gpus=tuple(sorted(set(gpus))))
+
+
+def shards_per_gpu(capacity: int, shard_size: int) -> int:
+    """How many shards a GPU whose limits may sum to ``capacity`` carries."""
+    if shard_size <= 0:
+        raise UsageError("the shard size must be positive")
+    return max(0, capacity // shard_size)
+
+
+def shard_limits(shards: int, per_gpu: int, shard_size: int) -> tuple[int, int]:
+    """(memory bytes, core percent) of a job of ``shards`` on a GPU of
+    ``per_gpu`` shards; AdmissionRefused when Slurm's count and the
+    daemon's disagree (more shards than the GPU carries)."""
+    if shards < 1:
+        raise UsageError(f"a job needs at least one shard, not {shards}")
+    if shards > per_gpu:
+        raise AdmissionRefused(
+            f"{shards} shards of {format_size(shard_size)} do not fit: this GPU carries "
+            f"{per_gpu} (gres.conf and vgpuctl disagree; see `vgpuctl slurm gres-conf`)")
+    core = max(1, min(100, round(100 * shards / per_gpu)))
+    return shards * shard_size, core
+
+
+@dataclass(frozen=True)
+class GresGpu:
+    """A GPU as gres.conf names it: its device minor number and capacity."""
+
+    minor: int
+    uuid: str
+    capacity: int
+
+
+def gres_conf(gpus: Sequence[GresGpu], shard_size: int, node: str = "",
+              dev_dir: str = "/dev", gpu_type: str | None = None) -> str:
+    """The gres.conf lines (GPUs in minor-number order: Slurm's indices are
+    their positions) and, as a comment, the node's Gres= for slurm.conf."""
+    ordered = sorted(gpus, key=lambda g: g.minor)
+    typ = f" Type={gpu_type}" if gpu_type else ""
+    counts = [shards_per_gpu(g.capacity, shard_size) for g in ordered]
+    lines = [f"# vgpuctl: {format_size(shard_size)} shards; GPU n of Slurm is the n-th "
+             f"line below", "AutoDetect=off"]
+    for g in ordered:
+        lines.append(f"Name=gpu{typ} File={dev_dir}/nvidia{g.minor} Flags=nvidia_gpu_env"
+                     f"  # {g.uuid}")
+    for g, n in zip(ordered, counts, strict=True):
+        lines.append(f"Name=shard Count={n} File={dev_dir}/nvidia{g.minor} "
+                     f"Flags=nvidia_gpu_env")
+    gres = f"gpu{':' + gpu_type if gpu_type else ''}:{len(ordered)},shard:{sum(counts)}"
+    lines.append(f"# slurm.conf: NodeName={node or '<node>'} ... Gres={gres}")
+    return "\n".join(lines) + "\n"
+
+
+def gone(registered: Iterable[str], states: Mapping[str, str]) -> list[str]:
+    """The registered Slurm job ids that the controller's list (job id ->
+    state, squeue --states=all) shows ended or no longer knows. An empty
+    list says nothing (a controller that lost its state, or another
+    cluster's): then none is gone."""
+    if not states:
+        return []
+    out = []
+    for job in registered:
+        state = states.get(job)
+        if state is None or state.split()[0].rstrip("+") in ENDED_STATES:
+            out.append(job)
+    return out
+
+
+def parse_squeue(text: str) -> dict[str, str]:
+    """``squeue -h -o '%A %T'`` lines into job id -> state (%A: the id each
+    job array element has of its own, which its Prolog sees)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            out[parts[0]] = parts[1]
+    return out
