@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from pathlib import Path
 
+import pytest
 from support.daemon import wait_for
 
 from vgpuctl.core.violations import JobLimits
@@ -90,3 +92,39 @@ def test_report_kills_nothing():
     finally:
         child.kill()
         child.wait()
+
+
+def _cgroup_v2_root() -> Path | None:
+    for line in open("/proc/self/mounts"):
+        f = line.split()
+        if len(f) > 2 and f[2] == "cgroup2":
+            return Path(f[1])
+    return None
+
+
+def test_a_process_in_a_slurm_jobs_cgroup_is_that_jobs_wherever_it_was_forked(tmp_path):
+    root = _cgroup_v2_root()
+    group = root / f"vgpu-test-{os.getpid()}" / "job_4242" if root else None
+    try:
+        assert group is not None
+        group.mkdir(parents=True)
+    except (AssertionError, OSError) as e:
+        pytest.skip(f"cannot create a cgroup v2 group here: {e}")
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (group / "cgroup.procs").write_text(str(child.pid))
+        w = Watch(nvml_lists((child.pid, 2 * G)))
+        # No pid of the job is known, and the process is no descendant of any:
+        # its Slurm job's cgroup says whose it is.
+        known = Known([JobLimits("1", GPU, G, 1.0, None)], {}, {}, {}, {"4242": "1"})
+        res = w.check(known, "report", 0.0)
+        assert [(v.kind, v.job_id) for v in res.found] == [("memory", "1")]
+        w = Watch(nvml_lists((child.pid, 2 * G)))
+        res = w.check(Known([], {}, {}, {}, {"4243": "2"}), "report", 0.0)
+        assert [v.kind for v in res.found] == ["no_job"]
+    finally:
+        child.kill()
+        child.wait()
+        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), what="empty cgroup")
+        group.rmdir()
+        group.parent.rmdir()

@@ -729,7 +729,7 @@ class Supervisor:
     # -- violations ---------------------------------------------------------------
     def watch_known(self) -> watch.Known:
         """What the violation watch needs of the jobs, copied for its thread."""
-        limits, pids, starts, launchers = [], {}, {}, {}
+        limits, pids, starts, launchers, slurm = [], {}, {}, {}, {}
         for job in self.jobs.values():
             rec = job.rec
             for u in job.uuids():
@@ -740,7 +740,9 @@ class Supervisor:
                 starts[p] = start
             if rec.launcher_pid is not None and rec.launcher_start is not None:
                 launchers[rec.launcher_pid] = (rec.launcher_start, job.id)
-        return watch.Known(limits, pids, starts, launchers)
+            if rec.slurm_job is not None:
+                slurm[rec.slurm_job] = job.id
+        return watch.Known(limits, pids, starts, launchers, slurm)
 
     def record_violations(self, res: watch.Result) -> None:
         """Apply one check of the watch: fresh NVML figures, and each new

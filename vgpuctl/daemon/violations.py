@@ -3,10 +3,12 @@ per-process memory and utilization on every managed GPU against the jobs the
 daemon knows (the rules are vgpuctl.core.violations').
 
 A process NVML lists belongs to a job when it is one of the job's tracked
-pids, or when one of its ancestors is (or is the job's launcher: `vgpuctl
-run` is a subreaper, so a double-forked child is re-parented to it and stays
-below it). The ancestry is read from /proc only for pids no job knows, so a
-tick with no stranger on the GPUs reads no /proc file.
+pids; when it sits in the cgroup of a Slurm job the daemon serves (Slurm's
+task/cgroup puts every process of a job under `.../job_<id>/`, which the
+job cannot leave); or when one of its ancestors is a tracked pid or the
+job's launcher (`vgpuctl run` is a subreaper, so a double-forked child is
+re-parented to it and stays below it). /proc is read only for pids no job
+knows, so a tick with no stranger on the GPUs reads no /proc file.
 
 With ``on_violation = "kill"`` the process a violation names is sent
 SIGKILL, checked first to be the same process (pid and start time) NVML
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +34,8 @@ log = logging.getLogger("vgpuctl.daemon")
 
 # How far up the process tree a stranger's ancestry is followed.
 MAX_DEPTH = 64
+# Slurm's job cgroup (task/cgroup, v1 and v2): .../job_<id>/...
+_SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Known:
     pids: Mapping[int, str]                  # tracked pid -> job id
     starts: Mapping[int, int]                # tracked pid -> its start time
     launchers: Mapping[int, tuple[int, str]]  # launcher pid -> (start, job id)
+    slurm: Mapping[str, str] = field(default_factory=dict)  # Slurm job id -> job id
 
 
 @dataclass
@@ -98,8 +104,8 @@ class Watch:
         cached = self._strangers.get((pid, start), "")
         if cached is None or cached in jobs:
             return cached, start
-        job = None
-        ppid = st[0]
+        job = slurm_job(pid, known.slurm) if known.slurm else None
+        ppid = st[0] if job is None else 0
         for _ in range(MAX_DEPTH):
             if ppid <= 1:
                 break
@@ -130,6 +136,19 @@ class Watch:
         except PermissionError:
             log.warning("may not kill pid %d", pid)
             return False
+
+
+def slurm_job(pid: int, jobs: Mapping[str, str]) -> str | None:
+    """The job whose Slurm job's cgroup holds pid, if any."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return None
+    for m in _SLURM_CGROUP.finditer(text):
+        if m.group(1) in jobs:
+            return jobs[m.group(1)]
+    return None
 
 
 def record(v: Violation, action: str, at: float) -> dict[str, Any]:
