@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuctl.core.sizes import parse_size
+from vgpuctl.core.violations import ON_VIOLATION
 from vgpuctl.errors import ConfigError
 
 POLICIES = ("hard", "soft")
@@ -60,6 +61,7 @@ class Config:
     log_level: str = "info"
     retention_days: int = 90
     start_timeout_s: int = 60     # a job not started by then gives its reservation back
+    on_violation: str = "report"    # or "kill": see core/violations.py
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def limits_for(self, user: str, uid: int) -> UserLimits:
@@ -203,6 +205,7 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "log_level": lambda s, k, v: ("log_level", _choice(s, k, v, LOG_LEVELS)),
     "retention_days": lambda s, k, v: ("retention_days", _int(s, k, v, 1, 36_500)),
     "start_timeout_s": lambda s, k, v: ("start_timeout_s", _int(s, k, v, 1, 86_400)),
+    "on_violation": lambda s, k, v: ("on_violation", _choice(s, k, v, ON_VIOLATION)),
 }
 
 

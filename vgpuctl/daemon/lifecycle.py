@@ -9,7 +9,8 @@ running under their last limits, their regions on disk for the next start.
 
 Loops (the blocking parts run in the default executor):
   tick      every tick_ms: the compute governor's gates into each region,
-            accounting samples, the metrics snapshot
+            the violation watch (NVML against the jobs), accounting samples,
+            the metrics snapshot
   track     every 0.5 s while jobs exist: one /proc scan -> job processes,
             jobs whose processes are all gone end
   inventory every 1 s: NVML memory, utilization and per-process memory; and
@@ -43,6 +44,7 @@ from vgpuctl.core.placement import CONTEXT_MEM
 from vgpuctl.daemon import logs, metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
+from vgpuctl.daemon.violations import Watch
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.governor import compute
 from vgpuctl.store import retention, usage
@@ -142,6 +144,21 @@ def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
 
 
+def _mark_sim_state() -> Any:
+    """Mark the simulated GPU's state as read by a daemon, so that `vgpuctl
+    sim reset` refuses to delete it under us; None on a real GPU."""
+    if not os.environ.get("VGPU_SIM"):
+        return None
+    from vgpuctl.system import simstate
+
+    try:
+        return simstate.DaemonMark()
+    except OSError as e:
+        log.warning("cannot mark the simulated GPU's state %s (%s): `vgpuctl sim reset` "
+                    "could delete it under the daemon", simstate.state_path(), e.strerror)
+        return None
+
+
 class Daemon:
     def __init__(self, dp: paths.DaemonPaths, config: Config) -> None:
         self.dp = dp
@@ -151,6 +168,7 @@ class Daemon:
         self.accountant: Any = None
         self.metrics: Any = None
         self.metrics_box: Any = None
+        self.sim_mark: Any = None
         self._last_metrics = 0.0
         self._tick_errors = 0
         self._write_failing: str | None = None    # the database write error, while it lasts
@@ -170,6 +188,7 @@ class Daemon:
         store = Store.open(self.dp.db)
         store.active_jobs()         # a corrupt jobs table stops the start here, in one line
         nvml = await loop.run_in_executor(None, Nvml)
+        self.sim_mark = _mark_sim_state()
         devices = nvml.devices()
         sim_set, sim_prepend = _sim_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
@@ -177,6 +196,8 @@ class Daemon:
                          context_mem=_context_mem())
         self.sup = sup
         self._start_compute(loop)
+        self.watch = Watch(nvml.snapshot, self.governor.last_shares
+                           if self.governor is not None else None)
         self._start_accounting(store)
         sup.on_config = self._config_changed
         sup.on_job_end = self._job_ended
@@ -356,6 +377,9 @@ class Daemon:
             if g is not None:
                 sup.apply_gate(job, i, uuid, g.throttle, g.refill_rate, g.bucket_size,
                                g.measured, getattr(g, "target", None))
+        res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
+                                         sup.config.on_violation, time.monotonic())
+        sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
             for job, _, uuid, u in inputs:
@@ -389,8 +413,10 @@ class Daemon:
                 user=v["user"], memory_used=v["mem_used"] or 0, memory_limit=v["mem_limit"],
                 share_target=v["core"] / 100,
                 share_measured=v["core_measured"] or 0.0,
-                throttled_seconds=v["throttled_s"] or 0.0, gpu_seconds=acc))
-        return m.Snapshot(gpus=gpus, jobs=jobs, jobs_running=len(sup.jobs))
+                throttled_seconds=v["throttled_s"] or 0.0, gpu_seconds=acc,
+                violations=job.violation_count))
+        return m.Snapshot(gpus=gpus, jobs=jobs, jobs_running=len(sup.jobs),
+                          violations=dict(sup.violation_totals))
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -457,6 +483,10 @@ class Daemon:
         while True:
             await asyncio.sleep(INVENTORY_S)
             self._retry_writes()
+            if self.sim_mark is not None and self.sim_mark.replaced():
+                log.error("the simulated GPU's state %s was removed or replaced under the "
+                          "daemon: it sees the old one; restart the daemon", self.sim_mark.path)
+                self.sim_mark = None
             try:
                 self.sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
             except asyncio.CancelledError:
