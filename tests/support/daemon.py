@@ -96,11 +96,13 @@ class Daemon:
         self.log = base / "daemon.log"
 
     # -- the daemon process ------------------------------------------------------
-    def start(self, *args: str) -> Daemon:
-        """Start `vgpuctl daemon ARGS` and wait for its socket."""
+    def start(self, *args: str, preexec_fn: Callable[[], Any] | None = None) -> Daemon:
+        """Start `vgpuctl daemon ARGS` and wait for its socket. preexec_fn
+        runs in the daemon's process before it starts (to lower a limit)."""
         log = open(self.log, "ab")
         self.proc = subprocess.Popen([*vgpuctl_argv(), "daemon", *args], env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                     preexec_fn=preexec_fn)
         log.close()
 
         def up() -> bool:

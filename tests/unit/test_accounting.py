@@ -10,6 +10,7 @@ import sqlite3
 import pytest
 
 from vgpuctl.core.accounting import Accountant
+from vgpuctl.errors import StateError
 from vgpuctl.store.usage import (
     create_schema,
     flush,
@@ -137,7 +138,7 @@ def test_failed_flush_is_retried(tmp_path):
     a.observe("1", GPU, 0.0, 1.0, G)
     a.observe("1", GPU, 2.0, 1.0, G)
     c.execute("DROP TABLE usage")
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(StateError, match="can't write accounting"):
         flush(c, a)
     create_schema(c)
     flush(c, a)

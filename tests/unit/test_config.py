@@ -87,6 +87,7 @@ def test_the_shipped_example_parses():
     ("socket = \"relative.sock\"", "socket", "absolute path"),
     ("[limits.users.bob]\nmax_gpu = 1", "limits.users.bob.max_gpu", "unknown key"),
     ("[limits.default]\nmax_core = 101", "limits.default.max_core", "1 to 100"),
+    ("on_violation = \"stop\"", "on_violation", "report, kill"),
     ("[slurm]\ngpus = \"some\"", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\ngpus = [true]", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\nallow_run = 1", "slurm.allow_run", "true or false"),

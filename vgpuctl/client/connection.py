@@ -1,5 +1,9 @@
 """Talking to the daemon: connect to the first that answers, or start a user
-daemon.
+daemon -- but never in the place of a system daemon: when this node has one
+(its socket, runtime dir, config file or unit exists) or a shared daemon's
+socket is left where we connect, `connect_or_start` waits for it, saying so,
+until WAIT_S (``VGPU_DAEMON_WAIT``) and then fails (exit 3). A private daemon
+would admit jobs outside the system daemon's admission and accounting.
 
 Kept light on purpose (no dataclasses, no click): `vgpuctl run` imports this
 module and little else, so that the time it adds to a command stays small
@@ -23,16 +27,19 @@ from vgpuctl.system import paths
 
 MAX_REPLY = 256 << 20
 START_TIMEOUT_S = 15.0
+WAIT_S = 60.0            # how long `run` waits for a system daemon that does not answer
+BUSY_RETRY_S = 0.01      # first pause after a full backlog (EAGAIN), doubling to 0.05 s
 
 
 class Client:
     """One connection to a daemon; `call` sends a request and returns the
     reply's fields, raising the VgpuError an error reply stands for."""
 
-    def __init__(self, path: Path, sock: socket.socket) -> None:
+    def __init__(self, path: Path, sock: socket.socket, timeout: float = 30.0) -> None:
         self.path = path
         self._sock = sock
         self._buf = b""
+        self._timeout = timeout
 
     @classmethod
     def connect(cls, path: Path, timeout: float = 30.0) -> Client:
@@ -43,34 +50,73 @@ class Client:
         if len(name.encode()) >= 100:     # too long for sun_path: go through the dir
             fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             name = f"/proc/self/fd/{fd}/{path.name}"
+        deadline = time.monotonic() + timeout
+        pause = BUSY_RETRY_S
         try:
-            s.connect(name)
+            while True:
+                try:
+                    s.connect(name)
+                    break
+                except BlockingIOError:
+                    # The daemon's listen backlog is full (a burst of
+                    # connections): a Unix socket says EAGAIN. Try again.
+                    if time.monotonic() + pause > deadline:
+                        raise TimeoutError(errno.ETIMEDOUT, "the daemon is too busy to "
+                                           "accept a connection") from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
         except OSError:
             s.close()
             raise
         finally:
             if fd is not None:
                 os.close(fd)
-        return cls(path, s)
+        return cls(path, s, timeout)
 
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        try:
-            self._sock.sendall(P.encode_request(op, **fields))
-            line = self._readline()
-        except TimeoutError:
-            raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
-        except OSError as e:
-            raise DaemonUnavailable(f"lost the daemon on {self.path}: {e.strerror or e}") from None
-        import json
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            raise ProtocolError(f"the daemon on {self.path} sent something that is not JSON") \
-                from None
+        deadline = time.monotonic() + self._timeout
+        pause = BUSY_RETRY_S
+        while True:
+            reply = self._exchange(P.encode_request(op, **fields))
+            if not P.may_retry(reply) or time.monotonic() + pause > deadline:
+                break
+            # Over one of the daemon's connection caps: it closed this
+            # connection unread. Send the request again on a new one.
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+            self.close()
+            try:
+                fresh = Client.connect(self.path, max(0.1, deadline - time.monotonic()))
+            except OSError:
+                break
+            self._sock, self._buf = fresh._sock, b""
         exc = P.reply_exception(reply)
         if exc is not None:
             raise exc
         return reply
+
+    def _exchange(self, request: bytes) -> Any:
+        """Send one request line, return the reply line decoded."""
+        try:
+            self._sock.sendall(request)
+            line = self._readline()
+        except TimeoutError:
+            raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
+        except OSError as e:
+            # A refusal may come before the request is sent in full: read it.
+            line = self._buf.partition(b"\n")[0] if b"\n" in self._buf else None
+            if line is None:
+                try:
+                    line = self._readline()
+                except OSError:
+                    raise DaemonUnavailable(f"lost the daemon on {self.path}: "
+                                            f"{e.strerror or e}") from None
+        import json
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise ProtocolError(f"the daemon on {self.path} sent something that is not JSON") \
+                from None
 
     def _readline(self) -> bytes:
         while b"\n" not in self._buf:
@@ -112,6 +158,57 @@ def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None
                             + "; start one with `vgpuctl daemon`")
 
 
+def connect_or_start(socket_path: str | None = None, note: Any = None,
+                     env: Mapping[str, str] | None = None) -> tuple[Client, Path | None]:
+    """A connection for `vgpuctl run`: to the daemon that answers; else, when
+    a system daemon is expected (see the module's doc), to it once it answers
+    within the wait (note hears that we wait); else to a user daemon started
+    now. Returns the client and the started daemon's log (None: none was
+    started). DaemonUnavailable when the wait runs out."""
+    try:
+        return connect(socket_path, env), None
+    except DaemonUnavailable as e:
+        first = e
+    why = expected_daemon(socket_path, env)
+    if why is None:
+        return start_user_daemon(socket_path, env)
+    e_ = os.environ if env is None else env
+    try:
+        wait = float(e_.get("VGPU_DAEMON_WAIT") or WAIT_S)
+    except ValueError:
+        wait = WAIT_S
+    where = ", ".join(str(p) for p in paths.client_sockets(socket_path, env))
+    if note is not None:
+        note(f"no daemon answers on {where}, but {why}: waiting up to {wait:.0f} s for it "
+             "(a private daemon would run outside its admission)")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        try:
+            return connect(socket_path, env), None
+        except DaemonUnavailable as e:
+            first = e
+    raise DaemonUnavailable(f"{first}; waited {wait:.0f} s because {why}, and did not "
+                            "start a private daemon in its place")
+
+
+def expected_daemon(socket_path: str | None = None,
+                    env: Mapping[str, str] | None = None) -> str | None:
+    """Why a daemon other than a private one of ours is expected on the
+    sockets a client tries (a shared daemon's socket left there, or, on the
+    default sockets, a system daemon set up on this node); None when
+    starting a user daemon is right."""
+    socks = paths.client_sockets(socket_path, env)
+    for p in socks:
+        if paths.shared_socket(p):
+            return f"a shared daemon's socket is at {p}"
+    if paths.SYSTEM_SOCKET in socks:
+        sign = paths.system_daemon_sign()
+        if sign is not None:
+            return f"this node has a system daemon ({sign} exists)"
+    return None
+
+
 def start_user_daemon(socket_path: str | None = None,
                       env: Mapping[str, str] | None = None) -> tuple[Client, Path]:
     """Start a user daemon in the background (its own session, logging to
@@ -128,7 +225,10 @@ def start_user_daemon(socket_path: str | None = None,
     paths.ensure_private_dir(dp.state_dir)
     log_path = dp.log
     argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock)]
-    with open(log_path, "ab") as log:
+    # Owner-only: the log names every job's command and directory.
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                           0o600), "ab") as log:
+        os.fchmod(log.fileno(), 0o600)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, close_fds=True, env=e, cwd="/")
     deadline = time.monotonic() + START_TIMEOUT_S

@@ -38,11 +38,7 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
               "mem": mem, "core": core, "policy": policy, "gpu": gpu}
     from vgpuctl.client import connection as client
 
-    started = None
-    try:
-        cl = client.connect(socket_path)
-    except DaemonUnavailable:
-        cl, started = client.start_user_daemon(socket_path)
+    cl, started = client.connect_or_start(socket_path, note=warn)
     with cl:
         reply = cl.call("run", **fields)
         job = reply["job"]
@@ -70,6 +66,46 @@ def job_line(job: Mapping[str, Any]) -> str:
 FORWARD = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT,
            signal.SIGUSR1, signal.SIGUSR2)
 SI_KERNEL = 0x80
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants (Linux 3.4+): an
+    orphan below it (a double fork, `setsid cmd &`) is re-parented to it,
+    not to init, so the daemon keeps it in the job. False where prctl
+    refuses."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _stat(pid: int | str) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state first);
+    [] when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _left_behind(since: int) -> list[int]:
+    """Our live children started at or after `since` (clock ticks since
+    boot): what the command left, re-parented to us. A user daemon that
+    `run` started before the command is not among them."""
+    me = str(os.getpid()).encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(name)
+            if (len(st) > 19 and st[1] == me and st[0] not in (b"Z", b"X")
+                    and int(st[19]) >= since):
+                out.append(int(name))
+    return out
 
 
 def job_env(base: Mapping[str, str], add: Mapping[str, str],
@@ -117,12 +153,18 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
     """Run command as the job's root process, like exec: it keeps the
     terminal and stdin, gets the signals sent to us, and its exit code
     (128+N for signal N) is returned. Tells the daemon its pid and its end;
-    warn hears when the daemon could not be told."""
+    warn hears when the daemon could not be told.
+
+    As a subreaper it then waits for every descendant the command left
+    behind (a background child, a double fork) before it reports the
+    command's end: until then they are the job's, under its limits, and
+    the signals it gets go to them."""
     env: MutableMapping[str, str] = job_env(os.environ, env_add, prepend)
     block = {signal.SIGCHLD, *FORWARD}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, block)
+    reaper = become_subreaper()
     pid = os.fork()
     if pid == 0:  # the command
         try:
@@ -139,24 +181,43 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
         finally:
             os._exit(127)
     maybe: Client | None = _tell(cl, "started", warn, job=job_id, pid=pid)
+    if maybe is not None:
+        # Not held while the command runs: a user's connections are capped
+        # (a burst of jobs would fill them); `exited` comes on a new one.
+        maybe.close()
+    st_fields = _stat(pid)
+    since = int(st_fields[19]) if len(st_fields) > 19 else 0
     status = None
-    while status is None:
+    while True:
         info = signal.sigtimedwait(block, 1.0)
         if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL:
+            for target in [pid] if status is None else _left_behind(since):
+                try:
+                    os.kill(target, info.si_signo)
+                except ProcessLookupError:
+                    pass
+        gone = False
+        while True:     # reap the command, and (subreaper) whatever it left
             try:
-                os.kill(pid, info.si_signo)
-            except ProcessLookupError:
-                pass
-        try:
-            done, st = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
+                done, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                gone = True
+                break
+            if done == 0:
+                break
+            if done == pid:
+                status = st
+        if gone or (status is not None and (not reaper or not _left_behind(since))):
             break
-        if done == pid:
-            status = st
     code = os.waitstatus_to_exitcode(status) if status is not None else 1
     fields = {"code": code} if code >= 0 else {"signal": -code}
     if maybe is not None:
-        maybe = _tell(maybe, "exited", warn, job=job_id, **fields)
+        try:
+            maybe = _tell(Client.connect(maybe.path), "exited", warn, job=job_id, **fields)
+        except OSError:
+            maybe = None
+            if warn is not None:
+                warn("the daemon did not get `exited`")
         if maybe is not None:
             maybe.close()
     signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuctl.core.sizes import parse_size
+from vgpuctl.core.violations import ON_VIOLATION
 from vgpuctl.errors import ConfigError
 
 POLICIES = ("hard", "soft")
@@ -26,6 +27,7 @@ class UserLimits:
     """Maxima for one job of a user; None = no maximum."""
     max_mem: int | None = None    # bytes: the largest --mem a job may ask for
     max_core: int | None = None   # percent: the largest --core
+    max_total_mem: int | None = None  # bytes: the most all a user's live jobs may hold
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Config:
     metrics_address: str = ""
     log_level: str = "info"
     retention_days: int = 90
+    start_timeout_s: int = 60     # a job not started by then gives its reservation back
+    on_violation: str = "report"    # or "kill": see core/violations.py
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def limits_for(self, user: str, uid: int) -> UserLimits:
@@ -145,16 +149,18 @@ def _ratio(source: str, key: str, v: Any) -> float:
 def _user_limits(source: str, prefix: str, v: Any) -> UserLimits:
     if not isinstance(v, dict):
         raise _fail(source, prefix, f"expected a table, got {v!r}")
-    max_mem = max_core = None
+    max_mem = max_core = max_total_mem = None
     for k, val in v.items():
         key = f"{prefix}.{k}"
         if k == "max_mem":
             max_mem = _size(source, key, val)
         elif k == "max_core":
             max_core = _int(source, key, val, 1, 100)
+        elif k == "max_total_mem":
+            max_total_mem = _size(source, key, val)
         else:
-            raise _fail(source, key, "unknown key (known: max_mem, max_core)")
-    return UserLimits(max_mem=max_mem, max_core=max_core)
+            raise _fail(source, key, "unknown key (known: max_mem, max_core, max_total_mem)")
+    return UserLimits(max_mem=max_mem, max_core=max_core, max_total_mem=max_total_mem)
 
 
 def _slurm(source: str, v: Any) -> SlurmConfig:
@@ -198,6 +204,8 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "metrics_address": lambda s, k, v: ("metrics_address", _address(s, k, v)),
     "log_level": lambda s, k, v: ("log_level", _choice(s, k, v, LOG_LEVELS)),
     "retention_days": lambda s, k, v: ("retention_days", _int(s, k, v, 1, 36_500)),
+    "start_timeout_s": lambda s, k, v: ("start_timeout_s", _int(s, k, v, 1, 86_400)),
+    "on_violation": lambda s, k, v: ("on_violation", _choice(s, k, v, ON_VIOLATION)),
 }
 
 

@@ -73,6 +73,7 @@ JOB_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("cwd", "text", "where it was started"),
     Field("exit_code", "int", "exit code, once ended"),
     Field("exit_signal", "int", "signal that ended it"),
+    Field("violations", "violations", "what the daemon caught (NVML against its limits)"),
 )}
 
 GPU_FIELDS: dict[str, Field] = {f.name: f for f in (
@@ -167,6 +168,8 @@ def value_text(v: Any, kind: str, units: str, tz: tzinfo | None = None) -> str:
         return " ".join(str(x) for x in v) if isinstance(v, list) else str(v)
     if kind == "argv":
         return command_text(v)
+    if kind == "violations" and isinstance(v, list):     # kind:pid, newest last
+        return " ".join(f"{x.get('kind')}:{x.get('pid')}" for x in v if isinstance(x, dict))
     if kind == "share" and isinstance(v, (int, float)):
         return f"{v:.3f}"
     if kind == "seconds" and isinstance(v, (int, float)):

@@ -155,6 +155,16 @@ def context_warning(mem: int, context_mem: int) -> str | None:
             f"first context or allocation will fail with out of memory")
 
 
+def check_user_total(limits: UserLimits, user: str, held: int, mem: int) -> None:
+    """Raise AdmissionRefused when a job of mem bytes would take a user's live
+    jobs (holding ``held`` bytes of limits) over their max_total_mem."""
+    cap = limits.max_total_mem
+    if cap is not None and held + mem > cap:
+        raise AdmissionRefused(f"user {user} may hold at most {format_size(cap)} in all "
+                               f"jobs; they hold {format_size(held)} and asked for "
+                               f"{format_size(mem)} more")
+
+
 def check_user_limits(limits: UserLimits, user: str, mem: int | None, core: int | None) -> None:
     """Raise AdmissionRefused when a job's limits exceed what its user may ask."""
     if mem is not None and limits.max_mem is not None and mem > limits.max_mem:

@@ -22,6 +22,7 @@ VERSION = 1
 MAX_LINE = 1 << 20          # bytes, newline included
 MAX_COMMAND_ARGS = 4096
 MAX_NAME = 64
+MAX_STORED_COMMAND = 4096   # characters of a job's command the daemon keeps
 
 # error code <-> the exception a client raises for it
 ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
@@ -257,6 +258,27 @@ def request_from(obj: Any) -> Request:
     return req
 
 
+def stored_command(argv: list[str], limit: int = MAX_STORED_COMMAND) -> list[str]:
+    """What the daemon keeps of a job's command (for ps, the database,
+    reports): the arguments up to ``limit`` characters in all, the last one
+    cut with "…", and a last element saying how many arguments were left out.
+    The command itself runs in full (the client executes its own argv)."""
+    if sum(len(a) for a in argv) <= limit:
+        return list(argv)
+    out: list[str] = []
+    left = limit
+    for i, a in enumerate(argv):
+        if len(a) > left:
+            out.append(a[:left] + "…")
+            rest = len(argv) - i - 1
+            if rest:
+                out.append(f"…(+{rest} more arguments)")
+            break
+        out.append(a)
+        left -= len(a)
+    return out
+
+
 def encode_request(op: str, **fields: Any) -> bytes:
     msg = {"v": VERSION, "op": op}
     msg.update({k: v for k, v in fields.items() if v is not None})
@@ -275,8 +297,20 @@ def ok(**fields: Any) -> dict[str, Any]:
     return msg
 
 
-def error(code: str, message: str) -> dict[str, Any]:
-    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
+def error(code: str, message: str, retry: bool = False) -> dict[str, Any]:
+    """An error reply. retry: the daemon did not read the request (a
+    connection over a cap): the client may send it again on a new
+    connection a moment later."""
+    err: dict[str, Any] = {"code": code, "message": message}
+    if retry:
+        err["retry"] = True
+    return {"v": VERSION, "ok": False, "error": err}
+
+
+def may_retry(reply: Any) -> bool:
+    """Whether an error reply says the request was not read (see error)."""
+    return (isinstance(reply, dict) and isinstance(reply.get("error"), dict)
+            and reply["error"].get("retry") is True)
 
 
 def reply_exception(reply: Any) -> errors.VgpuError | None:

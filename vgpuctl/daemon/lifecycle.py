@@ -9,13 +9,22 @@ running under their last limits, their regions on disk for the next start.
 
 Loops (the blocking parts run in the default executor):
   tick      every tick_ms: the compute governor's gates into each region,
-            accounting samples, the metrics snapshot
+            the violation watch (NVML against the jobs), accounting samples,
+            the metrics snapshot
   track     every 0.5 s while jobs exist: one /proc scan -> job processes,
             jobs whose processes are all gone end
-  inventory every 1 s: NVML memory, utilization and per-process memory
+  inventory every 1 s: NVML memory, utilization and per-process memory; and
+            the job changes a failed database write left in memory (a full
+            disk) written again
   slurm     every [slurm] reconcile_s while Slurm jobs are registered: jobs
             squeue shows ended (or no longer knows) are released, for an
             Epilog that never came
+
+Nothing at start is a traceback: a state or socket dir that can't be used
+(read-only, not ours) or a corrupt database is one StateError line (exit 8).
+The database, its -wal and -shm, and the lock are created 0600 whatever the
+umask (store/jobs.py); the process umask stays 022 because what the daemon
+shares with jobs (the runtime dirs, regions, socket) gets explicit modes.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from vgpuctl.core.placement import CONTEXT_MEM
 from vgpuctl.daemon import logs, metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
+from vgpuctl.daemon.violations import Watch
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.governor import compute
 from vgpuctl.store import retention, usage
@@ -84,7 +94,8 @@ def _prepare_dirs(dp: paths.DaemonPaths) -> None:
         paths.ensure_shared_dir(dp.runtime_dir)
         paths.ensure_shared_dir(dp.jobs_dir)
         try:
-            dp.state_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            # Owner-only, as systemd's StateDirectoryMode=0700 makes it.
+            dp.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as e:
             raise StateError(f"{dp.state_dir}: {e.strerror}") from None
     else:
@@ -94,14 +105,22 @@ def _prepare_dirs(dp: paths.DaemonPaths) -> None:
 
 
 def _lock(dp: paths.DaemonPaths) -> int:
-    fd = os.open(dp.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(dp.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StateError(f"{dp.lock}: {e.strerror} (the state dir must be writable: "
+                         "--state-dir or VGPU_STATE_DIR names another)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         raise DaemonConflict(f"another daemon runs with state dir {dp.state_dir}") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    except OSError as e:
+        os.close(fd)
+        raise StateError(f"{dp.lock}: {e.strerror}") from None
     return fd
 
 
@@ -126,6 +145,21 @@ def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
 
 
+def _mark_sim_state() -> Any:
+    """Mark the simulated GPU's state as read by a daemon, so that `vgpuctl
+    sim reset` refuses to delete it under us; None on a real GPU."""
+    if not os.environ.get("VGPU_SIM"):
+        return None
+    from vgpuctl.system import simstate
+
+    try:
+        return simstate.DaemonMark()
+    except OSError as e:
+        log.warning("cannot mark the simulated GPU's state %s (%s): `vgpuctl sim reset` "
+                    "could delete it under the daemon", simstate.state_path(), e.strerror)
+        return None
+
+
 class Daemon:
     def __init__(self, dp: paths.DaemonPaths, config: Config) -> None:
         self.dp = dp
@@ -135,8 +169,10 @@ class Daemon:
         self.accountant: Any = None
         self.metrics: Any = None
         self.metrics_box: Any = None
+        self.sim_mark: Any = None
         self._last_metrics = 0.0
         self._tick_errors = 0
+        self._write_failing: str | None = None    # the database write error, while it lasts
 
     def run(self) -> int:
         logs.setup(self.config.log_level)
@@ -151,7 +187,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
         store = Store.open(self.dp.db)
+        store.active_jobs()         # a corrupt jobs table stops the start here, in one line
         nvml = await loop.run_in_executor(None, Nvml)
+        self.sim_mark = _mark_sim_state()
         devices = nvml.devices()
         sim_set, sim_prepend = _sim_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
@@ -159,6 +197,8 @@ class Daemon:
                          context_mem=_context_mem())
         self.sup = sup
         self._start_compute(loop)
+        self.watch = Watch(nvml.snapshot, self.governor.last_shares
+                           if self.governor is not None else None)
         self._start_accounting(store)
         sup.on_config = self._config_changed
         sup.on_job_end = self._job_ended
@@ -167,9 +207,14 @@ class Daemon:
         self._credit_outage()
         self._start_metrics()
         server = Server(sup)
-        sock = listen(self.dp.socket, 0o666 if self.dp.system else 0o600)
+        try:
+            sock = listen(self.dp.socket, 0o666 if self.dp.system else 0o600)
+        except OSError as e:
+            raise StateError(f"{self.dp.socket}: can't listen: {e.strerror} (the socket's "
+                             "dir must be writable: --socket or VGPU_SOCKET names "
+                             "another)") from None
         sock_inode = os.stat(self.dp.socket).st_ino
-        aserver = await server.start(sock)
+        await server.start(sock)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self._sighup)
@@ -186,7 +231,6 @@ class Daemon:
         finally:
             log.info("stopping; %d jobs keep running", len(sup.jobs))
             notify.stopping()
-            aserver.close()
             await server.close()
             for t in tasks:
                 t.cancel()
@@ -203,6 +247,11 @@ class Daemon:
             if self.governor is not None:
                 self.governor.close()
             sup.close()
+            if store.pending:
+                store.retry_pending()
+            if store.pending:
+                log.error("%d job changes could not be written to %s (%s): lost",
+                          len(store.pending), store.path, store.write_error)
             store.close()
             nvml.close()
         return 0
@@ -257,8 +306,8 @@ class Daemon:
             self.accountant.end_job(job_id, time.time(), lag)
             try:   # a report right after the job's end sees all of it
                 usage.flush(self.sup.store.conn, self.accountant)
-            except Exception:
-                log.exception("accounting flush failed")
+            except StateError as e:
+                self._note_write_error(str(e))
 
     def _sighup(self) -> None:
         notify.reloading()
@@ -333,6 +382,9 @@ class Daemon:
             if g is not None:
                 sup.apply_gate(job, i, uuid, g.throttle, g.refill_rate, g.bucket_size,
                                g.measured, getattr(g, "target", None))
+        res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
+                                         sup.config.on_violation, time.monotonic())
+        sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
             for job, _, uuid, u in inputs:
@@ -340,8 +392,12 @@ class Daemon:
                     continue
                 self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
                                         u.get("used", 0), u.get("peak"))
-            if usage.maybe_flush(sup.store.conn, self.accountant, wall):
-                self._checkpoint(wall)      # a pread and a small file per job
+            try:
+                if usage.maybe_flush(sup.store.conn, self.accountant, wall):
+                    self._checkpoint(wall)      # a pread and a small file per job
+            except StateError as e:
+                # Kept in memory by the accountant, written at a later flush.
+                self._note_write_error(str(e))
         if self.metrics_box is not None and wall - self._last_metrics >= 1.0:
             self._last_metrics = wall
             self.metrics_box.set(self._metrics_snapshot())
@@ -416,8 +472,10 @@ class Daemon:
                 user=v["user"], memory_used=v["mem_used"] or 0, memory_limit=v["mem_limit"],
                 share_target=v["core"] / 100,
                 share_measured=v["core_measured"] or 0.0,
-                throttled_seconds=v["throttled_s"] or 0.0, gpu_seconds=acc))
-        return m.Snapshot(gpus=gpus, jobs=jobs, jobs_running=len(sup.jobs))
+                throttled_seconds=v["throttled_s"] or 0.0, gpu_seconds=acc,
+                violations=job.violation_count))
+        return m.Snapshot(gpus=gpus, jobs=jobs, jobs_running=len(sup.jobs),
+                          violations=dict(sup.violation_totals))
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -452,10 +510,42 @@ class Daemon:
             except Exception:
                 log.exception("Slurm reconciliation failed")
 
+    def _note_write_error(self, why: str | None) -> None:
+        """Log a database write error once while it lasts, and its end."""
+        if why is not None and self._write_failing is None:
+            log.error("can't write %s: %s; job changes and accounting are kept in memory "
+                      "and written when it works again", self.sup.store.path, why)
+        elif why is None and self._write_failing is not None:
+            log.info("%s is writable again: the changes kept in memory are written",
+                     self.sup.store.path)
+        self._write_failing = why
+
+    def _retry_writes(self) -> None:
+        store = self.sup.store
+        if store.write_error is not None:     # a write failed since the last call
+            self._note_write_error(store.write_error)
+            store.write_error = None
+        if store.pending:
+            store.retry_pending()
+            if store.write_error is not None:
+                return
+        if self._write_failing is not None:
+            try:
+                if self.accountant is not None:
+                    usage.flush(store.conn, self.accountant)
+                self._note_write_error(None)
+            except StateError:
+                pass
+
     async def _inventory_loop(self, nvml: Nvml) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(INVENTORY_S)
+            self._retry_writes()
+            if self.sim_mark is not None and self.sim_mark.replaced():
+                log.error("the simulated GPU's state %s was removed or replaced under the "
+                          "daemon: it sees the old one; restart the daemon", self.sim_mark.path)
+                self.sim_mark = None
             try:
                 self.sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
             except asyncio.CancelledError:

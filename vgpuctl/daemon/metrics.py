@@ -17,6 +17,8 @@ Metrics (one ``vgpu_`` prefix, base units, ratios 0 to 1):
     vgpu_job_compute_share_measured_ratio{...}         gauge
     vgpu_job_throttled_seconds_total{...}              counter
     vgpu_job_gpu_seconds_total{...}                    counter (when accounted)
+    vgpu_job_violations_total{...}                     counter
+    vgpu_violations_total{kind}                        counter (memory, compute, no_job)
     vgpu_jobs_running                                  gauge
 """
 
@@ -26,8 +28,8 @@ import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuctl.errors import MetricsUnavailable
@@ -63,6 +65,7 @@ class JobMetrics:
     share_measured: float = 0.0  # 0..1
     throttled_seconds: float = 0.0  # since the job started
     gpu_seconds: float | None = None  # since the job started, when accounted
+    violations: int = 0         # violations found since the job started
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Snapshot:
     gpus: Sequence[GpuMetrics] = ()
     jobs: Sequence[JobMetrics] = ()
     jobs_running: int | None = None  # None: the distinct job ids in jobs
+    violations: Mapping[str, int] = field(default_factory=dict)  # kind -> found since start
 
 
 class SnapshotBox:
@@ -152,8 +156,12 @@ class Collector:
         j_gs = CounterMetricFamily(PREFIX + "job_gpu_seconds",
                                    "GPU time the job used (integral of its measured share)",
                                    labels=jlabels)
+        j_viol = CounterMetricFamily(PREFIX + "job_violations",
+                                     "Violations found of the job (NVML against its limits)",
+                                     labels=jlabels)
         for j in snap.jobs:
             lv = [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid]
+            j_viol.add_metric(lv, float(j.violations))
             j_used.add_metric(lv, float(j.memory_used))
             j_limit.add_metric(lv, float(j.memory_limit))
             j_target.add_metric(lv, _ratio(j.share_target))
@@ -161,7 +169,13 @@ class Collector:
             j_thr.add_metric(lv, max(0.0, float(j.throttled_seconds)))
             if j.gpu_seconds is not None:
                 j_gs.add_metric(lv, max(0.0, float(j.gpu_seconds)))
-        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs)
+        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol)
+        viol = CounterMetricFamily(PREFIX + "violations",
+                                   "Violations found by kind: memory, compute, no_job "
+                                   "(a GPU process in no job)", labels=["kind"])
+        for kind, n in sorted(snap.violations.items()):
+            viol.add_metric([kind], float(n))
+        yield viol
 
         running = (snap.jobs_running if snap.jobs_running is not None
                    else len({j.job_id for j in snap.jobs}))

@@ -5,23 +5,54 @@ longer than MAX_LINE gets an error reply and the connection is closed (the
 reader never holds more than about MAX_LINE of it); any other bad request
 gets an error reply and the connection stays open. Whatever a client sends,
 the other clients don't notice.
+
+What one user can hold is bounded, so that no user can make the daemon
+unusable for the others (docs/security.md, "The service"):
+
+- connections: at most PER_UID per uid, and all together what the
+  descriptor limit leaves (ConnectionLimits); root keeps ROOT_RESERVE of
+  them for itself, so the operator's `ps` answers while others hold all
+  theirs. A connection over a cap gets one error line and is closed at once;
+- a connection that sends no request for IDLE_S is closed;
+- the listen backlog is BACKLOG (the kernel may cap it at somaxconn);
+- accept errors (out of descriptors) are logged once per burst, with a
+  count when it ends, and the connection that could not be accepted is
+  shed through a spare descriptor rather than left to spin the loop;
+- `kill`'s /proc scan runs in the executor, one at a time however many
+  requests ask for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import resource
 import socket
 import stat
 import struct
+import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vgpuctl.core import protocol as P
+from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.errors import DaemonConflict, DaemonUnavailable
+from vgpuctl.errors import DaemonConflict, RequestInvalid, StateError
 
 log = logging.getLogger("vgpuctl.daemon")
+
+PER_UID = 64            # connections one uid other than root may hold
+MAX_CONNECTIONS = 1024  # connections in all, however many descriptors there are
+ROOT_RESERVE = 32       # kept for root above what all the others may hold
+FD_HEADROOM = 128       # descriptors kept for the database, regions, NVML, threads
+IDLE_S = 30.0           # a connection without a request for this long is closed
+BACKLOG = 4096
+ACCEPT_BATCH = 256      # accepts per wake-up, so that requests are served in between
+BURST_QUIET_S = 5.0     # a burst of refusals ends after this long without one
 
 
 def peer_credentials(sock: socket.socket) -> Peer:
@@ -52,11 +83,14 @@ def listen(path: Path, mode: int) -> socket.socket:
             st = None
         if st is not None:
             if not stat.S_ISSOCK(st.st_mode):
-                raise DaemonUnavailable(f"{path} exists and is not a socket")
+                raise StateError(f"{path} exists and is not a socket")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 probe.settimeout(1.0)
-                probe.connect(addr)
+                try:
+                    probe.connect(addr)
+                except BlockingIOError:     # its backlog is full: alive and busy
+                    pass
                 raise DaemonConflict(f"another daemon already listens on {path}")
             except (TimeoutError, ConnectionRefusedError, FileNotFoundError):
                 os.unlink(path)
@@ -69,7 +103,7 @@ def listen(path: Path, mode: int) -> socket.socket:
         finally:
             os.umask(old)
         os.chmod(path, mode)
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         return sock
     finally:
@@ -77,28 +111,200 @@ def listen(path: Path, mode: int) -> socket.socket:
             os.close(fd)
 
 
-class Server:
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self._conns: set[asyncio.Task[None]] = set()
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """How many connections the daemon holds: ``total`` in all (root's
+    included), ``others`` for every uid but root's together, ``per_uid`` for
+    one uid other than root."""
 
-    async def start(self, sock: socket.socket) -> asyncio.AbstractServer:
-        # The reader's limit bounds what one line may hold in memory.
-        return await asyncio.start_unix_server(self._client, sock=sock, limit=P.MAX_LINE)
+    total: int
+    others: int
+    per_uid: int = PER_UID
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._conns.add(task)
+    @classmethod
+    def for_descriptors(cls, nofile: int, per_uid: int = PER_UID) -> ConnectionLimits:
+        """The limits for a descriptor limit: what FD_HEADROOM leaves, of
+        which ROOT_RESERVE is root's alone."""
+        total = max(8, min(MAX_CONNECTIONS, nofile - FD_HEADROOM))
+        others = max(4, total - min(ROOT_RESERVE, total // 4))
+        return cls(total=total, others=others, per_uid=min(per_uid, others))
+
+    def refusal(self, uid: int, held: Counter[int]) -> str | None:
+        """Why a new connection of uid is refused, given the connections held
+        per uid; None: accept it."""
+        everyone = sum(held.values())
+        if everyone >= self.total:
+            return f"the daemon holds its most connections ({self.total})"
+        if uid == 0:
+            return None
+        if held[uid] >= self.per_uid:
+            return f"uid {uid} holds its most connections ({self.per_uid}): close some"
+        if everyone - held[0] >= self.others:
+            return (f"the daemon holds its most connections for users ({self.others}); "
+                    "try again shortly")
+        return None
+
+
+def descriptor_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (at most 65536), and
+    return the soft limit then in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    want = min(want, 65536)
+    if want > soft:
         try:
-            peer = peer_credentials(writer.get_extra_info("socket"))
-        except OSError:
-            writer.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+class Burst:
+    """A repeated event logged once per burst: the first, then, after
+    BURST_QUIET_S without another, how many there were."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+        self.first = self.last = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hit(self, detail: str) -> None:
+        now = time.monotonic()
+        if self.count == 0:
+            self.first = now
+            log.warning("%s: %s (more are counted, not logged, until it stops)",
+                        self.what, detail)
+            self._arm()
+        self.count += 1
+        self.last = now
+
+    def _arm(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
             return
+        self._timer = loop.call_later(BURST_QUIET_S, self._check)
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        if now - self.last < BURST_QUIET_S:
+            self._timer = asyncio.get_running_loop().call_later(
+                BURST_QUIET_S - (now - self.last), self._check)
+            return
+        log.warning("%s: %d in %.1f s, now stopped", self.what, self.count,
+                    self.last - self.first)
+        self.count = 0
+        self._timer = None
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class Server:
+    def __init__(self, sup: Supervisor, limits: ConnectionLimits | None = None,
+                 idle_s: float | None = None) -> None:
+        self.sup = sup
+        self.limits = limits or ConnectionLimits.for_descriptors(descriptor_limit())
+        self.idle_s = IDLE_S if idle_s is None else idle_s
+        self._conns: set[asyncio.Task[None]] = set()
+        self._held: Counter[int] = Counter()
+        self._lsock: socket.socket | None = None
+        self._spare: int | None = None
+        self._scan: asyncio.Future[Any] | None = None
+        self._refused = Burst("connections refused over the caps")
+        self._accept_failed = Burst("accept failed")
+
+    async def start(self, sock: socket.socket) -> Server:
+        self._lsock = sock
+        self._spare = _open_spare()
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._accept_ready)
+        log.debug("connection caps: %d in all, %d for users, %d per user; idle %.0f s",
+                  self.limits.total, self.limits.others, self.limits.per_uid, self.idle_s)
+        return self
+
+    # -- accepting ---------------------------------------------------------------------
+    def _accept_ready(self) -> None:
+        assert self._lsock is not None
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self._lsock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._accept_error(e)
+                return
+            self._accepted(conn)
+
+    def _accept_error(self, e: OSError) -> None:
+        self._accept_failed.hit(f"{e.strerror or e} ({len(self._conns)} connections open)")
+        if e.errno not in (errno.EMFILE, errno.ENFILE) or self._spare is None:
+            self._pause(0.1)
+            return
+        # Out of descriptors: give the spare one up to take the waiting
+        # connection off the backlog, tell it why, and take the spare back.
+        os.close(self._spare)
+        self._spare = None
         try:
+            conn, _ = self._lsock.accept()  # type: ignore[union-attr]
+        except OSError:
+            conn = None
+        if conn is not None:
+            _refuse(conn, "the daemon is out of file descriptors; try again shortly")
+        self._spare = _open_spare()
+        if self._spare is None:
+            self._pause(0.1)
+
+    def _pause(self, seconds: float) -> None:
+        """Stop accepting for a moment (the error would repeat at once)."""
+        loop = asyncio.get_running_loop()
+        sock = self._lsock
+        if sock is None:
+            return
+        loop.remove_reader(sock.fileno())
+
+        def resume() -> None:
+            if self._lsock is sock and sock.fileno() >= 0:
+                if self._spare is None:
+                    self._spare = _open_spare()
+                loop.add_reader(sock.fileno(), self._accept_ready)
+        loop.call_later(seconds, resume)
+
+    def _accepted(self, conn: socket.socket) -> None:
+        try:
+            peer = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        why = self.limits.refusal(peer.uid, self._held)
+        if why is not None:
+            self._refused.hit(f"pid {peer.pid} (uid {peer.uid}): {why}")
+            _refuse(conn, why)
+            return
+        self._held[peer.uid] += 1
+        task = asyncio.get_running_loop().create_task(self._client(conn, peer))
+        self._conns.add(task)
+        task.add_done_callback(lambda t: self._done(t, peer.uid))
+
+    def _done(self, task: asyncio.Task[None], uid: int) -> None:
+        self._conns.discard(task)
+        self._held[uid] -= 1
+        if self._held[uid] <= 0:
+            del self._held[uid]
+
+    # -- one connection -----------------------------------------------------------------
+    async def _client(self, conn: socket.socket, peer: Peer) -> None:
+        writer = None
+        try:
+            # The reader's limit bounds what one line may hold in memory.
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=P.MAX_LINE)
             while True:
                 try:
-                    line = await reader.readuntil(b"\n")
+                    line = await asyncio.wait_for(reader.readuntil(b"\n"), self.idle_s)
+                except asyncio.TimeoutError:
+                    break           # idle: its descriptor is someone else's now
                 except asyncio.IncompleteReadError as e:
                     line = e.partial            # EOF: a last line without newline
                     if not line.strip():
@@ -112,20 +318,72 @@ class Server:
                     break
                 if not line.strip():
                     continue
-                reply = self.sup.handle_line(peer, line)
+                reply = await self._reply(peer, line)
                 writer.write(P.encode(reply))
-                await writer.drain()
+                await asyncio.wait_for(writer.drain(), self.idle_s)
                 if not line.endswith(b"\n"):
                     break
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, asyncio.TimeoutError):
             pass
         finally:
-            if task is not None:
-                self._conns.discard(task)
-            writer.close()
+            if writer is not None:
+                writer.close()
+            else:
+                conn.close()
+
+    async def _reply(self, peer: Peer, line: bytes) -> dict[str, Any]:
+        try:
+            req = P.parse_request(line)
+        except RequestInvalid as e:
+            return P.error("protocol", str(e))
+        if isinstance(req, P.Kill):
+            # The /proc scan a kill needs runs off the event loop.
+            try:
+                table = await self._proc_table()
+            except OSError as e:
+                return P.error("internal", f"could not read /proc: {e}")
+            return self.sup.handle(peer, req, table=table)
+        return self.sup.handle(peer, req)
+
+    async def _proc_table(self) -> tracking.ProcTable:
+        """A fresh /proc scan, shared by the requests that wait for one."""
+        if self._scan is None or self._scan.done():
+            self._scan = asyncio.get_running_loop().run_in_executor(None, tracking.scan)
+        return await asyncio.shield(self._scan)
 
     async def close(self) -> None:
+        if self._lsock is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self._lsock.fileno())
+            except (ValueError, OSError):
+                pass
+            self._lsock.close()
+            self._lsock = None
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+        self._refused.cancel()
+        self._accept_failed.cancel()
         for t in list(self._conns):
             t.cancel()
         if self._conns:
             await asyncio.wait(list(self._conns), timeout=1.0)
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    """One error line to a connection that is not served, then close it
+    (without waiting: if the line does not fit, the client sees the close)."""
+    try:
+        conn.setblocking(False)
+        conn.send(P.encode(P.error("unavailable", why, retry=True)))
+    except OSError:
+        pass
+    finally:
+        conn.close()

@@ -3,8 +3,8 @@
 Everything here runs on the event loop's thread and is synchronous: the
 asyncio shell (server.py, lifecycle.py) reads the socket, runs the blocking
 readers (/proc scan, NVML, the compute governor) in an executor, and hands
-their results to the methods below. No method here blocks for long: the
-longest is `kill`, which reads /proc once.
+their results to the methods below (`kill` gets its /proc scan that way).
+No method here blocks for long.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from vgpuctl.core import placement, slurm
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
 from vgpuctl.core.sizes import format_size
+from vgpuctl.core.violations import KINDS, JobLimits
 from vgpuctl.daemon import tracking
+from vgpuctl.daemon import violations as watch
 from vgpuctl.errors import (
     AdmissionRefused,
     NotFound,
@@ -45,6 +47,11 @@ log = logging.getLogger("vgpuctl.daemon")
 
 POLICY_CODES = {"hard": 0, "soft": 1}
 
+# Violations kept per job, and of processes in no job (the newest); the
+# violations of this many ended jobs (as many as `ps --all` shows).
+MAX_VIOLATIONS = 50
+ENDED_VIOLATIONS = 100
+
 
 @dataclass(frozen=True)
 class Peer:
@@ -61,8 +68,9 @@ class Job:
     region: Region | None = None
     measured: dict[str, float] = field(default_factory=dict)   # uuid -> share 0..1
     target: dict[str, float] = field(default_factory=dict)     # uuid -> share 0..1
-    over_limit_logged: bool = False
     gates: dict[int, tuple[bool, int, int]] = field(default_factory=dict)  # last written
+    violations: list[dict[str, Any]] = field(default_factory=list)  # newest last, capped
+    violation_count: int = 0        # all of them, for the metrics
 
     @property
     def id(self) -> str:
@@ -101,6 +109,9 @@ class Supervisor:
         self.compute = False            # set by the shell when a governor runs
         self.on_config: Callable[[Config], None] | None = None
         self.on_job_end: Callable[[str], None] | None = None
+        self.strays: list[dict[str, Any]] = []      # violations of processes in no job
+        self.ended_violations: dict[str, list[dict[str, Any]]] = {}  # job id -> its, in memory
+        self.violation_totals: dict[str, int] = dict.fromkeys(KINDS, 0)
         self._handlers: dict[type, Callable[[Peer, Any], dict[str, Any]]] = {
             P.Ping: self.op_ping, P.Run: self.op_run, P.Started: self.op_started,
             P.Exited: self.op_exited, P.Ps: self.op_ps, P.Set: self.op_set,
@@ -121,8 +132,13 @@ class Supervisor:
             return P.error("protocol", str(e))
         return self.handle(peer, req)
 
-    def handle(self, peer: Peer, req: P.Request) -> dict[str, Any]:
+    def handle(self, peer: Peer, req: P.Request,
+               table: tracking.ProcTable | None = None) -> dict[str, Any]:
+        """The reply to one request. table: a fresh /proc scan, which `kill`
+        then uses instead of scanning on the caller's thread."""
         try:
+            if table is not None and isinstance(req, P.Kill):
+                return self.op_kill(peer, req, table)
             return self._handlers[type(req)](peer, req)
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
@@ -171,11 +187,14 @@ class Supervisor:
             raise UsageError("--mem is required (this daemon has no default_mem)")
         core = req.core if req.core is not None else 100
         policy = req.policy or cfg.default_policy
-        placement.check_user_limits(cfg.limits_for(user, peer.uid), user, mem, core)
+        limits = cfg.limits_for(user, peer.uid)
+        placement.check_user_limits(limits, user, mem, core)
+        placement.check_user_total(limits, user, self.held_by(peer.uid), mem)
         where = placement.place(self._run_gpus(req.gpu), self.commitments(), mem, pin=req.gpu,
                                 reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
         name = req.name or os.path.basename(req.command[0]) or req.command[0]
-        rec = JobRecord(name=name, uid=peer.uid, user=user, command=list(req.command),
+        rec = JobRecord(name=name, uid=peer.uid, user=user,
+                        command=P.stored_command(req.command),
                         cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],
                         mem_limit=mem, core_share=core, policy=policy, created=self.clock(),
                         state=STARTING, launcher_pid=peer.pid,
@@ -361,6 +380,11 @@ class Supervisor:
                 self.end_job(job)
         return ended
 
+    def held_by(self, uid: int) -> int:
+        """The memory limits a user's live jobs hold, per GPU summed."""
+        return sum(j.rec.mem_limit * max(1, len(j.rec.gpus))
+                   for j in self.jobs.values() if j.rec.uid == uid)
+
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "start")
@@ -409,13 +433,18 @@ class Supervisor:
                 rec = self.store.get_job(req.job)
                 if rec is None:
                     raise NotFound(f"no job {req.job}")
-                jobs = [self.view(Job(rec))]
+                jobs = [self.view(self._ended(rec))]
         else:
             jobs = []
             if req.all:
-                jobs = [self.view(Job(r)) for r in self.store.ended_jobs()]
+                jobs = [self.view(self._ended(r)) for r in self.store.ended_jobs()]
             jobs += [self.view(j) for j in sorted(self.jobs.values(), key=lambda j: int(j.id))]
-        return P.ok(daemon=self.info(), gpus=self.gpu_views(), jobs=jobs)
+        return P.ok(daemon=self.info(), gpus=self.gpu_views(), jobs=jobs,
+                    violations=list(self.strays))
+
+    def _ended(self, rec: JobRecord) -> Job:
+        """An ended job for its view, with the violations this daemon saw."""
+        return Job(rec, violations=self.ended_violations.get(rec.id, []))
 
     def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:
         job = self._job(req.job)
@@ -427,8 +456,11 @@ class Supervisor:
             raise UsageError("nothing to change: give --mem, --core or --policy")
         rec = job.rec
         if not self.is_admin(peer):
-            placement.check_user_limits(self.config.limits_for(rec.user, rec.uid), rec.user,
-                                        req.mem, req.core)
+            limits = self.config.limits_for(rec.user, rec.uid)
+            placement.check_user_limits(limits, rec.user, req.mem, req.core)
+            if req.mem is not None and req.mem > rec.mem_limit:
+                placement.check_user_total(limits, rec.user, self.held_by(rec.uid),
+                                           (req.mem - rec.mem_limit) * max(1, len(rec.gpus)))
         warnings = []
         if req.mem is not None and req.mem > rec.mem_limit:
             for u in job.uuids():
@@ -458,14 +490,16 @@ class Supervisor:
                  ", ".join(f"{k}={v}" for k, v in changes.items()))
         return P.ok(job=self.view(job), warnings=warnings)
 
-    def op_kill(self, peer: Peer, req: P.Kill) -> dict[str, Any]:
+    def op_kill(self, peer: Peer, req: P.Kill,
+                table: tracking.ProcTable | None = None) -> dict[str, Any]:
         job = self._job(req.job)
         self._authorize(peer, job, "kill")
         try:
             sig = _signal.Signals(req.signal)
         except ValueError:
             raise UsageError(f"no signal {req.signal}") from None
-        table = tracking.scan()
+        if table is None:
+            table = tracking.scan()
         pids = self._processes(job, table, tracking.children_map(table))
         done = []
         for pid in sorted(pids):
@@ -561,10 +595,6 @@ class Supervisor:
         st = self.stats.get(str(gpu["uuid"]))
         if active and st is not None and st.memory_used is not None:
             nvml_mem = sum(st.processes.get(p, 0) for p in pids)
-        if nvml_mem is not None and nvml_mem > rec.mem_limit and not job.over_limit_logged:
-            job.over_limit_logged = True
-            log.warning("job %s holds %s by NVML, above its limit of %s: a process without "
-                        "the hook?", rec.id, format_size(nvml_mem), format_size(rec.mem_limit))
         begin = rec.started or rec.created
         end = rec.ended if rec.ended is not None else now
         throttled_ns = u.get("throttled_ns")
@@ -583,6 +613,7 @@ class Supervisor:
             "runtime_s": max(0.0, end - begin),
             "command": rec.command, "cwd": rec.cwd,
             "exit_code": rec.exit_code, "exit_signal": rec.exit_signal,
+            "violations": list(job.violations),
             "slurm_job": rec.slurm_job, "slurm_partition": rec.slurm_partition,
             "slurm_account": rec.slurm_account, "slurm_shards": rec.slurm_shards,
             "region_error": rec.region_error,
@@ -635,6 +666,12 @@ class Supervisor:
         if rec.root_pid is not None and rec.root_start is not None:
             seeds.setdefault(rec.root_pid, rec.root_start)
         seeds.update(self._slot_seeds(job))
+        if rec.launcher_pid is not None and tracking.alive(rec.launcher_pid,
+                                                            rec.launcher_start, table):
+            # `vgpuctl run` is a subreaper: what its command left behind
+            # (double-forked, setsid) is re-parented to it, and stays the job's.
+            for c in children.get(rec.launcher_pid, ()):
+                seeds.setdefault(c, table[c].start)
         # Another job's root below this job's processes is that job's.
         return tracking.job_processes(seeds, table, children,
                                       exclude=self._roots() if roots is None else roots)
@@ -644,8 +681,17 @@ class Supervisor:
         that have none left and no launcher waiting to start them."""
         children = tracking.children_map(table)
         roots = self._roots()
+        now = self.clock()
         for job in list(self.jobs.values()):
             rec = job.rec
+            if rec.state == STARTING and now - rec.created > self.config.start_timeout_s:
+                # Admitted but never started (a launcher that holds the
+                # reservation and does nothing): give the memory back.
+                log.warning("job %s (%s) of %s did not start within %d s: its reservation "
+                            "of %s is released", rec.id, rec.name, rec.user,
+                            self.config.start_timeout_s, format_size(rec.mem_limit))
+                self.end_job(job)
+                continue
             live = self._processes(job, table, children, roots)
             if live != rec.pids:
                 rec.pids = live
@@ -661,6 +707,10 @@ class Supervisor:
         rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
         self.store.update_job(rec, ["state", "ended", "pids"])
         self.jobs.pop(rec.id, None)
+        if job.violations:
+            self.ended_violations[rec.id] = job.violations
+            for old in list(self.ended_violations)[:-ENDED_VIOLATIONS]:
+                del self.ended_violations[old]
         if self.on_job_end is not None:
             self.on_job_end(rec.id)
         log.info("job %s (%s) ended (exit %s)", rec.id, rec.name,
@@ -742,6 +792,53 @@ class Supervisor:
             job.region.update_device(i, throttle=throttle, refill_rate=refill_rate,
                                      bucket_size=bucket_size)
             job.gates[i] = gate
+
+    # -- violations ---------------------------------------------------------------
+    def watch_known(self) -> watch.Known:
+        """What the violation watch needs of the jobs, copied for its thread."""
+        limits, pids, starts, launchers, slurm = [], {}, {}, {}, {}
+        for job in self.jobs.values():
+            rec = job.rec
+            for u in job.uuids():
+                share = max(rec.core_share / 100, job.target.get(u, 0.0))
+                limits.append(JobLimits(job.id, u, rec.mem_limit, share, job.measured.get(u)))
+            for p, start in rec.pids.items():
+                pids[p] = job.id
+                starts[p] = start
+            if rec.launcher_pid is not None and rec.launcher_start is not None:
+                launchers[rec.launcher_pid] = (rec.launcher_start, job.id)
+            if rec.slurm_job is not None:
+                slurm[rec.slurm_job] = job.id
+        return watch.Known(limits, pids, starts, launchers, slurm)
+
+    def record_violations(self, res: watch.Result) -> None:
+        """Apply one check of the watch: fresh NVML figures, and each new
+        violation into its job's record (or the strays), the log and the
+        counters."""
+        self.update_stats(res.stats)
+        now = self.clock()
+        killed = {v.key for v in res.killed}
+        for v in res.new:
+            self.violation_totals[v.kind] = self.violation_totals.get(v.kind, 0) + 1
+            done = "killed" if v.key in killed else "reported"
+            entry = watch.record(v, done, now)
+            job = self.jobs.get(v.job_id) if v.job_id is not None else None
+            if job is not None:
+                job.violation_count += 1
+            if job is not None:
+                target = job.violations
+            elif v.job_id is not None:      # a job that ended since (killed, say)
+                target = self.ended_violations.setdefault(v.job_id, [])
+            else:
+                target = self.strays
+            target.append(entry)
+            del target[:-MAX_VIOLATIONS]
+            log.warning("violation (%s): %s%s", v.kind, v.describe(),
+                        f": pid {v.pid} killed" if done == "killed" else "")
+        fresh = {v.key for v in res.new}
+        for v in res.killed:
+            if v.key not in fresh:
+                log.debug("violation (%s): pid %d killed again", v.kind, v.pid)
 
     def update_stats(self, stats: list[GpuStats]) -> None:
         for s in stats:

@@ -118,6 +118,10 @@ class ComputeGovernor:
         the work."""
         return self._sampler.period_s(uuid)
 
+    def last_shares(self, uuid: str) -> dict[int, float]:
+        """Each pid's share of this GPU in the newest NVML window."""
+        return self._sampler.last_shares(uuid)
+
     def tick(self, jobs: list[JobDevice], now: float) -> dict[tuple[str, str], Gate]:
         """One control step for every (job, GPU); returns the gate of each,
         keyed by (job_id, uuid)."""

@@ -144,6 +144,7 @@ class Sampler:
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
         self._handles: dict[str, Any] = {}
         self._gpus: dict[str, _GpuState] = {}
+        self._last: dict[str, Window] = {}      # the newest window of each GPU
 
     def period_s(self, uuid: str) -> float:
         """The sample period learnt for this GPU (NVIDIA's longest, 1 s,
@@ -155,6 +156,14 @@ class Sampler:
     def forget(self, uuid: str) -> None:
         self._handles.pop(uuid, None)
         self._gpus.pop(uuid, None)
+        self._last.pop(uuid, None)
+
+    def last_shares(self, uuid: str) -> dict[int, float]:
+        """Each pid's share in the newest window read on this GPU (empty
+        before the first); for the violation watch, which names the busiest
+        process of a job over its share."""
+        w = self._last.get(uuid)
+        return w.shares() if w is not None else {}
 
     def _handle(self, uuid: str) -> Any:
         h = self._handles.get(uuid)
@@ -259,7 +268,9 @@ class Sampler:
             busy = {pid: b * d / total for pid, b in busy.items()}
         st.last_seen_us = end
         st.last_sample_us = end
-        return Window(start, end, busy, low, round(periods, 3))
+        win = Window(start, end, busy, low, round(periods, 3))
+        self._last[uuid] = win
+        return win
 
     def _idle_window(self, st: _GpuState) -> Window | None:
         """Nothing newer: an idle GPU, or the current period is still open.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vgpuctl.core.accounting import UsageRow
 from vgpuctl.core.report import JobInfo, Report, aggregate, job_from_row
-from vgpuctl.errors import StateError, UsageError
+from vgpuctl.errors import PermissionDenied, StateError, UsageError
 from vgpuctl.store.usage import read_usage
 
 # The jobs a window's report can name: those alive in [since, until), and
@@ -38,11 +38,19 @@ def read_jobs(conn: sqlite3.Connection, since: float, until: float) -> list[JobI
 def open_readonly(db: Path) -> sqlite3.Connection:
     """Open the daemon's database for reading only; StateError with one line
     when it is missing or unreadable. Works while the daemon is down."""
-    if not db.exists():
+    try:
+        os.stat(db)
+    except FileNotFoundError:
         raise StateError(f"{db}: no accounting database (has a daemon run here? "
-                          "choose another with --state-dir or VGPU_STATE_DIR)")
+                          "choose another with --state-dir or VGPU_STATE_DIR)") from None
+    except PermissionError:
+        raise PermissionDenied(f"{db}: not readable by you (run as root or as the "
+                               "daemon's user)") from None
+    except OSError as e:
+        raise StateError(f"{db}: {e.strerror}") from None
     if not os.access(db, os.R_OK):
-        raise StateError(f"{db}: not readable by you (run as root or as the daemon's user)")
+        raise PermissionDenied(f"{db}: not readable by you (run as root or as the "
+                               "daemon's user)")
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
@@ -57,7 +65,7 @@ def load(db: Path, since: float, until: float,
     """The jobs and the usage rows of [since, until) from the daemon's
     database. With ``missing_ok``, a database that does not exist (no daemon
     has run yet) reads as empty."""
-    if missing_ok and not db.exists():
+    if missing_ok and not os.path.lexists(db) and os.access(db.parent, os.X_OK):
         return [], []
     conn = open_readonly(db)
     try:
@@ -66,6 +74,9 @@ def load(db: Path, since: float, until: float,
             usage = read_usage(conn, since, until)
         except sqlite3.Error as e:
             raise StateError(f"{db}: can't read the accounting database: {e}") from None
+        except (ValueError, TypeError, KeyError) as e:
+            raise StateError(f"{db}: the accounting database holds a corrupt row "
+                             f"({type(e).__name__}: {e})") from None
     finally:
         conn.close()
     return jobs, usage

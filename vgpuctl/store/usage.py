@@ -3,15 +3,22 @@
 Each row is one interval [t0, t1) of one job on one GPU with its
 GPU-seconds, GiB-hours and peak bytes. The daemon writes through ``flush``
 and ``maybe_flush``; reports read through ``read_usage``; ``prune`` keeps
-the table to ``retention_days``.
+the table to ``retention_days``. A table that is not what SCHEMA makes (a
+corrupt or foreign one) is a StateError at ``create_schema``, and a write
+that fails (a full disk) is a StateError too: the accountant keeps the rows
+and the next flush writes them.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from vgpuctl.core.accounting import Accountant, RowWrite, UsageRow
+from vgpuctl.errors import StateError
+
+COLUMNS = ("id", "job_id", "gpu_uuid", "t0", "t1", "gpu_seconds", "mem_gib_hours",
+           "peak_mem_bytes")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -30,8 +37,16 @@ CREATE INDEX IF NOT EXISTS usage_t1 ON usage (t1);
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """Create the usage table and its indexes if they are missing (idempotent)."""
-    conn.executescript(SCHEMA)
+    """Create the usage table and its indexes if they are missing
+    (idempotent); StateError when the table there is not one of ours."""
+    try:
+        conn.executescript(SCHEMA)
+        have = tuple(r[1] for r in conn.execute("PRAGMA table_info(usage)"))
+        conn.execute("SELECT COUNT(*) FROM usage").fetchone()
+    except sqlite3.Error as e:
+        raise StateError(f"the usage table is unusable: {e}") from None
+    if have != COLUMNS:
+        raise StateError(f"the usage table is not vgpuctl's: columns {', '.join(have)}")
 
 
 def write_rows(conn: sqlite3.Connection, rows: Sequence[RowWrite]) -> list[int]:
@@ -58,14 +73,24 @@ def write_rows(conn: sqlite3.Connection, rows: Sequence[RowWrite]) -> list[int]:
     return ids
 
 
+def _writer(conn: sqlite3.Connection) -> Callable[[Sequence[RowWrite]], list[int]]:
+    def write(rows: Sequence[RowWrite]) -> list[int]:
+        try:
+            return write_rows(conn, rows)
+        except sqlite3.Error as e:
+            raise StateError(f"can't write accounting: {e}") from None
+    return write
+
+
 def flush(conn: sqlite3.Connection, acct: Accountant) -> int:
-    """Write what ``acct`` has integrated since its last flush."""
-    return acct.flush(lambda rows: write_rows(conn, rows))
+    """Write what ``acct`` has integrated since its last flush; StateError
+    when it can't (the rows stay in ``acct`` for the next flush)."""
+    return acct.flush(_writer(conn))
 
 
 def maybe_flush(conn: sqlite3.Connection, acct: Accountant, now: float) -> bool:
     """``flush`` when the accountant's flush interval has passed."""
-    return acct.maybe_flush(lambda rows: write_rows(conn, rows), now)
+    return acct.maybe_flush(_writer(conn), now)
 
 
 def recorded_gpu_seconds(conn: sqlite3.Connection,
@@ -80,8 +105,8 @@ def recorded_gpu_seconds(conn: sqlite3.Connection,
             rows = conn.execute(
                 f"SELECT job_id, gpu_uuid, SUM(gpu_seconds) FROM usage"
                 f" WHERE job_id IN ({marks}) GROUP BY job_id, gpu_uuid", chunk).fetchall()
-        except sqlite3.OperationalError:
-            return out
+        except sqlite3.Error as e:
+            raise StateError(f"the usage table is unreadable: {e}") from None
         for jid, gpu, total in rows:
             out[(str(jid), str(gpu))] = float(total or 0.0)
     return out

@@ -32,6 +32,11 @@ SYSTEM_SOCKET = SYSTEM_RUNTIME_DIR / "vgpud.sock"
 SYSTEM_STATE_DIR = Path("/var/lib/vgpu")
 SYSTEM_CONFIG = Path("/etc/vgpu/vgpu.toml")
 
+# Where the systemd unit is installed (`vgpuctl help unit`, docs/operations.md).
+SYSTEM_UNIT_FILES = tuple(Path(d) / "vgpud.service" for d in
+                          ("/etc/systemd/system", "/run/systemd/system",
+                           "/usr/lib/systemd/system", "/lib/systemd/system"))
+
 SOCKET_NAME = "vgpud.sock"
 DB_NAME = "vgpu.db"
 LOG_NAME = "vgpud.log"
@@ -87,6 +92,29 @@ def client_sockets(explicit: str | None = None,
     if e.get("VGPU_SOCKET"):
         return [absolute(e["VGPU_SOCKET"])]
     return [SYSTEM_SOCKET, user_socket(env)]
+
+
+def system_daemon_sign(markers: tuple[Path, ...] | None = None) -> Path | None:
+    """A file that says this node has a system daemon: its config file, its
+    installed unit, its runtime dir (kept across restarts), its socket. The
+    first that exists, or None."""
+    if markers is None:
+        markers = (SYSTEM_SOCKET, SYSTEM_RUNTIME_DIR, SYSTEM_CONFIG, *SYSTEM_UNIT_FILES)
+    for m in markers:
+        if os.path.lexists(m):
+            return m
+    return None
+
+
+def shared_socket(path: Path) -> bool:
+    """Whether path is the socket of a daemon that serves every user (a
+    system daemon's, mode 0666), as opposed to a private one (0600). Such a
+    socket left behind means that daemon ran and may come back."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and bool(st.st_mode & 0o006)
 
 
 class DaemonPaths(NamedTuple):
@@ -192,6 +220,9 @@ def report_db(env: Mapping[str, str] | None = None) -> Path:
     if e.get("VGPU_STATE_DIR"):
         return Path(e["VGPU_STATE_DIR"]) / DB_NAME
     system = SYSTEM_STATE_DIR / DB_NAME
-    if system.exists():
+    try:
+        if system.exists():
+            return system
+    except PermissionError:     # the state dir is the daemon's (0700): say so on open
         return system
     return user_state_dir(env) / DB_NAME

@@ -12,7 +12,10 @@ touches it.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
+import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +117,58 @@ def nvml_error_code(text: str) -> int:
     return code
 
 
+# A daemon that reads the state holds a read lock (open file description
+# lock) on this byte, past the simulator's own slot locks (2^40 + slot):
+# `vgpuctl sim reset` refuses while one is held. Locks past the end of a
+# file are allowed and change nothing in it.
+DAEMON_LOCK_BYTE = 1 << 41
+
+
+def state_path() -> str:
+    """The state file, as the simulator names it."""
+    return os.environ.get("VGPU_SIM_STATE") or f"/dev/shm/vgpu-sim-{os.getuid()}"
+
+
+def _flock(kind: int) -> bytes:
+    # struct flock on Linux: short l_type, l_whence; off_t l_start, l_len; pid_t l_pid.
+    return struct.pack("hhqqi4x", kind, os.SEEK_SET, DAEMON_LOCK_BYTE, 1, 0)
+
+
+class DaemonMark:
+    """The daemon's mark on the state it reads (see DAEMON_LOCK_BYTE), and
+    the check that the file it marked is still the one the path names."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or state_path()
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_RDLCK))
+
+    def replaced(self) -> bool:
+        """The state file was removed or replaced since the mark was set."""
+        try:
+            return os.stat(self.path).st_ino != os.fstat(self.fd).st_ino
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def daemon_uses(path: str | None = None) -> bool:
+    """Whether a daemon holds its mark on the state file."""
+    try:
+        fd = os.open(path or state_path(), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(fcntl.F_WRLCK))
+        return struct.unpack("hhqqi4x", got)[0] != fcntl.F_UNLCK
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 class SimState:
     """The control functions of the simulator's NVML library."""
 
@@ -162,7 +217,12 @@ class SimState:
 
     def reset(self, force: bool = False) -> int:
         """Delete the state file. Returns 0, or, when live processes use it
-        and not `force`, how many (and leaves it)."""
+        and not `force`, how many (and leaves it). Refused (SimError), even
+        with `force`, while a daemon reads it: the daemon would go on
+        reading the deleted file and see nothing of the new one."""
+        if daemon_uses():
+            raise SimError(f"a vgpuctl daemon uses the simulated GPU's state {state_path()}: "
+                           "stop it first (a reset would leave it blind)")
         rc = self._lib.vgpu_sim_ctl_reset(1 if force else 0)
         if rc < 0:
             raise SimError("the simulated GPU's state is unavailable")

@@ -55,7 +55,8 @@ def show(data: dict[str, Any], jobs: list[dict[str, Any]], out: view.Output,
     extra = {view.TIMESTAMP: view.stamp(t)} if t is not None else {}
     if out.fmt == "json":    # scripts call this often: no rich on this path
         obj = {"v": data.get("v", 1), **extra, "daemon": data.get("daemon"),
-               "gpus": data.get("gpus", []), "jobs": nodeview.select(jobs, out.fields)}
+               "gpus": data.get("gpus", []), "jobs": nodeview.select(jobs, out.fields),
+               "violations": data.get("violations", [])}
         click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
         return
     if out.fmt == "csv":

@@ -103,9 +103,14 @@ def fault(fail_allocs: int | None, gpu: int, nvml_error: str | None, count: int,
 
 
 @sim.command()
-@click.option("--force", is_flag=True, help="Delete it even while processes use it.")
+@click.option("--force", is_flag=True,
+              help="Delete it even while processes use it (never under a daemon).")
 def reset(force: bool) -> None:
-    """Delete the simulated GPU's state: all memory and history go."""
+    """Delete the simulated GPU's state: all memory and history go.
+
+    Refused while a vgpuctl daemon reads the state (even with --force): it
+    would go on reading the deleted file. Stop the daemon first.
+    """
     live = _state().reset(force)
     if live:
         raise SimError(f"{live} live process(es) use the simulated GPU; "

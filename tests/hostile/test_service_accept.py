@@ -1,0 +1,118 @@
+"""The socket server itself, in a process of its own with a fake
+supervisor: a connection over a cap is told why and closed, an idle one is
+closed, and running out of descriptors (EMFILE) is logged once per burst
+without stopping the service."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from support.daemon import read_line
+
+from vgpuctl.client.connection import Client
+
+# argv: socket path, descriptor limit, total cap, idle seconds.
+SERVER = r"""
+import asyncio, logging, resource, sys
+from pathlib import Path
+nofile = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+from vgpuctl.core import protocol as P
+from vgpuctl.daemon import server as S
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+
+class Supervisor:
+    def handle(self, peer, req, table=None):
+        return P.ok(pong=True)
+
+async def main():
+    sock = S.listen(Path(sys.argv[1]), 0o600)
+    total = int(sys.argv[3])
+    srv = S.Server(Supervisor(), S.ConnectionLimits(total, total, total),
+                   idle_s=float(sys.argv[4]))
+    await srv.start(sock)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await srv.close()
+
+asyncio.run(main())
+"""
+
+
+def _server(path: Path, nofile: int, total: int, idle_s: float) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", SERVER, str(path), str(nofile), str(total),
+                          str(idle_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert read_line(p.stdout).strip() == "ready"
+    return p
+
+
+def _stop(p: subprocess.Popen[str]) -> str:
+    return p.communicate("\n", timeout=30)[1]
+
+
+def _connect(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(path))
+    return s
+
+
+def test_over_the_cap_is_told_why_and_may_retry(tmp_path: Path):
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 2, 60)
+    held = [_connect(path), _connect(path)]
+    try:
+        extra = _connect(path)
+        extra.settimeout(5)
+        line = extra.recv(4096)
+        assert b'"retry":true' in line and b"most connections (2)" in line
+        assert extra.recv(4096) == b""            # and closed
+    finally:
+        for s in held:
+            s.close()
+    with Client.connect(path, timeout=10) as c:  # a slot is free again: served
+        assert c.call("ping")["pong"] is True
+    assert _stop(p).count("connections refused") == 1
+
+
+def test_an_idle_connection_is_closed(tmp_path: Path):
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 100, 0.5)
+    try:
+        s = _connect(path)
+        s.settimeout(10)
+        t0 = time.monotonic()
+        assert s.recv(4096) == b""
+        assert 0.4 < time.monotonic() - t0 < 5
+    finally:
+        _stop(p)
+
+
+def test_out_of_descriptors_is_logged_once_and_the_service_recovers(tmp_path: Path):
+    path = tmp_path / "s.sock"
+    p = _server(path, 64, 1000, 60)              # caps above what the descriptors allow
+    held = []
+    try:
+        for _ in range(150):
+            held.append(_connect(path))
+        # Some are told the daemon is out of descriptors; the rest wait.
+        told = 0
+        for s in held[-40:]:
+            s.settimeout(0.2)
+            try:
+                told += b"out of file descriptors" in s.recv(4096)
+            except TimeoutError:
+                pass
+        assert told > 0
+    finally:
+        for s in held:
+            s.close()
+    with Client.connect(path, timeout=10) as c:
+        assert c.call("ping")["pong"] is True
+    err = _stop(p)
+    assert err.count("accept failed: Too many open files") == 1, err
+    assert "Traceback" not in err

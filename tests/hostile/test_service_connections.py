@@ -1,0 +1,114 @@
+"""Connections a hostile user opens can't make the daemon unusable: under
+1,100 idle connections at 1,024 descriptors and under connect/close churn,
+the operator's `ps` answers within 2 s and `run` goes through the daemon."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+
+from support.daemon import needs_native, read_line
+from support.hostile import CHURN, HOLD, as_nobody
+
+
+def _nofile_1024() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def _timed_ps(daemon) -> float:
+    """Seconds from connecting to the operator's `ps` reply (what the daemon
+    answers for; a `vgpuctl ps` adds its own start-up, which the churn's
+    processes slow down on a small machine)."""
+    t0 = time.monotonic()
+    with daemon.client() as c:
+        c.call("ps")
+    return time.monotonic() - t0
+
+
+def _cli_ps(daemon) -> None:
+    r = daemon.cli("ps", "--json", timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+def _run_goes_through(daemon) -> None:
+    r = daemon.cli("run", "--mem", "256M", "--name", "through", "--", "true", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "user daemon" not in r.stderr
+    assert any(j["name"] == "through" for j in daemon.jobs(all_jobs=True))
+
+
+@needs_native
+def test_1100_idle_connections_at_1024_descriptors(daemon_factory):
+    d = daemon_factory(start=False)
+    d.start(preexec_fn=_nofile_1024)
+    hog = as_nobody(HOLD, str(d.socket), "1100")
+    try:
+        got = json.loads(read_line(hog.stdout, timeout=120))
+        # One user holds at most its cap; the rest were told why and closed.
+        assert got["open"] <= 64, got
+        assert got["closed"] + got["failed"] >= 1100 - 64, got
+        assert any("holds its most connections" in m for m in got["lines"]), got
+        assert max(_timed_ps(d) for _ in range(5)) < 2.0
+        _cli_ps(d)
+        _run_goes_through(d)
+    finally:
+        hog.stdin.close()
+        hog.wait(30)
+    log = d.log.read_text()
+    assert "Traceback" not in log
+    assert log.count("connections refused") <= 2, log[-2000:]
+
+
+@needs_native
+def test_connect_close_churn(daemon_factory):
+    d = daemon_factory(start=False)
+    d.start(preexec_fn=_nofile_1024)
+    churn = [as_nobody(CHURN, str(d.socket), "5") for _ in range(2)]
+    try:
+        end = time.monotonic() + 4
+        times = []
+        while time.monotonic() < end:
+            times.append(_timed_ps(d))
+        _cli_ps(d)
+        _run_goes_through(d)
+    finally:
+        counts = [int(p.communicate(timeout=60)[0]) for p in churn]
+    assert sum(counts) > 1000, counts       # the churn really ran
+    assert max(times) < 2.0, times
+    assert "Traceback" not in d.log.read_text()
+
+
+@needs_native
+def test_run_waits_for_a_system_daemon_and_never_starts_its_own(daemon_factory):
+    d = daemon_factory()
+    d.stop(9)          # SIGKILL: its shared socket is left behind, nobody listens
+    assert d.socket.is_socket()
+    t0 = time.monotonic()
+    r = d.cli("run", "--mem", "256M", "--", "true", env={"VGPU_DAEMON_WAIT": "2"})
+    took = time.monotonic() - t0
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.splitlines()
+    assert "waiting up to 2 s" in lines[0] and len(lines) == 2, r.stderr
+    assert lines[1].startswith("vgpuctl: error: ") and "private daemon" in lines[1]
+    assert 2.0 <= took < 30
+    assert "user daemon" not in r.stderr
+    # The daemon restarts while run waits: the job goes through it.
+    p = d.popen("run", "--mem", "256M", "--name", "after-restart", "--", "true",
+                env={"VGPU_DAEMON_WAIT": "60"})
+    try:
+        assert "waiting up to 60 s" in read_line(p.stderr)
+        d.start()
+        assert p.wait(60) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert any(j["name"] == "after-restart" for j in d.jobs(all_jobs=True))
+
+
+def test_a_daemon_socket_refuses_a_busy_listener_as_a_conflict(daemon):
+    """A second daemon on a live, busy socket is a conflict (exit 10), not a
+    private daemon taking the socket over."""
+    r = daemon.cli("daemon", timeout=60)
+    assert r.returncode == 10, r.stderr
+    assert r.stderr.count("\n") == 1

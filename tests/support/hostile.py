@@ -1,0 +1,90 @@
+"""A hostile user's side for the hostile tier: a small program run by a
+plain system Python as nobody (uid 65534), so that the daemon sees a uid
+other than root's. `as_nobody` starts it, or skips the test where that
+can't run here."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+NOBODY = 65534
+
+# Opens N connections to SOCKET and holds them; then says, as JSON, how many
+# the daemon closed at once (with the error line it sent) and how many it
+# keeps open; holds them until its stdin closes.
+HOLD = r"""
+import json, select, socket, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+socks, failed = [], 0
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        socks.append(s)
+    except OSError:
+        failed += 1
+        s.close()
+time.sleep(1.0)
+poll = select.poll()
+for s in socks:
+    poll.register(s, select.POLLIN)
+byfd = {s.fileno(): s for s in socks}
+closed, lines = 0, set()
+for fd, _ in poll.poll(0):
+    s = byfd[fd]
+    data = s.recv(4096)
+    closed += 1
+    if data:
+        lines.add(json.loads(data)["error"]["message"])
+print(json.dumps({"open": len(socks) - closed, "closed": closed, "failed": failed,
+                  "lines": sorted(lines)}), flush=True)
+sys.stdin.read()
+"""
+
+# Connects and closes as fast as it can for SECONDS; prints how many times.
+CHURN = r"""
+import socket, sys, time
+path, secs = sys.argv[1], float(sys.argv[2])
+end, n = time.monotonic() + secs, 0
+while time.monotonic() < end:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError:
+        pass
+    s.close()
+    n += 1
+print(n, flush=True)
+"""
+
+
+def _drop() -> None:
+    """In the child: room for many descriptors, then become nobody."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (8192, 8192))
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def as_nobody(code: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
+    """Start `python3 -c code args...` as nobody (stdin, stdout piped, text);
+    skip the test when no Python runs as nobody here."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as nobody")
+    py = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")
+    if py is None:
+        pytest.skip("no system python3 to run as nobody")
+    probe = subprocess.run([py, "-c", "pass"], preexec_fn=_drop, capture_output=True,
+                           text=True, timeout=60, cwd="/")
+    if probe.returncode != 0:
+        pytest.skip(f"can't run {py} as nobody: {probe.stderr.strip()[-200:]}")
+    kw.setdefault("stdin", subprocess.PIPE)
+    kw.setdefault("stdout", subprocess.PIPE)
+    return subprocess.Popen([py, "-c", code, *args], preexec_fn=_drop, text=True,
+                            cwd="/", **kw)
