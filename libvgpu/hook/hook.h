@@ -56,6 +56,11 @@ enum vgpu_hook_id {
 typedef void *(*vgpu_dlsym_fn)(void *handle, const char *name);
 vgpu_dlsym_fn vgpu_dlsym_route(void *handle, const char *name, const void *caller,
                                void **answer);
+/* The same for dlvsym (the entry in dlsym_entry.S too): a program asking
+ * dlvsym for the real dlsym gets the hook's. */
+typedef void *(*vgpu_dlvsym_fn)(void *handle, const char *name, const char *version);
+vgpu_dlvsym_fn vgpu_dlvsym_route(void *handle, const char *name, const char *version,
+                                 const void *caller, void **answer);
 
 /* Real entry points, by id. Never NULL once the library is loaded: a
  * function the real library lacks gets a stub returning NOT_FOUND. */

@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
 #include <link.h>
 #include <pthread.h>
 #include <string.h>
@@ -74,7 +75,108 @@ int vgpu_real_present(int id)
     return present[id];
 }
 
-/* ---- the real dlsym ------------------------------------------------------ */
+/* ---- the real dlsym and dlvsym ----------------------------------------------- */
+/* The hook exports both names, so a call to either by name from here would
+ * come back to the hook. The real dlvsym is found by reading the dynamic
+ * symbol table of the first other loaded object that defines it (libc.so.6
+ * from glibc 2.34, libdl.so.2 before); the real dlsym through it. */
+static uint32_t gnu_hash(const char *s)
+{
+    uint32_t h = 5381;
+    for (; *s; s++)
+        h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+static uint32_t sysv_hash(const char *s)
+{
+    uint32_t h = 0, g;
+    for (; *s; s++) {
+        h = (h << 4) + (unsigned char)*s;
+        g = h & 0xf0000000u;
+        if (g)
+            h ^= g >> 24;
+        h &= ~g;
+    }
+    return h;
+}
+
+/* d_ptr values: relocated by ld.so in place on most targets, not on all. */
+static const void *dyn_ptr(const struct link_map *l, ElfW(Addr) p)
+{
+    return (const void *)(p < l->l_addr ? p + l->l_addr : p);
+}
+
+static void *defined_in(const struct link_map *l, const char *name)
+{
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *gnu = NULL, *sysv = NULL;
+    for (const ElfW(Dyn) *d = l->l_ld; d != NULL && d->d_tag != DT_NULL; d++) {
+        switch (d->d_tag) {
+        case DT_SYMTAB: symtab = dyn_ptr(l, d->d_un.d_ptr); break;
+        case DT_STRTAB: strtab = dyn_ptr(l, d->d_un.d_ptr); break;
+        case DT_GNU_HASH: gnu = dyn_ptr(l, d->d_un.d_ptr); break;
+        case DT_HASH: sysv = dyn_ptr(l, d->d_un.d_ptr); break;
+        default: break;
+        }
+    }
+    if (symtab == NULL || strtab == NULL)
+        return NULL;
+#define VGPU_DEFINES(sym) \
+    ((sym)->st_shndx != SHN_UNDEF && ELF64_ST_TYPE((sym)->st_info) == STT_FUNC && \
+     strcmp(strtab + (sym)->st_name, name) == 0)
+    if (gnu != NULL) {
+        uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom_size = gnu[2];
+        const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(gnu + 4) + bloom_size);
+        const uint32_t *chain = buckets + nbuckets;
+        uint32_t h = gnu_hash(name);
+        if (nbuckets == 0)
+            return NULL;
+        uint32_t i = buckets[h % nbuckets];
+        if (i < symoffset)
+            return NULL;
+        for (;; i++) {
+            uint32_t c = chain[i - symoffset];
+            if ((c | 1) == (h | 1) && VGPU_DEFINES(&symtab[i]))
+                return (void *)(l->l_addr + symtab[i].st_value);
+            if (c & 1)
+                return NULL;
+        }
+    }
+    if (sysv != NULL) {
+        uint32_t nbucket = sysv[0];
+        const uint32_t *bucket = sysv + 2, *chain = bucket + nbucket;
+        for (uint32_t i = bucket[sysv_hash(name) % nbucket]; i != STN_UNDEF; i = chain[i])
+            if (VGPU_DEFINES(&symtab[i]))
+                return (void *)(l->l_addr + symtab[i].st_value);
+    }
+#undef VGPU_DEFINES
+    return NULL;
+}
+
+static vgpu_dlvsym_fn real_dlvsym_ptr;
+
+static vgpu_dlvsym_fn real_dlvsym(void)
+{
+    vgpu_dlvsym_fn f = __atomic_load_n(&real_dlvsym_ptr, __ATOMIC_ACQUIRE);
+    if (VGPU_LIKELY(f != NULL))
+        return f;
+    Dl_info info;
+    struct link_map *self = NULL;
+    if (dladdr1((void *)real_dlvsym, &info, (void **)&self, RTLD_DL_LINKMAP) == 0)
+        self = NULL;
+    struct link_map *l = self;
+    while (l != NULL && l->l_prev != NULL)
+        l = l->l_prev;
+    for (; l != NULL && f == NULL; l = l->l_next)
+        if (l != self)
+            f = (vgpu_dlvsym_fn)defined_in(l, "dlvsym");
+    /* Racing threads store the same value. */
+    __atomic_store_n(&real_dlvsym_ptr, f, __ATOMIC_RELEASE);
+    return f;
+}
+
 static vgpu_dlsym_fn real_dlsym_ptr;
 
 static vgpu_dlsym_fn real_dlsym(void)
@@ -82,11 +184,12 @@ static vgpu_dlsym_fn real_dlsym(void)
     vgpu_dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
     if (VGPU_LIKELY(f != NULL))
         return f;
+    vgpu_dlvsym_fn dv = real_dlvsym();
     /* glibc >= 2.34 has dlsym@GLIBC_2.34 in libc; older ones dlsym@GLIBC_2.2.5
      * in libdl (aarch64: GLIBC_2.17). Racing threads store the same value. */
     static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-    for (unsigned i = 0; i < sizeof(versions) / sizeof(versions[0]) && !f; i++)
-        f = (vgpu_dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
+    for (unsigned i = 0; dv != NULL && i < sizeof(versions) / sizeof(versions[0]) && !f; i++)
+        f = (vgpu_dlsym_fn)dv(RTLD_NEXT, "dlsym", versions[i]);
     __atomic_store_n(&real_dlsym_ptr, f, __ATOMIC_RELEASE);
     return f;
 }
@@ -262,14 +365,60 @@ static void *hook_dlsym(vgpu_dlsym_fn ds, void *handle, const char *name, const 
  * A wrapped driver name is answered here, in *answer: the real lookup first
  * (from the caller for RTLD_NEXT), then our wrapper for the driver's own
  * function. Other names never wake the hook up (no slot, no message). */
+/* The hook's own entries (dlsym_entry.S). */
+extern char vgpu_dlsym_entry[], vgpu_dlvsym_entry[];
+
+/* dlsym or dlvsym asked for the real dlsym or dlvsym (from libc's handle,
+ * RTLD_NEXT, or by version): the hook's entry, which answers as the real one
+ * does for every other name. NULL for other names. */
+static void *lookup_of_lookup(const char *name)
+{
+    if (name == NULL || name[0] != 'd' || name[1] != 'l')
+        return NULL;
+    if (strcmp(name, "dlsym") == 0)
+        return (void *)vgpu_dlsym_entry;
+    if (strcmp(name, "dlvsym") == 0)
+        return (void *)vgpu_dlvsym_entry;
+    return NULL;
+}
+
 vgpu_dlsym_fn vgpu_dlsym_route(void *handle, const char *name, const void *caller,
                                void **answer)
 {
     vgpu_dlsym_fn ds = real_dlsym();
     if (VGPU_LIKELY(ds != NULL) &&
-        (VGPU_LIKELY(!interesting(name)) || loading || !wrapped_symbol(name)))
-        return ds;
+        (VGPU_LIKELY(!interesting(name)) || loading || !wrapped_symbol(name))) {
+        void *own = loading ? NULL : lookup_of_lookup(name);
+        if (VGPU_LIKELY(own == NULL))
+            return ds;
+        *answer = own;
+        return NULL;
+    }
     *answer = ds != NULL ? hook_dlsym(ds, handle, name, caller) : NULL;
+    return NULL;
+}
+
+/* dlvsym: the same routes; a wrapped driver name is looked up by its name
+ * alone (the driver's symbols carry no version). */
+vgpu_dlvsym_fn vgpu_dlvsym_route(void *handle, const char *name, const char *version,
+                                 const void *caller, void **answer)
+{
+    vgpu_dlvsym_fn dv = real_dlvsym();
+    vgpu_dlsym_fn ds = real_dlsym();
+    void *own = loading ? NULL : lookup_of_lookup(name);
+    if (own != NULL) {
+        *answer = own;
+        return NULL;
+    }
+    if (VGPU_LIKELY(dv != NULL) &&
+        (VGPU_LIKELY(!interesting(name)) || loading || ds == NULL || !wrapped_symbol(name)))
+        return dv;
+    if (dv == NULL) {
+        *answer = NULL;
+        return NULL;
+    }
+    void *p = handle == RTLD_NEXT ? next_definition(caller, name, ds) : dv(handle, name, version);
+    *answer = (p == NULL || vgpu_state() == VGPU_PASS) ? p : swap(name, p, 0, per_thread_sym(name));
     return NULL;
 }
 

@@ -8,7 +8,9 @@
  * daemon writes; a launch takes VGPU_TOKEN_SCALE tokens. When the bucket is
  * empty only the launching thread waits, in naps of at most 5 ms that
  * re-read the rate, so a live change applies at once. The hook never talks
- * to the daemon here.
+ * to the daemon here. A gate with no rate and no bucket is closed: the
+ * daemon found the job's region tampered with, and launches fail with
+ * CUDA_ERROR_NOT_PERMITTED.
  */
 #define _GNU_SOURCE
 #include <time.h>
@@ -53,7 +55,8 @@ static void refill(struct vgpu_dev_usage *u, uint64_t rate, int64_t cap, uint64_
                                           __ATOMIC_RELAXED));
 }
 
-static __attribute__((noinline)) void take_token(int d)
+/* 0 with a token taken; -1 when the gate is closed. */
+static __attribute__((noinline)) int take_token(int d)
 {
     const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
     struct vgpu_dev_usage *u = &vgpu_g_usage->dev[d];
@@ -65,8 +68,24 @@ static __attribute__((noinline)) void take_token(int d)
         int64_t cap = bucket < VGPU_TOKEN_SCALE ? VGPU_TOKEN_SCALE
                       : bucket > INT64_MAX / 2  ? INT64_MAX / 2 : (int64_t)bucket;
         uint64_t now = vgpu_now_ns();
+        if (VGPU_UNLIKELY(rate == 0 && bucket == 0)) {
+            /* Closed by the daemon (the job tampered with its region): the
+             * launch fails, whatever the bucket in the job's region says
+             * (failing, not waiting: a job must still be able to stop). */
+            vgpu_log(VGPU_LOG_ERROR, "the daemon closed this job's compute gate (see "
+                     "region_error in vgpuctl ps --json); kernel launches fail");
+            return -1;
+        }
         refill(u, rate, cap, now);
         int64_t cur = __atomic_load_n(&u->tokens, __ATOMIC_RELAXED);
+        /* The bucket is in the job's own region: more than it can hold was
+         * written there, not granted. Take it back down (the daemon counts
+         * gated launches against what it granted and catches the rest). */
+        while (cur > cap && !__atomic_compare_exchange_n(&u->tokens, &cur, cap, 1,
+                                                         __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            ;
+        if (cur > cap)
+            cur = cap;
         int got = 0;
         while (cur >= VGPU_TOKEN_SCALE) {
             if (__atomic_compare_exchange_n(&u->tokens, &cur, cur - VGPU_TOKEN_SCALE, 1,
@@ -91,22 +110,27 @@ static __attribute__((noinline)) void take_token(int d)
         __atomic_fetch_add(&u->throttled_ns, vgpu_now_ns() - now, __ATOMIC_RELAXED);
     }
     __atomic_fetch_add(&u->launches, 1, __ATOMIC_RELAXED);
+    return 0;
 }
 
-static inline __attribute__((always_inline)) void gate(void)
+/* 0: launch; -1: the gate is closed. */
+static inline __attribute__((always_inline)) int gate(void)
 {
     int d = vgpu_dev_for_launch();
     if (VGPU_UNLIKELY(d < 0))
-        return;
+        return 0;
+    if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_g_limits->dev[d].throttle, __ATOMIC_RELAXED)) &&
+        take_token(d) != 0)
+        return -1;
     __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
-    if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_g_limits->dev[d].throttle, __ATOMIC_RELAXED)))
-        take_token(d);
+    return 0;
 }
 
 #define GATED(sym, args) \
     do { \
         CU_PROLOGUE(sym, args); \
-        gate(); \
+        if (VGPU_UNLIKELY(gate() != 0)) \
+            return CUDA_ERROR_NOT_PERMITTED; \
         return REAL(sym) args; \
     } while (0)
 

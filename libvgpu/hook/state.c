@@ -8,6 +8,16 @@
  *                        compute limit).
  *   neither              everything passes through untouched.
  *
+ * The hook obeys only the daemon. Where a daemon manages this node's GPUs
+ * (its jobs directory exists: the system daemon's, compiled in as
+ * VGPU_SYSTEM_RUNTIME_DIR, else the one $VGPU_RUNTIME_DIR names - the
+ * environment can add a daemon to obey, never take the system one away):
+ *   - a region is used only if the daemon made it: a directory right under
+ *     the daemon's jobs directory, it and its limits file owned by the
+ *     daemon's user and writable by no one else, made for this uid;
+ *   - VGPU_MEM_LIMIT is refused (CUDA calls fail): limits come from the
+ *     daemon, never from the job's environment.
+ *
  * A process that was given a limit never runs unlimited by accident: when the
  * region can't be used the state is VGPU_BROKEN, every wrapped call fails and
  * one line on stderr says why.
@@ -118,18 +128,56 @@ static int slot_alive(int32_t pid, uint64_t start_time)
     return 1;
 }
 
+/* ---- the daemon ---------------------------------------------------------------- */
+#ifndef VGPU_SYSTEM_RUNTIME_DIR
+#define VGPU_SYSTEM_RUNTIME_DIR "/run/vgpu"
+#endif
+
+/* The jobs directory of the daemon that manages this node's GPUs, resolved,
+ * in `dir` (PATH_MAX bytes), and its owner (the daemon's user); 0 when no
+ * daemon does. */
+static int managing_daemon(char *dir, uid_t *owner)
+{
+    const char *roots[2] = {VGPU_SYSTEM_RUNTIME_DIR, getenv("VGPU_RUNTIME_DIR")};
+    for (int i = 0; i < 2; i++) {
+        char jobs[PATH_MAX];
+        struct stat st;
+        if (roots[i] == NULL || roots[i][0] != '/')
+            continue;
+        snprintf(jobs, sizeof(jobs), "%s/jobs", roots[i]);
+        if (realpath(jobs, dir) != NULL && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+            *owner = st.st_uid;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Owned by the daemon's user and writable by no one else. */
+static int daemons(const struct stat *st, uid_t daemon_uid)
+{
+    return st->st_uid == daemon_uid && (st->st_mode & (S_IWGRP | S_IWOTH)) == 0;
+}
+
 /* ---- the region ------------------------------------------------------------- */
 static void *map_file(const char *dir, const char *name, size_t size, int writable,
-                      char *why, size_t len)
+                      const uid_t *owner, char *why, size_t len)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
-    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         snprintf(why, len, "%s: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
+    if (fstat(fd, &st) == 0 && (!S_ISREG(st.st_mode) || (owner != NULL && !daemons(&st, *owner)))) {
+        snprintf(why, len, "%s: not made by the daemon (owner uid %u, mode %o; the daemon "
+                 "runs as uid %u)", path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                 owner != NULL ? (unsigned)*owner : 0u);
+        close(fd);
+        return NULL;
+    }
     if (fstat(fd, &st) != 0 || (size_t)st.st_size < size) {
         snprintf(why, len, "%s: too small for a vgpu region (%lld bytes, need %zu)", path,
                  (long long)st.st_size, size);
@@ -146,10 +194,36 @@ static void *map_file(const char *dir, const char *name, size_t size, int writab
     return p;
 }
 
-static int map_region(const char *dir, char *why, size_t len)
+/* With a daemon (daemon_uid non-NULL): the region must be a directory of
+ * the daemon's, right under its jobs directory. */
+static int daemons_region(const char *dir, const char *jobs, uid_t daemon_uid, char *why,
+                          size_t len)
+{
+    char real[PATH_MAX];
+    struct stat st;
+    if (realpath(dir, real) == NULL || stat(real, &st) != 0) {
+        snprintf(why, len, "%s: %s", dir, strerror(errno));
+        return 0;
+    }
+    char *slash = strrchr(real, '/');
+    size_t n = strlen(jobs);
+    if (slash == NULL || (size_t)(slash - real) != n || strncmp(real, jobs, n) != 0) {
+        snprintf(why, len, "%s is not a region of the daemon that manages this node's GPUs "
+                 "(its regions are in %s)", dir, jobs);
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode) || !daemons(&st, daemon_uid)) {
+        snprintf(why, len, "%s: not made by the daemon (owner uid %u, mode %o)", dir,
+                 (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+        return 0;
+    }
+    return 1;
+}
+
+static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_t len)
 {
     const struct vgpu_limits *lim =
-        map_file(dir, "limits", sizeof(struct vgpu_limits), 0, why, len);
+        map_file(dir, "limits", sizeof(struct vgpu_limits), 0, daemon_uid, why, len);
     if (lim == NULL)
         return 0;
     if (lim->magic != VGPU_REGION_MAGIC) {
@@ -168,7 +242,13 @@ static int map_region(const char *dir, char *why, size_t len)
                  VGPU_JOB_ID_LEN, lim->job_id, job);
         return 0;
     }
-    struct vgpu_usage *use = map_file(dir, "usage", sizeof(struct vgpu_usage), 1, why, len);
+    if (daemon_uid != NULL && lim->owner_uid != (uint32_t)getuid() && getuid() != *daemon_uid) {
+        snprintf(why, len, "%s is the region of a job of uid %u, not of this uid %u", dir,
+                 lim->owner_uid, (unsigned)getuid());
+        return 0;
+    }
+    struct vgpu_usage *use =
+        map_file(dir, "usage", sizeof(struct vgpu_usage), 1, NULL, why, len);
     if (use == NULL)
         return 0;
     if (use->magic != VGPU_REGION_MAGIC || use->version != VGPU_REGION_VERSION) {
@@ -186,11 +266,21 @@ static int configure(void)
     char why[PATH_MAX + 256];
     const char *dir = getenv("VGPU_REGION");
     const char *mem = getenv("VGPU_MEM_LIMIT");
+    char jobs[PATH_MAX];
+    uid_t daemon_uid;
+    int managed = managing_daemon(jobs, &daemon_uid);
     if (dir != NULL && *dir != '\0') {
-        if (map_region(dir, why, sizeof(why)))
+        if ((!managed || daemons_region(dir, jobs, daemon_uid, why, sizeof(why))) &&
+            map_region(dir, managed ? &daemon_uid : NULL, why, sizeof(why)))
             return VGPU_ACTIVE;
         vgpu_log(VGPU_LOG_ERROR, "cannot use the job's region (VGPU_REGION=%s): %s; "
                  "CUDA calls fail", dir, why);
+        return VGPU_BROKEN;
+    }
+    if (mem != NULL && *mem != '\0' && managed) {
+        vgpu_log(VGPU_LOG_ERROR, "VGPU_MEM_LIMIT=%s is refused: a vgpuctl daemon manages this "
+                 "node's GPUs (%s), and only it sets limits; start the work with vgpuctl run. "
+                 "CUDA calls fail", mem, jobs);
         return VGPU_BROKEN;
     }
     if (mem != NULL && *mem != '\0') {

@@ -5,6 +5,8 @@
  *
  *   (default)      linked against libcuda.so.1 (-lcuda): direct calls
  *   -DVIA_DLSYM    dlopen("libcuda.so.1") + dlsym of each versioned name
+ *                  (with -DVIA_DLVSYM: through the dlsym dlvsym gives for
+ *                  "dlsym"; with -DVIA_LIBC_DLSYM: through libc.so.6's)
  *   -DVIA_GPA=2    dlsym("cuGetProcAddress_v2"), then looks up
  *                  "cuGetProcAddress" through it, then every entry point
  *                  through that (cudaVersion 12080; _ptsz forms with the
@@ -129,7 +131,21 @@ static void load(void)
     }
 #endif
 #if defined(VIA_DLSYM)
-#define LOAD(base, sym, fl, params) *(void **)&p_##sym = dlsym(g_lib, #sym);
+    /* How the program finds dlsym: the one it links against, or the "real"
+     * one a program trying to walk past the hook asks for. */
+    void *(*find)(void *, const char *) = dlsym;
+#if defined(VIA_DLVSYM)
+    *(void **)&find = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34");
+    if (!find)
+        *(void **)&find = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5");
+#elif defined(VIA_LIBC_DLSYM)
+    *(void **)&find = dlsym(dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD), "dlsym");
+#endif
+    if (!find) {
+        fprintf(stderr, "no dlsym found\n");
+        exit(2);
+    }
+#define LOAD(base, sym, fl, params) *(void **)&p_##sym = find(g_lib, #sym);
     FUNCS(LOAD)
 #elif defined(VIA_GPA)
 #if VIA_GPA == 1

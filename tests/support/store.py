@@ -41,3 +41,14 @@ def job_names(db) -> set[str]:
         return {r[0] for r in c.execute("SELECT name FROM jobs")}
     finally:
         c.close()
+
+
+def usage_rows(db, job_id: str) -> list:
+    """The usage rows of one job in a daemon's database, as it wrote them."""
+    from vgpuctl.store.usage import read_usage
+
+    c = sqlite3.connect(str(db))
+    try:
+        return [r for r in read_usage(c) if r.job_id == job_id]
+    finally:
+        c.close()

@@ -23,6 +23,14 @@ asked for in dates. A step backwards of the clock, or a gap longer than
 ``max_gap`` (the daemon was stopped or stalled), starts integrating afresh
 from the next sample instead of guessing what happened in between.
 
+A daemon outage is accounted from the hook's counters, which run on while
+no daemon does: every process's cumulative kernel launches (its slot in the
+job's region). The daemon checkpoints them with each flush, with the job's
+GPU-seconds per launch as measured so far (``note_launches``,
+``launch_cost``); at re-adoption, the launches since the checkpoint times
+that cost, never more than the outage's wall time, are credited to a row
+covering the outage (``outage_gpu_seconds``, ``credit_outage``).
+
 No I/O and no clock: times come in as arguments, rows go out through the
 ``write`` callable.
 """
@@ -33,6 +41,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 GIB = 1 << 30
+# Byte counts come from the job's usage region, which the job can write: no
+# GPU holds more than this, and SQLite's INTEGER must hold it. Shares are
+# clamped to 0..1, so a job never has more GPU time than wall time.
+MAX_BYTES = 1 << 50
 
 @dataclass(frozen=True)
 class UsageRow:
@@ -76,6 +88,23 @@ class _Open:
     dirty: bool = True         # changed since the last flush
 
 
+# A process's slot: (pid, start time); its cumulative launches.
+Slots = Mapping[tuple[int, int], int]
+
+
+def outage_gpu_seconds(before: Slots, after: Slots, cost: float | None,
+                       wall_s: float) -> float:
+    """GPU-seconds a job used on one GPU while no daemon watched: the
+    launches its processes made since the checkpoint (a process that
+    started since counts from zero, one that ended is lost, a counter that
+    went back counts nothing) times the seconds per launch measured before,
+    at most the outage's wall time (one GPU can't be busier than that)."""
+    if cost is None or not cost > 0 or not wall_s > 0:
+        return 0.0
+    launched = sum(max(n - before.get(slot, 0), 0) for slot, n in after.items())
+    return min(launched * cost, wall_s)
+
+
 @dataclass
 class Accountant:
     """Integrates per-job GPU time and memory time; see the module docstring.
@@ -93,6 +122,10 @@ class Accountant:
     _closed: list[tuple[tuple[str, str], _Open]] = field(default_factory=list, repr=False)
     _total: dict[tuple[str, str], float] = field(default_factory=dict, repr=False)
     _last_flush: float | None = field(default=None, repr=False)
+    # per (job, GPU): GPU-seconds total and launches at the last note; the
+    # GPU-seconds and launches summed over the notes since
+    _marks: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict, repr=False)
+    _cost: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     # -- samples ----------------------------------------------------------------
     def observe(self, job_id: str, gpu_uuid: str, now: float, share: float,
@@ -103,8 +136,8 @@ class Accountant:
         hook's high-water mark is known, also feeds the peak."""
         key = (job_id, gpu_uuid)
         share = min(max(float(share), 0.0), 1.0)
-        mem = max(int(mem_used_bytes), 0)
-        peak = max(mem, int(peak_bytes or 0))
+        mem = min(max(int(mem_used_bytes), 0), MAX_BYTES)
+        peak = max(mem, min(max(int(peak_bytes or 0), 0), MAX_BYTES))
         cur = self._open.get(key)
         if cur is None:
             # The first sample only sets the baseline: nothing to integrate yet.
@@ -183,6 +216,51 @@ class Accountant:
         for key, total in recorded.items():
             self._total[key] = self._total.get(key, 0.0) + float(total)
 
+    # -- outages ---------------------------------------------------------------
+    def note_launches(self, job_id: str, gpu_uuid: str, launches: int) -> None:
+        """The job's launches on this GPU so far (all its processes): with
+        the GPU-seconds integrated since the last note, they make the cost
+        of a launch."""
+        key = (job_id, gpu_uuid)
+        total = self._total.get(key, 0.0)
+        mark = self._marks.get(key)
+        self._marks[key] = (total, launches)
+        if mark is None:
+            # The first note: both count from the job's start.
+            mark = (0.0, 0)
+        if launches <= mark[1]:
+            return
+        gs, n = self._cost.get(key, (0.0, 0.0))
+        self._cost[key] = (gs + max(total - mark[0], 0.0), n + launches - mark[1])
+
+    def launch_cost(self, job_id: str, gpu_uuid: str) -> float | None:
+        """GPU-seconds per launch of this job on this GPU, None before any."""
+        gs, n = self._cost.get((job_id, gpu_uuid), (0.0, 0.0))
+        return gs / n if n > 0 and gs > 0 else None
+
+    def seed_cost(self, job_id: str, gpu_uuid: str, cost: float) -> None:
+        """A cost measured by the previous daemon (one launch's worth of
+        weight: the first notes of this one soon outweigh it)."""
+        if cost > 0 and (job_id, gpu_uuid) not in self._cost:
+            self._cost[(job_id, gpu_uuid)] = (float(cost), 1.0)
+
+    def credit_outage(self, job_id: str, gpu_uuid: str, t0: float, t1: float,
+                      gpu_seconds: float, mem_bytes: int) -> float:
+        """Record [t0, t1) as a row of its own: the time no daemon watched.
+        GPU-seconds are bounded by the wall time; returns what was
+        credited."""
+        dt = t1 - t0
+        if not dt > 0:
+            return 0.0
+        gs = min(max(float(gpu_seconds), 0.0), dt)
+        mem = min(max(int(mem_bytes), 0), MAX_BYTES)
+        key = (job_id, gpu_uuid)
+        o = _Open(t0=t0, t1=t1, last_mem=mem, gpu_seconds=gs,
+                  mem_gib_hours=mem / GIB * dt / 3600.0, peak=mem)
+        self._closed.append((key, o))
+        self._total[key] = self._total.get(key, 0.0) + gs
+        return gs
+
     # -- persistence --------------------------------------------------------
     def flush_due(self, now: float) -> bool:
         return self._last_flush is None or now - self._last_flush >= self.flush_seconds
@@ -213,6 +291,8 @@ class Accountant:
         for key in self._ended:
             self._open.pop(key, None)
             self._total.pop(key, None)
+            self._marks.pop(key, None)
+            self._cost.pop(key, None)
         self._ended.clear()
         return len(items)
 

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from vgpuctl.core import accounting
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.core.placement import CONTEXT_MEM
@@ -203,6 +204,7 @@ class Daemon:
         sup.on_job_end = self._job_ended
         sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
         sup.adopt(await loop.run_in_executor(None, tracking.scan))
+        self._credit_outage()
         self._start_metrics()
         server = Server(sup)
         try:
@@ -237,6 +239,7 @@ class Daemon:
             if self.accountant is not None:
                 try:
                     usage.flush(store.conn, self.accountant)
+                    self._checkpoint(time.time())
                 except Exception:
                     log.exception("accounting flush failed")
             if self.metrics is not None:
@@ -374,6 +377,8 @@ class Daemon:
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
         for job, i, uuid, _ in inputs:
             g = gates.get((job.id, uuid))
+            if g is not None and g.overrun:
+                sup.flag_region(job, g.overrun)
             if g is not None:
                 sup.apply_gate(job, i, uuid, g.throttle, g.refill_rate, g.bucket_size,
                                g.measured, getattr(g, "target", None))
@@ -388,13 +393,67 @@ class Daemon:
                 self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
                                         u.get("used", 0), u.get("peak"))
             try:
-                usage.maybe_flush(sup.store.conn, self.accountant, wall)
+                if usage.maybe_flush(sup.store.conn, self.accountant, wall):
+                    self._checkpoint(wall)      # a pread and a small file per job
             except StateError as e:
                 # Kept in memory by the accountant, written at a later flush.
                 self._note_write_error(str(e))
         if self.metrics_box is not None and wall - self._last_metrics >= 1.0:
             self._last_metrics = wall
             self.metrics_box.set(self._metrics_snapshot())
+
+    # -- accounting across an outage -------------------------------------------
+    def _checkpoint(self, wall: float) -> None:
+        """With each flush: every running job's launch counters (from the
+        hook, per process) and cost per launch, kept beside its region, so
+        that the next daemon can account the time no daemon ran."""
+        acc = self.accountant
+        for job in list(self.sup.jobs.values()):
+            reg = job.region
+            if reg is None or job.rec.state != "running" or job.rec.region_error:
+                continue
+            try:
+                slots = reg.slot_launches()
+                devices = {}
+                for uuid, launched in zip(job.uuids(), slots, strict=False):
+                    acc.note_launches(job.id, uuid, sum(launched.values()))
+                    devices[uuid] = {"cost": acc.launch_cost(job.id, uuid),
+                                     "slots": [[p, s, n] for (p, s), n in launched.items()]}
+                reg.write_checkpoint({"t": wall, "devices": devices})
+            except (OSError, ValueError) as e:
+                log.debug("job %s: no checkpoint (%s)", job.id, e)
+
+    def _credit_outage(self) -> None:
+        """At start, for each re-adopted job: the GPU-seconds its processes
+        used since the last checkpoint, from the hook's launch counters,
+        bounded by the wall time (vgpuctl.core.accounting)."""
+        acc = self.accountant
+        if acc is None:
+            return
+        now = time.time()
+        for job in self.sup.jobs.values():
+            reg = job.region
+            ck = reg.read_checkpoint() if reg is not None else None
+            if reg is None or ck is None:
+                continue
+            try:
+                t0 = float(ck["t"])
+                slots = reg.slot_launches()
+                mem = reg.read_devices()
+                for i, (uuid, after) in enumerate(zip(job.uuids(), slots, strict=False)):
+                    d = ck["devices"].get(uuid) or {}
+                    before = {(int(p), int(s)): int(n) for p, s, n in d.get("slots", [])}
+                    cost = d.get("cost")
+                    cost = float(cost) if isinstance(cost, (int, float)) else None
+                    gs = accounting.outage_gpu_seconds(before, after, cost, now - t0)
+                    gs = acc.credit_outage(job.id, uuid, t0, now, gs,
+                                           mem[i].used if i < len(mem) else 0)
+                    if cost is not None:
+                        acc.seed_cost(job.id, uuid, cost)
+                    log.info("job %s: %.1f GPU-seconds on %s while no daemon ran (%.1f s), "
+                             "from the hook's launch counters", job.id, gs, uuid, now - t0)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                log.warning("job %s: the time no daemon ran is not accounted (%s)", job.id, e)
 
     def _metrics_snapshot(self) -> Any:
         m = metrics

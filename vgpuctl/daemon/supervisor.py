@@ -41,7 +41,7 @@ from vgpuctl.store.jobs import ENDED, RUNNING, STARTING, JobRecord, Store
 from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
-from vgpuctl.system.region import DeviceLimit, Region
+from vgpuctl.system.region import MAX_BYTES, BadRegion, DeviceLimit, Region
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -544,12 +544,44 @@ class Supervisor:
 
     # -- views ------------------------------------------------------------------
     def _dev_usage(self, job: Job, i: int = 0) -> dict[str, int]:
+        """Device i's counters from the job's usage region, validated and
+        bounded by the GPU's memory; {} when unreadable or tampered with (the
+        job is then flagged and its gate closed: see `flag_region`)."""
         reg = job.region
-        if reg is None or reg.usage is None or reg.limits is None:
+        if reg is None or not reg.usage_readable or reg.limits is None or job.rec.region_error:
             return {}
-        d = reg.usage.dev[i]
-        return {"used": int(d.used), "peak": int(d.peak), "launches": int(d.launches),
-                "throttled_ns": int(d.throttled_ns), "oom_refusals": int(d.oom_refusals)}
+        try:
+            devs = reg.read_devices()
+        except BadRegion as e:
+            self.flag_region(job, str(e))
+            return {}
+        if i >= len(devs):
+            return {}
+        d = devs[i]
+        total = next((g.total for g in self.gpus if job.rec.gpus and i < len(job.rec.gpus)
+                      and g.uuid == job.rec.gpus[i].get("uuid")), MAX_BYTES)
+        if d.peak > 2 * max(total, job.rec.mem_limit):
+            self.flag_region(job, f"peak = {d.peak} bytes, far more than the GPU's {total}")
+            return {}
+        return {"used": min(d.used, total), "peak": min(d.peak, total), "launches": d.launches,
+                "throttled_ns": d.throttled_ns, "oom_refusals": d.oom_refusals}
+
+    def flag_region(self, job: Job, why: str) -> None:
+        """The job wrote what the hook never writes into its usage region: its
+        counters are no longer read, it is flagged (``region_error`` in
+        ``ps --json``, the job's record, the log) and its compute gate closed
+        for good: its kernel launches fail. Only this job is affected."""
+        if job.rec.region_error is not None:
+            return
+        job.rec.region_error = why
+        self.store.update_job(job.rec, ["region_error"])
+        log.warning("job %s (%s) of %s: its usage region was tampered with (%s): "
+                    "its counters are ignored and its kernel launches fail",
+                    job.id, job.rec.name, job.rec.user, why)
+        if job.region is not None and job.rec.state != ENDED:
+            for i in range(len(job.uuids())):
+                job.region.update_device(i, throttle=True, refill_rate=0, bucket_size=0)
+                job.gates[i] = (True, 0, 0)
 
     def view(self, job: Job) -> dict[str, Any]:
         """A job as `ps --json` shows it (fields documented in docs/cli.md)."""
@@ -584,6 +616,7 @@ class Supervisor:
             "violations": list(job.violations),
             "slurm_job": rec.slurm_job, "slurm_partition": rec.slurm_partition,
             "slurm_account": rec.slurm_account, "slurm_shards": rec.slurm_shards,
+            "region_error": rec.region_error,
         }
 
     def gpu_views(self) -> list[dict[str, Any]]:
@@ -609,10 +642,15 @@ class Supervisor:
         """Slot pids of the job's region that run as the job's user (the
         usage file is the job's to write: never trust it for anyone else's
         processes)."""
-        if job.region is None or job.region.usage is None:
+        if job.region is None or not job.region.usage_readable or job.rec.region_error:
             return {}
         out = {}
-        for pid, start in job.region.slot_pids():
+        try:
+            slots = job.region.slot_pids()
+        except BadRegion as e:
+            self.flag_region(job, str(e))
+            return {}
+        for pid, start in slots:
             if job.rec.uid == 0 or tracking.proc_uid(pid) == job.rec.uid:
                 out[pid] = start
         return out
@@ -745,7 +783,9 @@ class Supervisor:
             job.measured[uuid] = measured
         if target is not None:
             job.target[uuid] = target
-        if job.rec.core_share >= 100 and job.rec.policy == "hard":
+        if job.rec.region_error is not None:
+            throttle, refill_rate, bucket_size = True, 0, 0   # closed for good
+        elif job.rec.core_share >= 100 and job.rec.policy == "hard":
             throttle, refill_rate, bucket_size = False, 0, 0   # no gate: the fast path
         gate = (throttle, refill_rate, bucket_size)
         if job.gates.get(i) != gate:

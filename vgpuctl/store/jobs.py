@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     slurm_job     TEXT,                 -- the Slurm job id (a job the Prolog registered)
     slurm_partition TEXT,
     slurm_account TEXT,
-    slurm_shards  INTEGER
+    slurm_shards  INTEGER,
+    region_error  TEXT                  -- why its usage region was found tampered with
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
@@ -70,7 +71,7 @@ CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
 
 # Columns added since schema 1, added to an older database when it opens.
 _ADDED = {"slurm_job": "TEXT", "slurm_partition": "TEXT", "slurm_account": "TEXT",
-          "slurm_shards": "INTEGER"}
+          "slurm_shards": "INTEGER", "region_error": "TEXT"}
 
 
 @dataclass
@@ -102,6 +103,7 @@ class JobRecord:
     slurm_partition: str | None = None
     slurm_account: str | None = None
     slurm_shards: int | None = None
+    region_error: str | None = None
 
     @property
     def active(self) -> bool:

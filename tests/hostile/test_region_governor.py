@@ -1,0 +1,35 @@
+"""The governor fed the launch counters a job's user writes into its region
+(2^64-1, back to 0, again): every gate still fits the region's fields and
+the other jobs' gates are unmoved. Ticks are steps over the fluid model of
+tests/unit/test_governor.py, never sleeps."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+
+from test_governor import Job, World, governor, run  # noqa: E402
+
+U64_MAX = 2**64 - 1
+
+
+def test_a_counter_at_2_64_minus_1_widens_no_gate_and_is_caught() -> None:
+    attacker, victim = Job("a", 1, 20), Job("b", 2, 10)
+    world = World([attacker, victim])
+    gov = governor(world)
+    run(world, gov, 40)
+    for k in range(40):
+        attacker.launches = U64_MAX if k % 2 == 0 else 0
+        gates = run(world, gov, 1)
+        for g in gates.values():
+            # what the region's uint64 fields can hold (was 3e21: every
+            # tick failed writing it, and no gate was written after it)
+            assert 0 <= g.refill_rate < 2**63 and 0 <= g.bucket_size < 2**63
+    victim_gate = gates[("b", "GPU-0")]
+    assert victim_gate.throttle
+    held = sum(victim.got[-20:]) / 20
+    assert abs(held - 0.10) < 0.02, held          # still held at its 10 %
+    assert gates[("a", "GPU-0")].overrun          # the daemon flags the attacker
+    assert victim_gate.overrun is None
