@@ -110,6 +110,39 @@ def stamp(t: float) -> str:
     return nodeview.iso_time(t)
 
 
+def frame_extra(t: float | None) -> dict[str, Any]:
+    """The values of a frame that are not a record's: its time, under --loop."""
+    return {TIMESTAMP: stamp(t)} if t is not None else {}
+
+
+def echo_csv(records: list[dict[str, Any]], out: Output, known: dict[str, nodeview.Field],
+             default: tuple[str, ...], t: float | None, first: bool) -> None:
+    """One frame as CSV: the header (unless --no-header) on the first only."""
+    click.echo(nodeview.to_csv(records, out.names(known, default), known, out.units,
+                               out.header and first, frame_extra(t)), nl=False)
+
+
+def frame_head(t: float | None, first: bool) -> list[Any]:
+    """A table frame's first lines: under --loop a blank line between frames,
+    then the frame's timestamp."""
+    from vgpuctl.cli import render
+
+    lines: list[Any] = [] if first or t is None else [[]]
+    if t is not None:
+        lines.append(render.note_line(stamp(t), "dim"))
+    return lines
+
+
+def fields_lines(records: list[dict[str, Any]], out: Output,
+                 known: dict[str, nodeview.Field], t: float | None) -> list[Any]:
+    """The table of just the --fields asked for."""
+    from vgpuctl.cli import render
+
+    return render.table_lines(nodeview.fields_table(records, out.fields, known, out.units,
+                                                    frame_extra(t)),
+                              render.width(), out.header)
+
+
 def run_loop(out: Output, frame: Callable[[float, bool], None],
              sleep: Callable[[float], None] = time.sleep) -> int:
     """Call frame(time, first) now and then every out.loop seconds until

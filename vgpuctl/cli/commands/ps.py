@@ -52,29 +52,23 @@ def filtered(data: dict[str, Any], user: str | None, gpu: str | None,
 def show(data: dict[str, Any], jobs: list[dict[str, Any]], out: view.Output,
          t: float | None = None, first: bool = True) -> None:
     """One frame of ps in out's format (t: the frame's time, under --loop)."""
-    extra = {view.TIMESTAMP: view.stamp(t)} if t is not None else {}
     if out.fmt == "json":    # scripts call this often: no rich on this path
-        obj = {"v": data.get("v", 1), **extra, "daemon": data.get("daemon"),
+        obj = {"v": data.get("v", 1), **view.frame_extra(t), "daemon": data.get("daemon"),
                "gpus": data.get("gpus", []), "jobs": nodeview.select(jobs, out.fields),
                "violations": data.get("violations", [])}
         click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
         return
     if out.fmt == "csv":
-        names = out.names(nodeview.JOB_FIELDS, nodeview.JOB_DEFAULT)
-        click.echo(nodeview.to_csv(jobs, names, nodeview.JOB_FIELDS, out.units,
-                                   out.header and first, extra), nl=False)
+        view.echo_csv(jobs, out, nodeview.JOB_FIELDS, nodeview.JOB_DEFAULT, t, first)
         return
     from vgpuctl.cli import render
 
-    lines = [] if first or t is None else [[]]
-    if t is not None:
-        lines.append(render.note_line(view.stamp(t), "dim"))
+    lines = view.frame_head(t, first)
     if not jobs:
         lines.append(render.note_line("no jobs"))
     elif out.fields is None:
         lines += render.table_lines(nodeview.job_table(jobs, out.units), render.width(),
                                     out.header)
     else:
-        lines += render.table_lines(nodeview.fields_table(
-            jobs, out.fields, nodeview.JOB_FIELDS, out.units, extra), render.width(), out.header)
+        lines += view.fields_lines(jobs, out, nodeview.JOB_FIELDS, t)
     render.show(lines)

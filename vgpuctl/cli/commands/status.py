@@ -33,23 +33,17 @@ def show(data: dict[str, Any], out: view.Output, t: float | None = None,
     from vgpuctl.cli import render
 
     gpus = data.get("gpus", [])
-    extra = {view.TIMESTAMP: view.stamp(t)} if t is not None else {}
     if out.fmt == "json":
-        obj = {"v": data.get("v", 1), **extra, "daemon": data.get("daemon"),
+        obj = {"v": data.get("v", 1), **view.frame_extra(t), "daemon": data.get("daemon"),
                "gpus": nodeview.select(gpus, out.fields), "jobs": data.get("jobs", [])}
         click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
         return
     if out.fmt == "csv":
-        names = out.names(nodeview.GPU_FIELDS, nodeview.GPU_DEFAULT)
-        click.echo(nodeview.to_csv(gpus, names, nodeview.GPU_FIELDS, out.units,
-                                   out.header and first, extra), nl=False)
+        view.echo_csv(gpus, out, nodeview.GPU_FIELDS, nodeview.GPU_DEFAULT, t, first)
         return
-    lines = [] if first or t is None else [[]]
-    if t is not None:
-        lines.append(render.note_line(view.stamp(t), "dim"))
+    lines = view.frame_head(t, first)
     if out.fields is None:
         lines += render.status_lines(data, render.width(), out.units, out.header)
     else:
-        lines += render.table_lines(nodeview.fields_table(
-            gpus, out.fields, nodeview.GPU_FIELDS, out.units, extra), render.width(), out.header)
+        lines += view.fields_lines(gpus, out, nodeview.GPU_FIELDS, t)
     render.show(lines)
