@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from support.daemon import needs_native, vgpuctl_argv
+from support.daemon import needs_native, read_line, vgpuctl_argv
 
 pytestmark = needs_native
 
@@ -22,14 +22,21 @@ def node(daemon_factory):
     return d
 
 
-def hook(daemon, name, **env):
-    """Run a hook as slurmstepd does a TaskProlog: as the child of the task
+def hook_popen(daemon, name, **env):
+    """Start a hook as slurmstepd does a TaskProlog: as the child of the task
     (here a shell, which the task-prolog attaches as the job's; never this
     test's process, which the daemon fixture would then kill at teardown)."""
     argv = [*vgpuctl_argv(), "slurm", name]
-    return subprocess.run(["sh", "-c", '"$@"; exit $?', "sh", *argv],
-                          env={**daemon.env, "SLURM_JOB_ID": "5", **env},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.Popen(["sh", "-c", '"$@"; exit $?', "sh", *argv],
+                            env={**daemon.env, "SLURM_JOB_ID": "5", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def hook(daemon, name, **env):
+    """Run a hook as a TaskProlog runs (hook_popen) to its end."""
+    with hook_popen(daemon, name, **env) as p:
+        out, err = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def test_the_task_prolog_prints_the_jobs_exports(node):
@@ -54,12 +61,24 @@ def test_a_task_with_shards_of_an_unregistered_job_fails_with_one_line(node):
 
 
 def test_a_task_with_shards_and_no_daemon_fails_and_one_without_is_untouched(node):
-    gone = {"VGPU_SOCKET": str(node.base / "nobody-here.sock")}
+    gone = {"VGPU_SOCKET": str(node.base / "nobody-here.sock"), "VGPU_DAEMON_WAIT": "1"}
     r = hook(node, "task-prolog", SLURM_SHARDS_ON_NODE="3", **gone)
     assert r.returncode == 3 and "not run unfenced" in r.stderr, r.stderr
+    assert "waited 1 s" in r.stderr and r.stdout.startswith("print vgpuctl: error:")
     for env in (gone, {"SLURM_JOB_ID": "6"}):
         r = hook(node, "task-prolog", **env)
         assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+def test_a_task_prolog_waits_for_a_restarting_daemon(node):
+    node.stop()
+    with hook_popen(node, "task-prolog", SLURM_SHARDS_ON_NODE="3",
+                    VGPU_DAEMON_WAIT="60") as p:
+        assert "waiting up to 60 s" in read_line(p.stderr)
+        node.start()                      # the registration outlives the restart
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "export VGPU_REGION=" in out and node.jobs()[0]["slurm_job"] == "5"
 
 
 def test_the_epilog_releases_the_job(node):

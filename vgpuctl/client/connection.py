@@ -167,11 +167,25 @@ def connect_or_start(socket_path: str | None = None, note: Any = None,
     started). DaemonUnavailable when the wait runs out."""
     try:
         return connect(socket_path, env), None
-    except DaemonUnavailable as e:
-        first = e
+    except DaemonUnavailable:
+        pass
     why = expected_daemon(socket_path, env)
     if why is None:
         return start_user_daemon(socket_path, env)
+    return wait_connect(socket_path, why, note, env,
+                        instead="a private daemon would run outside its admission"), None
+
+
+def wait_connect(socket_path: str | None, why: str, note: Any = None,
+                 env: Mapping[str, str] | None = None, instead: str = "") -> Client:
+    """A connection to the daemon that answers, waiting for one that does not
+    answer yet (a restart) until ``VGPU_DAEMON_WAIT`` seconds (WAIT_S) have
+    passed: note hears that we wait, and why (and ``instead``, what not
+    waiting would do). DaemonUnavailable when the wait runs out."""
+    try:
+        return connect(socket_path, env)
+    except DaemonUnavailable as e:
+        first = e
     e_ = os.environ if env is None else env
     try:
         wait = float(e_.get("VGPU_DAEMON_WAIT") or WAIT_S)
@@ -179,17 +193,18 @@ def connect_or_start(socket_path: str | None = None, note: Any = None,
         wait = WAIT_S
     where = ", ".join(str(p) for p in paths.client_sockets(socket_path, env))
     if note is not None:
-        note(f"no daemon answers on {where}, but {why}: waiting up to {wait:.0f} s for it "
-             "(a private daemon would run outside its admission)")
+        note(f"no daemon answers on {where}, but {why}: waiting up to {wait:.0f} s for it"
+             + (f" ({instead})" if instead else ""))
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         try:
-            return connect(socket_path, env), None
+            return connect(socket_path, env)
         except DaemonUnavailable as e:
             first = e
-    raise DaemonUnavailable(f"{first}; waited {wait:.0f} s because {why}, and did not "
-                            "start a private daemon in its place")
+    raise DaemonUnavailable(f"{first}; waited {wait:.0f} s because {why}"
+                            + (", and did not start a private daemon in its place"
+                               if instead else ""))
 
 
 def expected_daemon(socket_path: str | None = None,

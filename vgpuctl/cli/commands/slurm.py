@@ -40,10 +40,16 @@ def _node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def _connect(socket_path: str | None) -> Client:
-    from vgpuctl.client.connection import connect
+def _connect(socket_path: str | None, wait: bool = True) -> Client:
+    """The node daemon; unless not wait, one that is restarting is waited
+    for (up to $VGPU_DAEMON_WAIT s), so a `systemctl restart` fails no job."""
+    from vgpuctl.cli import messages
+    from vgpuctl.client.connection import connect, wait_connect
 
-    return connect(socket_path)
+    if not wait:
+        return connect(socket_path)
+    return wait_connect(socket_path, "Slurm's hooks run where vgpuctl's daemon serves the node",
+                        note=messages.note)
 
 
 @click.group()
@@ -137,7 +143,8 @@ def _attach(job_id: str, socket_path: str | None) -> dict[str, Any] | None:
     a job that is not registered."""
     shards = os.environ.get("SLURM_SHARDS_ON_NODE", "")
     try:
-        with _connect(socket_path) as cl:
+        # a task without shards waits for no daemon: it runs untouched anyway
+        with _connect(socket_path, wait=bool(shards)) as cl:
             return cl.call("slurm_attach", slurm_job=job_id, pid=os.getppid())
     except (NotFound, DaemonUnavailable) as e:
         if not shards:
@@ -187,7 +194,7 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
     from vgpuctl.core import slurm as core_slurm
     from vgpuctl.core.sizes import format_size
 
-    with _connect(socket_path) as cl:
+    with _connect(socket_path, wait=False) as cl:
         reply = cl.call("ps")
     daemon_size = (reply["daemon"].get("slurm") or {}).get("shard_size")
     size = args.mem(shard_size, "--shard-size") or daemon_size
