@@ -11,11 +11,21 @@ in a subprocess with that environment.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from vgpuctl.system import native
+
+# A suite started in the background of a non-interactive shell (`cmd &`)
+# inherits SIGINT and SIGQUIT ignored, and so would every command it starts:
+# the tests that stand for a Ctrl-C (top, --loop, the demo) would find it
+# ignored, as it should be under nohup. A handler of our own here is reset
+# to the default in each child at exec.
+for _sig in (signal.SIGINT, signal.SIGQUIT):
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
