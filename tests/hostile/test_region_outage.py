@@ -39,6 +39,9 @@ def test_an_outage_is_accounted_from_the_hooks_counters(daemon_factory):
                        timeout=30, what="the job to start")
         wait_for(lambda: recorded_gpu_seconds(daemon, job["id"]) > 1.0, timeout=10,
                  what="some use to be recorded")
+        # the checkpoint follows the flush's commit: kill only after both
+        checkpoint = daemon.runtime / "jobs" / job["id"] / "checkpoint"
+        wait_for(checkpoint.exists, timeout=10, what="the daemon's checkpoint")
         daemon.stop(signal.SIGKILL)
         time.sleep(OUTAGE_S)    # the outage itself: a duration, not a wait for something
         daemon.start()
