@@ -18,6 +18,7 @@ from typing import Any
 
 from vgpuctl.client.connection import Client
 from vgpuctl.errors import DaemonUnavailable, UsageError, VgpuError
+from vgpuctl.system.procfs import read_stat
 
 Say = Callable[[str], None]
 
@@ -83,27 +84,16 @@ def become_subreaper() -> bool:
         return False
 
 
-def _stat(pid: int | str) -> list[bytes]:
-    """The fields of /proc/PID/stat after the command name (state first);
-    [] when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
 def _left_behind(since: int) -> list[int]:
     """Our live children started at or after `since` (clock ticks since
     boot): what the command left, re-parented to us. A user daemon that
     `run` started before the command is not among them."""
-    me = str(os.getpid()).encode()
+    me = os.getpid()
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            st = _stat(name)
-            if (len(st) > 19 and st[1] == me and st[0] not in (b"Z", b"X")
-                    and int(st[19]) >= since):
+            st = read_stat(name)
+            if st is not None and st[0] == me and st[2] not in ("Z", "X") and st[1] >= since:
                 out.append(int(name))
     return out
 
@@ -185,8 +175,8 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
         # Not held while the command runs: a user's connections are capped
         # (a burst of jobs would fill them); `exited` comes on a new one.
         maybe.close()
-    st_fields = _stat(pid)
-    since = int(st_fields[19]) if len(st_fields) > 19 else 0
+    command = read_stat(pid)
+    since = command[1] if command is not None else 0
     status = None
     while True:
         info = signal.sigtimedwait(block, 1.0)

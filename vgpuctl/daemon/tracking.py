@@ -16,6 +16,8 @@ import os
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
 
+from vgpuctl.system.procfs import read_stat
+
 
 @dataclass(frozen=True)
 class ProcInfo:
@@ -24,20 +26,6 @@ class ProcInfo:
 
 
 ProcTable = Mapping[int, ProcInfo]
-
-
-def read_stat(pid: int) -> tuple[int, int, str] | None:
-    """(ppid, start time, state) of a process; None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
-    try:
-        return int(rest[1]), int(rest[19]), rest[0].decode()
-    except (IndexError, ValueError):
-        return None
 
 
 def start_time(pid: int) -> int | None:

@@ -1,0 +1,20 @@
+"""/proc/<pid>/stat, read the one way both the daemon (which processes are a
+job's) and `vgpuctl run` (what its command left behind) need. Light on
+purpose: `vgpuctl run` imports it."""
+
+from __future__ import annotations
+
+
+def read_stat(pid: int | str) -> tuple[int, int, str] | None:
+    """(ppid, start time in clock ticks since boot, state) of a process;
+    None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[1]), int(rest[19]), rest[0].decode()
+    except (IndexError, ValueError):
+        return None
