@@ -183,6 +183,16 @@ def test_gpus_lists_each_gpu_as_nvidia_smi_L(daemon):
     assert json.loads(daemon.cli("gpus", "--format", "json").stdout)[1]["uuid"] == gpus[1]["uuid"]
 
 
+def test_every_key_of_a_ps_json_job_is_a_field(daemon, start_jobs):
+    from vgpuctl.core import nodeview
+
+    start_jobs(["keys"])
+    job = daemon.call("ps")["jobs"][0]
+    assert set(job) <= set(nodeview.JOB_FIELDS), set(job) - set(nodeview.JOB_FIELDS)
+    r = daemon.cli("ps", "--format", "csv", "--fields", "id,slurm_job,region_error")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "id,slurm_job,region_error", r
+
+
 # -- filters, kill and set -----------------------------------------------------
 def test_ps_filters(daemon, start_jobs):
     gpus = daemon.call("ps")["gpus"]

@@ -74,6 +74,11 @@ JOB_FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("exit_code", "int", "exit code, once ended"),
     Field("exit_signal", "int", "signal that ended it"),
     Field("violations", "violations", "what the daemon caught (NVML against its limits)"),
+    Field("region_error", "text", "why its usage region was found tampered with"),
+    Field("slurm_job", "text", "its Slurm job id"),
+    Field("slurm_partition", "text", "its Slurm partition"),
+    Field("slurm_account", "text", "its Slurm account"),
+    Field("slurm_shards", "int", "the Slurm shards it holds"),
 )}
 
 GPU_FIELDS: dict[str, Field] = {f.name: f for f in (
