@@ -16,6 +16,7 @@ from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, SlurmConfig, UserLimits
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
+from vgpuctl.governor.compute import Gate
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
@@ -34,8 +35,10 @@ def make(tmp_path: Path, config: Config | None = None) -> Supervisor:
                      state_dir=tmp_path / "state", config=None, system=False)
     dp.jobs_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(dp.db)
-    return Supervisor(config or Config(), dp, store, DEVICES,
-                      hook_library=lambda: tmp_path / "libvgpu.so")
+    sup = Supervisor(config or Config(), dp, store, DEVICES,
+                     hook_library=lambda: tmp_path / "libvgpu.so")
+    sup.test_store = store      # the test's handle, to close it as a dying daemon would not
+    return sup
 
 
 def call(sup, peer, op, **fields):
@@ -129,7 +132,7 @@ def test_job_ids_never_repeat_across_restarts(tmp_path):
     run(sup, mem=G)
     call(sup, ME, "exited", job="1", code=0)
     assert call(sup, ME, "ps", job="1")["jobs"][0]["state"] == "ended"
-    sup.store.close()
+    sup.test_store.close()
     sup2 = make(tmp_path)
     assert run(sup2, mem=G)["job"]["id"] == "2"
 
@@ -155,14 +158,14 @@ def test_started_tracks_the_process_and_the_job_ends_with_it(tmp_path, procs):
     p = procs("sleep", "60")
     call(sup, ME, "started", job=jid, pid=p.pid)
     sup.track(tracking.scan())
-    assert sup.view(sup.jobs[jid])["pids"] == [p.pid]
+    assert sup.view(sup.table.get(jid))["pids"] == [p.pid]
     p.kill()
     p.wait()
     sup.track(tracking.scan())
     # The launcher (this test process) still runs and has not said "exited".
-    assert jid in sup.jobs
+    assert jid in sup.table
     call(sup, ME, "exited", job=jid, signal=9)
-    assert jid not in sup.jobs and not region.exists()
+    assert jid not in sup.table and not region.exists()
     ended = call(sup, ME, "ps", job=jid)["jobs"][0]
     assert ended["state"] == "ended" and ended["exit_signal"] == 9
 
@@ -177,18 +180,18 @@ def test_descendants_belong_to_the_job_even_after_their_parent_exits(tmp_path, p
     try:
         call(sup, ME, "started", job=jid, pid=sh.pid)
         sup.track(tracking.scan())
-        assert set(sup.view(sup.jobs[jid])["pids"]) == {sh.pid, grandchild}
+        assert set(sup.view(sup.table.get(jid))["pids"]) == {sh.pid, grandchild}
         sh.stdin.close()
         sh.wait()
         call(sup, ME, "exited", job=jid, code=0)
-        assert jid in sup.jobs                  # the grandchild still runs
+        assert jid in sup.table                  # the grandchild still runs
         sup.track(tracking.scan())
-        assert sup.view(sup.jobs[jid])["pids"] == [grandchild]
+        assert sup.view(sup.table.get(jid))["pids"] == [grandchild]
         reply = call(sup, ME, "kill", job=jid, signal=15)
         assert reply["pids"] == [grandchild]
         wait_for(lambda: tracking.start_time(grandchild) is None, what="the grandchild to go")
         sup.track(tracking.scan())
-        assert jid not in sup.jobs
+        assert jid not in sup.table
     finally:
         try:
             os.kill(grandchild, signal.SIGKILL)
@@ -203,7 +206,7 @@ def test_a_job_whose_launcher_died_before_starting_ends(tmp_path):
     dead = Peer(launcher.pid, os.getuid(), os.getgid())
     jid = run(sup, peer=dead, mem=G)["job"]["id"]
     sup.track(tracking.scan())
-    assert jid not in sup.jobs
+    assert jid not in sup.table
 
 
 def test_set_changes_limits_live_and_warns_below_use(tmp_path):
@@ -269,14 +272,15 @@ def test_core_100_hard_gets_no_gate(tmp_path, procs):
     r = run(sup, mem=G)
     jid = r["job"]["id"]
     call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
-    [(job, i, uuid, _)] = sup.gate_inputs()       # as the daemon's tick loop does
-    assert uuid == DEVICES[0].uuid
+    inputs = sup.gates.inputs()                  # as the daemon's tick loop does
+    [inp] = inputs
+    assert inp.uuid == DEVICES[0].uuid
     limits = Region.open(r["env"]["VGPU_REGION"])  # what the hook reads
-    sup.apply_gate(job, i, uuid, True, 5000, 1000, 0.5, 1.0)
+    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.5, 1.0)})
     assert limits.device(0).throttle is False
     assert call(sup, ME, "ps", job=jid)["jobs"][0]["core_measured"] == 0.5
     call(sup, ME, "set", job=jid, core=30)
-    sup.apply_gate(job, i, uuid, True, 5000, 1000, 0.25, 0.3)
+    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.25, 0.3)})
     d = limits.device(0)
     assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
 
@@ -315,7 +319,7 @@ def test_a_slurm_job_is_registered_once_with_its_shards_as_limits(tmp_path):
     # The job's own --vgpu-core may lower its share, never raise it.
     assert register(sup, slurm_job="78", shards=8, ask_core=20)["job"]["core"] == 20
     assert register(sup, slurm_job="79", shards=2, ask_core=90)["job"]["core"] == 12
-    assert len(sup.jobs) == 3
+    assert len(sup.table) == 3
     # Every task of the job attaches to the same job.
     a = call(sup, ME, "slurm_attach", slurm_job="77")
     assert a["job"]["id"] == job["id"] and a["env"]["VGPU_JOB"] == job["id"]
@@ -329,14 +333,14 @@ def test_a_slurm_job_outlives_its_processes_until_released(tmp_path, procs):
     p = procs()
     call(sup, ME, "slurm_attach", slurm_job="77", pid=p.pid)
     sup.track(tracking.scan())
-    assert sup.jobs["1"].rec.pids == {p.pid: tracking.start_time(p.pid)}
+    assert sup.table.get("1").rec.pids == {p.pid: tracking.start_time(p.pid)}
     p.kill()
     p.wait()
     sup.track(tracking.scan())
-    assert "1" in sup.jobs                       # no processes: still the Slurm job's
-    region = Path(sup.jobs["1"].rec.region)
+    assert "1" in sup.table                       # no processes: still the Slurm job's
+    region = Path(sup.table.get("1").rec.region)
     assert call(sup, ME, "slurm_release", slurm_job="77")["released"] == "1"
-    assert not sup.jobs and not region.exists()
+    assert not len(sup.table) and not region.exists()
     assert call(sup, ME, "slurm_release", slurm_job="77")["released"] is None
     # The shards are free again at once (no wait for a /proc scan).
     assert register(sup, slurm_job="78", shards=16)["job"]["mem_limit"] == 16 * G
@@ -351,7 +355,7 @@ def test_a_slurm_jobs_owner_can_neither_raise_its_limits_nor_end_it(tmp_path):
         call(sup, owner, "set", job=jid, mem=16 * G, core=100)
     with pytest.raises(P.errors.UsageError, match="ends at its Epilog"):
         call(sup, owner, "exited", job=jid, code=0)
-    assert sup.jobs[jid].rec.mem_limit == 4 * G
+    assert sup.table.get(jid).rec.mem_limit == 4 * G
     assert call(sup, ME, "set", job=jid, core=40)["job"]["core"] == 40    # root may
 
 
@@ -365,7 +369,7 @@ def test_only_root_registers_or_releases_a_slurm_job(tmp_path):
         call(sup, OTHER, "slurm_release", slurm_job="77")
     with pytest.raises(P.errors.PermissionDenied):
         call(sup, OTHER, "slurm_attach", slurm_job="77")
-    assert len(sup.jobs) == 1
+    assert len(sup.table) == 1
 
 
 def test_a_refused_registration_fails_the_jobs_tasks_with_the_reason(tmp_path):
@@ -399,20 +403,36 @@ def test_reconciliation_releases_the_slurm_jobs_squeue_shows_ended_or_forgot(tmp
     sup = make(tmp_path, SLURM)
     for sid in ("1", "2", "3", "4"):
         register(sup, slurm_job=sid, shards=1)
-    asked = sup.slurm_jobs()
+    asked = sup.slurm.registered()
     register(sup, slurm_job="5", shards=1)        # registered while squeue ran
-    assert sup.reconcile_slurm(asked, {}) == []   # an empty list says nothing
-    gone = sup.reconcile_slurm(asked, {"1": "RUNNING", "2": "COMPLETING", "3": "CANCELLED+"})
+    assert sup.slurm.reconcile(asked, {}) == []   # an empty list says nothing
+    gone = sup.slurm.reconcile(asked, {"1": "RUNNING", "2": "COMPLETING", "3": "CANCELLED+"})
     assert sorted(gone) == ["3", "4"]
-    assert sorted(sup.slurm_jobs()) == ["1", "2", "5"]
+    assert sorted(sup.slurm.registered()) == ["1", "2", "5"]
 
 
 def test_a_restarted_daemon_keeps_a_slurm_job_with_no_processes(tmp_path):
     sup = make(tmp_path, SLURM)
     register(sup)
     sup.close()
-    sup.store.close()
+    sup.test_store.close()
     sup2 = make(tmp_path, SLURM)
     sup2.adopt(tracking.scan())
-    assert sup2.slurm_job("77") is not None
+    assert sup2.table.by_slurm("77") is not None
     assert call(sup2, ME, "slurm_release", slurm_job="77")["released"] == "1"
+
+
+
+def test_views_never_change_a_job(tmp_path):
+    """`ps` shows what the last tick read; reading it closes no gate."""
+    sup = make(tmp_path)
+    r = run(sup, mem=G)
+    jid = r["job"]["id"]
+    os.truncate(Path(r["env"]["VGPU_REGION"]) / "usage", 0)
+    for _ in range(3):
+        assert call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"] is None
+        call(sup, ME, "ps")
+    assert not Region.open(r["env"]["VGPU_REGION"]).device(0).throttle
+    call(sup, ME, "started", job=jid, pid=os.getpid())
+    sup.gates.inputs()                          # the tick reads the region
+    assert "truncated" in call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"]

@@ -52,3 +52,19 @@ def usage_rows(db, job_id: str) -> list:
         return [r for r in read_usage(c) if r.job_id == job_id]
     finally:
         c.close()
+
+
+def record(job_id: str, *, name: str = "", user: str = "", uid: int = 0,
+           command: str = "", gpus: tuple[str, ...] = (), mem_limit: int = 1 << 30,
+           core: int = 100, policy: str = "hard", start: float = 0.0,
+           end: float | None = None, exit_code: int | None = None,
+           exit_signal: int | None = None, **more) -> JobRecord:
+    """A job's record as the daemon keeps it, from what a report shows of it
+    (the command as one shell word list, GPUs by UUID)."""
+    import shlex
+
+    return JobRecord(name=name, uid=uid, user=user, command=shlex.split(command), cwd="/",
+                     gpus=[{"index": i, "uuid": g} for i, g in enumerate(gpus)],
+                     mem_limit=mem_limit, core_share=core, policy=policy, created=start,
+                     started=start, ended=end, state=ENDED if end is not None else "running",
+                     id=job_id, exit_code=exit_code, exit_signal=exit_signal, **more)

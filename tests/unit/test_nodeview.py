@@ -8,9 +8,10 @@ import csv
 import io
 
 import pytest
+from support.store import record
 
 from vgpuctl.core import layout, nodeview
-from vgpuctl.core.report import JobInfo, Report, ReportRow, summary_table, terminal_table
+from vgpuctl.core.report import Report, ReportRow, summary_table, terminal_table
 from vgpuctl.errors import NotFound, UsageError
 
 G = 1 << 30
@@ -176,8 +177,8 @@ def test_job_arguments():
 # -- the demo's summary ----------------------------------------------------------
 def test_summary_fits_80_columns_and_shows_the_share_got():
     rows = [ReportRow(key=str(i), gpu_seconds=3.0, peak_mem_bytes=300 << 20,
-                      job=JobInfo(job_id=str(i), name=n, mem_limit=4 * G, core=30,
-                                  policy="hard", start=100.0, end=110.0, exit_status=0))
+                      job=record(str(i), name=n, mem_limit=4 * G, core=30,
+                                 policy="hard", start=100.0, end=110.0, exit_code=0))
             for i, n in ((1, "train"), (2, "a-rather-long-job-name-for-a-demo"))]
     lines = text(summary_table(Report(by="job", since=0.0, until=200.0, rows=rows)), 80)
     assert all(len(ln) <= 80 for ln in lines)
@@ -187,10 +188,10 @@ def test_summary_fits_80_columns_and_shows_the_share_got():
 def test_report_on_a_terminal_keeps_the_job_id_at_80_columns():
     rows = [ReportRow(key=str(i), gpu_seconds=179.8, mem_gib_hours=0.05,
                       peak_mem_bytes=300 << 20,
-                      job=JobInfo(job_id=str(i), name=f"long-training-job-name-{i}",
-                                  user="alice", gpus=(UUID0,), mem_limit=4 * G, core=30,
-                                  start=100.0, end=700.0, exit_status=0,
-                                  command=" ".join(COMMAND)))
+                      job=record(str(i), name=f"long-training-job-name-{i}",
+                                 user="alice", gpus=(UUID0,), mem_limit=4 * G, core=30,
+                                 start=100.0, end=700.0, exit_code=0,
+                                 command=" ".join(COMMAND)))
             for i in (1, 2, 3)]
     report = Report(by="job", since=0.0, until=1000.0, rows=rows)
     lines = text(terminal_table(report), 80)

@@ -9,10 +9,11 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from support.store import record
 
 from vgpuctl.core import report as rep
 from vgpuctl.core.accounting import UsageRow
-from vgpuctl.core.report import JobInfo, aggregate, parse_when
+from vgpuctl.core.report import aggregate, parse_when
 from vgpuctl.errors import UsageError
 from vgpuctl.system.files import write_atomic
 
@@ -33,12 +34,12 @@ def u(job, gpu, t0, t1, gs, gh=0.0, peak=0):
 
 
 JOBS = [
-    JobInfo("1", name="train", user="alice", uid=1000, command="python train.py",
-            gpus=(GPU0,), mem_limit=4 * G, core=30, start=T, end=T + 100, exit_status=0),
-    JobInfo("2", name="eval", user="bob", uid=1001, command="python eval.py",
-            gpus=(GPU1,), mem_limit=2 * G, core=50, start=T + 50, end=None),
-    JobInfo("3", name="idle", user="alice", uid=1000, command="sleep 100",
-            gpus=(GPU0,), mem_limit=G, core=20, start=T + 10, end=T + 20, exit_status=137),
+    record("1", name="train", user="alice", uid=1000, command="python train.py",
+           gpus=(GPU0,), mem_limit=4 * G, core=30, start=T, end=T + 100, exit_code=0),
+    record("2", name="eval", user="bob", uid=1001, command="python eval.py",
+           gpus=(GPU1,), mem_limit=2 * G, core=50, start=T + 50, end=None),
+    record("3", name="idle", user="alice", uid=1000, command="sleep 100",
+           gpus=(GPU0,), mem_limit=G, core=20, start=T + 10, end=T + 20, exit_signal=9),
 ]
 USAGE = [
     u("1", GPU0, T, T + 100, 50.0, 0.1, 3 * G),
@@ -79,7 +80,7 @@ def test_by_user_and_gpu():
 def test_by_day_splits_at_midnight():
     midnight = datetime(2024, 5, 2, tzinfo=UTC).timestamp()
     usage = [u("1", GPU0, midnight - 3600, midnight + 1800, 90.0, 1.5, G)]
-    jobs = [JobInfo("1", user="alice", start=midnight - 3600, end=midnight + 1800)]
+    jobs = [record("1", user="alice", start=midnight - 3600, end=midnight + 1800)]
     r = aggregate(jobs, usage, "day", midnight - 86400, midnight + 86400, UTC)
     by = {row.key: row for row in r.rows}
     assert by["2024-05-01"].gpu_seconds == pytest.approx(60.0)
@@ -179,7 +180,7 @@ def test_write_atomic_replaces_whole_file(tmp_path):
 def test_by_slurm_job_sums_a_slurm_jobs_vgpu_jobs_and_keeps_the_others_apart():
     from dataclasses import replace
 
-    jobs = [replace(JOBS[0], slurm_job="900", partition="gpu", account="physics"),
+    jobs = [replace(JOBS[0], slurm_job="900", slurm_partition="gpu", slurm_account="physics"),
             replace(JOBS[1], slurm_job="900"),      # requeued: registered again
             JOBS[2]]
     r = aggregate(jobs, USAGE, "slurm-job", T, T + 200, UTC)

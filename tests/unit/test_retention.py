@@ -49,4 +49,4 @@ def test_report_reads_only_the_window(tmp_path):
     jobs, usage = load(db, now - DAY, now)
     # "running" has no usage in the window but was alive in it.
     assert sorted(j.name for j in jobs) == ["running", "today"]
-    assert {u.job_id for u in usage} == {j.job_id for j in jobs if j.name == "today"}
+    assert {u.job_id for u in usage} == {j.id for j in jobs if j.name == "today"}

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import click
 
-from vgpuctl.core import nodeview
+from vgpuctl.core import nodeview, output
 
 TIMESTAMP = "timestamp"     # the --fields name of a frame's time
 
@@ -55,7 +55,7 @@ class Output(NamedTuple):
     units: str
     loop: float | None
 
-    def names(self, known: dict[str, nodeview.Field], default: tuple[str, ...]) -> list[str]:
+    def names(self, known: dict[str, output.Field], default: tuple[str, ...]) -> list[str]:
         """The fields for CSV: --fields, else the default (with the
         frame's timestamp first under --loop)."""
         if self.fields is not None:
@@ -63,7 +63,7 @@ class Output(NamedTuple):
         return [TIMESTAMP, *default] if self.loop else list(default)
 
 
-def output_options(known: dict[str, nodeview.Field]) -> Callable[[Any], Any]:
+def output_options(known: dict[str, output.Field]) -> Callable[[Any], Any]:
     """Add --format, --json, --fields, --no-header, --units and --loop to a
     command; it receives them as one ``out`` argument (an Output). known:
     the fields --fields may name."""
@@ -92,7 +92,7 @@ def output_options(known: dict[str, nodeview.Field]) -> Callable[[Any], Any]:
             click.option("--fields", metavar="F,F,...",
                          help=f"The fields to show, in order (CSV, JSON, table): {names}."),
             click.option("--no-header", is_flag=True, help="No header line (table, CSV)."),
-            click.option("--units", type=click.Choice(nodeview.UNITS), default=None,
+            click.option("--units", type=click.Choice(output.UNITS), default=None,
                          help="Memory as human sizes (4G), MiB numbers, or bytes (default: "
                               "human in tables, mib in CSV; JSON is always bytes)."),
             click.option(
@@ -107,7 +107,7 @@ def output_options(known: dict[str, nodeview.Field]) -> Callable[[Any], Any]:
 
 
 def stamp(t: float) -> str:
-    return nodeview.iso_time(t)
+    return output.iso_time(t)
 
 
 def frame_extra(t: float | None) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def frame_extra(t: float | None) -> dict[str, Any]:
     return {TIMESTAMP: stamp(t)} if t is not None else {}
 
 
-def echo_csv(records: list[dict[str, Any]], out: Output, known: dict[str, nodeview.Field],
+def echo_csv(records: list[dict[str, Any]], out: Output, known: dict[str, output.Field],
              default: tuple[str, ...], t: float | None, first: bool) -> None:
     """One frame as CSV: the header (unless --no-header) on the first only."""
     click.echo(nodeview.to_csv(records, out.names(known, default), known, out.units,
@@ -134,7 +134,7 @@ def frame_head(t: float | None, first: bool) -> list[Any]:
 
 
 def fields_lines(records: list[dict[str, Any]], out: Output,
-                 known: dict[str, nodeview.Field], t: float | None) -> list[Any]:
+                 known: dict[str, output.Field], t: float | None) -> list[Any]:
     """The table of just the --fields asked for."""
     from vgpuctl.cli import render
 

@@ -16,13 +16,22 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from vgpuctl.core import output
+from vgpuctl.core.job import GPU_FIELDS, JOB_FIELDS
 from vgpuctl.core.layout import Cell, Column, Cut, Drop, Short, Step
-from vgpuctl.core.sizes import format_size
+from vgpuctl.core.output import (
+    Field,
+    command_text,
+    short_command,
+    short_uuids,
+    size_text,
+)
 from vgpuctl.errors import NotFound, UsageError
+
+__all__ = ["GPU_FIELDS", "JOB_FIELDS", "Field"]   # the field tables, from the model
 
 if TYPE_CHECKING:
     from datetime import tzinfo
@@ -30,68 +39,9 @@ if TYPE_CHECKING:
 # csv, datetime, fnmatch and shlex are imported where used: `ps --json`, which
 # scripts call often, needs none of them.
 
-MIB = 1 << 20
 FORMATS = ("table", "csv", "json")
-UNITS = ("human", "mib", "bytes")
-UUID_SHORT_HEX = 8      # GPU-d1d7f5c3: as many hex digits as a short UUID shows
 
 Record = dict[str, Any]
-
-
-# -- fields --------------------------------------------------------------------
-class Field(NamedTuple):
-    name: str
-    kind: str = "text"     # text, int, bytes, share, seconds, time, list, argv, bool
-    help: str = ""
-
-
-JOB_FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("id", "text", "job id"),
-    Field("name", "text", "job name"),
-    Field("user", "text", "user name"),
-    Field("uid", "int", "user id"),
-    Field("state", "text", "starting, running or ended"),
-    Field("pids", "list", "its live processes"),
-    Field("gpu", "int", "GPU index"),
-    Field("gpu_uuid", "text", "GPU UUID"),
-    Field("mem_used", "bytes", "memory it holds (the hook's count)"),
-    Field("mem_limit", "bytes", "memory limit"),
-    Field("mem_peak", "bytes", "highest mem_used"),
-    Field("mem_nvml", "bytes", "memory NVML reports for its processes"),
-    Field("over_limit", "bool", "mem_nvml above mem_limit"),
-    Field("oom_refusals", "int", "allocations refused for the limit"),
-    Field("core", "int", "compute share target, percent"),
-    Field("core_measured", "share", "measured compute share, 0..1"),
-    Field("policy", "text", "hard or soft"),
-    Field("gated_launches", "int", "launches that waited at the compute gate"),
-    Field("throttled_s", "seconds", "seconds spent waiting at the gate"),
-    Field("created", "time", "when it was admitted"),
-    Field("started", "time", "when its command started"),
-    Field("ended", "time", "when it ended"),
-    Field("runtime_s", "seconds", "seconds it has run"),
-    Field("command", "argv", "its command line"),
-    Field("cwd", "text", "where it was started"),
-    Field("exit_code", "int", "exit code, once ended"),
-    Field("exit_signal", "int", "signal that ended it"),
-    Field("violations", "violations", "what the daemon caught (NVML against its limits)"),
-    Field("region_error", "text", "why its usage region was found tampered with"),
-    Field("slurm_job", "text", "its Slurm job id"),
-    Field("slurm_partition", "text", "its Slurm partition"),
-    Field("slurm_account", "text", "its Slurm account"),
-    Field("slurm_shards", "int", "the Slurm shards it holds"),
-)}
-
-GPU_FIELDS: dict[str, Field] = {f.name: f for f in (
-    Field("index", "int", "NVML index"),
-    Field("uuid", "text", "GPU UUID"),
-    Field("name", "text", "product name"),
-    Field("memory_total", "bytes", "memory on the GPU"),
-    Field("memory_used", "bytes", "memory in use (all processes)"),
-    Field("utilization", "int", "percent busy, NVML's last sample"),
-    Field("committed", "bytes", "sum of the limits of its jobs"),
-    Field("capacity", "bytes", "what the limits may sum to"),
-    Field("jobs", "int", "jobs on it"),
-)}
 
 # What CSV and JSON show when --fields is not given.
 JOB_DEFAULT = ("id", "name", "user", "state", "pids", "gpu", "gpu_uuid", "mem_used",
@@ -117,91 +67,15 @@ def parse_fields(text: str | None, known: dict[str, Field], default: Sequence[st
     return names
 
 
-def header(name: str, kind: str, units: str) -> str:
-    """The CSV (and --fields table) header of a field: its name, with the
-    unit in brackets where the number has one."""
-    if kind == "bytes":
-        return name + {"mib": " [MiB]", "bytes": " [B]"}.get(units, "")
-    return name
-
-
-def iso_time(t: float, tz: tzinfo | None = None) -> str:
-    """Unix time t as local ISO 8601 with its offset (tz: for tests)."""
-    from datetime import datetime
-
-    dt = datetime.fromtimestamp(t, tz) if tz is not None else \
-        datetime.fromtimestamp(t).astimezone()
-    return dt.isoformat(timespec="seconds")
-
-
-def size_text(n: Any, units: str) -> str:
-    if not isinstance(n, int) or isinstance(n, bool):
-        return ""
-    if units == "bytes":
-        return str(n)
-    if units == "mib":
-        return str(round(n / MIB))
-    return format_size(n)
-
-
-def command_text(argv: Any) -> str:
-    if isinstance(argv, list):
-        import shlex
-
-
-        return " ".join(shlex.quote(str(a)) for a in argv)
-    return "" if argv is None else str(argv)
-
-
-def short_command(text: str) -> str:
-    """A command line with its program's folder left out: ``python3
-    train.py`` for ``/opt/conda/bin/python3 train.py``."""
-    program, sep, rest = text.partition(" ")
-    return program.rsplit("/", 1)[-1] + sep + rest
-
-
-def value_text(v: Any, kind: str, units: str, tz: tzinfo | None = None) -> str:
-    """A field's value as a CSV cell: empty for null, sizes in ``units``,
-    lists space-separated, times as ISO 8601."""
-    if v is None:
-        return ""
-    if kind == "bytes":
-        return size_text(v, units)
-    if kind == "bool":
-        return "true" if v else "false"
-    if kind == "list":
-        return " ".join(str(x) for x in v) if isinstance(v, list) else str(v)
-    if kind == "argv":
-        return command_text(v)
-    if kind == "violations" and isinstance(v, list):     # kind:pid, newest last
-        return " ".join(f"{x.get('kind')}:{x.get('pid')}" for x in v if isinstance(x, dict))
-    if kind == "share" and isinstance(v, (int, float)):
-        return f"{v:.3f}"
-    if kind == "seconds" and isinstance(v, (int, float)):
-        return f"{v:.1f}"
-    if kind == "time" and isinstance(v, (int, float)):
-        return iso_time(v, tz)
-    return str(v)
-
-
-# -- CSV and JSON --------------------------------------------------------------
 def to_csv(records: Sequence[Record], names: Sequence[str], known: dict[str, Field],
            units: str, header_row: bool = True, extra: Record | None = None,
            tz: tzinfo | None = None) -> str:
-    """CSV (RFC 4180 quoting; LF line ends, as `report` and nvidia-smi write) of the records'
-    fields. ``extra`` gives values for names that are not fields of a
-    record (``timestamp``)."""
-    import csv
-    import io
-
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    if header_row:
-        w.writerow([header(n, known[n].kind if n in known else "text", units) for n in names])
-    for r in records:
-        w.writerow([(extra or {}).get(n, "") if n not in known
-                    else value_text(r.get(n), known[n].kind, units, tz) for n in names])
-    return buf.getvalue()
+    """CSV of the records' fields. ``extra`` gives values for names that are
+    not fields of a record (``timestamp``)."""
+    fs = [known.get(n, Field(n)) for n in names]
+    rows = [[(extra or {}).get(f.name, "") if f.name not in known
+             else output.cell(r.get(f.name), f, units, tz) for f in fs] for r in records]
+    return output.csv_text([output.header(f, units) for f in fs] if header_row else None, rows)
 
 
 def select(records: Sequence[Record], names: Sequence[str] | None) -> list[Record]:
@@ -209,12 +83,6 @@ def select(records: Sequence[Record], names: Sequence[str] | None) -> list[Recor
     if names is None:
         return [dict(r) for r in records]
     return [{n: r.get(n) for n in names} for r in records]
-
-
-def to_json(obj: Any, compact: bool = False) -> str:
-    if compact:
-        return json.dumps(obj, separators=(",", ":")) + "\n"
-    return json.dumps(obj, indent=1) + "\n"
 
 
 # -- filters -------------------------------------------------------------------
@@ -285,19 +153,6 @@ def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
 
 
 # -- the default tables --------------------------------------------------------
-def short_uuids(uuids: Sequence[str]) -> dict[str, str]:
-    """Each UUID's short form: ``GPU-`` and its first 8 hex digits, more
-    where two of them would share it (each short form is a unique prefix,
-    usable as ``--gpu``)."""
-    out = {}
-    for u in uuids:
-        n = len("GPU-") + UUID_SHORT_HEX if u.startswith("GPU-") else UUID_SHORT_HEX
-        while n < len(u) and any(o != u and o.startswith(u[:n]) for o in uuids):
-            n += 1
-        out[u] = u[:n].rstrip("-")
-    return out
-
-
 def _percent(part: Any, whole: Any) -> str:
     if not isinstance(part, int) or not whole:
         return ""
@@ -417,7 +272,7 @@ def fields_table(records: Sequence[Record], names: Sequence[str], known: dict[st
     cols = []
     for n in names:
         kind = known[n].kind if n in known else "text"
-        cols.append(Column(n, header(n, kind, units),
+        cols.append(Column(n, output.header(known.get(n, Field(n)), units),
                            right=kind in ("int", "bytes", "share", "seconds")))
     rows = []
     for r in records:
@@ -426,7 +281,7 @@ def fields_table(records: Sequence[Record], names: Sequence[str], known: dict[st
             if n not in known:
                 row.append(Cell(str((extra or {}).get(n, ""))))
                 continue
-            text = value_text(r.get(n), known[n].kind, units)
+            text = output.cell(r.get(n), known[n], units)
             row.append(Cell(text, short=shorts.get(text)))
         rows.append(row)
     plan: list[Step] = [Short("uuid"), Short("gpu_uuid"), Cut("command", 16), Cut("cwd", 16),

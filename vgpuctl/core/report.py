@@ -1,8 +1,10 @@
 """Usage reports: what each job, user, GPU or day used over a time window.
 
-Pure arithmetic over ``JobInfo`` and ``UsageRow`` values (``aggregate``) and
-renderers to CSV, JSON and plain text (strings). Reading the daemon's
-database is vgpuctl.store.reports's job; the rich table for terminals is in
+Pure arithmetic over the jobs' records (vgpuctl.core.job's ``JobRecord``, as
+the daemon keeps them) and ``UsageRow`` values (``aggregate``), and the
+report's columns as output fields, written to CSV, JSON and plain text by
+vgpuctl.core.output (the same stack as `ps`). Reading the daemon's database
+is vgpuctl.store.reports's job; the rich table for terminals is in
 vgpuctl.cli.render.
 
 Window: [since, until). A usage row that straddles an edge counts for the
@@ -17,47 +19,23 @@ never change meaning: new columns are only ever appended.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, tzinfo
-from typing import Any
+from typing import Any, NamedTuple
 
-from vgpuctl.core import layout
+from vgpuctl.core import layout, output
 from vgpuctl.core.accounting import UsageRow
-from vgpuctl.core.nodeview import short_command, short_uuids
+from vgpuctl.core.job import JobRecord
+from vgpuctl.core.output import Field, iso_time, short_command, short_uuids
 from vgpuctl.core.sizes import format_size
 from vgpuctl.errors import UsageError
 
-MIB = 1 << 20
 GROUPINGS = ("job", "user", "gpu", "day", "slurm-job")
 NOT_SLURM = "-"     # the --by slurm-job key of jobs run outside Slurm
 FORMATS = ("table", "csv", "json")
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """What the daemon recorded about a job (the jobs table)."""
-
-    job_id: str
-    name: str = ""
-    user: str = ""
-    uid: int | None = None
-    command: str = ""
-    gpus: tuple[str, ...] = ()      # GPU UUIDs
-    mem_limit: int | None = None    # bytes per GPU
-    core: int | None = None         # percent
-    policy: str = ""
-    start: float | None = None      # epoch seconds
-    end: float | None = None        # None while running
-    exit_status: int | None = None  # exit code, 128+N for signal N; None: unknown
-    slurm_job: str | None = None    # the Slurm job id, for a job its Prolog registered
-    partition: str | None = None    # its Slurm partition and account
-    account: str | None = None
 
 
 # -- time arguments ------------------------------------------------------------
@@ -118,7 +96,7 @@ class ReportRow:
     gpu_seconds: float = 0.0
     mem_gib_hours: float = 0.0
     peak_mem_bytes: int = 0
-    job: JobInfo | None = None  # --by job only
+    job: JobRecord | None = None  # --by job only
 
 
 @dataclass
@@ -160,7 +138,7 @@ def _days(lo: float, hi: float, tz: tzinfo | None) -> list[tuple[str, float, flo
     return out
 
 
-def aggregate(jobs: Iterable[JobInfo], usage: Iterable[UsageRow], by: str,
+def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
               since: float, until: float, tz: tzinfo | None = None) -> Report:
     """Sum usage inside [since, until) per job, user, GPU or local day.
 
@@ -171,7 +149,7 @@ def aggregate(jobs: Iterable[JobInfo], usage: Iterable[UsageRow], by: str,
         raise UsageError(f"--by {by!r}: must be one of {', '.join(GROUPINGS)}")
     if until <= since:
         raise UsageError("--until must be later than --since")
-    records = {j.job_id: j for j in jobs}
+    records = {j.id: j for j in jobs}
     rows: dict[str, ReportRow] = {}
 
     def row(key: str) -> ReportRow:
@@ -217,125 +195,121 @@ def aggregate(jobs: Iterable[JobInfo], usage: Iterable[UsageRow], by: str,
 
     # Jobs alive in the window with no usage there still count.
     for j in records.values():
-        start = j.start if j.start is not None else -math.inf
-        end = j.end if j.end is not None else math.inf
+        start = j.start
+        end = j.ended if j.ended is not None else math.inf
         if start >= until or end < since:
             continue
         if by == "day":
             lo = max(since, start)
             hi = min(until, end if end > lo else lo + 1e-9)
             for day, _, _ in _days(lo, hi, tz):
-                row(day).jobs.add(j.job_id)
+                row(day).jobs.add(j.id)
         elif by == "gpu":
-            for g in j.gpus:
-                row(g).jobs.add(j.job_id)
+            for g in j.uuids:
+                row(g).jobs.add(j.id)
         else:
-            for key in keys_for(j.job_id, ""):
-                row(key).jobs.add(j.job_id)
+            for key in keys_for(j.id, ""):
+                row(key).jobs.add(j.id)
 
     if by == "job":
         for key, r in rows.items():
-            r.job = records.get(key) or JobInfo(job_id=key)
+            r.job = records.get(key)
         ordered = sorted(rows.values(), key=lambda r: (
-            r.job.start if r.job and r.job.start is not None else math.inf, r.key))
+            r.job.start if r.job is not None else math.inf, r.key))
     else:
         ordered = sorted(rows.values(), key=lambda r: r.key)
     return Report(by=by, since=since, until=until, rows=ordered)
 
 
 # -- columns -------------------------------------------------------------------
-@dataclass(frozen=True)
-class Column:
-    header: str                       # CSV and table header, with the unit
-    json_key: str
-    text: Callable[[ReportRow], str]  # CSV / table cell
-    value: Callable[[ReportRow], Any]  # JSON value
-    numeric: bool = False             # right-aligned in tables
+class Column(NamedTuple):
+    """A report column: an output field (its JSON key, kind, unit and CSV
+    header) and its value in a row; ``json`` its JSON form where that is
+    not the value itself."""
+    field: Field
+    value: Callable[[ReportRow], Any]
+    json: Callable[[Any], Any] | None = None
+
+    @property
+    def numeric(self) -> bool:                 # right-aligned in tables
+        return self.field.kind in ("int", "bytes", "seconds", "number")
 
 
-def iso_time(t: float | None, tz: tzinfo | None) -> str:
-    return "" if t is None else _to_datetime(t, tz).isoformat(timespec="seconds")
+def _job(attr: str, default: Any = None) -> Callable[[ReportRow], Any]:
+    """A column's value from the row's job record (``default`` without one)."""
+    return lambda r: default if r.job is None else getattr(r.job, attr)
 
 
-def row_job(r: ReportRow) -> JobInfo:
-    return r.job or JobInfo(job_id=r.key)
-
-
-def _mib(n: int | None) -> str:
-    return "" if n is None else str(round(n / MIB))
-
-
-def _common(by: str) -> list[Column]:
+def _common() -> list[Column]:
     return [
-        Column("gpu_time [s]", "gpu_seconds",
-               lambda r: f"{r.gpu_seconds:.3f}", lambda r: round(r.gpu_seconds, 6), True),
-        Column("memory_time [GiB*h]", "memory_gib_hours",
-               lambda r: f"{r.mem_gib_hours:.6f}", lambda r: round(r.mem_gib_hours, 9), True),
-        Column("peak_memory [MiB]", "peak_memory_bytes",
-               lambda r: _mib(r.peak_mem_bytes), lambda r: r.peak_mem_bytes, True),
+        Column(Field("gpu_seconds", "seconds", unit="s", digits=3, header="gpu_time"),
+               lambda r: r.gpu_seconds, lambda v: round(v, 6)),
+        Column(Field("memory_gib_hours", "number", unit="GiB*h", digits=6,
+                     header="memory_time"),
+               lambda r: r.mem_gib_hours, lambda v: round(v, 9)),
+        Column(Field("peak_memory_bytes", "bytes", header="peak_memory"),
+               lambda r: r.peak_mem_bytes),
     ]
 
 
 def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
     """The columns of a report grouped ``by``, in their stable order."""
-    jobs_col = Column("jobs", "jobs", lambda r: str(len(r.jobs)), lambda r: len(r.jobs), True)
+    def when(v: Any) -> Any:
+        return iso_time(v, tz) or None
     if by == "job":
         return [
-            Column("job_id", "job_id", lambda r: r.key, lambda r: r.key),
-            Column("name", "name", lambda r: row_job(r).name, lambda r: row_job(r).name),
-            Column("user", "user", lambda r: row_job(r).user, lambda r: row_job(r).user),
-            Column("uid", "uid",
-                   lambda r: "" if row_job(r).uid is None else str(row_job(r).uid),
-                   lambda r: row_job(r).uid, True),
-            Column("gpus", "gpus", lambda r: " ".join(row_job(r).gpus),
-                   lambda r: list(row_job(r).gpus)),
-            Column("start", "start", lambda r: iso_time(row_job(r).start, tz),
-                   lambda r: iso_time(row_job(r).start, tz) or None),
-            Column("end", "end", lambda r: iso_time(row_job(r).end, tz),
-                   lambda r: iso_time(row_job(r).end, tz) or None),
-            Column("exit_status", "exit_status",
-                   lambda r: "" if row_job(r).exit_status is None else str(row_job(r).exit_status),
-                   lambda r: row_job(r).exit_status, True),
-            Column("memory_limit [MiB]", "memory_limit_bytes",
-                   lambda r: _mib(row_job(r).mem_limit), lambda r: row_job(r).mem_limit, True),
-            Column("core_limit [%]", "core_limit_percent",
-                   lambda r: "" if row_job(r).core is None else str(row_job(r).core),
-                   lambda r: row_job(r).core, True),
-            *_common(by),
-            Column("command", "command", lambda r: row_job(r).command,
-                   lambda r: row_job(r).command),
-            Column("slurm_job", "slurm_job", lambda r: row_job(r).slurm_job or "",
-                   lambda r: row_job(r).slurm_job),
-            Column("partition", "partition", lambda r: row_job(r).partition or "",
-                   lambda r: row_job(r).partition),
-            Column("account", "account", lambda r: row_job(r).account or "",
-                   lambda r: row_job(r).account),
+            Column(Field("job_id"), lambda r: r.key),
+            Column(Field("name"), _job("name", "")),
+            Column(Field("user"), _job("user", "")),
+            Column(Field("uid", "int"), _job("uid")),
+            Column(Field("gpus", "list"), lambda r: [] if r.job is None else r.job.uuids),
+            Column(Field("start", "time"), _job("start"), when),
+            Column(Field("end", "time"), _job("ended"), when),
+            Column(Field("exit_status", "int"), _job("exit_status")),
+            Column(Field("memory_limit_bytes", "bytes", header="memory_limit"),
+                   _job("mem_limit")),
+            Column(Field("core_limit_percent", "int", unit="%", header="core_limit"),
+                   _job("core_share")),
+            *_common(),
+            Column(Field("command"), _job("command_line", "")),
+            Column(Field("slurm_job"), _job("slurm_job")),
+            Column(Field("partition"), _job("slurm_partition")),
+            Column(Field("account"), _job("slurm_account")),
         ]
-    first = {"user": Column("user", "user", lambda r: r.key, lambda r: r.key),
-             "gpu": Column("gpu_uuid", "gpu_uuid", lambda r: r.key, lambda r: r.key),
-             "day": Column("day", "day", lambda r: r.key, lambda r: r.key),
-             "slurm-job": Column("slurm_job", "slurm_job", lambda r: r.key,
+    first = {"user": Column(Field("user"), lambda r: r.key),
+             "gpu": Column(Field("gpu_uuid"), lambda r: r.key),
+             "day": Column(Field("day"), lambda r: r.key),
+             "slurm-job": Column(Field("slurm_job"),
                                  lambda r: None if r.key == NOT_SLURM else r.key)}
     if by not in first:
         raise UsageError(f"--by {by!r}: must be one of {', '.join(GROUPINGS)}")
-    return [first[by], jobs_col, *_common(by)]
+    return [first[by], Column(Field("jobs", "int"), lambda r: len(r.jobs)), *_common()]
 
 
 # -- rendering -----------------------------------------------------------------
+def _cells(report: Report, cols: list[Column], tz: tzinfo | None) -> list[list[str]]:
+    return [[output.cell(c.value(r), c.field, "mib", tz) for c in cols] for r in report.rows]
+
+
+def _heads(cols: list[Column]) -> list[str]:
+    return [output.header(c.field, "mib") for c in cols]
+
+
 def to_csv(report: Report, tz: tzinfo | None = None) -> str:
     cols = columns(report.by, tz)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow([c.header for c in cols])
-    for r in report.rows:
-        w.writerow([c.text(r) for c in cols])
-    return buf.getvalue()
+    return output.csv_text(_heads(cols), _cells(report, cols, tz))
 
 
 def to_json(report: Report, tz: tzinfo | None = None) -> str:
     cols = columns(report.by, tz)
-    data = [{c.json_key: c.value(r) for c in cols} for r in report.rows]
-    return json.dumps(data, indent=2) + "\n"
+    data = []
+    for r in report.rows:
+        item = {}
+        for c in cols:
+            v = c.value(r)
+            item[c.field.name] = c.json(v) if c.json is not None and v is not None else v
+        data.append(item)
+    return output.json_text(data, indent=2)
 
 
 def empty_line(report: Report, tz: tzinfo | None = None) -> str:
@@ -347,19 +321,8 @@ def to_text(report: Report, tz: tzinfo | None = None) -> str:
     if not report.rows:
         return empty_line(report, tz)
     cols = columns(report.by, tz)
-    cells = [[c.header for c in cols]] + [[c.text(r) for c in cols] for r in report.rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
-    lines = []
-    for row in cells:
-        parts = []
-        for i, (c, cell) in enumerate(zip(cols, row, strict=True)):
-            last = i == len(cols) - 1
-            if c.numeric:
-                parts.append(cell.rjust(widths[i]))
-            else:
-                parts.append(cell if last else cell.ljust(widths[i]))
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines) + "\n"
+    return output.plain_table(_heads(cols), _cells(report, cols, tz),
+                              [c.numeric for c in cols])
 
 
 def short_time(t: float | None, tz: tzinfo | None) -> str:
@@ -381,18 +344,18 @@ def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout
             layout.Column("peak", "Peak mem", **right), layout.Column("exit", "Exit", **right)]
     rows = []
     for r in report.rows:
-        j = row_job(r)
-        start = j.start if j.start is not None else report.since
-        end = j.end if j.end is not None else report.until
+        j = r.job
+        start = j.start if j is not None else report.since
+        end = j.ended if j is not None and j.ended is not None else report.until
         ran = max(0.0, min(end, report.until) - max(start, report.since))
-        core = "" if j.core is None else f"{j.core}% {j.policy}".rstrip()
         rows.append([
-            layout.Cell(r.key), layout.Cell(j.name),
-            layout.Cell("" if j.mem_limit is None else format_size(j.mem_limit)),
-            layout.Cell(core), layout.Cell(f"{r.gpu_seconds:.1f}s"),
+            layout.Cell(r.key), layout.Cell("" if j is None else j.name),
+            layout.Cell("" if j is None else format_size(j.mem_limit)),
+            layout.Cell("" if j is None else f"{j.core_share}% {j.policy}".rstrip()),
+            layout.Cell(f"{r.gpu_seconds:.1f}s"),
             layout.Cell(f"{100 * r.gpu_seconds / ran:.0f}%" if ran > 0 else ""),
             layout.Cell(format_size(r.peak_mem_bytes)),
-            layout.Cell("" if j.exit_status is None else str(j.exit_status)),
+            layout.Cell("" if j is None or j.exit_status is None else str(j.exit_status)),
         ])
     return cols, rows, [layout.Cut("name", 8)]
 
@@ -419,7 +382,7 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
         rows = [[layout.Cell(r.key, short=keys.get(r.key)), layout.Cell(str(len(r.jobs))),
                  *sums(r)] for r in report.rows]
         return cols, rows, [layout.Short("key")]
-    uuids = short_uuids([g for r in report.rows for g in row_job(r).gpus])
+    uuids = short_uuids([g for r in report.rows if r.job is not None for g in r.job.uuids])
     cols = [layout.Column("job", "Job", **right), layout.Column("name", "Name"),
             layout.Column("user", "User"), layout.Column("gpus", "GPU"),
             layout.Column("start", "Start"), layout.Column("end", "End"),
@@ -428,16 +391,19 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
             layout.Column("command", "Command")]
     rows = []
     for r in report.rows:
-        j = row_job(r)
-        limit = " ".join(x for x in ("" if j.mem_limit is None else format_size(j.mem_limit),
-                                     "" if j.core is None else f"{j.core}%") if x)
+        j = r.job
+        if j is None:           # usage rows of a job whose record is gone
+            rows.append([layout.Cell(r.key), *(layout.Cell("") for _ in range(7)), *sums(r),
+                         layout.Cell("")])
+            continue
+        gpus = j.uuids
         rows.append([
             layout.Cell(r.key), layout.Cell(j.name), layout.Cell(j.user),
-            layout.Cell(" ".join(j.gpus), short=" ".join(uuids.get(g, g) for g in j.gpus)),
-            layout.Cell(short_time(j.start, tz)), layout.Cell(short_time(j.end, tz)),
+            layout.Cell(" ".join(gpus), short=" ".join(uuids.get(g, g) for g in gpus)),
+            layout.Cell(short_time(j.start, tz)), layout.Cell(short_time(j.ended, tz)),
             layout.Cell("" if j.exit_status is None else str(j.exit_status)),
-            layout.Cell(limit), *sums(r),
-            layout.Cell(j.command, short=short_command(j.command)),
+            layout.Cell(f"{format_size(j.mem_limit)} {j.core_share}%"), *sums(r),
+            layout.Cell(j.command_line, short=short_command(j.command_line)),
         ])
     plan: list[layout.Step] = [
         layout.Short("gpus"), layout.Short("command"), layout.Cut("command", 12),
@@ -456,91 +422,3 @@ def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:
     if fmt == "table":
         return to_text(report, tz)
     raise UsageError(f"--format {fmt!r}: must be one of {', '.join(FORMATS)}")
-
-
-# -- reading the daemon's database ---------------------------------------------
-def _first(row: Mapping[str, Any], *names: str) -> Any:
-    for n in names:
-        if n in row and row[n] is not None:
-            return row[n]
-    return None
-
-
-def _gpus(v: Any) -> tuple[str, ...]:
-    if v is None or v == "":
-        return ()
-    if isinstance(v, str):
-        try:
-            parsed = json.loads(v)
-        except ValueError:
-            parsed = [s for s in re.split(r"[,\s]+", v) if s]
-        v = parsed if isinstance(parsed, list) else [parsed]
-    if not isinstance(v, (list, tuple)):
-        v = [v]
-    # The daemon stores [{"index": 0, "uuid": "GPU-..."}]; plain UUIDs work too.
-    return tuple(str(x.get("uuid") or x.get("index")) if isinstance(x, dict) else str(x)
-                 for x in v)
-
-
-def _command(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        try:
-            parsed = json.loads(v)
-        except ValueError:
-            return v
-        if isinstance(parsed, list):
-            import shlex
-            return " ".join(shlex.quote(str(x)) for x in parsed)
-        return v
-    return str(v)
-
-
-def _opt_int(v: Any) -> int | None:
-    try:
-        return None if v is None or v == "" else int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def _opt_float(v: Any) -> float | None:
-    try:
-        return None if v is None or v == "" else float(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def job_from_row(row: Mapping[str, Any]) -> JobInfo:
-    """A JobInfo from a row of the daemon's jobs table (by column name)."""
-    core = _first(row, "core", "core_share", "core_limit")
-    return JobInfo(
-        job_id=str(_first(row, "job_id", "id")),
-        name=str(_first(row, "name") or ""),
-        user=str(_first(row, "user", "username", "user_name") or ""),
-        uid=_opt_int(_first(row, "uid", "owner_uid")),
-        command=_command(_first(row, "command", "cmd", "argv")),
-        gpus=_gpus(_first(row, "gpus", "gpu_uuids", "gpu_uuid", "gpu")),
-        mem_limit=_opt_int(_first(row, "mem_limit", "mem", "memory_limit")),
-        core=_opt_int(core),
-        policy=str(_first(row, "policy") or ""),
-        start=_opt_float(_first(row, "start", "started", "start_time", "started_at",
-                                "created")),
-        end=_opt_float(_first(row, "end", "ended", "end_time", "ended_at")),
-        exit_status=_exit_status(row),
-        slurm_job=_opt_str(_first(row, "slurm_job")),
-        partition=_opt_str(_first(row, "slurm_partition", "partition")),
-        account=_opt_str(_first(row, "slurm_account", "account")),
-    )
-
-
-def _opt_str(v: Any) -> str | None:
-    return None if v is None or v == "" else str(v)
-
-
-def _exit_status(row: Mapping[str, Any]) -> int | None:
-    """The exit code as a shell shows it: the code, or 128+N for signal N."""
-    sig = _opt_int(_first(row, "exit_signal"))
-    if sig:
-        return 128 + sig
-    return _opt_int(_first(row, "exit_status", "exit_code", "returncode"))

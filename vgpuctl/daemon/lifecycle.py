@@ -38,7 +38,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vgpuctl.core import accounting
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.core.placement import CONTEXT_MEM
@@ -186,7 +185,7 @@ class Daemon:
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
         self.stop_event = asyncio.Event()
-        store = Store.open(self.dp.db)
+        store = self.store = Store.open(self.dp.db)
         store.active_jobs()         # a corrupt jobs table stops the start here, in one line
         nvml = await loop.run_in_executor(None, Nvml)
         self.sim_mark = _mark_sim_state()
@@ -201,10 +200,11 @@ class Daemon:
                            if self.governor is not None else None)
         self._start_accounting(store)
         sup.on_config = self._config_changed
-        sup.on_job_end = self._job_ended
+        sup.table.on_end.append(lambda job: self._job_ended(job.id))
         sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
         sup.adopt(await loop.run_in_executor(None, tracking.scan))
-        self._credit_outage()
+        if self.accountant is not None:
+            sup.credit_outage(self.accountant, time.time())
         self._start_metrics()
         server = Server(sup)
         try:
@@ -222,14 +222,14 @@ class Daemon:
                  os.getpid(), self.dp.socket, len(devices), "" if len(devices) == 1 else "s",
                  "system" if self.dp.system else "user", self.config.source,
                  "on" if self.governor else "off")
-        notify.ready(f"{len(sup.jobs)} jobs, {len(devices)} GPUs")
+        notify.ready(f"{len(sup.live_ids())} jobs, {len(devices)} GPUs")
         tasks = [asyncio.ensure_future(c) for c in
                  (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml),
                   self._retention_loop(), self._slurm_loop())]
         try:
             await self.stop_event.wait()
         finally:
-            log.info("stopping; %d jobs keep running", len(sup.jobs))
+            log.info("stopping; %d jobs keep running", len(sup.live_ids()))
             notify.stopping()
             await server.close()
             for t in tasks:
@@ -239,7 +239,7 @@ class Daemon:
             if self.accountant is not None:
                 try:
                     usage.flush(store.conn, self.accountant)
-                    self._checkpoint(time.time())
+                    sup.checkpoint(self.accountant, time.time())
                 except Exception:
                     log.exception("accounting flush failed")
             if self.metrics is not None:
@@ -305,7 +305,7 @@ class Daemon:
                 if gov is not None else 0.0
             self.accountant.end_job(job_id, time.time(), lag)
             try:   # a report right after the job's end sees all of it
-                usage.flush(self.sup.store.conn, self.accountant)
+                usage.flush(self.store.conn, self.accountant)
             except StateError as e:
                 self._note_write_error(str(e))
 
@@ -335,10 +335,10 @@ class Daemon:
         how many of each went."""
         days = self.sup.config.retention_days
         before = retention.cutoff(now, days)
-        keep = set(self.sup.jobs)
+        keep = self.sup.live_ids()
         jobs = rows = 0
         while True:
-            j, r = retention.prune_batch(self.sup.store, before, keep)
+            j, r = retention.prune_batch(self.store, before, keep)
             jobs, rows = jobs + j, rows + r
             if j < retention.BATCH and r < retention.BATCH:
                 break
@@ -366,122 +366,41 @@ class Daemon:
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         sup = self.sup
-        inputs = sup.gate_inputs()
+        inputs = sup.gates.inputs()
         now = time.monotonic()
-        gates: dict[tuple[str, str], Any] = {}
         if self.governor is not None and inputs:
-            jd = [compute.JobDevice(job.id, uuid, frozenset(job.rec.pids),
-                                          job.rec.core_share, job.rec.policy,
-                                          usage.get("launches", 0))
-                  for job, _, uuid, usage in inputs]
+            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches)
+                  for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
-        for job, i, uuid, _ in inputs:
-            g = gates.get((job.id, uuid))
-            if g is not None and g.overrun:
-                sup.flag_region(job, g.overrun)
-            if g is not None:
-                sup.apply_gate(job, i, uuid, g.throttle, g.refill_rate, g.bucket_size,
-                               g.measured, getattr(g, "target", None))
+            sup.gates.apply(inputs, gates)
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
                                          sup.config.on_violation, time.monotonic())
         sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
-            for job, _, uuid, u in inputs:
-                if job.rec.state == "ended":
-                    continue
-                self.accountant.observe(job.id, uuid, wall, job.measured.get(uuid, 0.0),
-                                        u.get("used", 0), u.get("peak"))
+            live = sup.live_ids()
+            for i in inputs:
+                if i.job_id in live:
+                    self.accountant.observe(i.job_id, i.uuid, wall,
+                                            sup.gates.measured(i.job_id, i.uuid),
+                                            i.usage.used, i.usage.peak)
             try:
-                if usage.maybe_flush(sup.store.conn, self.accountant, wall):
-                    self._checkpoint(wall)      # a pread and a small file per job
+                if usage.maybe_flush(self.store.conn, self.accountant, wall):
+                    sup.checkpoint(self.accountant, wall)   # a pread and a small file per job
             except StateError as e:
                 # Kept in memory by the accountant, written at a later flush.
                 self._note_write_error(str(e))
         if self.metrics_box is not None and wall - self._last_metrics >= 1.0:
             self._last_metrics = wall
-            self.metrics_box.set(self._metrics_snapshot())
-
-    # -- accounting across an outage -------------------------------------------
-    def _checkpoint(self, wall: float) -> None:
-        """With each flush: every running job's launch counters (from the
-        hook, per process) and cost per launch, kept beside its region, so
-        that the next daemon can account the time no daemon ran."""
-        acc = self.accountant
-        for job in list(self.sup.jobs.values()):
-            reg = job.region
-            if reg is None or job.rec.state != "running" or job.rec.region_error:
-                continue
-            try:
-                slots = reg.slot_launches()
-                devices = {}
-                for uuid, launched in zip(job.uuids(), slots, strict=False):
-                    acc.note_launches(job.id, uuid, sum(launched.values()))
-                    devices[uuid] = {"cost": acc.launch_cost(job.id, uuid),
-                                     "slots": [[p, s, n] for (p, s), n in launched.items()]}
-                reg.write_checkpoint({"t": wall, "devices": devices})
-            except (OSError, ValueError) as e:
-                log.debug("job %s: no checkpoint (%s)", job.id, e)
-
-    def _credit_outage(self) -> None:
-        """At start, for each re-adopted job: the GPU-seconds its processes
-        used since the last checkpoint, from the hook's launch counters,
-        bounded by the wall time (vgpuctl.core.accounting)."""
-        acc = self.accountant
-        if acc is None:
-            return
-        now = time.time()
-        for job in self.sup.jobs.values():
-            reg = job.region
-            ck = reg.read_checkpoint() if reg is not None else None
-            if reg is None or ck is None:
-                continue
-            try:
-                t0 = float(ck["t"])
-                slots = reg.slot_launches()
-                mem = reg.read_devices()
-                for i, (uuid, after) in enumerate(zip(job.uuids(), slots, strict=False)):
-                    d = ck["devices"].get(uuid) or {}
-                    before = {(int(p), int(s)): int(n) for p, s, n in d.get("slots", [])}
-                    cost = d.get("cost")
-                    cost = float(cost) if isinstance(cost, (int, float)) else None
-                    gs = accounting.outage_gpu_seconds(before, after, cost, now - t0)
-                    gs = acc.credit_outage(job.id, uuid, t0, now, gs,
-                                           mem[i].used if i < len(mem) else 0)
-                    if cost is not None:
-                        acc.seed_cost(job.id, uuid, cost)
-                    log.info("job %s: %.1f GPU-seconds on %s while no daemon ran (%.1f s), "
-                             "from the hook's launch counters", job.id, gs, uuid, now - t0)
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-                log.warning("job %s: the time no daemon ran is not accounted (%s)", job.id, e)
-
-    def _metrics_snapshot(self) -> Any:
-        m = metrics
-        sup = self.sup
-        gpus = [m.GpuMetrics(uuid=g["uuid"], index=g["index"], name=g["name"],
-                             memory_used=g["memory_used"] or 0, memory_total=g["memory_total"],
-                             utilization=None if g["utilization"] is None
-                             else g["utilization"] / 100)
-                for g in sup.gpu_views()]
-        jobs = []
-        for job in sup.jobs.values():
-            v = sup.view(job)
-            acc = self.accountant.totals(job.id)[0] if self.accountant is not None else None
-            jobs.append(m.JobMetrics(
-                job_id=job.id, gpu_uuid=v["gpu_uuid"], gpu_index=v["gpu"], name=v["name"],
-                user=v["user"], memory_used=v["mem_used"] or 0, memory_limit=v["mem_limit"],
-                share_target=v["core"] / 100,
-                share_measured=v["core_measured"] or 0.0,
-                throttled_seconds=v["throttled_s"] or 0.0, gpu_seconds=acc,
-                violations=job.violation_count))
-        return m.Snapshot(gpus=gpus, jobs=jobs, jobs_running=len(sup.jobs),
-                          violations=dict(sup.violation_totals))
+            acc = self.accountant
+            self.metrics_box.set(sup.metrics_snapshot(
+                (lambda j: acc.totals(j)[0]) if acc is not None else (lambda j: None)))
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(TRACK_S)
-            if not self.sup.jobs:
+            if not self.sup.has_jobs():
                 continue
             try:
                 table = await loop.run_in_executor(None, tracking.scan)
@@ -496,7 +415,7 @@ class Daemon:
         while True:
             every = self.sup.config.slurm.reconcile_s
             await asyncio.sleep(every or 60)
-            asked = self.sup.slurm_jobs()
+            asked = self.sup.slurm.registered()
             if not every or not asked:
                 continue
             try:
@@ -504,7 +423,7 @@ class Daemon:
                 if states is None:
                     log.debug("squeue did not answer: Slurm jobs not reconciled")
                 else:
-                    self.sup.reconcile_slurm(asked, states)
+                    self.sup.slurm.reconcile(asked, states)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -514,14 +433,14 @@ class Daemon:
         """Log a database write error once while it lasts, and its end."""
         if why is not None and self._write_failing is None:
             log.error("can't write %s: %s; job changes and accounting are kept in memory "
-                      "and written when it works again", self.sup.store.path, why)
+                      "and written when it works again", self.store.path, why)
         elif why is None and self._write_failing is not None:
             log.info("%s is writable again: the changes kept in memory are written",
-                     self.sup.store.path)
+                     self.store.path)
         self._write_failing = why
 
     def _retry_writes(self) -> None:
-        store = self.sup.store
+        store = self.store
         if store.write_error is not None:     # a write failed since the last call
             self._note_write_error(store.write_error)
             store.write_error = None

@@ -92,6 +92,26 @@ class SnapshotBox:
     __call__ = get
 
 
+def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
+             gpu_seconds: Callable[[str], float | None],
+             violations: Mapping[str, int]) -> Snapshot:
+    """A snapshot from the model's views (vgpuctl.core.job): the GPUs, and
+    each live job with the count of its violations; gpu_seconds(job id) is
+    what accounting has of it (None: no accounting)."""
+    gs = [GpuMetrics(uuid=g.uuid, index=g.index, name=g.name,
+                     memory_used=g.memory_used or 0, memory_total=g.memory_total,
+                     utilization=None if g.utilization is None else g.utilization / 100)
+          for g in gpus]
+    js = [JobMetrics(job_id=v.id, gpu_uuid=v.gpu_uuid or "", gpu_index=v.gpu or 0,
+                     name=v.name, user=v.user, memory_used=v.mem_used or 0,
+                     memory_limit=v.mem_limit, share_target=v.core / 100,
+                     share_measured=v.core_measured or 0.0,
+                     throttled_seconds=v.throttled_s or 0.0, gpu_seconds=gpu_seconds(v.id),
+                     violations=count)
+          for v, count in jobs]
+    return Snapshot(gpus=gs, jobs=js, jobs_running=len(js), violations=dict(violations))
+
+
 def available() -> bool:
     """Whether prometheus-client can be imported."""
     try:

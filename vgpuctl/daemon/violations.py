@@ -3,9 +3,9 @@ per-process memory and utilization on every managed GPU against the jobs the
 daemon knows (the rules are vgpuctl.core.violations').
 
 A process NVML lists belongs to a job when it is one of the job's tracked
-pids; when it sits in the cgroup of a Slurm job the daemon serves (Slurm's
-task/cgroup puts every process of a job under `.../job_<id>/`, which the
-job cannot leave); or when one of its ancestors is a tracked pid or the
+pids; when it sits in the cgroup of a Slurm job the daemon serves (Slurm's task/cgroup
+puts every process of a job under `.../job_<id>/`, which the job cannot
+leave); or when one of its ancestors is a tracked pid or the
 job's launcher (`vgpuctl run` is a subreaper, so a double-forked child is
 re-parented to it and stays below it). /proc is read only for pids no job
 knows, so a tick with no stranger on the GPUs reads no /proc file.
@@ -26,8 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuctl.core.violations import Checker, JobLimits, Violation
+from vgpuctl.core.violations import KINDS, Checker, JobLimits, Violation
 from vgpuctl.daemon import tracking
+from vgpuctl.daemon.jobs import MAX_VIOLATIONS, JobTable
 from vgpuctl.system.nvml import GpuStats
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -149,6 +150,50 @@ def slurm_job(pid: int, jobs: Mapping[str, str]) -> str | None:
         if m.group(1) in jobs:
             return jobs[m.group(1)]
     return None
+
+
+def known(table: JobTable) -> Known:
+    """What the watch needs of the live jobs, copied for its thread."""
+    limits, pids, starts, launchers, slurm = [], {}, {}, {}, {}
+    for job in table:
+        rec = job.rec
+        for u in job.uuids():
+            share = max(rec.core_share / 100, job.target.get(u, 0.0))
+            limits.append(JobLimits(job.id, u, rec.mem_limit, share, job.measured.get(u)))
+        for p, start in rec.pids.items():
+            pids[p] = job.id
+            starts[p] = start
+        if rec.launcher_pid is not None and rec.launcher_start is not None:
+            launchers[rec.launcher_pid] = (rec.launcher_start, job.id)
+        if rec.slurm_job is not None:
+            slurm[rec.slurm_job] = job.id
+    return Known(limits, pids, starts, launchers, slurm)
+
+
+class Record:
+    """The violations the watch found: into their jobs' records (the job
+    table), the processes in no job (the newest), the totals per kind, the
+    log."""
+
+    def __init__(self) -> None:
+        self.strays: list[dict[str, Any]] = []
+        self.totals: dict[str, int] = dict.fromkeys(KINDS, 0)
+
+    def apply(self, res: Result, table: JobTable, now: float) -> None:
+        killed = {v.key for v in res.killed}
+        for v in res.new:
+            self.totals[v.kind] = self.totals.get(v.kind, 0) + 1
+            done = "killed" if v.key in killed else "reported"
+            entry = record(v, done, now)
+            if not table.note_violation(v.job_id, entry):
+                self.strays.append(entry)
+                del self.strays[:-MAX_VIOLATIONS]
+            log.warning("violation (%s): %s%s", v.kind, v.describe(),
+                        f": pid {v.pid} killed" if done == "killed" else "")
+        fresh = {v.key for v in res.new}
+        for v in res.killed:
+            if v.key not in fresh:
+                log.debug("violation (%s): pid %d killed again", v.kind, v.pid)
 
 
 def record(v: Violation, action: str, at: float) -> dict[str, Any]:

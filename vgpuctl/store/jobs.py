@@ -23,17 +23,16 @@ import os
 import sqlite3
 import stat
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from vgpuctl.core.job import ENDED, RUNNING, STARTING, JobRecord
 from vgpuctl.errors import StateError
 
-SCHEMA_VERSION = 2
+__all__ = ["ENDED", "RUNNING", "STARTING", "JobRecord", "Store"]
 
-STARTING = "starting"   # admitted, the command not yet started
-RUNNING = "running"     # the command runs (root pid known)
-ENDED = "ended"         # every process of the job is gone
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -74,43 +73,8 @@ _ADDED = {"slurm_job": "TEXT", "slurm_partition": "TEXT", "slurm_account": "TEXT
           "slurm_shards": "INTEGER", "region_error": "TEXT"}
 
 
-@dataclass
-class JobRecord:
-    """A job as persisted. id is "" until inserted."""
-    name: str
-    uid: int
-    user: str
-    command: list[str]
-    cwd: str
-    gpus: list[dict[str, Any]]
-    mem_limit: int
-    core_share: int
-    policy: str
-    created: float
-    state: str = STARTING
-    id: str = ""
-    started: float | None = None
-    ended: float | None = None
-    launcher_pid: int | None = None
-    launcher_start: int | None = None
-    root_pid: int | None = None
-    root_start: int | None = None
-    pids: dict[int, int] = field(default_factory=dict)
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    region: str | None = None
-    slurm_job: str | None = None
-    slurm_partition: str | None = None
-    slurm_account: str | None = None
-    slurm_shards: int | None = None
-    region_error: str | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.state != ENDED
-
-
 _COLUMNS = [f.name for f in fields(JobRecord)]
+_KNOWN = set(_COLUMNS)
 _JSON_COLUMNS = {"command", "gpus", "pids"}
 
 
@@ -124,10 +88,13 @@ def _to_row(rec: JobRecord) -> dict[str, Any]:
     return row
 
 
-def _from_row(row: sqlite3.Row) -> JobRecord:
-    d = {k: row[k] for k in row.keys()}
+def record_from_row(row: sqlite3.Row) -> JobRecord:
+    """A JobRecord from a row of the jobs table (of this schema or an older
+    one: a column it lacks takes the record's default). ValueError,
+    TypeError or KeyError for a row that can't be one."""
+    d = {k: row[k] for k in row.keys() if k in _KNOWN}
     for k in _JSON_COLUMNS:
-        d[k] = json.loads(d[k])
+        d[k] = json.loads(d[k]) if k in d else {"pids": {}, "gpus": [], "command": []}[k]
     d["pids"] = {int(p): int(s) for p, s in d["pids"].items()}
     d["id"] = str(d["id"])
     return JobRecord(**d)
@@ -252,7 +219,7 @@ class Store:
     def _read(self, query: str, args: tuple[Any, ...]) -> list[JobRecord]:
         try:
             rows = self._conn.execute(query, args).fetchall()
-            return [_from_row(r) for r in rows]
+            return [record_from_row(r) for r in rows]
         except sqlite3.Error as e:
             raise StateError(f"{self.path}: can't read the jobs table: {e}") from None
         except (ValueError, TypeError, KeyError, AttributeError) as e:

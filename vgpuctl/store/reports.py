@@ -9,8 +9,10 @@ from datetime import tzinfo
 from pathlib import Path
 
 from vgpuctl.core.accounting import UsageRow
-from vgpuctl.core.report import JobInfo, Report, aggregate, job_from_row
+from vgpuctl.core.job import JobRecord
+from vgpuctl.core.report import Report, aggregate
 from vgpuctl.errors import PermissionDenied, StateError, UsageError
+from vgpuctl.store.jobs import record_from_row
 from vgpuctl.store.usage import read_usage
 
 # The jobs a window's report can name: those alive in [since, until), and
@@ -21,7 +23,7 @@ _OR_WITH_USAGE = (" OR id IN (SELECT CAST(job_id AS INTEGER) FROM usage"
                   " WHERE t1 >= :since AND t0 < :until)")
 
 
-def read_jobs(conn: sqlite3.Connection, since: float, until: float) -> list[JobInfo]:
+def read_jobs(conn: sqlite3.Connection, since: float, until: float) -> list[JobRecord]:
     """The jobs of the window [since, until) ([] when there is no table yet)."""
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if "jobs" not in tables:
@@ -32,7 +34,7 @@ def read_jobs(conn: sqlite3.Connection, since: float, until: float) -> list[JobI
         rows = conn.execute(q, {"since": since, "until": until}).fetchall()
     finally:
         conn.row_factory = None
-    return [job_from_row({k: r[k] for k in r.keys()}) for r in rows]
+    return [record_from_row(r) for r in rows]
 
 
 def open_readonly(db: Path) -> sqlite3.Connection:
@@ -61,7 +63,7 @@ def open_readonly(db: Path) -> sqlite3.Connection:
 
 
 def load(db: Path, since: float, until: float,
-         missing_ok: bool = False) -> tuple[list[JobInfo], list[UsageRow]]:
+         missing_ok: bool = False) -> tuple[list[JobRecord], list[UsageRow]]:
     """The jobs and the usage rows of [since, until) from the daemon's
     database. With ``missing_ok``, a database that does not exist (no daemon
     has run yet) reads as empty."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from vgpuctl.cli import view
-from vgpuctl.core import nodeview
+from vgpuctl.core import nodeview, output
 
 
 @click.command()
@@ -18,7 +18,7 @@ def gpus(fmt: str, no_header: bool, socket_path: str | None) -> None:
     """List the GPUs: index, name and UUID (the daemon's, else NVML's)."""
     found = view.fetch_or_nvml(socket_path).get("gpus", [])
     if fmt == "json":
-        click.echo(nodeview.to_json(nodeview.select(found, nodeview.LIST_FIELDS)), nl=False)
+        click.echo(output.json_text(nodeview.select(found, nodeview.LIST_FIELDS)), nl=False)
     elif fmt == "csv":
         click.echo(nodeview.to_csv(found, nodeview.LIST_FIELDS, nodeview.GPU_FIELDS, "mib",
                                    not no_header), nl=False)

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from vgpuctl.cli import view
-from vgpuctl.core import nodeview
+from vgpuctl.core import nodeview, output
 
 
 @click.command()
@@ -56,7 +56,7 @@ def show(data: dict[str, Any], jobs: list[dict[str, Any]], out: view.Output,
         obj = {"v": data.get("v", 1), **view.frame_extra(t), "daemon": data.get("daemon"),
                "gpus": data.get("gpus", []), "jobs": nodeview.select(jobs, out.fields),
                "violations": data.get("violations", [])}
-        click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
+        click.echo(output.json_text(obj, compact=t is not None), nl=False)
         return
     if out.fmt == "csv":
         view.echo_csv(jobs, out, nodeview.JOB_FIELDS, nodeview.JOB_DEFAULT, t, first)

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from vgpuctl.cli import view
-from vgpuctl.core import nodeview
+from vgpuctl.core import nodeview, output
 
 
 @click.command()
@@ -36,7 +36,7 @@ def show(data: dict[str, Any], out: view.Output, t: float | None = None,
     if out.fmt == "json":
         obj = {"v": data.get("v", 1), **view.frame_extra(t), "daemon": data.get("daemon"),
                "gpus": nodeview.select(gpus, out.fields), "jobs": data.get("jobs", [])}
-        click.echo(nodeview.to_json(obj, compact=t is not None), nl=False)
+        click.echo(output.json_text(obj, compact=t is not None), nl=False)
         return
     if out.fmt == "csv":
         view.echo_csv(gpus, out, nodeview.GPU_FIELDS, nodeview.GPU_DEFAULT, t, first)

@@ -1,0 +1,210 @@
+"""The job, one model: what the daemon keeps of a job (`JobRecord`), and what
+every output shows of it (`JobView`: `ps --json`, the `ps`/`top` tables and
+CSV fields, the metrics). A GPU likewise (`GpuView`). Pure: no I/O.
+
+Each output field is declared once, here, as a field of `JobView` or
+`GpuView` with its kind and help text; the field tables `--fields` accepts
+(`JOB_FIELDS`, `GPU_FIELDS`) derive from them, the daemon builds the wire
+record from them (`JobView.wire`), and a test holds docs/cli.md's field
+tables to them. Reports read `JobRecord`s straight from the database.
+Adding a field is one line here and its line in docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from vgpuctl.core.output import Field
+
+STARTING = "starting"   # admitted, the command not yet started
+RUNNING = "running"     # the command runs (root pid known)
+ENDED = "ended"         # every process of the job is gone
+STATES = (STARTING, RUNNING, ENDED)
+
+
+@dataclass
+class JobRecord:
+    """A job as the daemon persists it (one row of the jobs table). id is
+    "" until inserted."""
+    name: str
+    uid: int
+    user: str
+    command: list[str]
+    cwd: str
+    gpus: list[dict[str, Any]]      # [{"index": int, "uuid": str}], in placement order
+    mem_limit: int                  # bytes, per GPU
+    core_share: int                 # percent
+    policy: str                     # hard | soft
+    created: float                  # Unix time
+    state: str = STARTING
+    id: str = ""
+    started: float | None = None
+    ended: float | None = None
+    launcher_pid: int | None = None     # the `vgpuctl run` process
+    launcher_start: int | None = None   # its /proc starttime (clock ticks)
+    root_pid: int | None = None         # the command's process
+    root_start: int | None = None
+    pids: dict[int, int] = field(default_factory=dict)   # {pid: starttime} seen
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    region: str | None = None           # the job's region directory
+    slurm_job: str | None = None        # the Slurm job id (a job the Prolog registered)
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_shards: int | None = None
+    region_error: str | None = None     # why its usage region was found tampered with
+
+    @property
+    def active(self) -> bool:
+        return self.state != ENDED
+
+    @property
+    def uuids(self) -> list[str]:
+        """The UUIDs of its GPUs, in placement order."""
+        return [str(g.get("uuid")) for g in self.gpus if isinstance(g, dict)]
+
+    @property
+    def start(self) -> float:
+        """When its command started (when it was admitted, until then)."""
+        return self.started if self.started is not None else self.created
+
+    @property
+    def exit_status(self) -> int | None:
+        """How it ended as a shell shows it: the code, or 128+N for signal N."""
+        if self.exit_signal:
+            return 128 + self.exit_signal
+        return self.exit_code
+
+    @property
+    def command_line(self) -> str:
+        return " ".join(shlex.quote(str(a)) for a in self.command)
+
+
+def _f(kind: str, help: str, default: Any = None) -> Any:
+    return field(default=default, metadata={"kind": kind, "help": help})
+
+
+@dataclass
+class JobView:
+    """A job as every output shows it. The order of the fields is the order
+    of ``ps --json``'s keys."""
+    id: str = _f("text", "job id")
+    name: str = _f("text", "job name")
+    user: str = _f("text", "user name")
+    uid: int = _f("int", "user id")
+    state: str = _f("text", "starting, running or ended")
+    pids: list[int] = _f("list", "its live processes")
+    gpu: int | None = _f("int", "GPU index")
+    gpu_uuid: str | None = _f("text", "GPU UUID")
+    mem_limit: int = _f("bytes", "memory limit")
+    mem_used: int | None = _f("bytes", "memory it holds (the hook's count)")
+    mem_peak: int | None = _f("bytes", "highest mem_used")
+    mem_nvml: int | None = _f("bytes", "memory NVML reports for its processes")
+    over_limit: bool = _f("bool", "mem_nvml above mem_limit", False)
+    oom_refusals: int | None = _f("int", "allocations refused for the limit")
+    core: int = _f("int", "compute share target, percent")
+    core_measured: float | None = _f("share", "measured compute share, 0..1")
+    policy: str = _f("text", "hard or soft")
+    gated_launches: int | None = _f("int", "launches that waited at the compute gate")
+    throttled_s: float | None = _f("seconds", "seconds spent waiting at the gate")
+    created: float | None = _f("time", "when it was admitted")
+    started: float | None = _f("time", "when its command started")
+    ended: float | None = _f("time", "when it ended")
+    runtime_s: float = _f("seconds", "seconds it has run", 0.0)
+    command: list[str] = _f("argv", "its command line")
+    cwd: str = _f("text", "where it was started")
+    exit_code: int | None = _f("int", "exit code, once ended")
+    exit_signal: int | None = _f("int", "signal that ended it")
+    violations: list[dict[str, Any]] = _f(
+        "violations", "what the daemon caught (NVML against its limits)")
+    slurm_job: str | None = _f("text", "its Slurm job id")
+    slurm_partition: str | None = _f("text", "its Slurm partition")
+    slurm_account: str | None = _f("text", "its Slurm account")
+    slurm_shards: int | None = _f("int", "the Slurm shards it holds")
+    region_error: str | None = _f("text", "why its usage region was found tampered with")
+
+    def wire(self) -> dict[str, Any]:
+        """The job as ``ps --json`` carries it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class GpuView:
+    """A GPU as every output shows it."""
+    index: int = _f("int", "NVML index")
+    uuid: str = _f("text", "GPU UUID")
+    name: str = _f("text", "product name")
+    memory_total: int = _f("bytes", "memory on the GPU")
+    memory_used: int | None = _f("bytes", "memory in use (all processes)")
+    utilization: int | None = _f("int", "percent busy, NVML's last sample")
+    committed: int = _f("bytes", "sum of the limits of its jobs", 0)
+    capacity: int = _f("bytes", "what the limits may sum to", 0)
+    jobs: int = _f("int", "jobs on it", 0)
+    minor: int | None = _f("int", "its device file's minor number")
+    slurm: bool = _f("bool", "Slurm hands it out ([slurm] gpus)", False)
+
+    def wire(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def field_table(cls: type) -> dict[str, Field]:
+    """The output fields of a view class, in order."""
+    return {f.name: Field(f.name, f.metadata["kind"], f.metadata["help"]) for f in fields(cls)}
+
+
+JOB_FIELDS: dict[str, Field] = field_table(JobView)
+GPU_FIELDS: dict[str, Field] = field_table(GpuView)
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What a job's usage region says of one of its GPUs, once validated
+    (vgpuctl.core.trust): the hook's counters."""
+    used: int = 0
+    peak: int = 0
+    launches: int = 0
+    throttled_ns: int = 0
+    oom_refusals: int = 0
+
+
+@dataclass(frozen=True)
+class Live:
+    """What only exists while a job runs, for its view: the hook's last
+    trusted counters of its first GPU, NVML's memory for its processes and
+    its measured share there, the violations caught."""
+    usage: DeviceUsage | None = None
+    mem_nvml: int | None = None
+    measured: float | None = None
+    violations: tuple[dict[str, Any], ...] = ()
+
+
+def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
+    """The view of a job: its record, and what is known of it live."""
+    gpu = rec.gpus[0] if rec.gpus else {"index": None, "uuid": None}
+    active = rec.active
+    u = live.usage if active else None
+    end = rec.ended if rec.ended is not None else now
+    mem_nvml = live.mem_nvml if active else None
+    return JobView(
+        id=rec.id, name=rec.name, user=rec.user, uid=rec.uid, state=rec.state,
+        pids=sorted(rec.pids) if active else [],
+        gpu=gpu.get("index"), gpu_uuid=gpu.get("uuid"),
+        mem_limit=rec.mem_limit,
+        mem_used=None if u is None else u.used, mem_peak=None if u is None else u.peak,
+        mem_nvml=mem_nvml,
+        over_limit=bool(mem_nvml is not None and mem_nvml > rec.mem_limit),
+        oom_refusals=None if u is None else u.oom_refusals,
+        core=rec.core_share, core_measured=live.measured if active else None,
+        policy=rec.policy,
+        gated_launches=None if u is None else u.launches,
+        throttled_s=None if u is None else u.throttled_ns / 1e9,
+        created=rec.created, started=rec.started, ended=rec.ended,
+        runtime_s=max(0.0, end - rec.start),
+        command=list(rec.command), cwd=rec.cwd,
+        exit_code=rec.exit_code, exit_signal=rec.exit_signal,
+        violations=list(live.violations),
+        slurm_job=rec.slurm_job, slurm_partition=rec.slurm_partition,
+        slurm_account=rec.slurm_account, slurm_shards=rec.slurm_shards,
+        region_error=rec.region_error)

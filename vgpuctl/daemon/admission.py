@@ -1,0 +1,148 @@
+"""Admission and placement: whether a job may start, on which GPU, and the
+job's region and environment.
+
+The rules are vgpuctl.core.placement's (pure); this module applies them to
+the live jobs: a user's maxima (memory and share of a job, memory held in
+all), the GPUs a plain `run` may use (not Slurm's),
+then the GPU. An admitted job gets its row in the store (its id), its
+region, and its ledgers (vgpuctl.daemon.trust) before anyone hears of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from vgpuctl.core import placement
+from vgpuctl.core import protocol as P
+from vgpuctl.core.config import Config, UserLimits
+from vgpuctl.core.job import ENDED, STARTING, JobRecord
+from vgpuctl.core.sizes import format_size
+from vgpuctl.daemon import tracking
+from vgpuctl.daemon.jobs import POLICY_CODES, JobTable, LiveJob
+from vgpuctl.daemon.trust import Trust
+from vgpuctl.errors import AdmissionRefused, StateError, UsageError
+from vgpuctl.system.region import DeviceLimit, Region
+
+log = logging.getLogger("vgpuctl.daemon")
+
+
+def user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+class Admission:
+    def __init__(self, config: Callable[[], Config], gpus: list[placement.Gpu],
+                 table: JobTable, trust: Trust, hook_library: Callable[[], Path],
+                 clock: Callable[[], float] = time.time,
+                 sim_env: Mapping[str, str] | None = None,
+                 sim_prepend: Mapping[str, str] | None = None,
+                 context_mem: int = placement.CONTEXT_MEM) -> None:
+        self._config = config
+        self.gpus = gpus
+        self._table = table
+        self._trust = trust
+        self._hook_library = hook_library
+        self._clock = clock
+        self._sim_env = dict(sim_env or {})
+        self._sim_prepend = dict(sim_prepend or {})
+        self.context_mem = context_mem    # what one CUDA context takes, about
+
+    # -- a user's maxima ---------------------------------------------------------------
+    def check_user(self, limits: UserLimits, uid: int, user: str, mem: int | None,
+                   core: int | None, gpus: int = 1) -> None:
+        """A user's maxima for one job, and on what they hold in all."""
+        placement.check_user_limits(limits, user, mem, core)
+        if mem is not None:
+            placement.check_user_total(limits, user, self._table.held_by(uid), mem * gpus)
+
+    # -- run ------------------------------------------------------------------------------
+    def run(self, peer_pid: int, uid: int, req: P.Run) -> tuple[LiveJob, list[str]]:
+        """Admit a `vgpuctl run`: the live job and what to warn its user of."""
+        cfg = self._config()
+        user = user_name(uid)
+        mem = req.mem if req.mem is not None else cfg.default_mem
+        if mem is None:
+            raise UsageError("--mem is required (this daemon has no default_mem)")
+        core = req.core if req.core is not None else 100
+        policy = req.policy or cfg.default_policy
+        limits = cfg.limits_for(user, uid)
+        self.check_user(limits, uid, user, mem, core)
+        where = placement.place(self.run_gpus(req.gpu), self._table.commitments(), mem,
+                                pin=req.gpu, reserve=cfg.reserve,
+                                oversubscribe=cfg.oversubscribe)
+        name = req.name or os.path.basename(req.command[0]) or req.command[0]
+        rec = JobRecord(name=name, uid=uid, user=user,
+                        command=P.stored_command(req.command),
+                        cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],
+                        mem_limit=mem, core_share=core, policy=policy, created=self._clock(),
+                        state=STARTING, launcher_pid=peer_pid,
+                        launcher_start=tracking.start_time(peer_pid))
+        job = self.create(rec)
+        log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
+                 user, where.gpu.index, format_size(mem), core, policy)
+        small = placement.context_warning(mem, self.context_mem)
+        return job, [small] if small else []
+
+    def run_gpus(self, pin: str | None) -> list[placement.Gpu]:
+        """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
+        ([slurm] gpus), unless [slurm] allow_run."""
+        sc = self._config().slurm
+        if sc.allow_run:
+            return self.gpus
+        how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
+               "in the daemon's configuration")
+        if pin is not None:
+            g = placement.resolve_gpu(self.gpus, pin)
+            if sc.controls(g.index):
+                raise AdmissionRefused(f"GPU {g.index} is Slurm's ([slurm] gpus): {how}")
+        gpus = [g for g in self.gpus if not sc.controls(g.index)]
+        if not gpus and self.gpus:
+            raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
+        return gpus
+
+    def create(self, rec: JobRecord) -> LiveJob:
+        """Record an admitted job, create its region, and make it live."""
+        self._hook_library()            # NativeMissing before anything is admitted
+        self._table.insert(rec)
+        job_dir = self._table.jobs_dir / rec.id
+        try:
+            if job_dir.exists():       # left by a database that was deleted
+                shutil.rmtree(job_dir)
+            region = Region.create(job_dir, rec.id, rec.uid, [DeviceLimit(
+                uuid=u, mem_limit=rec.mem_limit, core_share=rec.core_share,
+                policy=POLICY_CODES[rec.policy]) for u in rec.uuids])
+        except (OSError, ValueError) as e:
+            rec.state, rec.ended = ENDED, self._clock()
+            self._table.save(rec)
+            raise StateError(f"could not create the job's region in {job_dir}: {e}") from None
+        rec.region = str(job_dir)
+        self._table.save(rec, ["region"])
+        job = self._table.add(rec, region)
+        self._trust.watch(job)
+        return job
+
+    def job_env(self, job: LiveJob) -> tuple[dict[str, str], dict[str, str]]:
+        """The variables a job's processes get, and the paths put first on
+        path-list variables (the hook on LD_PRELOAD, the simulator's
+        libraries on LD_LIBRARY_PATH)."""
+        rec = job.rec
+        env = {"VGPU_REGION": str(rec.region), "VGPU_JOB": rec.id,
+               "CUDA_VISIBLE_DEVICES": ",".join(job.uuids()), **self._sim_env}
+        return env, {"LD_PRELOAD": str(self._hook_library()), **self._sim_prepend}
+
+    def check_resize(self, job: LiveJob, mem: int) -> None:
+        """AdmissionRefused when the job's limit can't grow to mem on each of
+        its GPUs."""
+        cfg = self._config()
+        for u in job.uuids():
+            placement.check_resize(self.gpus, self._table.commitments(), job.id, u, mem,
+                                   reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)

@@ -1,0 +1,209 @@
+"""The live jobs: each job's record and what exists only while it runs (its
+region, its last trusted counters, its gates, its violations), and the one
+place a job's record is changed and written to the store.
+
+Every other part of the daemon reaches a job through `JobTable`'s methods:
+admission adds one, tracking updates its processes, trust flags it, the
+requests end it. Nothing outside this module writes a record's fields to the
+store.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vgpuctl.core import placement
+from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord
+from vgpuctl.core.trust import Gate
+from vgpuctl.errors import NotFound
+from vgpuctl.store.jobs import Store
+from vgpuctl.system.region import Region
+
+log = logging.getLogger("vgpuctl.daemon")
+
+POLICY_CODES = {"hard": 0, "soft": 1}     # region.h VGPU_POLICY_*
+
+# Violations kept per job (the newest), and the jobs ended last whose
+# violations are kept (as many as `ps --all` shows).
+MAX_VIOLATIONS = 50
+ENDED_VIOLATIONS = 100
+
+
+@dataclass
+class LiveJob:
+    """A job while it runs: its record plus what only exists meanwhile."""
+    rec: JobRecord
+    region: Region | None = None
+    usage: list[DeviceUsage] = field(default_factory=list)   # last trusted, per GPU
+    gates: dict[int, Gate] = field(default_factory=dict)      # last written (daemon.trust)
+    measured: dict[str, float] = field(default_factory=dict)  # uuid -> share 0..1
+    target: dict[str, float] = field(default_factory=dict)    # uuid -> share 0..1
+    violations: list[dict[str, Any]] = field(default_factory=list)  # newest last, capped
+    violation_count: int = 0        # all of them, for the metrics
+
+    @property
+    def id(self) -> str:
+        return self.rec.id
+
+    def uuids(self) -> list[str]:
+        return self.rec.uuids
+
+
+class JobTable:
+    """The daemon's live jobs, by id, and their records in the store."""
+
+    def __init__(self, store: Store, jobs_dir: Path, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._jobs: dict[str, LiveJob] = {}
+        self.jobs_dir = jobs_dir
+        self.clock = clock
+        # job id -> the violations of the jobs ended last (in memory only)
+        self._ended_violations: dict[str, list[dict[str, Any]]] = {}
+        self.on_end: list[Callable[[LiveJob], None]] = []
+
+    # -- reading ---------------------------------------------------------------
+    def __iter__(self) -> Iterator[LiveJob]:
+        return iter(list(self._jobs.values()))
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def find(self, job_id: str) -> LiveJob | None:
+        return self._jobs.get(job_id)
+
+    def get(self, job_id: str) -> LiveJob:
+        """The live job of an id; NotFound saying whether it ended or never was."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            if self._store.get_job(job_id) is not None:
+                raise NotFound(f"job {job_id} has ended")
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def record(self, job_id: str) -> JobRecord | None:
+        """A job's record, live or ended."""
+        job = self._jobs.get(job_id)
+        return job.rec if job is not None else self._store.get_job(job_id)
+
+    def ended(self, limit: int = 100) -> list[JobRecord]:
+        return self._store.ended_jobs(limit)
+
+    def ended_violations(self, job_id: str) -> list[dict[str, Any]]:
+        return self._ended_violations.get(job_id, [])
+
+    def by_slurm(self, slurm_job: str) -> LiveJob | None:
+        return next((j for j in self._jobs.values() if j.rec.slurm_job == slurm_job), None)
+
+    def of_user(self, uid: int) -> list[LiveJob]:
+        return [j for j in self._jobs.values() if j.rec.uid == uid]
+
+    def commitments(self) -> list[placement.Commitment]:
+        return [placement.Commitment(j.id, u, j.rec.mem_limit)
+                for j in self._jobs.values() for u in j.uuids()]
+
+    def held_by(self, uid: int) -> int:
+        """The memory limits a user's live jobs hold, per GPU summed."""
+        return sum(j.rec.mem_limit * max(1, len(j.rec.gpus)) for j in self.of_user(uid))
+
+    def unended(self) -> list[JobRecord]:
+        """The records of the jobs the store has not seen end (at start: the
+        ones a previous daemon left)."""
+        return self._store.active_jobs()
+
+    # -- changing --------------------------------------------------------------
+    def insert(self, rec: JobRecord) -> str:
+        """Record a new job (its id comes from the store); StateError when
+        it can't be written. The job is not live until `add`."""
+        return self._store.insert_job(rec)
+
+    def add(self, rec: JobRecord, region: Region | None) -> LiveJob:
+        job = self._jobs[rec.id] = LiveJob(rec, region)
+        return job
+
+    def save(self, job: LiveJob | JobRecord, columns: Iterable[str] | None = None) -> None:
+        """Write a record's changed columns (all when None); kept in memory
+        and written later when the store can't take it now."""
+        rec = job.rec if isinstance(job, LiveJob) else job
+        self._store.update_job(rec, columns)
+
+    def change_limits(self, job: LiveJob, mem: int | None, core: int | None,
+                      policy: str | None) -> dict[str, Any]:
+        """Change a job's limits, in its record and its region (live); the
+        fields changed, as the region has them."""
+        rec = job.rec
+        changes: dict[str, Any] = {}
+        if mem is not None:
+            rec.mem_limit = changes["mem_limit"] = mem
+        if core is not None:
+            rec.core_share = changes["core_share"] = core
+        if policy is not None:
+            rec.policy = policy
+            changes["policy"] = POLICY_CODES[policy]
+        if job.region is not None:
+            for i in range(len(rec.gpus)):
+                job.region.update_device(i, **changes)
+        self.save(job, ["mem_limit", "core_share", "policy"])
+        return changes
+
+    def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:
+        """Keep a violation in its job's record (a live job, or one that
+        ended since); False when no job of that id is known here."""
+        job = self._jobs.get(job_id) if job_id is not None else None
+        if job is not None:
+            job.violation_count += 1
+            target = job.violations
+        elif job_id is not None:
+            target = self._ended_violations.setdefault(job_id, [])
+        else:
+            return False
+        target.append(entry)
+        del target[:-MAX_VIOLATIONS]
+        return True
+
+    def end(self, job: LiveJob) -> None:
+        """End a job: its region goes, its record says so, and whoever
+        listens (accounting, the governor) hears of it."""
+        rec = job.rec
+        if job.region is not None:
+            job.region.remove()
+            job.region = None
+        elif rec.region:
+            p = Path(rec.region)
+            if p.parent == self.jobs_dir:
+                shutil.rmtree(p, ignore_errors=True)
+        rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
+        self.save(rec, ["state", "ended", "pids"])
+        self._jobs.pop(rec.id, None)
+        if job.violations:
+            self._ended_violations[rec.id] = job.violations
+            for old in list(self._ended_violations)[:-ENDED_VIOLATIONS]:
+                del self._ended_violations[old]
+        for hear in self.on_end:
+            hear(job)
+        log.info("job %s (%s) ended (exit %s)", rec.id, rec.name,
+                 f"signal {rec.exit_signal}" if rec.exit_signal else rec.exit_code)
+
+    def remove_stray_regions(self) -> None:
+        """Delete the region directories of jobs that are not live."""
+        d = self.jobs_dir
+        if not d.is_dir():
+            return
+        for p in d.iterdir():
+            if p.name not in self._jobs and p.name.isascii() and p.name.isdigit():
+                log.info("removing the region of ended job %s", p.name)
+                shutil.rmtree(p, ignore_errors=True)
+
+    def close(self) -> None:
+        """Let go of every region (left on disk: the jobs keep running)."""
+        for job in self._jobs.values():
+            if job.region is not None:
+                job.region.close()
+                job.region = None

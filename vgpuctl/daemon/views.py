@@ -1,0 +1,54 @@
+"""What `ps`, `status`, `top` and the metrics show: the live jobs and GPUs as
+the model's views (vgpuctl.core.job). Pure reads of the daemon's state:
+nothing here reads a region, writes the store or changes a job; a job's
+counters are the last reading the tick took (vgpuctl.daemon.trust)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from vgpuctl.core import placement
+from vgpuctl.core.config import Config
+from vgpuctl.core.job import GpuView, JobRecord, JobView, Live, job_view
+from vgpuctl.daemon.jobs import LiveJob
+from vgpuctl.system.nvml import GpuStats
+
+
+def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView:
+    """A live job's view: its record, its last trusted counters, NVML's
+    memory for its processes, its measured share (on its first GPU)."""
+    rec = job.rec
+    uuid = rec.uuids[0] if rec.uuids else None
+    st = stats.get(uuid) if uuid is not None else None
+    mem_nvml = None
+    if st is not None and st.memory_used is not None:
+        mem_nvml = sum(st.processes.get(p, 0) for p in rec.pids)
+    live = Live(usage=job.usage[0] if job.usage else None, mem_nvml=mem_nvml,
+                measured=job.measured.get(uuid) if uuid is not None else None,
+                violations=tuple(job.violations))
+    return job_view(rec, live, now)
+
+
+def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) -> JobView:
+    return job_view(rec, Live(violations=tuple(violations)), now)
+
+
+def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
+         jobs: Iterable[LiveJob]) -> list[GpuView]:
+    jobs = list(jobs)
+    used = placement.committed(placement.Commitment(j.id, u, j.rec.mem_limit)
+                               for j in jobs for u in j.uuids())
+    out = []
+    for g in gpus:
+        st = stats.get(g.uuid)
+        out.append(GpuView(
+            index=g.index, uuid=g.uuid, name=g.name, memory_total=g.total,
+            memory_used=st.memory_used if st else None,
+            utilization=st.utilization if st else None,
+            committed=used.get(g.uuid, 0),
+            capacity=placement.capacity(g, config.reserve, config.oversubscribe),
+            jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
+            minor=st.minor if st else None,
+            slurm=config.slurm.controls(g.index)))
+    return out
