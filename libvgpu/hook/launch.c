@@ -55,14 +55,16 @@ static void refill(struct vgpu_dev_usage *u, uint64_t rate, int64_t cap, uint64_
                                           __ATOMIC_RELAXED));
 }
 
-/* 0 with a token taken; -1 when the gate is closed. */
+/* 0 with a token taken (and counted in usage.dev[d].launches), or with the
+ * gate lifted while we waited (not counted: the daemon bounds the gated
+ * launches by the tokens it granted); -1 when the gate is closed. */
 static __attribute__((noinline)) int take_token(int d)
 {
     const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
     struct vgpu_dev_usage *u = &vgpu_g_usage->dev[d];
     for (;;) {
         if (!__atomic_load_n(&l->throttle, __ATOMIC_RELAXED))
-            break;   /* throttling was lifted while we waited */
+            return 0;   /* throttling was lifted while we waited */
         uint64_t rate = __atomic_load_n(&l->refill_rate, __ATOMIC_RELAXED);
         uint64_t bucket = __atomic_load_n(&l->bucket_size, __ATOMIC_RELAXED);
         int64_t cap = bucket < VGPU_TOKEN_SCALE ? VGPU_TOKEN_SCALE
@@ -86,16 +88,14 @@ static __attribute__((noinline)) int take_token(int d)
             ;
         if (cur > cap)
             cur = cap;
-        int got = 0;
         while (cur >= VGPU_TOKEN_SCALE) {
             if (__atomic_compare_exchange_n(&u->tokens, &cur, cur - VGPU_TOKEN_SCALE, 1,
                                             __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-                got = 1;
-                break;
+                /* counted at once: a launch the daemon sees took a token */
+                __atomic_fetch_add(&u->launches, 1, __ATOMIC_RELAXED);
+                return 0;
             }
         }
-        if (got)
-            break;
         /* about the time the missing tokens take to arrive, bounded */
         uint64_t need = (uint64_t)(VGPU_TOKEN_SCALE - (cur > 0 ? cur : 0));
         uint64_t nap = rate ? (uint64_t)((unsigned __int128)need * 1000000000u / rate)
@@ -109,8 +109,6 @@ static __attribute__((noinline)) int take_token(int d)
         /* counted nap by nap, so the daemon sees a thread that is waiting */
         __atomic_fetch_add(&u->throttled_ns, vgpu_now_ns() - now, __ATOMIC_RELAXED);
     }
-    __atomic_fetch_add(&u->launches, 1, __ATOMIC_RELAXED);
-    return 0;
 }
 
 /* 0: launch; -1: the gate is closed. */

@@ -57,6 +57,9 @@ def test_lifting_the_throttle_releases_a_waiting_launch(sim, clients, client_fac
     wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0, what="the launch to wait")
     region.update_device(0, throttle=False)
     assert c.until("launch") == ["0"]
+    # Counted in its process's slot, but not as a gated launch: the daemon
+    # bounds those by the tokens its gate granted (vgpuctl.core.trust).
+    assert region.read_usage().devices[0].launches == 0
 
 
 def test_only_the_launching_thread_waits(sim, clients, client_factory):

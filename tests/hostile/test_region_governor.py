@@ -12,6 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
 from test_governor import Job, World, governor, run  # noqa: E402
 
+from vgpuctl.core import trust  # noqa: E402
+from vgpuctl.core.trust import LaunchLedger  # noqa: E402
+from vgpuctl.system.region import MAX_COUNT  # noqa: E402
+
 U64_MAX = 2**64 - 1
 
 
@@ -31,5 +35,9 @@ def test_a_counter_at_2_64_minus_1_widens_no_gate_and_is_caught() -> None:
     assert victim_gate.throttle
     held = sum(victim.got[-20:]) / 20
     assert abs(held - 0.10) < 0.02, held          # still held at its 10 %
-    assert gates[("a", "GPU-0")].overrun          # the daemon flags the attacker
-    assert victim_gate.overrun is None
+    # Region trust flags the attacker: its counter jumped by 2^53 (the
+    # reader saturates there), then went back; each is proof on its own.
+    ledger = LaunchLedger(trust.Gate(True, 20_000, 1_000), at=0.0)
+    assert ledger.read(0.0, 0.0, 1000) is None
+    assert ledger.read(0.1, 0.1, MAX_COUNT).proven(threads=64)
+    assert ledger.read(0.2, 0.2, 0).proven(threads=64)

@@ -58,8 +58,6 @@ class Gates:
             g = gates.get((inp.job_id, inp.uuid))
             if job is None or g is None:
                 continue
-            if g.overrun:
-                self._trust.flag(job, g.overrun)
             if g.measured is not None:
                 job.measured[inp.uuid] = g.measured
             target = getattr(g, "target", None)

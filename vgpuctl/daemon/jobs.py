@@ -19,7 +19,7 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord
-from vgpuctl.core.trust import Gate
+from vgpuctl.core.trust import LaunchLedger
 from vgpuctl.errors import NotFound
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.region import Region
@@ -40,7 +40,7 @@ class LiveJob:
     rec: JobRecord
     region: Region | None = None
     usage: list[DeviceUsage] = field(default_factory=list)   # last trusted, per GPU
-    gates: dict[int, Gate] = field(default_factory=dict)      # last written (daemon.trust)
+    ledgers: list[LaunchLedger] = field(default_factory=list)  # per GPU (daemon.trust)
     measured: dict[str, float] = field(default_factory=dict)  # uuid -> share 0..1
     target: dict[str, float] = field(default_factory=dict)    # uuid -> share 0..1
     violations: list[dict[str, Any]] = field(default_factory=list)  # newest last, capped

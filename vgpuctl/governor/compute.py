@@ -28,9 +28,6 @@ IDLE_S = 0.3
 # write: no process launches faster than this (a launch costs microseconds of
 # driver time), so more in a tick is a lie and is clamped.
 MAX_LAUNCH_RATE = 2_000_000
-# Launches beyond the tokens granted that are forgiven (timing of the reads).
-OVERRUN_SLACK_S = 0.25
-OVERRUN_SLACK_LAUNCHES = 4
 
 
 @dataclass
@@ -56,8 +53,6 @@ class Gate:
     target: float = 0.0         # effective target share 0..1 this tick: above
                                 # core_share when a soft job borrows, a little
                                 # below on a fully subscribed GPU
-    overrun: str | None = None  # the job launched more than its gate granted
-                                # (it rewrote its usage region's tokens)
 
 
 @dataclass
@@ -66,10 +61,6 @@ class _State:
     history: ctl.LaunchHistory = field(default_factory=ctl.LaunchHistory)
     last_launches: int | None = None
     count: float = 0.0          # launches seen, sanitised (monotonic, rate-clamped)
-    granted: tuple[int, int] | None = None  # (refill_rate, bucket) of the last closed gate
-    credit: float = 0.0         # tokens the hook's bucket may still hold, by our books
-    max_cap: float = 0.0        # the largest bucket granted (tokens may linger)
-    overrun: str | None = None
     last_now: float | None = None
     last_active: float | None = None
     measured: float = 0.0
@@ -161,13 +152,9 @@ class ComputeGovernor:
             if cmd.throttle:
                 rate = min(ctl.to_tokens(cmd.rate, self._scale), 2**62)
                 bucket = min(ctl.to_tokens(cmd.bucket, self._scale), 2**62)
-                gates[key] = Gate(True, rate, bucket, st.measured, target, st.overrun)
-                if st.granted is None:
-                    st.credit = float(max(bucket, self._scale))
-                st.granted = (rate, bucket)
+                gates[key] = Gate(True, rate, bucket, st.measured, target)
             else:
-                gates[key] = Gate(False, 0, 0, st.measured, target, st.overrun)
-                st.granted = None
+                gates[key] = Gate(False, 0, 0, st.measured, target)
                 # The hook's fast path does not count launches in the
                 # region's device counter: a window that overlaps ungated
                 # time has launches missing, so none of it may feed the cost.
@@ -193,7 +180,6 @@ class ComputeGovernor:
         st.last_launches = j.launches
         st.last_now = now
         st.count += launched
-        self._check_granted(j, st, launched, dt)
         if st.loop.rate is not None:     # gated since the last tick
             st.history.add(wall_s, st.count)
 
@@ -234,23 +220,6 @@ class ComputeGovernor:
                               busy_s=busy, window_launches=window_launches, window_s=window_s,
                               measured_low=measured_low)
         return claim, obs
-
-    def _check_granted(self, j: JobDevice, st: _State, launched: int, dt: float) -> None:
-        """Keep the hook's bucket by our own books: the gate granted
-        refill_rate tokens a second up to a bucket's worth; each gated
-        launch took one launch's tokens. A job that launched well beyond
-        that rewrote its tokens in the region: say so once (the daemon
-        flags it)."""
-        if st.granted is None:
-            return
-        rate, bucket = st.granted
-        cap = float(max(bucket, self._scale))
-        st.max_cap = max(st.max_cap, cap)
-        st.credit = min(st.credit + rate * dt, cap) - launched * self._scale
-        slack = st.max_cap + OVERRUN_SLACK_LAUNCHES * self._scale + rate * OVERRUN_SLACK_S
-        if st.credit < -slack and st.overrun is None:
-            st.overrun = (f"launched {launched} kernels on {j.uuid} in {dt:.2f} s, beyond the "
-                          f"{rate / self._scale:.1f}/s its gate granted")
 
     def _held_back(self, claim: ctl.Claim, obs: ctl.Observation) -> bool:
         """Held back by the device: gated, active, below its target, and not

@@ -18,3 +18,17 @@ def read_stat(pid: int | str) -> tuple[int, int, str] | None:
         return int(rest[1]), int(rest[19]), rest[0].decode()
     except (IndexError, ValueError):
         return None
+
+
+def thread_count(pid: int) -> int:
+    """The threads of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[17])
+    except (IndexError, ValueError):
+        return 0
