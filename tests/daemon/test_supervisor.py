@@ -436,3 +436,14 @@ def test_views_never_change_a_job(tmp_path):
     call(sup, ME, "started", job=jid, pid=os.getpid())
     sup.gates.inputs()                          # the tick reads the region
     assert "truncated" in call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"]
+
+
+def test_a_starting_job_is_in_the_governors_inputs_with_its_launcher(tmp_path, procs):
+    sup = make(tmp_path)
+    launcher = procs("sleep", "60")
+    jid = run(sup, peer=Peer(launcher.pid, ME.uid, ME.gid), mem=G, core=5)["job"]["id"]
+    [inp] = sup.gates.inputs()
+    assert (inp.job_id, inp.core) == (jid, 5) and launcher.pid in inp.pids
+    sup.gates.apply([inp], {(jid, inp.uuid): Gate(True, 5000, 1000, 0.9, 0.05)})
+    d = Region.open(sup.table.get(jid).rec.region).device(0)
+    assert (d.throttle, d.refill_rate) == (True, 5000)

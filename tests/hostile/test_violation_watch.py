@@ -12,13 +12,15 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import urllib.request
 
 import pytest
-from support.daemon import needs_native, wait_for
+from support.daemon import needs_native, read_line, wait_for
 from support.sim import HOLD_1G_ON_GPU1, holding
 
 from vgpuctl.system import native, sim
+from vgpuctl.system.region import Region
 
 pytestmark = needs_native
 
@@ -213,3 +215,62 @@ def test_sim_reset_under_a_running_daemon_is_refused_and_it_still_sees(daemon):
     # Once the daemon is gone, reset works.
     daemon.stop()
     assert daemon.cli("sim", "reset").returncode == 0
+
+
+# A launcher that is admitted and never says `started`: it runs the job's
+# work itself, or from a child, with the job's environment (issue 19).
+NEVER_STARTS = r"""
+import os, subprocess, sys, time
+from vgpuctl.client.connection import Client
+from pathlib import Path
+cl = Client.connect(Path(sys.argv[1]))
+reply = cl.call("run", command=["burn"], cwd="/", mem=2 << 30, core=5)
+env = dict(os.environ, **reply["env"])
+if sys.argv[2] == "hooked":
+    env["LD_PRELOAD"] = reply["prepend"]["LD_PRELOAD"]
+print(reply["job"]["id"], flush=True)
+burn = subprocess.Popen([sys.argv[3], "--kernel-us", "1000", "--seconds", "60"], env=env)
+burn.wait()
+print(burn.returncode, flush=True)
+time.sleep(60)
+"""
+
+
+def _never_starts(d, mode: str) -> subprocess.Popen:
+    env = sim.child_env(dict(d.env))
+    return subprocess.Popen([sys.executable, "-c", NEVER_STARTS, str(d.socket), mode,
+                             str(native.burn_program())], env=env, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def test_a_job_that_never_starts_is_gated_from_its_admission(daemon_factory):
+    d = daemon_factory(gpus="1x16G")
+    p = _never_starts(d, "hooked")
+    try:
+        jid = read_line(p.stdout).strip()
+        # Its launcher's child is its process, and is measured.
+        wait_for(lambda: (lambda j: j["state"] == "starting" and j["pids"]
+                          and (j["core_measured"] or 0) > 0)(d.job(jid)),
+                 timeout=CAUGHT_S, what="the starting job to be measured")
+        limits = Region.open(d.runtime / "jobs" / jid)
+        wait_for(lambda: limits.device(0).throttle, timeout=CAUGHT_S,
+                 what="the starting job's gate to be set")
+        # Held to its share: a few seconds at 5 %, not the whole GPU.
+        wait_for(lambda: (d.job(jid)["core_measured"] or 1.0) < 0.15, timeout=20,
+                 what="the starting job to be held near its 5 %")
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_job_that_never_starts_is_watched_like_any_other(daemon_factory):
+    d = daemon_factory(gpus="1x16G", config='on_violation = "kill"\n')
+    p = _never_starts(d, "unhooked")
+    try:
+        jid = read_line(p.stdout).strip()
+        # Its burner walks past the hook at 5 %: a compute violation, killed.
+        assert read_line(p.stdout, timeout=CAUGHT_S + 20).strip() == str(-signal.SIGKILL)
+        assert [v["kind"] for v in d.job(jid)["violations"]] == ["compute"]
+    finally:
+        p.kill()
+        p.wait()

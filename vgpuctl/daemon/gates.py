@@ -2,7 +2,11 @@
 of each live job (its counters, read once a tick through region trust, and
 its processes), and the gates it sets, written back through region trust.
 
-A job is gated and measured once its command has started.
+A job is gated and measured from its admission, not from its `started`: a
+starting job's processes (the children of its `vgpuctl run`, and that
+launcher itself, which holds the job's environment) are measured and its
+gate set like any other's. Its launcher counts in its measured share for as
+long as it lives: whatever a job's launcher runs on the GPU is the job's.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpuctl.core.job import RUNNING, DeviceUsage
+from vgpuctl.core.job import DeviceUsage
 from vgpuctl.core.trust import CLOSED, OPEN, Gate
 from vgpuctl.daemon.jobs import JobTable
 from vgpuctl.daemon.trust import Trust
@@ -23,7 +27,7 @@ class Input:
     job_id: str
     index: int              # the GPU's place in the job's region
     uuid: str
-    pids: frozenset[int]    # what the governor measures: its processes
+    pids: frozenset[int]    # what the governor measures: its processes and its launcher
     core: int
     policy: str
     usage: DeviceUsage      # its counters (zeros when unknown)
@@ -35,15 +39,15 @@ class Gates:
         self._trust = trust
 
     def inputs(self) -> list[Input]:
-        """Every running job with a region, on each of its GPUs; reads each
+        """Every live job with a region, on each of its GPUs; reads each
         job's counters once (a job found tampering is flagged then)."""
         out = []
         for job in self._table:
-            if job.region is None or job.rec.state != RUNNING:
+            if job.region is None:
                 continue
             usage = self._trust.read(job)
             rec = job.rec
-            pids = frozenset(rec.pids)
+            pids = frozenset(rec.pids) | ({rec.launcher_pid} if rec.launcher_pid else set())
             for i, uuid in enumerate(job.uuids()):
                 u = usage[i] if i < len(usage) else DeviceUsage()
                 out.append(Input(job.id, i, uuid, pids, rec.core_share, rec.policy, u))

@@ -3,7 +3,8 @@ per-process memory and utilization on every managed GPU against the jobs the
 daemon knows (the rules are vgpuctl.core.violations').
 
 A process NVML lists belongs to a job when it is one of the job's tracked
-pids; when it sits in the cgroup of a Slurm job the daemon serves (Slurm's task/cgroup
+pids, or its `vgpuctl run` (which holds the job's environment); when it
+sits in the cgroup of a Slurm job the daemon serves (Slurm's task/cgroup
 puts every process of a job under `.../job_<id>/`, which the job cannot
 leave); or when one of its ancestors is a tracked pid or the
 job's launcher (`vgpuctl run` is a subreaper, so a double-forked child is
@@ -106,6 +107,8 @@ class Watch:
         if cached is None or cached in jobs:
             return cached, start
         job = slurm_job(pid, known.slurm) if known.slurm else None
+        if job is None and pid in known.launchers and known.launchers[pid][0] == start:
+            job = known.launchers[pid][1]
         ppid = st[0] if job is None else 0
         for _ in range(MAX_DEPTH):
             if ppid <= 1:
