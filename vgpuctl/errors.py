@@ -70,6 +70,11 @@ class AdmissionRefused(VgpuError):
     exit_code = 6
 
 
+class AdmissionBusy(AdmissionRefused):
+    """Not now: the user has too many jobs starting, or asks too fast. The
+    request did nothing; `vgpuctl run` asks again a moment later."""
+
+
 class ProtocolError(VgpuError):
     """A malformed or unexpected message on the daemon socket."""
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.daemon import read_line, wait_for
 
+from vgpuctl.core import placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, SlurmConfig, UserLimits
 from vgpuctl.daemon import tracking
@@ -447,3 +448,42 @@ def test_a_starting_job_is_in_the_governors_inputs_with_its_launcher(tmp_path, p
     sup.gates.apply([inp], {(jid, inp.uuid): Gate(True, 5000, 1000, 0.9, 0.05)})
     d = Region.open(sup.table.get(jid).rec.region).device(0)
     assert (d.throttle, d.refill_rate) == (True, 5000)
+
+
+def test_a_user_flooding_admissions_is_capped_and_others_get_in(tmp_path):
+    sup = make(tmp_path)
+    flooder = Peer(os.getpid(), 65534, 65534)
+    admitted = busy = 0
+    for _ in range(200):
+        reply = sup.handle_line(flooder, P.encode_request(
+            "run", command=["x"], cwd="/", mem=64 << 20))
+        if reply["ok"]:
+            admitted += 1
+        else:
+            assert reply["error"]["code"] == "admission" and reply["error"]["retry"] is True
+            busy += 1
+    # Never more starting at once than max_starting: the rest were told to come back.
+    assert admitted == 8 and busy == 192
+    assert sum(1 for j in call(sup, ME, "ps")["jobs"] if j["uid"] == 65534) == 8
+    # Another user (here the daemon's own) is admitted at once.
+    assert run(sup, mem=G)["job"]["uid"] == ME.uid
+
+
+def test_a_users_caps_count_jobs_memory_and_speed(tmp_path, procs):
+    cfg = Config(default_limits=UserLimits(max_jobs=3, max_starting=None,
+                                           admission_rate=1.0, max_total_share=0.5))
+    sup = make(tmp_path, cfg)
+    user = Peer(os.getpid(), 65534, 65534)
+    for _ in range(2):
+        run(sup, peer=user, mem=G)
+    reply = sup.handle_line(user, P.encode_request("run", command=["x"], cwd="/", mem=G))
+    assert "faster than 1 a second" in reply["error"]["message"]
+    assert reply["error"]["retry"] is True          # `vgpuctl run` asks again
+    # Half of the node's capacity (2 x 15.5G): 15.5G in all.
+    sup.admission._rate = placement.AdmissionRate()      # a second later, say
+    with pytest.raises(P.errors.AdmissionRefused, match=r"at most 15.5G \(50% of this node"):
+        run(sup, peer=user, mem=14 * G)
+    run(sup, peer=user, mem=G)
+    sup.admission._rate = placement.AdmissionRate()
+    with pytest.raises(P.errors.AdmissionRefused, match="has 3 jobs, the most"):
+        run(sup, peer=user, mem=G)

@@ -56,8 +56,24 @@ reconcile_s = 0
     assert c.retention_days == 30
     assert c.limits_for("alice", 1000) == UserLimits(max_mem=12 * G)
     assert c.limits_for("bob", 1001) == UserLimits(max_mem=8 * G, max_core=50)
-    assert c.limits_for("root", 0) == UserLimits()
+    assert c.limits_for("root", 0) == UserLimits.none()
+    assert c.limits_for("carol", 1002, admin=True) == UserLimits.none()
     assert c.slurm == SlurmConfig(gpus=(0, 1), allow_run=True, shard_size=2 * G, reconcile_s=0)
+
+
+def test_per_user_caps_have_defaults_a_table_may_change_or_lift():
+    d = Config().limits_for("bob", 1001)
+    assert (d.max_jobs, d.max_starting, d.admission_rate, d.max_total_share) == \
+        (64, 8, 10.0, 0.9)
+    c = parse_config({"limits": {"default": {"max_jobs": 3, "max_starting": "none",
+                                             "admission_rate": 0.5,
+                                             "max_total_mem": "50%"},
+                                 "users": {"alice": {"max_total_mem": "none"}}}})
+    b = c.limits_for("bob", 1001)
+    assert (b.max_jobs, b.max_starting, b.admission_rate) == (3, None, 0.5)
+    assert (b.max_total_mem, b.max_total_share) == (None, 0.5)
+    a = c.limits_for("alice", 1000)
+    assert (a.max_total_mem, a.max_total_share, a.max_jobs) == (None, None, 64)
 
 
 def test_slurm_defaults_leave_every_gpu_to_plain_runs():
@@ -87,6 +103,10 @@ def test_the_shipped_example_parses():
     ("socket = \"relative.sock\"", "socket", "absolute path"),
     ("[limits.users.bob]\nmax_gpu = 1", "limits.users.bob.max_gpu", "unknown key"),
     ("[limits.default]\nmax_core = 101", "limits.default.max_core", "1 to 100"),
+    ("[limits.default]\nmax_total_mem = \"150%\"", "limits.default.max_total_mem", "1% to 100%"),
+    ("[limits.default]\nmax_jobs = 0", "limits.default.max_jobs", "1 to 1000000"),
+    ("[limits.default]\nadmission_rate = \"fast\"", "limits.default.admission_rate",
+     "admissions a second"),
     ("on_violation = \"stop\"", "on_violation", "report, kill"),
     ("[slurm]\ngpus = \"some\"", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\ngpus = [true]", "slurm.gpus", "list of GPU indices"),

@@ -22,12 +22,31 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_RESERVE = 512 << 20
 
 
+# Caps on what one user may hold and ask for, besides the maxima of a job,
+# for every user but root and the daemon's own user unless their table says
+# otherwise: far above what anyone's work needs, and low enough that one
+# user's flood of requests leaves the node to the others.
+MAX_JOBS = 64               # live jobs (starting or running)
+MAX_STARTING = 8            # jobs admitted whose command has not started yet
+ADMISSION_RATE = 10.0       # admissions a second, in bursts of twice as many
+MAX_TOTAL_SHARE = 0.9       # of the node's capacity, all of a user's jobs together
+
+
 @dataclass(frozen=True)
 class UserLimits:
-    """Maxima for one job of a user; None = no maximum."""
+    """What one user may ask for and hold; None = no maximum."""
     max_mem: int | None = None    # bytes: the largest --mem a job may ask for
     max_core: int | None = None   # percent: the largest --core
     max_total_mem: int | None = None  # bytes: the most all a user's live jobs may hold
+    max_total_share: float | None = MAX_TOTAL_SHARE  # ...as a share of the node's capacity
+    max_jobs: int | None = MAX_JOBS
+    max_starting: int | None = MAX_STARTING
+    admission_rate: float | None = ADMISSION_RATE   # per second
+
+    @classmethod
+    def none(cls) -> UserLimits:
+        """No maximum at all (root's, unless it has a table of its own)."""
+        return cls(None, None, None, None, None, None, None)
 
 
 @dataclass(frozen=True)
@@ -64,15 +83,16 @@ class Config:
     on_violation: str = "report"    # or "kill": see core/violations.py
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
-    def limits_for(self, user: str, uid: int) -> UserLimits:
+    def limits_for(self, user: str, uid: int, admin: bool = False) -> UserLimits:
         """The maxima that apply to a user: their own table, else the
-        default one; root has none unless it has its own table."""
+        default one; root (and, with ``admin``, the daemon's own user) has
+        none unless it has its own table."""
         if user in self.user_limits:
             return self.user_limits[user]
         if str(uid) in self.user_limits:
             return self.user_limits[str(uid)]
-        if uid == 0:
-            return UserLimits()
+        if uid == 0 or admin:
+            return UserLimits.none()
         return self.default_limits
 
 
@@ -146,21 +166,60 @@ def _ratio(source: str, key: str, v: Any) -> float:
     return float(v)
 
 
+def _or_none(parse: Callable[[str, str, Any], Any]) -> Callable[[str, str, Any], Any]:
+    """A value, or "none" for no maximum."""
+    def check(source: str, key: str, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "none":
+            return None
+        return parse(source, key, v)
+    return check
+
+
+def _total_mem(source: str, key: str, v: Any) -> tuple[int | None, float | None]:
+    """max_total_mem: a size, or a percentage of the node's capacity."""
+    if isinstance(v, str) and v.strip().endswith("%"):
+        try:
+            pct = float(v.strip()[:-1])
+        except ValueError:
+            pct = -1.0
+        if not 0 < pct <= 100:
+            raise _fail(source, key, f"expected a percentage from 1% to 100%, got {v!r}")
+        return None, pct / 100
+    return _size(source, key, v), None
+
+
+def _rate(source: str, key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.01 <= v <= 10_000:
+        raise _fail(source, key, f"expected a number of admissions a second from 0.01 to "
+                                 f"10000, got {v!r}")
+    return float(v)
+
+
+_LIMIT_KEYS: dict[str, Callable[[str, str, Any], Any]] = {
+    "max_mem": lambda s, k, v: _size(s, k, v),
+    "max_core": lambda s, k, v: _int(s, k, v, 1, 100),
+    "max_jobs": _or_none(lambda s, k, v: _int(s, k, v, 1, 1_000_000)),
+    "max_starting": _or_none(lambda s, k, v: _int(s, k, v, 1, 1_000_000)),
+    "admission_rate": _or_none(_rate),
+}
+
+
 def _user_limits(source: str, prefix: str, v: Any) -> UserLimits:
+    """A limits table: each key it sets, the defaults for the others."""
     if not isinstance(v, dict):
         raise _fail(source, prefix, f"expected a table, got {v!r}")
-    max_mem = max_core = max_total_mem = None
+    values: dict[str, Any] = {}
     for k, val in v.items():
         key = f"{prefix}.{k}"
-        if k == "max_mem":
-            max_mem = _size(source, key, val)
-        elif k == "max_core":
-            max_core = _int(source, key, val, 1, 100)
-        elif k == "max_total_mem":
-            max_total_mem = _size(source, key, val)
+        if k == "max_total_mem":
+            values["max_total_mem"], values["max_total_share"] = \
+                _or_none(_total_mem)(source, key, val) or (None, None)
+        elif k in _LIMIT_KEYS:
+            values[k] = _LIMIT_KEYS[k](source, key, val)
         else:
-            raise _fail(source, key, "unknown key (known: max_mem, max_core, max_total_mem)")
-    return UserLimits(max_mem=max_mem, max_core=max_core, max_total_mem=max_total_mem)
+            raise _fail(source, key, "unknown key (known: "
+                        + ", ".join(["max_total_mem", *_LIMIT_KEYS]) + ")")
+    return UserLimits(**values)
 
 
 def _slurm(source: str, v: Any) -> SlurmConfig:

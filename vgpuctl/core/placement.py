@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from vgpuctl.core.config import UserLimits
 from vgpuctl.core.sizes import format_size
-from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
+from vgpuctl.errors import AdmissionBusy, AdmissionRefused, NotFound, UsageError
 
 
 @dataclass(frozen=True)
@@ -155,14 +155,57 @@ def context_warning(mem: int, context_mem: int) -> str | None:
             f"first context or allocation will fail with out of memory")
 
 
-def check_user_total(limits: UserLimits, user: str, held: int, mem: int) -> None:
+def check_user_total(limits: UserLimits, user: str, held: int, mem: int,
+                     node_capacity: int = 0) -> None:
     """Raise AdmissionRefused when a job of mem bytes would take a user's live
-    jobs (holding ``held`` bytes of limits) over their max_total_mem."""
-    cap = limits.max_total_mem
-    if cap is not None and held + mem > cap:
-        raise AdmissionRefused(f"user {user} may hold at most {format_size(cap)} in all "
-                               f"jobs; they hold {format_size(held)} and asked for "
-                               f"{format_size(mem)} more")
+    jobs (holding ``held`` bytes of limits) over their max_total_mem (a
+    size, or a share of the node's capacity, the sum of its GPUs')."""
+    caps = []
+    if limits.max_total_mem is not None:
+        caps.append((limits.max_total_mem, ""))
+    if limits.max_total_share is not None and node_capacity > 0:
+        caps.append((int(node_capacity * limits.max_total_share),
+                     f" ({limits.max_total_share:.0%} of this node's capacity)"))
+    for cap, what in caps:
+        if held + mem > cap:
+            raise AdmissionRefused(f"user {user} may hold at most {format_size(cap)}{what} in "
+                                   f"all jobs; they hold {format_size(held)} and asked for "
+                                   f"{format_size(mem)} more")
+
+
+def check_user_jobs(limits: UserLimits, user: str, live: int, starting: int) -> None:
+    """Raise when a user with ``live`` jobs, ``starting`` of them not started
+    yet, may not have one more: AdmissionRefused past max_jobs,
+    AdmissionBusy past max_starting (one of them starts in a moment)."""
+    if limits.max_jobs is not None and live >= limits.max_jobs:
+        raise AdmissionRefused(f"user {user} has {live} jobs, the most a user may have "
+                               f"here (max_jobs); end one first")
+    if limits.max_starting is not None and starting >= limits.max_starting:
+        raise AdmissionBusy(f"user {user} has {starting} jobs starting, the most a user "
+                            f"may have (max_starting): try again when one has started")
+
+
+class AdmissionRate:
+    """How fast each user may be admitted: a token bucket per uid of
+    ``rate`` admissions a second, holding twice that (at least one)."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, tuple[float, float]] = {}   # uid -> (tokens, at)
+
+    def take(self, uid: int, rate: float | None, now: float) -> bool:
+        """Whether uid may be admitted now (and count it)."""
+        if rate is None:
+            return True
+        cap = max(1.0, 2 * rate)
+        tokens, at = self._buckets.get(uid, (cap, now))
+        tokens = min(cap, tokens + max(0.0, now - at) * rate)
+        if tokens < 1.0:
+            self._buckets[uid] = (tokens, now)
+            return False
+        self._buckets[uid] = (tokens - 1.0, now)
+        if len(self._buckets) > 4096:       # forget those not seen for a while
+            self._buckets = {u: b for u, b in self._buckets.items() if now - b[1] < 600}
+        return True
 
 
 def check_user_limits(limits: UserLimits, user: str, mem: int | None, core: int | None) -> None:

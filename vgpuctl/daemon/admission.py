@@ -2,8 +2,8 @@
 job's region and environment.
 
 The rules are vgpuctl.core.placement's (pure); this module applies them to
-the live jobs: a user's maxima (memory and share of a job, memory held in
-all), the GPUs a plain `run` may use (not Slurm's),
+the live jobs: a user's maxima and caps (jobs, jobs starting, admissions a
+second, memory held in all), the GPUs a plain `run` may use (not Slurm's),
 then the GPU. An admitted job gets its row in the store (its id), its
 region, and its ledgers (vgpuctl.daemon.trust) before anyone hears of it.
 """
@@ -26,10 +26,13 @@ from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.jobs import POLICY_CODES, JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
-from vgpuctl.errors import AdmissionRefused, StateError, UsageError
+from vgpuctl.errors import AdmissionBusy, AdmissionRefused, StateError, UsageError
 from vgpuctl.system.region import DeviceLimit, Region
 
 log = logging.getLogger("vgpuctl.daemon")
+
+# A user refused for asking too fast is logged at most this often.
+REFUSAL_LOG_S = 60.0
 
 
 def user_name(uid: int) -> str:
@@ -55,17 +58,43 @@ class Admission:
         self._sim_env = dict(sim_env or {})
         self._sim_prepend = dict(sim_prepend or {})
         self.context_mem = context_mem    # what one CUDA context takes, about
+        self._rate = placement.AdmissionRate()
+        self._refusals: dict[int, tuple[float, int]] = {}   # uid -> (logged at, since)
 
-    # -- a user's maxima ---------------------------------------------------------------
+    # -- a user's maxima and caps ------------------------------------------------------
+    def node_capacity(self) -> int:
+        cfg = self._config()
+        return sum(placement.capacity(g, cfg.reserve, cfg.oversubscribe) for g in self.gpus)
+
     def check_user(self, limits: UserLimits, uid: int, user: str, mem: int | None,
                    core: int | None, gpus: int = 1) -> None:
-        """A user's maxima for one job, and on what they hold in all."""
+        """A user's maxima for one job, and their caps on what they hold."""
         placement.check_user_limits(limits, user, mem, core)
+        mine = self._table.of_user(uid)
+        placement.check_user_jobs(limits, user, len(mine),
+                                  sum(1 for j in mine if j.rec.state == STARTING))
         if mem is not None:
-            placement.check_user_total(limits, user, self._table.held_by(uid), mem * gpus)
+            placement.check_user_total(limits, user, self._table.held_by(uid), mem * gpus,
+                                       self.node_capacity())
+
+    def _check_rate(self, limits: UserLimits, uid: int, user: str) -> None:
+        now = time.monotonic()
+        if self._rate.take(uid, limits.admission_rate, now):
+            return
+        logged, count = self._refusals.get(uid, (-REFUSAL_LOG_S, 0))
+        if now - logged >= REFUSAL_LOG_S:
+            log.warning("user %s asks for jobs faster than %g a second (admission_rate): "
+                        "%d more refused since the last line", user, limits.admission_rate,
+                        count)
+            self._refusals[uid] = (now, 0)
+        else:
+            self._refusals[uid] = (logged, count + 1)
+        raise AdmissionBusy(f"user {user} asks for jobs faster than "
+                            f"{limits.admission_rate:g} a second (admission_rate): try again "
+                            "in a moment")
 
     # -- run ------------------------------------------------------------------------------
-    def run(self, peer_pid: int, uid: int, req: P.Run) -> tuple[LiveJob, list[str]]:
+    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run) -> tuple[LiveJob, list[str]]:
         """Admit a `vgpuctl run`: the live job and what to warn its user of."""
         cfg = self._config()
         user = user_name(uid)
@@ -74,11 +103,12 @@ class Admission:
             raise UsageError("--mem is required (this daemon has no default_mem)")
         core = req.core if req.core is not None else 100
         policy = req.policy or cfg.default_policy
-        limits = cfg.limits_for(user, uid)
+        limits = cfg.limits_for(user, uid, admin)
         self.check_user(limits, uid, user, mem, core)
         where = placement.place(self.run_gpus(req.gpu), self._table.commitments(), mem,
                                 pin=req.gpu, reserve=cfg.reserve,
                                 oversubscribe=cfg.oversubscribe)
+        self._check_rate(limits, uid, user)
         name = req.name or os.path.basename(req.command[0]) or req.command[0]
         rec = JobRecord(name=name, uid=uid, user=user,
                         command=P.stored_command(req.command),

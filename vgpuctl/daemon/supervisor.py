@@ -47,6 +47,7 @@ from vgpuctl.daemon.slurm import SlurmJobs
 from vgpuctl.daemon.tracking import Tracker
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import (
+    AdmissionBusy,
     NotFound,
     PermissionDenied,
     RequestInvalid,
@@ -118,6 +119,8 @@ class Supervisor:
             if table is not None and isinstance(req, P.Kill):
                 return self.op_kill(peer, req, table)
             return self._handlers[type(req)](peer, req)
+        except AdmissionBusy as e:      # nothing was done: the client asks again
+            return P.error("admission", str(e), retry=True)
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log, keep serving
@@ -151,7 +154,7 @@ class Supervisor:
                           "allow_run": self.config.slurm.allow_run}}
 
     def op_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
-        job, warnings = self.admission.run(peer.pid, peer.uid, req)
+        job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req)
         env, prepend = self.admission.job_env(job)
         return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
 
@@ -226,7 +229,8 @@ class Supervisor:
             placement.check_user_limits(limits, rec.user, req.mem, req.core)
             if req.mem is not None and req.mem > rec.mem_limit:
                 placement.check_user_total(limits, rec.user, self.table.held_by(rec.uid),
-                                           (req.mem - rec.mem_limit) * max(1, len(rec.gpus)))
+                                           (req.mem - rec.mem_limit) * max(1, len(rec.gpus)),
+                                           self.admission.node_capacity())
         if req.mem is not None and req.mem > rec.mem_limit:
             self.admission.check_resize(job, req.mem)
         changes = self.table.change_limits(job, req.mem, req.core, req.policy)
