@@ -487,3 +487,25 @@ def test_a_users_caps_count_jobs_memory_and_speed(tmp_path, procs):
     sup.admission._rate = placement.AdmissionRate()
     with pytest.raises(P.errors.AdmissionRefused, match="has 3 jobs, the most"):
         run(sup, peer=user, mem=G)
+
+
+def test_no_job_ever_holds_the_daemons_own_process(tmp_path, procs):
+    """A daemon that a job's launcher started (the first `vgpuctl run` on a
+    node) is below that launcher, where a job's processes are: it is never
+    one of them, nor is what it runs."""
+    sup = make(tmp_path)                        # the daemon: this process
+    launcher = Peer(os.getppid(), ME.uid, ME.gid)   # ...is its launcher's child
+    jid = run(sup, peer=launcher, mem=G)["job"]["id"]
+    command = procs("sleep", "60")              # stands for the job's command
+    child = procs("sleep", "60")                # what the daemon runs (squeue, say)
+    call(sup, ME, "started", job=jid, pid=command.pid)
+    sup.track(tracking.scan())
+    pids = sup.view(sup.table.get(jid))["pids"]
+    assert os.getpid() not in pids and child.pid not in pids
+    # A job that names the daemon as its command does not get it either.
+    other = run(sup, peer=launcher, mem=G)["job"]["id"]
+    call(sup, ME, "started", job=other, pid=os.getpid())
+    sup.track(tracking.scan())
+    for j in call(sup, ME, "ps")["jobs"]:
+        assert os.getpid() not in j["pids"] and child.pid not in j["pids"]
+    assert os.getpid() not in call(sup, ME, "kill", job=other, signal=signal.SIGCONT)["pids"]

@@ -107,12 +107,14 @@ class Tracker:
     (when they run as the job's user), and the children of its `vgpuctl
     run` (a subreaper: what the command double-forked away is re-parented to
     it) -- alive with the same start time, and all their descendants; never
-    another job's root and what is below it."""
+    another job's root and what is below it, and never the daemon itself
+    (a daemon a launcher started must not be that job's)."""
 
     def __init__(self, table: JobTable, trust: Trust, config: Callable[[], Config]) -> None:
         self._table = table
         self._trust = trust
         self._config = config
+        self._me = os.getpid()
 
     def _slot_seeds(self, job: LiveJob) -> dict[int, int]:
         """Slot pids of the job's region that run as the job's user (the
@@ -141,8 +143,9 @@ class Tracker:
         if rec.launcher_pid is not None and alive(rec.launcher_pid, rec.launcher_start, table):
             for c in children.get(rec.launcher_pid, ()):
                 seeds.setdefault(c, table[c].start)
-        return job_processes(seeds, table, children,
-                             exclude=self._roots() if roots is None else roots)
+        seeds.pop(self._me, None)
+        exclude = (self._roots() if roots is None else roots) | {self._me}
+        return job_processes(seeds, table, children, exclude=exclude)
 
     def launcher_alive(self, job: LiveJob, table: ProcTable) -> bool:
         rec = job.rec
