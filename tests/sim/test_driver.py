@@ -302,3 +302,43 @@ def test_extended_and_cooperative_launches(sim_env):
     assert out["ex_ms"] == pytest.approx(20.0, abs=0.5)
     assert out["coop"] == "CUDA_SUCCESS"
     assert out["coop_too_large"] == "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"
+
+
+def test_launches_before_cuLaunchKernel(sim_env):
+    """cuLaunch, cuLaunchGrid and cuLaunchGridAsync (CUDA 2.0, deprecated,
+    still exported) launch with the block shape, shared memory and parameter
+    buffer set on the function; on a capturing stream they are recorded."""
+    out = run_py(sim_env, SETUP, """
+        ns = ctypes.c_uint64(20_000_000)
+        res = {"no_shape": err(cu.cuLaunch(fn))}
+        ck(cu.cuFuncSetBlockShape(fn, 1, 1, 1))
+        ck(cu.cuFuncSetSharedSize(fn, 0))
+        ck(cu.cuParamSetv(fn, 0, ctypes.addressof(ns), 8))
+        ck(cu.cuParamSetSize(fn, 8))
+        s = ck(cu.cuStreamCreate(0))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000, s))
+        ck(cu.cuEventRecord(a, s))
+        ck(cu.cuLaunchGridAsync(fn, 1, 1, s))
+        ck(cu.cuEventRecord(b, s))
+        ck(cu.cuEventSynchronize(b))
+        res["ms"] = ck(cu.cuEventElapsedTime(a, b))
+        ck(cu.cuParamSeti(fn, 0, 1000)); ck(cu.cuParamSeti(fn, 4, 0))
+        res["grid"] = err(cu.cuLaunchGrid(fn, 132, 2))
+        res["launch"] = err(cu.cuLaunch(fn))
+        res["no_grid"] = err(cu.cuLaunchGrid(fn, 0, 1))
+        res["float"] = err(cu.cuParamSetf(fn, 4, 1.5))
+        res["past_buffer"] = err(cu.cuParamSetv(fn, 4093, ctypes.addressof(ns), 8))
+        res["bad_shape"] = err(cu.cuFuncSetBlockShape(fn, 0, 1, 1))
+        ck(cu.cuStreamBeginCapture(s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+        ck(cu.cuLaunchGridAsync(fn, 1, 1, s))
+        g = ck(cu.cuStreamEndCapture(s))
+        res["captured"] = ck(cu.cuGraphGetNodes(g, 0))[1]
+        ck(cu.cuCtxSynchronize())
+        out(res)
+    """)
+    assert out.pop("ms") == pytest.approx(20.0, abs=0.5)
+    assert out == {"no_shape": "CUDA_ERROR_INVALID_VALUE", "grid": "CUDA_SUCCESS",
+                   "launch": "CUDA_SUCCESS", "no_grid": "CUDA_ERROR_INVALID_VALUE",
+                   "float": "CUDA_SUCCESS", "past_buffer": "CUDA_ERROR_INVALID_VALUE",
+                   "bad_shape": "CUDA_ERROR_INVALID_VALUE", "captured": 1}

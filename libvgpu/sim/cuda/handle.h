@@ -78,6 +78,12 @@ struct CUfunc_st {
     int nparams;
     struct vgpu_param params[64];
     int spin;             /* name starts with vgpu_spin: duration from param 0 */
+    /* what the launches before cuLaunchKernel use (launch.c): the block
+     * shape, shared memory and parameters set on the function */
+    unsigned int legacy_block[3];
+    unsigned int legacy_shared;
+    unsigned int legacy_param_size;
+    unsigned char legacy_params[4096];
 };
 
 struct module_global;
