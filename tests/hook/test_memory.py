@@ -106,6 +106,51 @@ def test_context_memory_is_measured_not_guessed(tmp_path, clients, client_factor
     c.finish()
 
 
+@pytest.mark.parametrize("mode", ["direct", "gpa_v2"])
+@pytest.mark.parametrize("create", ["newctx3", "newctx4"])
+def test_contexts_of_every_cuCtxCreate_version_are_counted(create, mode, tmp_path, clients,
+                                                           client_factory):
+    """cuCtxCreate_v3 (CUDA 11.4) and _v4 (12.5, what cuGetProcAddress gives a
+    CUDA 12.5+ caller for cuCtxCreate) cost the job their memory as _v2 does,
+    and give it back, with what was allocated in them, when destroyed."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients[mode], ["ctx", "0", create, "0", "alloc", "10M", "hold",
+                                       "dropctx", "hold"], sim.job_env(region.path))
+    assert c.until(create) == ["0"]
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert slot.ctx_bytes[0] == 200 * MiB and slot.used[0] == 210 * MiB
+    assert region.read_usage().devices[0].used == 210 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert c.until("dropctx") == ["0"]
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert slot.ctx_bytes[0] == 100 * MiB == slot.used[0] == sim.process_used(c.pid)
+    c.go()
+    c.finish()
+
+
+@pytest.mark.parametrize("create", ["newctx3", "newctx4"])
+def test_a_created_context_that_does_not_fit_is_refused(create, tmp_path, clients,
+                                                       client_factory):
+    """A limit too small for one more context: cuCtxCreate_v3/_v4 fail with
+    CUDA_ERROR_OUT_OF_MEMORY, and the context the driver made is gone again."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([150 * MiB, 150 * MiB])
+    c = client_factory(clients["direct"], ["ctx", "0", create, "0", "info", "hold"],
+                       sim.job_env(region.path))
+    assert c.until(create) == [str(CUDA_ERROR_OUT_OF_MEMORY)]
+    # the primary context is the current one again, and the only one counted
+    assert c.until("info") == ["0", str(50 * MiB), str(150 * MiB)]
+    c.until("hold")
+    usage = region.read_usage()
+    assert usage.devices[0].used == 100 * MiB == sim.process_used(c.pid)
+    assert usage.devices[0].oom_refusals == 1
+    c.go()
+    c.finish()
+
+
 def test_context_that_does_not_fit_is_refused(sim, clients):
     region = sim.region([256 * MiB, 256 * MiB])   # a context costs 300 MiB here
     res = run(clients["direct"], ["ctx", "0", "info"], sim.job_env(region.path))
