@@ -106,6 +106,43 @@ def test_context_memory_is_measured_not_guessed(tmp_path, clients, client_factor
     c.finish()
 
 
+@pytest.mark.parametrize("reset", ["reset", "reset_v2"])
+def test_a_reset_gives_back_the_primary_context_and_its_memory(reset, tmp_path, clients,
+                                                              client_factory):
+    """cuDevicePrimaryCtxReset (and _v2) destroys the primary context and
+    everything allocated in it: the job's count and cuMemGetInfo show neither
+    any more. A retain after it makes the context anew (counted once), and
+    the releases still owed for the retain before the reset are harmless."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"],
+                       ["ctx", "0", "alloc", "64M", "hold", reset, "0", "hold", "ctx", "0",
+                        "info", "hold", "release", "0", "release", "0", "hold"],
+                       sim.job_env(region.path))
+
+    def used() -> int:
+        return region.read_usage().devices[0].used
+
+    c.until("hold")
+    assert used() == 164 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert c.until(reset) == ["0"]
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert used() == 0 == slot.used[0] == slot.ctx_bytes[0] == sim.process_used(c.pid)
+    c.go()
+    assert c.until("ctx") == ["0"]
+    assert c.until("info") == ["0", str(GiB - 100 * MiB), str(GiB)]
+    c.until("hold")
+    assert used() == 100 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert [c.until("release"), c.until("release")] == [["0"], ["0"]]
+    c.until("hold")
+    assert used() == 0 == sim.process_used(c.pid)
+    c.go()
+    c.finish()
+
+
 @pytest.mark.parametrize("mode", ["direct", "gpa_v2"])
 @pytest.mark.parametrize("create", ["newctx3", "newctx4"])
 def test_contexts_of_every_cuCtxCreate_version_are_counted(create, mode, tmp_path, clients,

@@ -342,3 +342,30 @@ def test_launches_before_cuLaunchKernel(sim_env):
                    "launch": "CUDA_SUCCESS", "no_grid": "CUDA_ERROR_INVALID_VALUE",
                    "float": "CUDA_SUCCESS", "past_buffer": "CUDA_ERROR_INVALID_VALUE",
                    "bad_shape": "CUDA_ERROR_INVALID_VALUE", "captured": 1}
+
+
+def test_a_reset_destroys_the_primary_context(sim_env):
+    """cuDevicePrimaryCtxReset destroys the primary context as its last
+    release would (its memory back, inactive, calls in it fail), without
+    releasing it: the release owed stays harmless, and a retain makes the
+    context anew behind the same handle."""
+    out = run_py(sim_env, """
+        ck(cu.cuInit(0))
+        ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
+        ck(cu.cuCtxSetCurrent(ctx))
+        ck(cu.cuMemAlloc(64 << 20))
+        free0, total = ck(cu.cuMemGetInfo())
+        ck(cu.cuDevicePrimaryCtxReset(0))
+        res = {"state": ck(cu.cuDevicePrimaryCtxGetState(0))[1],
+               "in_it": err(cu.cuMemGetInfo())}
+        again = ck(cu.cuDevicePrimaryCtxRetain(0))
+        res["same_handle"] = int(again) == int(ctx)
+        free1, _ = ck(cu.cuMemGetInfo())
+        res["given_back"] = (free1 - free0) >> 20
+        res["releases"] = [err(cu.cuDevicePrimaryCtxRelease(0)) for _ in range(3)]
+        res["after"] = ck(cu.cuDevicePrimaryCtxGetState(0))[1]
+        out(res)
+    """)
+    assert out == {"state": 0, "in_it": "CUDA_ERROR_CONTEXT_IS_DESTROYED", "same_handle": True,
+                   "given_back": 64, "releases": ["CUDA_SUCCESS", "CUDA_SUCCESS",
+                                                  "CUDA_ERROR_INVALID_CONTEXT"], "after": 0}

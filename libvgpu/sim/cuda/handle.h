@@ -37,6 +37,8 @@ struct CUctx_st {
     int phys;             /* physical simulated GPU */
     int primary;
     int refcount;         /* primary: retains; created: 1 */
+    int reset_owed;       /* primary: retains a reset destroyed, still to release */
+    int reset;            /* primary: destroyed by a reset, not retained since */
     unsigned int flags;
     unsigned long long id;
     uint64_t last_seq;    /* last operation queued in this context */
