@@ -26,6 +26,8 @@ from support.hook import (
 )
 from support.sim import run_py
 
+from vgpuctl.system.region import const
+
 # name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)
 ENTRY_POINTS = {
     "cuMemAlloc_v2": (["alloc", "3M"], ["free", "0"], 4 * MiB, ["alloc", "2G"]),
@@ -291,6 +293,40 @@ def test_unusable_configuration_fails_calls_with_one_line(kind, sim, clients):
         assert all(r[0] == str(CUDA_ERROR_DEVICE_UNAVAILABLE) for r in results(res.stdout, cmd))
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vgpu: "), res.stderr
+
+
+def test_a_job_full_of_live_processes_refuses_one_more(sim, clients, client_factory):
+    """All 128 process slots of a job held by live processes: the next
+    process's CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE, with one
+    line saying why. A slot comes free when its process is killed (the next
+    claim sweeps it) or exits (it gives its slot back), and a new process
+    takes it."""
+    region = sim.region([GiB, GiB])
+    env = sim.job_env(region.path)
+    slots = const("VGPU_MAX_PROCS")
+    holders = [client_factory(clients["direct"], ["init", "hold"], env) for _ in range(slots)]
+    for h in holders:
+        assert h.until("init", timeout=60) == ["0"]
+
+    def live_slots() -> int:
+        return sum(1 for p in region.read_usage().procs if p.pid > 0)
+
+    assert live_slots() == slots
+    res = run(clients["direct"], ["init", "ctx", "0", "alloc", "1M", "info"], env)
+    for cmd in ("init", "ctx", "alloc", "info"):
+        assert results(res.stdout, cmd)[0][0] == str(CUDA_ERROR_DEVICE_UNAVAILABLE), res.stdout
+    assert res.stderr.splitlines() == [
+        f"vgpu: no free process slot in the job's region ({slots} processes at most); "
+        "CUDA calls fail"]
+    holders[0].kill()                       # SIGKILL: its slot is swept
+    res = run(clients["direct"], ["ctx", "0", "alloc", "1M"], env)
+    assert results(res.stdout, "alloc")[0][0] == "0", res.stderr
+    assert live_slots() == slots - 1        # and given back at its exit
+    holders[1].go()                         # an exit gives the slot back
+    assert holders[1].finish()[0] == 0
+    assert live_slots() == slots - 2
+    res = run(clients["direct"], ["ctx", "0", "alloc", "1M"], env)
+    assert results(res.stdout, "alloc")[0][0] == "0", res.stderr
 
 
 def test_private_limit_without_a_daemon(sim, clients):
