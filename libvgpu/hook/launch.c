@@ -1,5 +1,8 @@
 /*
- * launch.c - the compute gate on every kernel launch path.
+ * launch.c - the compute gate on every kernel launch path the hook wraps
+ * (hooks.def): cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
+ * cuGraphLaunch (and their _ptsz forms), cuLaunch, cuLaunchGrid and
+ * cuLaunchGridAsync.
  *
  * Not throttled (limits.dev[d].throttle == 0): one relaxed atomic add on the
  * process's launch counter, then the real call - no lock, no syscall, no
@@ -172,4 +175,19 @@ CUresult hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
     GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream));
+}
+
+CUresult hook_cuLaunch(CUfunction f)
+{
+    GATED(cuLaunch, (f));
+}
+
+CUresult hook_cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
+{
+    GATED(cuLaunchGrid, (f, grid_width, grid_height));
+}
+
+CUresult hook_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
+{
+    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream));
 }

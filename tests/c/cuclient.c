@@ -44,7 +44,11 @@
     X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, 0, (CUcontext *, CUdevice)) \
     X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 0, (CUdevice)) \
     X(cuCtxSetCurrent, cuCtxSetCurrent, 0, (CUcontext)) \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset, 0, (CUdevice)) \
+    X(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, 0, (CUdevice)) \
     X(cuCtxCreate, cuCtxCreate_v2, 0, (CUcontext *, unsigned int, CUdevice)) \
+    X(cuCtxCreate, cuCtxCreate_v3, 0, (CUcontext *, void *, int, unsigned int, CUdevice)) \
+    X(cuCtxCreate, cuCtxCreate_v4, 0, (CUcontext *, void *, unsigned int, CUdevice)) \
     X(cuCtxDestroy, cuCtxDestroy_v2, 0, (CUcontext)) \
     X(cuCtxSynchronize, cuCtxSynchronize, 0, (void)) \
     X(cuMemAlloc, cuMemAlloc_v2, 0, (CUdeviceptr *, size_t)) \
@@ -85,7 +89,13 @@
     X(cuGraphInstantiate, cuGraphInstantiateWithFlags, 0, \
       (CUgraphExec *, CUgraph, unsigned long long)) \
     X(cuGraphLaunch, cuGraphLaunch, 0, (CUgraphExec, CUstream)) \
-    X(cuGraphLaunch, cuGraphLaunch_ptsz, PTDS, (CUgraphExec, CUstream))
+    X(cuGraphLaunch, cuGraphLaunch_ptsz, PTDS, (CUgraphExec, CUstream)) \
+    X(cuFuncSetBlockShape, cuFuncSetBlockShape, 0, (CUfunction, int, int, int)) \
+    X(cuParamSetSize, cuParamSetSize, 0, (CUfunction, unsigned int)) \
+    X(cuParamSetv, cuParamSetv, 0, (CUfunction, int, void *, unsigned int)) \
+    X(cuLaunch, cuLaunch, 0, (CUfunction)) \
+    X(cuLaunchGrid, cuLaunchGrid, 0, (CUfunction, int, int)) \
+    X(cuLaunchGridAsync, cuLaunchGridAsync, 0, (CUfunction, int, int, CUstream))
 
 #if !defined(VIA_DLSYM) && !defined(VIA_GPA)
 /* Linked directly: declare the driver's functions and take their addresses. */
@@ -120,6 +130,23 @@ static CUresult lookup(const char *base, void **out, int version, cuuint64_t fla
     return rc;
 #endif
 }
+
+#if defined(VIA_GPA)
+/* The cudaVersion to look a symbol up with: the build's, except for the
+ * older versions of a name, which only an older cudaVersion resolves to. */
+static int lookup_version(const char *sym)
+{
+    static const struct { const char *sym; int version; } older[] = {
+        {"cuDevicePrimaryCtxReset", 10020},
+        {"cuCtxCreate_v2", 11030},
+        {"cuCtxCreate_v3", 12040},
+    };
+    for (size_t i = 0; i < sizeof older / sizeof older[0]; i++)
+        if (!strcmp(sym, older[i].sym))
+            return older[i].version < GPA_VERSION ? older[i].version : GPA_VERSION;
+    return GPA_VERSION;
+}
+#endif
 
 static void load(void)
 {
@@ -162,7 +189,7 @@ static void load(void)
     }
     g_gpa = self;   /* every later lookup goes through what the lookup returned */
 #define LOAD(base, sym, fl, params) \
-    if (lookup(#base, (void **)&p_##sym, GPA_VERSION, fl, &st) != CUDA_SUCCESS) \
+    if (lookup(#base, (void **)&p_##sym, lookup_version(#sym), fl, &st) != CUDA_SUCCESS) \
         p_##sym = NULL;
     FUNCS(LOAD)
 #else
@@ -219,7 +246,9 @@ static CUresult need_function(void)
     return rc;
 }
 
-/* n launches of a 1 us kernel through one launch path. */
+/* n launches of a 1 us kernel through one launch path: kernel, ex, coop,
+ * graph (each also _ptsz), legacy (cuLaunch), grid (cuLaunchGrid),
+ * gridasync (cuLaunchGridAsync). */
 static CUresult launch(const char *how, int n)
 {
     CUresult rc = need_function();
@@ -246,6 +275,14 @@ static CUresult launch(const char *how, int n)
             (rc = p_cuGraphInstantiateWithFlags(&exec, g, 0)))
             return rc;
     }
+    if (!strcmp(how, "legacy") || !strncmp(how, "grid", 4)) {
+        /* the launches before cuLaunchKernel: block shape and parameters
+         * are set on the function beforehand */
+        if ((rc = p_cuFuncSetBlockShape(g_fn, 1, 1, 1)) ||
+            (rc = p_cuParamSetv(g_fn, 0, &ns, sizeof ns)) ||
+            (rc = p_cuParamSetSize(g_fn, sizeof ns)))
+            return rc;
+    }
     for (int i = 0; i < n && rc == CUDA_SUCCESS; i++) {
         if (strncmp(how, "kernel", 6) == 0)
             rc = (ptsz ? p_cuLaunchKernel_ptsz : p_cuLaunchKernel)(g_fn, 1, 1, 1, 1, 1, 1, 0, NULL,
@@ -257,6 +294,12 @@ static CUresult launch(const char *how, int n)
                 g_fn, 1, 1, 1, 1, 1, 1, 0, NULL, params);
         else if (strncmp(how, "graph", 5) == 0)
             rc = (ptsz ? p_cuGraphLaunch_ptsz : p_cuGraphLaunch)(exec, NULL);
+        else if (!strcmp(how, "legacy"))
+            rc = p_cuLaunch(g_fn);
+        else if (!strcmp(how, "grid"))
+            rc = p_cuLaunchGrid(g_fn, 1, 1);
+        else if (!strcmp(how, "gridasync"))
+            rc = p_cuLaunchGridAsync(g_fn, 1, 1, NULL);
         else
             rc = CUDA_ERROR_INVALID_VALUE;
     }
@@ -308,12 +351,26 @@ int main(int argc, char **argv)
         } else if (!strcmp(c, "release")) {
             printf("release %d\n", p_cuDevicePrimaryCtxRelease_v2(atoi(a1)));
             i += 1;
-        } else if (!strcmp(c, "newctx")) {
+        } else if (!strcmp(c, "newctx") || !strcmp(c, "newctx3") || !strcmp(c, "newctx4")) {
+            /* newctx[3|4] ORDINAL: cuCtxCreate_v2, _v3 (no affinity
+             * parameters) or _v4 (no creation parameters) */
             CUcontext ctx = NULL;
-            rc = p_cuCtxCreate_v2(&ctx, 0, atoi(a1));
+            if (!strcmp(c, "newctx"))
+                rc = p_cuCtxCreate_v2(&ctx, 0, atoi(a1));
+            else if (!strcmp(c, "newctx3"))
+                rc = p_cuCtxCreate_v3 ? p_cuCtxCreate_v3(&ctx, NULL, 0, 0, atoi(a1))
+                                      : CUDA_ERROR_NOT_FOUND;
+            else
+                rc = p_cuCtxCreate_v4 ? p_cuCtxCreate_v4(&ctx, NULL, 0, atoi(a1))
+                                      : CUDA_ERROR_NOT_FOUND;
             if (!rc)
                 g_made[n_made++] = ctx;
-            printf("newctx %d\n", rc);
+            printf("%s %d\n", c, rc);
+            i += 1;
+        } else if (!strcmp(c, "reset") || !strcmp(c, "reset_v2")) { /* reset[_v2] ORDINAL */
+            int d = atoi(a1);
+            rc = !strcmp(c, "reset") ? p_cuDevicePrimaryCtxReset(d) : p_cuDevicePrimaryCtxReset_v2(d);
+            printf("%s %d\n", c, rc);
             i += 1;
         } else if (!strcmp(c, "dropctx")) {
             rc = n_made ? p_cuCtxDestroy_v2(g_made[--n_made]) : CUDA_ERROR_INVALID_CONTEXT;

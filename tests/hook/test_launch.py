@@ -13,7 +13,11 @@ from support.hook import (
     wait_for,
 )
 
-PATHS = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz"]
+# cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch (each
+# also _ptsz), and the launches before cuLaunchKernel: cuLaunch, cuLaunchGrid,
+# cuLaunchGridAsync (deprecated, still exported, found by cuGetProcAddress).
+PATHS = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz",
+         "legacy", "grid", "gridasync"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -81,12 +85,13 @@ def test_only_the_launching_thread_waits(sim, clients, client_factory):
     assert region.read_usage().devices[0].launches == 2
 
 
-def test_a_slow_rate_still_lets_every_launch_through(sim, clients, client_factory):
+@pytest.mark.parametrize("path", ["kernel", "grid"])
+def test_a_slow_rate_still_lets_every_launch_through(path, sim, clients, client_factory):
     """A rate of 200 launches/s and a bucket of 2: 20 launches all complete,
     each paying its tokens."""
     region = sim.region([GiB, GiB], throttle=True, refill_rate=200 * TOKEN_SCALE,
                         bucket_size=2 * TOKEN_SCALE)
-    c = client_factory(clients["dlsym"], ["ctx", "0", "launch", "kernel", "20", "hold"],
+    c = client_factory(clients["dlsym"], ["ctx", "0", "launch", path, "20", "hold"],
                        sim.job_env(region.path))
     assert c.until("launch", timeout=60) == ["0"]
     c.until("hold")

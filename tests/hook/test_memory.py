@@ -26,6 +26,8 @@ from support.hook import (
 )
 from support.sim import run_py
 
+from vgpuctl.system.region import const
+
 # name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)
 ENTRY_POINTS = {
     "cuMemAlloc_v2": (["alloc", "3M"], ["free", "0"], 4 * MiB, ["alloc", "2G"]),
@@ -102,6 +104,88 @@ def test_context_memory_is_measured_not_guessed(tmp_path, clients, client_factor
     assert c.until("release") == ["0"]
     c.until("hold")
     assert slot_of(region, c.pid).used[0] == 0 == region.read_usage().devices[0].used
+    c.go()
+    c.finish()
+
+
+@pytest.mark.parametrize("reset", ["reset", "reset_v2"])
+def test_a_reset_gives_back_the_primary_context_and_its_memory(reset, tmp_path, clients,
+                                                              client_factory):
+    """cuDevicePrimaryCtxReset (and _v2) destroys the primary context and
+    everything allocated in it: the job's count and cuMemGetInfo show neither
+    any more. A retain after it makes the context anew (counted once), and
+    the releases still owed for the retain before the reset are harmless."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"],
+                       ["ctx", "0", "alloc", "64M", "hold", reset, "0", "hold", "ctx", "0",
+                        "info", "hold", "release", "0", "release", "0", "hold"],
+                       sim.job_env(region.path))
+
+    def used() -> int:
+        return region.read_usage().devices[0].used
+
+    c.until("hold")
+    assert used() == 164 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert c.until(reset) == ["0"]
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert used() == 0 == slot.used[0] == slot.ctx_bytes[0] == sim.process_used(c.pid)
+    c.go()
+    assert c.until("ctx") == ["0"]
+    assert c.until("info") == ["0", str(GiB - 100 * MiB), str(GiB)]
+    c.until("hold")
+    assert used() == 100 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert [c.until("release"), c.until("release")] == [["0"], ["0"]]
+    c.until("hold")
+    assert used() == 0 == sim.process_used(c.pid)
+    c.go()
+    c.finish()
+
+
+@pytest.mark.parametrize("mode", ["direct", "gpa_v2"])
+@pytest.mark.parametrize("create", ["newctx3", "newctx4"])
+def test_contexts_of_every_cuCtxCreate_version_are_counted(create, mode, tmp_path, clients,
+                                                           client_factory):
+    """cuCtxCreate_v3 (CUDA 11.4) and _v4 (12.5, what cuGetProcAddress gives a
+    CUDA 12.5+ caller for cuCtxCreate) cost the job their memory as _v2 does,
+    and give it back, with what was allocated in them, when destroyed."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients[mode], ["ctx", "0", create, "0", "alloc", "10M", "hold",
+                                       "dropctx", "hold"], sim.job_env(region.path))
+    assert c.until(create) == ["0"]
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert slot.ctx_bytes[0] == 200 * MiB and slot.used[0] == 210 * MiB
+    assert region.read_usage().devices[0].used == 210 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert c.until("dropctx") == ["0"]
+    c.until("hold")
+    slot = slot_of(region, c.pid)
+    assert slot.ctx_bytes[0] == 100 * MiB == slot.used[0] == sim.process_used(c.pid)
+    c.go()
+    c.finish()
+
+
+@pytest.mark.parametrize("create", ["newctx3", "newctx4"])
+def test_a_created_context_that_does_not_fit_is_refused(create, tmp_path, clients,
+                                                       client_factory):
+    """A limit too small for one more context: cuCtxCreate_v3/_v4 fail with
+    CUDA_ERROR_OUT_OF_MEMORY, and the context the driver made is gone again."""
+    sim = make_sim(tmp_path, VGPU_SIM_CTX_MEM="100M")
+    region = sim.region([150 * MiB, 150 * MiB])
+    c = client_factory(clients["direct"], ["ctx", "0", create, "0", "info", "hold"],
+                       sim.job_env(region.path))
+    assert c.until(create) == [str(CUDA_ERROR_OUT_OF_MEMORY)]
+    # the primary context is the current one again, and the only one counted
+    assert c.until("info") == ["0", str(50 * MiB), str(150 * MiB)]
+    c.until("hold")
+    usage = region.read_usage()
+    assert usage.devices[0].used == 100 * MiB == sim.process_used(c.pid)
+    assert usage.devices[0].oom_refusals == 1
     c.go()
     c.finish()
 
@@ -209,6 +293,40 @@ def test_unusable_configuration_fails_calls_with_one_line(kind, sim, clients):
         assert all(r[0] == str(CUDA_ERROR_DEVICE_UNAVAILABLE) for r in results(res.stdout, cmd))
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("vgpu: "), res.stderr
+
+
+def test_a_job_full_of_live_processes_refuses_one_more(sim, clients, client_factory):
+    """All 128 process slots of a job held by live processes: the next
+    process's CUDA calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE, with one
+    line saying why. A slot comes free when its process is killed (the next
+    claim sweeps it) or exits (it gives its slot back), and a new process
+    takes it."""
+    region = sim.region([GiB, GiB])
+    env = sim.job_env(region.path)
+    slots = const("VGPU_MAX_PROCS")
+    holders = [client_factory(clients["direct"], ["init", "hold"], env) for _ in range(slots)]
+    for h in holders:
+        assert h.until("init", timeout=60) == ["0"]
+
+    def live_slots() -> int:
+        return sum(1 for p in region.read_usage().procs if p.pid > 0)
+
+    assert live_slots() == slots
+    res = run(clients["direct"], ["init", "ctx", "0", "alloc", "1M", "info"], env)
+    for cmd in ("init", "ctx", "alloc", "info"):
+        assert results(res.stdout, cmd)[0][0] == str(CUDA_ERROR_DEVICE_UNAVAILABLE), res.stdout
+    assert res.stderr.splitlines() == [
+        f"vgpu: no free process slot in the job's region ({slots} processes at most); "
+        "CUDA calls fail"]
+    holders[0].kill()                       # SIGKILL: its slot is swept
+    res = run(clients["direct"], ["ctx", "0", "alloc", "1M"], env)
+    assert results(res.stdout, "alloc")[0][0] == "0", res.stderr
+    assert live_slots() == slots - 1        # and given back at its exit
+    holders[1].go()                         # an exit gives the slot back
+    assert holders[1].finish()[0] == 0
+    assert live_slots() == slots - 2
+    res = run(clients["direct"], ["ctx", "0", "alloc", "1M"], env)
+    assert results(res.stdout, "alloc")[0][0] == "0", res.stderr
 
 
 def test_private_limit_without_a_daemon(sim, clients):

@@ -302,3 +302,70 @@ def test_extended_and_cooperative_launches(sim_env):
     assert out["ex_ms"] == pytest.approx(20.0, abs=0.5)
     assert out["coop"] == "CUDA_SUCCESS"
     assert out["coop_too_large"] == "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"
+
+
+def test_launches_before_cuLaunchKernel(sim_env):
+    """cuLaunch, cuLaunchGrid and cuLaunchGridAsync (CUDA 2.0, deprecated,
+    still exported) launch with the block shape, shared memory and parameter
+    buffer set on the function; on a capturing stream they are recorded."""
+    out = run_py(sim_env, SETUP, """
+        ns = ctypes.c_uint64(20_000_000)
+        res = {"no_shape": err(cu.cuLaunch(fn))}
+        ck(cu.cuFuncSetBlockShape(fn, 1, 1, 1))
+        ck(cu.cuFuncSetSharedSize(fn, 0))
+        ck(cu.cuParamSetv(fn, 0, ctypes.addressof(ns), 8))
+        ck(cu.cuParamSetSize(fn, 8))
+        s = ck(cu.cuStreamCreate(0))
+        a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+        ck(spin(10_000_000, s))
+        ck(cu.cuEventRecord(a, s))
+        ck(cu.cuLaunchGridAsync(fn, 1, 1, s))
+        ck(cu.cuEventRecord(b, s))
+        ck(cu.cuEventSynchronize(b))
+        res["ms"] = ck(cu.cuEventElapsedTime(a, b))
+        ck(cu.cuParamSeti(fn, 0, 1000)); ck(cu.cuParamSeti(fn, 4, 0))
+        res["grid"] = err(cu.cuLaunchGrid(fn, 132, 2))
+        res["launch"] = err(cu.cuLaunch(fn))
+        res["no_grid"] = err(cu.cuLaunchGrid(fn, 0, 1))
+        res["float"] = err(cu.cuParamSetf(fn, 4, 1.5))
+        res["past_buffer"] = err(cu.cuParamSetv(fn, 4093, ctypes.addressof(ns), 8))
+        res["bad_shape"] = err(cu.cuFuncSetBlockShape(fn, 0, 1, 1))
+        ck(cu.cuStreamBeginCapture(s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+        ck(cu.cuLaunchGridAsync(fn, 1, 1, s))
+        g = ck(cu.cuStreamEndCapture(s))
+        res["captured"] = ck(cu.cuGraphGetNodes(g, 0))[1]
+        ck(cu.cuCtxSynchronize())
+        out(res)
+    """)
+    assert out.pop("ms") == pytest.approx(20.0, abs=0.5)
+    assert out == {"no_shape": "CUDA_ERROR_INVALID_VALUE", "grid": "CUDA_SUCCESS",
+                   "launch": "CUDA_SUCCESS", "no_grid": "CUDA_ERROR_INVALID_VALUE",
+                   "float": "CUDA_SUCCESS", "past_buffer": "CUDA_ERROR_INVALID_VALUE",
+                   "bad_shape": "CUDA_ERROR_INVALID_VALUE", "captured": 1}
+
+
+def test_a_reset_destroys_the_primary_context(sim_env):
+    """cuDevicePrimaryCtxReset destroys the primary context as its last
+    release would (its memory back, inactive, calls in it fail), without
+    releasing it: the release owed stays harmless, and a retain makes the
+    context anew behind the same handle."""
+    out = run_py(sim_env, """
+        ck(cu.cuInit(0))
+        ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
+        ck(cu.cuCtxSetCurrent(ctx))
+        ck(cu.cuMemAlloc(64 << 20))
+        free0, total = ck(cu.cuMemGetInfo())
+        ck(cu.cuDevicePrimaryCtxReset(0))
+        res = {"state": ck(cu.cuDevicePrimaryCtxGetState(0))[1],
+               "in_it": err(cu.cuMemGetInfo())}
+        again = ck(cu.cuDevicePrimaryCtxRetain(0))
+        res["same_handle"] = int(again) == int(ctx)
+        free1, _ = ck(cu.cuMemGetInfo())
+        res["given_back"] = (free1 - free0) >> 20
+        res["releases"] = [err(cu.cuDevicePrimaryCtxRelease(0)) for _ in range(3)]
+        res["after"] = ck(cu.cuDevicePrimaryCtxGetState(0))[1]
+        out(res)
+    """)
+    assert out == {"state": 0, "in_it": "CUDA_ERROR_CONTEXT_IS_DESTROYED", "same_handle": True,
+                   "given_back": 64, "releases": ["CUDA_SUCCESS", "CUDA_SUCCESS",
+                                                  "CUDA_ERROR_INVALID_CONTEXT"], "after": 0}

@@ -140,8 +140,8 @@ CUresult cu_current(CUcontext *ctx)
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!cu_ctx_valid(c))
-        return cu_obj_is(c, MAGIC_CTX) ? CUDA_ERROR_INVALID_CONTEXT
-                                       : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+        return cu_obj_is(c, MAGIC_CTX) && !c->reset ? CUDA_ERROR_INVALID_CONTEXT
+                                                    : CUDA_ERROR_CONTEXT_IS_DESTROYED;
     *ctx = c;
     return CUDA_SUCCESS;
 }
@@ -153,6 +153,7 @@ static CUresult ctx_activate(struct CUctx_st *c)
     if (c->mem && sim_charge(c->phys, c->mem, 0) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     sim_context_count(c->phys, 1);
+    c->reset = 0;
     return CUDA_SUCCESS;
 }
 
@@ -243,7 +244,9 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     if (last)
         cls_context_dies(c);
     pthread_mutex_lock(&cu_lock);
-    if (!c || c->refcount == 0) {
+    if (c && c->refcount == 0 && c->reset_owed > 0) {
+        c->reset_owed--;    /* a retain from before a reset: already destroyed */
+    } else if (!c || c->refcount == 0) {
         rc = CUDA_ERROR_INVALID_CONTEXT;
     } else if (--c->refcount == 0) {
         ctx_deactivate(c);
@@ -285,6 +288,11 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int fl
 }
 VGPU_ALIAS(cuDevicePrimaryCtxSetFlags_v2, cuDevicePrimaryCtxSetFlags)
 
+/* A reset destroys the primary context as its last release would: its
+ * allocations and its own memory go, cuDevicePrimaryCtxGetState says
+ * inactive, and calls in it fail with CUDA_ERROR_CONTEXT_IS_DESTROYED until
+ * it is retained again (the handle stays the same). It does not release:
+ * the retains made before it may still be released, harmlessly. */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
     CUresult rc = cu_check_device(dev);
@@ -292,13 +300,17 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
         return rc;
     pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = g_primary[dev];
+    int active = c && c->refcount > 0;
     pthread_mutex_unlock(&cu_lock);
-    if (c)
-        cls_context_dies(c);
+    if (!active)
+        return CUDA_SUCCESS;
+    cls_context_dies(c);
     pthread_mutex_lock(&cu_lock);
-    if (c && c->refcount > 0) {
-        exec_sync_ctx(c);
-        mem_free_ctx(c);
+    if (c->refcount > 0) {
+        c->reset_owed += c->refcount;
+        c->refcount = 0;
+        c->reset = 1;
+        ctx_deactivate(c);
     }
     pthread_mutex_unlock(&cu_lock);
     return CUDA_SUCCESS;

@@ -37,6 +37,8 @@ struct CUctx_st {
     int phys;             /* physical simulated GPU */
     int primary;
     int refcount;         /* primary: retains; created: 1 */
+    int reset_owed;       /* primary: retains a reset destroyed, still to release */
+    int reset;            /* primary: destroyed by a reset, not retained since */
     unsigned int flags;
     unsigned long long id;
     uint64_t last_seq;    /* last operation queued in this context */
@@ -78,6 +80,12 @@ struct CUfunc_st {
     int nparams;
     struct vgpu_param params[64];
     int spin;             /* name starts with vgpu_spin: duration from param 0 */
+    /* what the launches before cuLaunchKernel use (launch.c): the block
+     * shape, shared memory and parameters set on the function */
+    unsigned int legacy_block[3];
+    unsigned int legacy_shared;
+    unsigned int legacy_param_size;
+    unsigned char legacy_params[4096];
 };
 
 struct module_global;

@@ -14,9 +14,6 @@
 
 #define MIN_KERNEL_NS 2000ull
 #define MAX_SHARED 232448u
-#define CU_LAUNCH_PARAM_END ((void *)0x00)
-#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
-#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
 
 static uint64_t ns_per_block(void)
 {

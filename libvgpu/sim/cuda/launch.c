@@ -1,7 +1,9 @@
 /*
- * launch.c - kernel launches (plain, extended, cooperative) and occupancy.
- * A launch on a capturing stream becomes a node of its graph (graph.c); how
- * long a kernel runs is kernel.c's rule.
+ * launch.c - kernel launches (plain, extended, cooperative, and the launches
+ * before cuLaunchKernel: cuLaunch, cuLaunchGrid, cuLaunchGridAsync, whose
+ * block shape and parameters are set on the function beforehand) and
+ * occupancy. A launch on a capturing stream becomes a node of its graph
+ * (graph.c); how long a kernel runs is kernel.c's rule.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,7 @@
 #include "context.h"
 #include "exec.h"
 #include "graph.h"
+#include "init.h"
 #include "kernel.h"
 #include "stream.h"
 
@@ -74,6 +77,105 @@ VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, voi
                   c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra, coop);
 }
 VGPU_ALIAS(cuLaunchKernelEx, cuLaunchKernelEx_ptsz)
+
+/* ---- the launches before cuLaunchKernel (CUDA 2.0; deprecated) ----
+ *
+ * cuFuncSetBlockShape, cuFuncSetSharedSize and cuParamSet* store a block
+ * shape, a dynamic shared memory size and a parameter buffer on the
+ * function; cuLaunch, cuLaunchGrid and cuLaunchGridAsync launch it with
+ * them, as cuLaunchKernel would with the buffer passed in `extra`. Until a
+ * block shape is set a launch fails with CUDA_ERROR_INVALID_VALUE (a block
+ * of no threads). The state is the function's, as in the driver: threads
+ * configuring one function at once race. */
+
+#define LEGACY_PARAMS_MAX (sizeof(((struct CUfunc_st *)0)->legacy_params))
+
+static CUresult legacy_func(CUfunction f)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return cu_obj_is(f, MAGIC_FUNC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+VGPU_EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z)
+{
+    CUresult rc = legacy_func(f);
+    if (rc)
+        return rc;
+    if (x <= 0 || y <= 0 || z <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    f->legacy_block[0] = (unsigned int)x;
+    f->legacy_block[1] = (unsigned int)y;
+    f->legacy_block[2] = (unsigned int)z;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuFuncSetSharedSize(CUfunction f, unsigned int bytes)
+{
+    CUresult rc = legacy_func(f);
+    if (rc)
+        return rc;
+    f->legacy_shared = bytes;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuParamSetSize(CUfunction f, unsigned int bytes)
+{
+    CUresult rc = legacy_func(f);
+    if (rc)
+        return rc;
+    if (bytes > LEGACY_PARAMS_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    f->legacy_param_size = bytes;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuParamSetv(CUfunction f, int offset, void *ptr, unsigned int bytes)
+{
+    CUresult rc = legacy_func(f);
+    if (rc)
+        return rc;
+    if (offset < 0 || (bytes && !ptr) || bytes > LEGACY_PARAMS_MAX ||
+        (size_t)offset > LEGACY_PARAMS_MAX - bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (bytes)
+        memcpy(f->legacy_params + offset, ptr, bytes);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuParamSeti(CUfunction f, int offset, unsigned int value)
+{
+    return cuParamSetv(f, offset, &value, sizeof value);
+}
+
+VGPU_EXPORT CUresult cuParamSetf(CUfunction f, int offset, float value)
+{
+    return cuParamSetv(f, offset, &value, sizeof value);
+}
+
+VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUstream h)
+{
+    CUresult rc = legacy_func(f);
+    if (rc)
+        return rc;
+    if (width <= 0 || height <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t size = f->legacy_param_size;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, f->legacy_params,
+                     CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    return launch(f, (unsigned int)width, (unsigned int)height, 1, f->legacy_block[0],
+                  f->legacy_block[1], f->legacy_block[2], f->legacy_shared, h, NULL, extra, 0);
+}
+
+VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height)
+{
+    return cuLaunchGridAsync(f, width, height, NULL);
+}
+
+VGPU_EXPORT CUresult cuLaunch(CUfunction f)
+{
+    return cuLaunchGridAsync(f, 1, 1, NULL);
+}
 
 VGPU_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction f,
                                                                  int block_size, size_t shmem)
