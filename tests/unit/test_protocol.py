@@ -74,3 +74,12 @@ def test_encoded_request_is_one_line():
     line = P.encode_request("run", command=["echo", "a\nb"], cwd="/", mem=None)
     assert line.count(b"\n") == 1 and line.endswith(b"\n")
     assert P.parse_request(line) == P.Run(command=["echo", "a\nb"], cwd="/")
+
+
+def test_json_nested_too_deep_is_a_protocol_error():
+    """json recurses once per level: 2,000 levels are a RecursionError, which
+    must be a refusal like any bad line, not a traceback in the daemon."""
+    for line in ("[" * 2000, '{"v":1,"op":"ping","x":' + "[" * 100_000,
+                 '{"a":' * 2000, '{"v":' + "[" * 990 + "]" * 990 + ',"op":"ping"}'):
+        with pytest.raises(errors.RequestInvalid):
+            P.parse_request(line)

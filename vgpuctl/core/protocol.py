@@ -5,9 +5,9 @@ Each request is one line ``{"v": 1, "op": OP, ...fields}``; each reply one line
 CODE, "message": TEXT}}``. A line is at most MAX_LINE bytes. Requests are
 checked here, at the edge, into typed records (NamedTuples: cheaper to
 define than dataclasses, which matters to `vgpuctl run`'s start-up time);
-anything else (bad JSON,
-unknown op, wrong types, another version) is a errors.RequestInvalid, which the
-server answers with an error reply. docs/daemon.md lists the ops.
+anything else (bad JSON, JSON nested too deep, unknown op, wrong types,
+another version) is an errors.RequestInvalid, which the server answers
+with an error reply. docs/daemon.md lists the ops.
 """
 
 from __future__ import annotations
@@ -226,9 +226,22 @@ def parse_request(line: bytes | str) -> Request:
     """One request line into its typed request; errors.RequestInvalid otherwise."""
     try:
         obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
+        return request_from(obj)
+    except (ValueError, UnicodeDecodeError) as e:     # RequestInvalid is neither
         raise errors.RequestInvalid(f"not JSON: {e}") from None
-    return request_from(obj)
+    except RecursionError:
+        # json's decoder recurses once per level: a line of 2,000 "[" is
+        # not a request, and must not become a traceback.
+        raise errors.RequestInvalid("not a request: JSON nested too deep") from None
+
+
+def _shown(v: Any, limit: int = 40) -> str:
+    """A client's value in an error reply: a short repr of a number, a
+    string or null, the type of anything else."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        r = repr(v)
+        return r if len(r) <= limit else r[:limit] + "…"
+    return f"<a JSON {'object' if isinstance(v, dict) else 'array'}>"
 
 
 def request_from(obj: Any) -> Request:
@@ -237,17 +250,17 @@ def request_from(obj: Any) -> Request:
     v = obj.get("v")
     if v != VERSION:
         raise errors.RequestInvalid(
-            f"protocol version {v!r} not supported (this daemon speaks {VERSION})")
+            f"protocol version {_shown(v)} not supported (this daemon speaks {VERSION})")
     op = obj.get("op")
     if not isinstance(op, str) or op not in _OPS:
-        raise errors.RequestInvalid(f"unknown op {op!r} (known: {', '.join(_OPS)})")
+        raise errors.RequestInvalid(f"unknown op {_shown(op)} (known: {', '.join(_OPS)})")
     cls, fields = _OPS[op]
     kwargs: dict[str, Any] = {}
     for key, val in obj.items():
         if key in ("v", "op"):
             continue
         if key not in fields:
-            raise errors.RequestInvalid(f"{op}: unknown field {key!r}")
+            raise errors.RequestInvalid(f"{op}: unknown field {_shown(key)}")
         if val is None and not fields[key][1]:
             continue
         kwargs[key] = fields[key][0](key, val)
