@@ -1,11 +1,14 @@
 """Bad requests neither flood the log nor fool the daemon: JSON nested 2,000
-deep is a `protocol` error reply, never a traceback, and the daemon serves
-on."""
+deep and job ids that are not the daemon's own ("0003", "٣", past SQLite's
+largest integer) are each a `protocol` error reply, never a traceback, and
+the daemon serves on."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from typing import Any
 
 from vgpuctl.core import protocol as P
@@ -67,3 +70,65 @@ def test_json_nested_too_deep_is_refused_and_costs_the_log_nothing(daemon):
     assert "Traceback" not in "\n".join(lines)
     assert len(lines) - before <= 1, lines[before:]
 
+
+# Admits a job and starts it on the pid given, then exits: the job's
+# launcher is gone (were it the test's own process, the daemon would count
+# the test's other children, the daemon among them, as the job's).
+START = r"""
+import sys
+from vgpuctl.client.connection import Client
+with Client.connect(sys.argv[1]) as c:
+    jid = c.call("run", command=["sleep", "300"], cwd="/", mem=1 << 30)["job"]["id"]
+    c.call("started", job=jid, pid=int(sys.argv[2]))
+print(jid)
+"""
+
+
+def _running_job(daemon, procs: list[subprocess.Popen[bytes]]) -> str:
+    p = subprocess.Popen(["sleep", "300"])
+    procs.append(p)
+    r = subprocess.run([sys.executable, "-c", START, str(daemon.socket), str(p.pid)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    jid = r.stdout.strip()
+    assert daemon.job(jid)["state"] == "running"
+    return jid
+
+
+def test_a_job_id_is_only_the_daemons_own_form(daemon):
+    """"0003" or "٣" for running job 3 is a protocol error, never "job
+    0003 has ended"; an id past SQLite's largest integer is one too, not an
+    OverflowError's traceback in the log."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        jid = _running_job(daemon, procs)
+        arabic = jid.translate(str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩"))
+        wide = jid.translate(str.maketrans("0123456789", "０１２３４５６７８９"))
+        bad = ["000" + jid, arabic, wide, "+" + jid, "9" * 19, "9223372036854775808"]
+        with Raw(daemon.socket) as c:
+            for b in bad:
+                for op, fields in (("ps", {}), ("kill", {}), ("set", {"core": 50}),
+                                   ("exited", {"code": 0}), ("started", {"pid": 1})):
+                    reply = c.call(op, job=b, **fields)
+                    assert code(reply) == "protocol", (op, b, reply)
+                    assert "has ended" not in reply["error"]["message"]
+                for op in ("slurm_attach", "slurm_release"):
+                    assert code(c.call(op, slurm_job=b)) == "protocol", (op, b)
+            j = c.call("ps", job=jid)["jobs"][0]
+        assert j["state"] == "running" and j["core"] == 100
+        assert procs[0].poll() is None                 # not killed
+        assert "Traceback" not in daemon.log.read_text()
+        # The CLI: other digits are a usage error, never sent; ASCII zeros
+        # in front are the same id, sent as the daemon writes it.
+        r = daemon.cli("kill", arabic)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("vgpuctl: error: ") and r.stderr.count("\n") == 1
+        assert procs[0].poll() is None
+        r = daemon.cli("set", "00" + jid, "--core", "40")
+        assert r.returncode == 0, r.stderr
+        assert daemon.job(jid)["core"] == 40
+    finally:
+        daemon.cleanup_jobs()
+        for p in procs:
+            p.kill()
+            p.wait()

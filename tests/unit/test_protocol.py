@@ -83,3 +83,45 @@ def test_json_nested_too_deep_is_a_protocol_error():
                  '{"a":' * 2000, '{"v":' + "[" * 990 + "]" * 990 + ',"op":"ping"}'):
         with pytest.raises(errors.RequestInvalid):
             P.parse_request(line)
+
+
+BAD_JOB_IDS = ["0003", "03", "0", "٣", "３", "³", "+3", "-3", " 3", "3 ", "3\n", "1_000",
+               "9223372036854775808", "9999999999999999999", "1" * 20, "", "3.0"]
+
+
+@pytest.mark.parametrize("bad", BAD_JOB_IDS)
+def test_a_job_id_on_the_wire_is_its_canonical_ascii_form(bad):
+    """"0003" or "٣" (Arabic-Indic three) must not name job 3 (nor any
+    other): the daemon takes the one form it writes, and no more than
+    SQLite's largest integer."""
+    for op, field, extra in (("ps", "job", {}), ("kill", "job", {}), ("set", "job", {}),
+                             ("started", "job", {"pid": 1}), ("exited", "job", {}),
+                             ("slurm_attach", "slurm_job", {}),
+                             ("slurm_release", "slurm_job", {})):
+        with pytest.raises(errors.RequestInvalid, match="job id"):
+            P.parse_request(req(op=op, **{field: bad}, **extra))
+
+
+def test_the_largest_job_id_is_sqlites_largest_integer():
+    assert P.parse_request(req(op="ps", job="9223372036854775807")).job == str((1 << 63) - 1)
+    assert P.parse_request(req(op="kill", job="3")).job == "3"
+
+
+@pytest.mark.parametrize("spec,sent", [("3", "3"), ("007", "7"), (" 12 ", "12"),
+                                       ("9223372036854775807", "9223372036854775807")])
+def test_the_cli_sends_a_job_id_in_the_form_the_daemon_takes(spec, sent):
+    from vgpuctl.core import nodeview
+
+    assert nodeview.resolve_jobs([], [spec], lambda j: True) == [(spec.strip(), [sent])]
+    assert P.is_job_id(sent)
+
+
+@pytest.mark.parametrize("spec", ["٣", "３", "³", "0", "000", "9223372036854775808",
+                                  "1" * 20, "1" * 64])
+def test_the_cli_refuses_digits_that_are_no_job_id(spec):
+    """`vgpuctl kill ٣` is a usage error, never sent (as job 3 or any)."""
+    from vgpuctl.core import nodeview
+
+    assert not nodeview.is_job_id(spec)
+    with pytest.raises(errors.UsageError, match="not a job id"):
+        nodeview.check_job_args([spec])

@@ -6,8 +6,8 @@ CODE, "message": TEXT}}``. A line is at most MAX_LINE bytes. Requests are
 checked here, at the edge, into typed records (NamedTuples: cheaper to
 define than dataclasses, which matters to `vgpuctl run`'s start-up time);
 anything else (bad JSON, JSON nested too deep, unknown op, wrong types,
-another version) is an errors.RequestInvalid, which the server answers
-with an error reply. docs/daemon.md lists the ops.
+another version, a job id not in its one form) is an errors.RequestInvalid,
+which the server answers with an error reply. docs/daemon.md lists the ops.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ MAX_LINE = 1 << 20          # bytes, newline included
 MAX_COMMAND_ARGS = 4096
 MAX_NAME = 64
 MAX_STORED_COMMAND = 4096   # characters of a job's command the daemon keeps
+MAX_JOB_ID = (1 << 63) - 1  # SQLite's largest integer: a job id is 1 to this
 
 # error code <-> the exception a client raises for it
 ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
@@ -133,6 +134,14 @@ Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | SlurmRegis
 Check = Callable[[str, Any], Any]
 
 
+def is_job_id(text: str) -> bool:
+    """Whether text is a job id as the daemon writes one: ASCII digits
+    without a leading zero, 1 to MAX_JOB_ID (so "3" names job 3, and "03",
+    "٣" or "+3" name nothing)."""
+    return (0 < len(text) <= 19 and text.isascii() and text.isdigit()
+            and text[0] != "0" and int(text) <= MAX_JOB_ID)
+
+
 def _str(max_len: int = 4096) -> Check:
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, str):
@@ -162,8 +171,10 @@ def _bool(name: str, v: Any) -> Any:
 
 
 def _job(name: str, v: Any) -> Any:
-    if not isinstance(v, str) or not v.isdigit() or len(v) > 19:
-        raise errors.RequestInvalid(f"{name}: expected a job id such as \"12\"")
+    if not isinstance(v, str) or not is_job_id(v):
+        raise errors.RequestInvalid(
+            f"{name}: expected a job id such as \"12\" (ASCII digits, no leading zero, "
+            f"at most {MAX_JOB_ID})")
     return v
 
 
