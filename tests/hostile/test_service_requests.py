@@ -1,17 +1,24 @@
 """Bad requests neither flood the log nor fool the daemon: JSON nested 2,000
-deep and job ids that are not the daemon's own ("0003", "٣", past SQLite's
-largest integer) are each a `protocol` error reply, never a traceback, and
-the daemon serves on."""
+deep, job ids that are not the daemon's own ("0003", "٣", past SQLite's
+largest integer), names with control characters, and text chosen to forge a
+log line are each a `protocol` error reply or an escaped line, never a
+traceback, and the daemon serves on."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
 from typing import Any
 
+from support.daemon import wait_for
+
 from vgpuctl.core import protocol as P
+
+G = 1 << 30
+FORGED = "2099-01-01 00:00:00,000 vgpud[1] ERROR forged"
 
 
 class Raw:
@@ -132,3 +139,33 @@ def test_a_job_id_is_only_the_daemons_own_form(daemon):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_name_with_a_control_character_is_a_protocol_error(daemon):
+    with Raw(daemon.socket) as c:
+        for bad in ("a\nb", "a\rb", "red\x1b[31m", "a\u2028b", "a\x85b", "a\x7fb"):
+            reply = c.call("run", command=["true"], cwd="/", mem=G, name=bad)
+            assert code(reply) == "protocol", reply
+            assert "control character" in reply["error"]["message"]
+        assert daemon.jobs(all_jobs=True) == []
+    r = daemon.cli("run", "--mem", "256M", "--name", "two\nlines", "--", "true")
+    assert r.returncode == 7, r.stderr
+    assert r.stderr.count("\n") == 1 and "control character" in r.stderr
+
+
+def test_text_a_user_chose_cannot_forge_a_log_line(daemon):
+    """A job's command and directory may hold newlines (they are not
+    refused): in the daemon's log they are escaped, so every line of the
+    log is one the daemon started."""
+    argv = [f"x\n{FORGED}\r{FORGED}\x1b[2K", f"y\n{FORGED}"]
+    with daemon.client() as c:
+        jid = c.call("run", command=argv, cwd=f"/tmp\n{FORGED}", mem=G)["job"]["id"]
+        c.call("exited", job=jid, code=0)
+    wait_for(lambda: f"job {jid} (" in daemon.log.read_text()
+             and "ended" in daemon.log.read_text(), what="the job's lines in the log")
+    text = daemon.log.read_text()
+    pid = daemon.proc.pid
+    ours = re.compile(rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d{{3}} vgpud\[{pid}\] [A-Z]+ ")
+    assert all(ours.match(ln) or ln.startswith("  ") for ln in text.splitlines()), text
+    assert "\r" not in text and "\x1b" not in text
+    assert "x\\n" + FORGED in text                    # written, escaped

@@ -125,3 +125,39 @@ def test_the_cli_refuses_digits_that_are_no_job_id(spec):
     assert not nodeview.is_job_id(spec)
     with pytest.raises(errors.UsageError, match="not a job id"):
         nodeview.check_job_args([spec])
+
+
+CONTROL_CHARS = ["\n", "\r", "\x1b", "\t", "\x00", "\x07", "\x7f", "\x85", "\x9b", "\u2028",
+                 "\u2029"]
+
+
+@pytest.mark.parametrize("c", CONTROL_CHARS)
+def test_a_name_with_a_control_character_is_refused(c):
+    """A job's name, partition and account are logged and shown as they
+    are: a newline in one would forge a log line, an escape would drive the
+    operator's terminal."""
+    with pytest.raises(errors.RequestInvalid, match="name: contains"):
+        P.parse_request(req(op="run", command=["x"], cwd="/", name=f"a{c}b"))
+    for field in ("name", "partition", "account"):
+        with pytest.raises(errors.RequestInvalid, match=f"{field}: contains"):
+            P.parse_request(req(op="slurm_register", slurm_job="12", uid=0, gpus=[0],
+                                shards=1, **{field: f"a{c}b"}))
+
+
+def test_free_text_may_hold_line_breaks():
+    """A command line and a directory may hold anything but NUL: they are
+    escaped where they are written, not refused."""
+    r = P.parse_request(req(op="run", command=["echo", "a\nb\x1b"], cwd="/tmp/a\nb",
+                            name="näme-ü 名前"))
+    assert r.cwd == "/tmp/a\nb" and r.name == "näme-ü 名前"
+    r = P.parse_request(req(op="slurm_register", slurm_job="12", uid=0, gpus=[0], shards=1,
+                            command="a\nb", cwd="/x\ny"))
+    assert r.command == "a\nb" and r.cwd == "/x\ny"
+
+
+def test_escaped_text_is_one_line_without_controls():
+    text = "a\nb\r\x1b[2K\x85\u2028\u2029\x7f\tz"
+    out = P.escape_controls(text)
+    assert out == "a\\nb\\r\\x1b[2K\\x85\\u2028\\u2029\\x7f\\tz"
+    assert out.isprintable() and len(out.splitlines()) == 1
+    assert P.escape_controls("plain ü 名前") == "plain ü 名前"

@@ -6,8 +6,9 @@ CODE, "message": TEXT}}``. A line is at most MAX_LINE bytes. Requests are
 checked here, at the edge, into typed records (NamedTuples: cheaper to
 define than dataclasses, which matters to `vgpuctl run`'s start-up time);
 anything else (bad JSON, JSON nested too deep, unknown op, wrong types,
-another version, a job id not in its one form) is an errors.RequestInvalid,
-which the server answers with an error reply. docs/daemon.md lists the ops.
+another version, a job id not in its one form, a control character in a
+name) is an errors.RequestInvalid, which the server answers with an error
+reply. docs/daemon.md lists the ops.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ MAX_COMMAND_ARGS = 4096
 MAX_NAME = 64
 MAX_STORED_COMMAND = 4096   # characters of a job's command the daemon keeps
 MAX_JOB_ID = (1 << 63) - 1  # SQLite's largest integer: a job id is 1 to this
+
+# Characters that must not reach a log line or a terminal as they are: the
+# C0 controls (newline, carriage return, escape...), DEL, the C1 controls
+# and Unicode's line and paragraph separators. A name holding one is refused;
+# free text (a command line, a directory) is escaped where it is written.
+CONTROLS = frozenset([*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0)),
+                      "\u2028", "\u2029"])
+_ESCAPES = {ord(c): {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(
+    c, f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in CONTROLS}
 
 # error code <-> the exception a client raises for it
 ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
@@ -134,6 +144,12 @@ Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | SlurmRegis
 Check = Callable[[str, Any], Any]
 
 
+def escape_controls(text: str) -> str:
+    """text with every character of CONTROLS written as an escape (``\\n``,
+    ``\\x1b``, ``\\u2028``): one line, and nothing a terminal acts on."""
+    return text.translate(_ESCAPES)
+
+
 def is_job_id(text: str) -> bool:
     """Whether text is a job id as the daemon writes one: ASCII digits
     without a leading zero, 1 to MAX_JOB_ID (so "3" names job 3, and "03",
@@ -142,7 +158,10 @@ def is_job_id(text: str) -> bool:
             and text[0] != "0" and int(text) <= MAX_JOB_ID)
 
 
-def _str(max_len: int = 4096) -> Check:
+def _str(max_len: int = 4096, controls: bool = True) -> Check:
+    """A string of at most max_len characters, never with a NUL; with
+    controls=False, none of CONTROLS either (a name, which is logged and
+    shown as it is)."""
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, str):
             raise errors.RequestInvalid(f"{name}: expected a string")
@@ -150,6 +169,10 @@ def _str(max_len: int = 4096) -> Check:
             raise errors.RequestInvalid(f"{name}: longer than {max_len} characters")
         if "\0" in v:
             raise errors.RequestInvalid(f"{name}: contains a NUL character")
+        if not controls and not CONTROLS.isdisjoint(v):
+            bad = next(c for c in v if c in CONTROLS)
+            raise errors.RequestInvalid(
+                f"{name}: contains a control character ({escape_controls(bad)})")
         return v
     return check
 
@@ -203,14 +226,15 @@ def _gpu_indices(name: str, v: Any) -> Any:
 
 _MEM = _int(1, 1 << 60)
 _CORE = _int(1, 100)
+_NAME = _str(MAX_NAME, controls=False)
 
 # op: (class, {field: (check, required)})
 _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "ping": (Ping, {}),
     "run": (Run, {"command": (_command, True), "cwd": (_str(), True),
-                  "name": (_str(MAX_NAME), False), "mem": (_MEM, False),
+                  "name": (_NAME, False), "mem": (_MEM, False),
                   "core": (_CORE, False), "policy": (_policy, False),
-                  "gpu": (_str(128), False)}),
+                  "gpu": (_str(128, controls=False), False)}),
     "started": (Started, {"job": (_job, True), "pid": (_int(1, 1 << 31), True)}),
     "exited": (Exited, {"job": (_job, True), "code": (_int(0, 255), False),
                         "signal": (_int(1, 128), False)}),
@@ -222,14 +246,15 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "slurm_register": (SlurmRegister, {
         "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),
-        "name": (_str(MAX_NAME), False), "partition": (_str(MAX_NAME), False),
-        "account": (_str(MAX_NAME), False), "command": (_str(), False),
+        "name": (_NAME, False), "partition": (_NAME, False),
+        "account": (_NAME, False), "command": (_str(), False),
         "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
         "ask_core": (_CORE, False)}),
     "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
                                    "pid": (_int(1, 1 << 31), False)}),
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),
 }
+
 
 
 
