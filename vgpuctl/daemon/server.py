@@ -13,7 +13,8 @@ unusable for the others (docs/security.md, "The service"):
   descriptor limit leaves (ConnectionLimits); root keeps ROOT_RESERVE of
   them for itself, so the operator's `ps` answers while others hold all
   theirs. A connection over a cap gets one error line and is closed at once;
-- a connection that sends no request for IDLE_S is closed;
+- a connection that sends no request for IDLE_S is closed (blank lines
+  are not requests, and a line that never ends is none either);
 - the listen backlog is BACKLOG (the kernel may cap it at somaxconn);
 - accept errors (out of descriptors) are logged once per burst, with a
   count when it ends, and the connection that could not be accepted is
@@ -297,12 +298,17 @@ class Server:
     # -- one connection -----------------------------------------------------------------
     async def _client(self, conn: socket.socket, peer: Peer) -> None:
         writer = None
+        loop = asyncio.get_running_loop()
         try:
             # The reader's limit bounds what one line may hold in memory.
             reader, writer = await asyncio.open_unix_connection(sock=conn, limit=P.MAX_LINE)
+            # Only a request resets the idle clock: blank lines, or a line
+            # that never ends, don't hold a descriptor past idle_s.
+            idle_until = loop.time() + self.idle_s
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readuntil(b"\n"), self.idle_s)
+                    line = await asyncio.wait_for(reader.readuntil(b"\n"),
+                                                  idle_until - loop.time())
                 except asyncio.TimeoutError:
                     break           # idle: its descriptor is someone else's now
                 except asyncio.IncompleteReadError as e:
@@ -323,6 +329,7 @@ class Server:
                 await asyncio.wait_for(writer.drain(), self.idle_s)
                 if not line.endswith(b"\n"):
                     break
+                idle_until = loop.time() + self.idle_s
         except (ConnectionError, OSError, asyncio.TimeoutError):
             pass
         finally:
