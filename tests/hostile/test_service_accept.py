@@ -1,7 +1,8 @@
 """The socket server itself, in a process of its own with a fake
 supervisor: a connection over a cap is told why and closed, an idle one is
 closed (blank lines are not requests), and running out of descriptors
-(EMFILE) is logged once per burst without stopping the service."""
+(EMFILE) or a flood of over-long lines is logged once per burst without
+stopping the service."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 
 class Supervisor:
     def handle(self, peer, req, table=None):
+        if isinstance(req, P.Reload):       # a bug, as the server must expect one
+            raise RuntimeError("a bug")
         return P.ok(pong=True)
 
 async def main():
@@ -151,3 +154,47 @@ def test_blank_lines_do_not_hold_a_connection_open(tmp_path: Path):
         assert json.loads(busy_file.readline())["pong"] is True
     finally:
         _stop(p)
+
+
+def test_lines_over_the_limit_are_logged_once_per_burst(tmp_path: Path):
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 100, 60)
+    try:
+        for _ in range(20):
+            s = _connect(path)
+            s.settimeout(10)
+            try:
+                s.sendall(b"x" * (P.MAX_LINE + 16))
+            except OSError:
+                pass
+            got = s.makefile("rb").readline()
+            assert b"request longer than" in got
+            s.close()
+        with Client.connect(path, timeout=10) as c:
+            assert c.call("ping")["pong"] is True
+    finally:
+        err = _stop(p)
+    assert err.count(f"over {P.MAX_LINE} bytes") == 1, err
+
+
+def test_a_connection_failing_on_a_bug_is_told_and_logged_once_per_burst(tmp_path: Path):
+    """Whatever goes wrong in serving one connection, its client gets an
+    `internal` error line, the log one line per burst (no traceback), and
+    the other connections don't notice."""
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 100, 60)
+    try:
+        with Client.connect(path, timeout=10) as other:
+            for _ in range(20):
+                s = _connect(path)
+                s.settimeout(10)
+                s.sendall(P.encode_request("reload"))
+                reply = json.loads(s.makefile("rb").readline())
+                assert reply["error"]["code"] == "internal", reply
+                assert len(reply["error"]["message"].splitlines()) == 1, reply
+                s.close()
+                assert other.call("ping")["pong"] is True
+    finally:
+        err = _stop(p)
+    assert err.count("connection failed") == 1, err
+    assert "Traceback" not in err, err

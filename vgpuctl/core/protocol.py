@@ -255,7 +255,12 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),
 }
 
+_OP_NAMES = {cls: op for op, (cls, _) in _OPS.items()}
 
+
+def op_name(req: Request) -> str:
+    """The op of a typed request ("ps" for a Ps)."""
+    return _OP_NAMES[type(req)]
 
 
 def parse_request(line: bytes | str) -> Request:
