@@ -2,18 +2,21 @@
 deep, job ids that are not the daemon's own ("0003", "٣", past SQLite's
 largest integer), names with control characters, and text chosen to forge a
 log line are each a `protocol` error reply or an escaped line, never a
-traceback, and the daemon serves on."""
+traceback, and the daemon serves on. A `started` naming another user's
+process is refused (as nobody, where that can run)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
 from typing import Any
 
-from support.daemon import wait_for
+from support.daemon import read_line, wait_for
+from support.hostile import as_nobody
 
 from vgpuctl.core import protocol as P
 
@@ -169,3 +172,50 @@ def test_text_a_user_chose_cannot_forge_a_log_line(daemon):
     assert all(ours.match(ln) or ln.startswith("  ") for ln in text.splitlines()), text
     assert "\r" not in text and "\x1b" not in text
     assert "x\\n" + FORGED in text                    # written, escaped
+
+
+# Asks `run` as nobody, then `started` with a pid that is not nobody's (the
+# test's own, root's): prints each reply, and waits for a line on stdin
+# before it says `started` with its own pid and then `exited`.
+STARTED = r"""
+import json, os, socket, sys
+path, other = sys.argv[1], int(sys.argv[2])
+def call(msg):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    s.sendall((json.dumps(dict(v=1, **msg)) + "\n").encode())
+    line = s.makefile("rb").readline()
+    s.close()
+    return json.loads(line)
+run = call({"op": "run", "command": ["sleep", "300"], "cwd": "/", "mem": 1 << 28})
+jid = run["job"]["id"]
+print(json.dumps({"job": jid, "uid": run["job"]["uid"],
+                  "other": call({"op": "started", "job": jid, "pid": other})}), flush=True)
+sys.stdin.readline()
+print(json.dumps(call({"op": "started", "job": jid, "pid": os.getpid()})), flush=True)
+print(json.dumps(call({"op": "exited", "job": jid, "code": 0})), flush=True)
+"""
+
+
+def test_a_started_pid_must_run_as_the_jobs_user(daemon):
+    """A user's `started` naming root's process is refused (`permission`):
+    the job does not take that pid, and is still the user's to start."""
+    me = os.getpid()
+    p = as_nobody(STARTED, str(daemon.socket), str(me))
+    try:
+        got = json.loads(read_line(p.stdout, timeout=60))
+        assert got["uid"] == 65534
+        assert code(got["other"]) == "permission", got
+        assert "does not run as" in got["other"]["error"]["message"]
+        j = daemon.job(got["job"])
+        assert j["state"] == "starting" and me not in j["pids"], j
+        p.stdin.write("\n")
+        p.stdin.flush()
+        own = json.loads(read_line(p.stdout, timeout=60))
+        assert code(own) == "ok", own
+        assert own["job"]["pids"] == [p.pid] and me not in own["job"]["pids"]
+        assert code(json.loads(read_line(p.stdout, timeout=60))) == "ok"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(30)
