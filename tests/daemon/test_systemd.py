@@ -264,7 +264,9 @@ def test_elsewhere_lines_carry_time_pid_and_level(tmp_path):
     assert journal.is_journal(out, {"JOURNAL_STREAM": ours})
     rec = logging.LogRecord("vgpuctl.daemon", logging.WARNING, __file__, 1, "two\nlines",
                             None, None)
-    assert logs.JournalFormatter("%(message)s").format(rec) == "<4>two\n<4>lines"
+    # A message is one line (its newline escaped); a traceback's lines each
+    # get the prefix (tests/daemon/test_logs.py).
+    assert logs.JournalFormatter("%(message)s").format(rec) == "<4>two\\nlines"
     out.close()
 
 

@@ -1,10 +1,12 @@
 """The socket server itself, in a process of its own with a fake
 supervisor: a connection over a cap is told why and closed, an idle one is
-closed, and running out of descriptors (EMFILE) is logged once per burst
-without stopping the service."""
+closed (blank lines are not requests), and running out of descriptors
+(EMFILE) or a flood of over-long lines is logged once per burst without
+stopping the service."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 from support.daemon import read_line
 
 from vgpuctl.client.connection import Client
+from vgpuctl.core import protocol as P
 
 # argv: socket path, descriptor limit, total cap, idle seconds.
 SERVER = r"""
@@ -27,6 +30,8 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 
 class Supervisor:
     def handle(self, peer, req, table=None):
+        if isinstance(req, P.Reload):       # a bug, as the server must expect one
+            raise RuntimeError("a bug")
         return P.ok(pong=True)
 
 async def main():
@@ -116,3 +121,80 @@ def test_out_of_descriptors_is_logged_once_and_the_service_recovers(tmp_path: Pa
     err = _stop(p)
     assert err.count("accept failed: Too many open files") == 1, err
     assert "Traceback" not in err
+
+
+def test_blank_lines_do_not_hold_a_connection_open(tmp_path: Path):
+    """Only a request resets the idle clock: a connection that sends blank
+    or whitespace lines, however often, is closed after idle_s like one
+    that sends nothing; one that sends requests is not."""
+    import select
+
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 100, 0.5)
+    try:
+        blank, busy = _connect(path), _connect(path)
+        busy_file = busy.makefile("rb")
+        t0 = time.monotonic()
+        closed_after = None
+        while time.monotonic() - t0 < 5 and closed_after is None:
+            for filler in (b"\n", b"  \t\r\n"):
+                try:
+                    blank.sendall(filler)
+                except OSError:
+                    closed_after = time.monotonic() - t0
+                    break
+            busy.sendall(P.encode_request("ping"))
+            assert json.loads(busy_file.readline())["pong"] is True
+            if select.select([blank], [], [], 0.05)[0]:
+                assert blank.recv(4096) == b""
+                closed_after = time.monotonic() - t0
+        assert closed_after is not None, "blank lines kept the connection open for 5 s"
+        assert closed_after >= 0.4
+        busy.sendall(P.encode_request("ping"))      # requests kept this one open
+        assert json.loads(busy_file.readline())["pong"] is True
+    finally:
+        _stop(p)
+
+
+def test_lines_over_the_limit_are_logged_once_per_burst(tmp_path: Path):
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 100, 60)
+    try:
+        for _ in range(20):
+            s = _connect(path)
+            s.settimeout(10)
+            try:
+                s.sendall(b"x" * (P.MAX_LINE + 16))
+            except OSError:
+                pass
+            got = s.makefile("rb").readline()
+            assert b"request longer than" in got
+            s.close()
+        with Client.connect(path, timeout=10) as c:
+            assert c.call("ping")["pong"] is True
+    finally:
+        err = _stop(p)
+    assert err.count(f"over {P.MAX_LINE} bytes") == 1, err
+
+
+def test_a_connection_failing_on_a_bug_is_told_and_logged_once_per_burst(tmp_path: Path):
+    """Whatever goes wrong in serving one connection, its client gets an
+    `internal` error line, the log one line per burst (no traceback), and
+    the other connections don't notice."""
+    path = tmp_path / "s.sock"
+    p = _server(path, 1024, 100, 60)
+    try:
+        with Client.connect(path, timeout=10) as other:
+            for _ in range(20):
+                s = _connect(path)
+                s.settimeout(10)
+                s.sendall(P.encode_request("reload"))
+                reply = json.loads(s.makefile("rb").readline())
+                assert reply["error"]["code"] == "internal", reply
+                assert len(reply["error"]["message"].splitlines()) == 1, reply
+                s.close()
+                assert other.call("ping")["pong"] is True
+    finally:
+        err = _stop(p)
+    assert err.count("connection failed") == 1, err
+    assert "Traceback" not in err, err

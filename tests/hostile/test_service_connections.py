@@ -112,3 +112,29 @@ def test_a_daemon_socket_refuses_a_busy_listener_as_a_conflict(daemon):
     r = daemon.cli("daemon", timeout=60)
     assert r.returncode == 10, r.stderr
     assert r.stderr.count("\n") == 1
+
+
+@needs_native
+def test_a_socket_path_too_long_for_sun_path_is_served(daemon_factory):
+    """A socket path longer than a Unix address holds (108 bytes) is bound
+    and reached through /proc/self/fd/<dir fd>/<name>: `ps` and `run` work."""
+    import socket
+
+    d = daemon_factory(start=False)
+    long_dir = d.base / ("d" * 60) / ("e" * 60)
+    long_dir.mkdir(parents=True)
+    d.socket = long_dir / "vgpud.sock"
+    d.env["VGPU_SOCKET"] = str(d.socket)
+    assert len(str(d.socket).encode()) > 108
+    d.start()
+    assert d.socket.is_socket()
+    with socket.socket(socket.AF_UNIX) as s:    # too long to connect by its name
+        try:
+            s.connect(str(d.socket))
+            raise AssertionError("a path over 108 bytes connected by its name")
+        except OSError:
+            pass
+    r = d.cli("ps", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["daemon"]["socket"] == str(d.socket)
+    _run_goes_through(d)

@@ -29,6 +29,7 @@ from vgpuctl.core.output import (
     short_uuids,
     size_text,
 )
+from vgpuctl.core.protocol import MAX_JOB_ID
 from vgpuctl.errors import NotFound, UsageError
 
 __all__ = ["GPU_FIELDS", "JOB_FIELDS", "Field"]   # the field tables, from the model
@@ -117,17 +118,25 @@ MAX_JOB_ARG = 64    # the longest job name (core.protocol.MAX_NAME)
 
 
 def is_job_id(spec: str) -> bool:
-    return spec.isdigit() and len(spec) <= 19
+    """Whether a JOB argument is a job id: ASCII digits, 1 to
+    core.protocol.MAX_JOB_ID; leading zeros are allowed (``007`` is job 7,
+    sent as ``7``: the daemon takes only the canonical form). Other digits
+    (``٣``, ``³``) are not an id."""
+    return (0 < len(spec) <= MAX_JOB_ARG and spec.isascii() and spec.isdigit()
+            and 1 <= int(spec) <= MAX_JOB_ID)
 
 
 def check_job_args(specs: Sequence[str]) -> None:
-    """A UsageError for a JOB argument that can be neither an id nor a name."""
+    """A UsageError for a JOB argument that can be neither an id nor a name:
+    empty, too long, or all digits but not a job id (0, past the largest id,
+    or digits other than ASCII's)."""
     for spec in specs:
         s = spec.strip()
         if not s or len(s) > MAX_JOB_ARG:
             raise UsageError(f"{spec!r} is not a job id or name (as `vgpuctl ps` shows)")
         if s.isdigit() and not is_job_id(s):
-            raise UsageError(f"{spec!r} is not a job id (a number, as `vgpuctl ps` shows)")
+            raise UsageError(f"{spec!r} is not a job id (a number from 1 to {MAX_JOB_ID} "
+                             "in ASCII digits, as `vgpuctl ps` shows)")
 
 
 def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
@@ -136,13 +145,13 @@ def resolve_jobs(jobs: Sequence[Record], specs: Sequence[str],
     itself, whether or not such a job runs (the daemon answers for it); a
     name, or a shell pattern (match_name), stands for every running job
     of that name that ``mine`` says the caller may act on. Returns (spec,
-    ids) per argument; a name that matches none is NotFound, an argument
-    that can be neither a UsageError."""
+    ids), each id in its canonical form; a name that matches none is
+    NotFound, an argument that can be neither a UsageError."""
     check_job_args(specs)
     out = []
     for spec in specs:
         s = spec.strip()
-        if s.isdigit():
+        if is_job_id(s):
             out.append((s, [str(int(s))]))
             continue
         ids = [str(j["id"]) for j in jobs if match_name(str(j.get("name", "")), s) and mine(j)]

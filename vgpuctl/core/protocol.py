@@ -5,9 +5,10 @@ Each request is one line ``{"v": 1, "op": OP, ...fields}``; each reply one line
 CODE, "message": TEXT}}``. A line is at most MAX_LINE bytes. Requests are
 checked here, at the edge, into typed records (NamedTuples: cheaper to
 define than dataclasses, which matters to `vgpuctl run`'s start-up time);
-anything else (bad JSON,
-unknown op, wrong types, another version) is a errors.RequestInvalid, which the
-server answers with an error reply. docs/daemon.md lists the ops.
+anything else (bad JSON, JSON nested too deep, unknown op, wrong types,
+another version, a job id not in its one form, a control character in a
+name) is an errors.RequestInvalid, which the server answers with an error
+reply. docs/daemon.md lists the ops.
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ MAX_LINE = 1 << 20          # bytes, newline included
 MAX_COMMAND_ARGS = 4096
 MAX_NAME = 64
 MAX_STORED_COMMAND = 4096   # characters of a job's command the daemon keeps
+MAX_JOB_ID = (1 << 63) - 1  # SQLite's largest integer: a job id is 1 to this
+
+# Characters that must not reach a log line or a terminal as they are: the
+# C0 controls (newline, carriage return, escape...), DEL, the C1 controls
+# and Unicode's line and paragraph separators. A name holding one is refused;
+# free text (a command line, a directory) is escaped where it is written.
+CONTROLS = frozenset([*map(chr, range(0x20)), *map(chr, range(0x7F, 0xA0)),
+                      "\u2028", "\u2029"])
+_ESCAPES = {ord(c): {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(
+    c, f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in CONTROLS}
 
 # error code <-> the exception a client raises for it
 ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
@@ -133,7 +144,24 @@ Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | SlurmRegis
 Check = Callable[[str, Any], Any]
 
 
-def _str(max_len: int = 4096) -> Check:
+def escape_controls(text: str) -> str:
+    """text with every character of CONTROLS written as an escape (``\\n``,
+    ``\\x1b``, ``\\u2028``): one line, and nothing a terminal acts on."""
+    return text.translate(_ESCAPES)
+
+
+def is_job_id(text: str) -> bool:
+    """Whether text is a job id as the daemon writes one: ASCII digits
+    without a leading zero, 1 to MAX_JOB_ID (so "3" names job 3, and "03",
+    "٣" or "+3" name nothing)."""
+    return (0 < len(text) <= 19 and text.isascii() and text.isdigit()
+            and text[0] != "0" and int(text) <= MAX_JOB_ID)
+
+
+def _str(max_len: int = 4096, controls: bool = True) -> Check:
+    """A string of at most max_len characters, never with a NUL; with
+    controls=False, none of CONTROLS either (a name, which is logged and
+    shown as it is)."""
     def check(name: str, v: Any) -> Any:
         if not isinstance(v, str):
             raise errors.RequestInvalid(f"{name}: expected a string")
@@ -141,6 +169,10 @@ def _str(max_len: int = 4096) -> Check:
             raise errors.RequestInvalid(f"{name}: longer than {max_len} characters")
         if "\0" in v:
             raise errors.RequestInvalid(f"{name}: contains a NUL character")
+        if not controls and not CONTROLS.isdisjoint(v):
+            bad = next(c for c in v if c in CONTROLS)
+            raise errors.RequestInvalid(
+                f"{name}: contains a control character ({escape_controls(bad)})")
         return v
     return check
 
@@ -162,8 +194,10 @@ def _bool(name: str, v: Any) -> Any:
 
 
 def _job(name: str, v: Any) -> Any:
-    if not isinstance(v, str) or not v.isdigit() or len(v) > 19:
-        raise errors.RequestInvalid(f"{name}: expected a job id such as \"12\"")
+    if not isinstance(v, str) or not is_job_id(v):
+        raise errors.RequestInvalid(
+            f"{name}: expected a job id such as \"12\" (ASCII digits, no leading zero, "
+            f"at most {MAX_JOB_ID})")
     return v
 
 
@@ -192,14 +226,15 @@ def _gpu_indices(name: str, v: Any) -> Any:
 
 _MEM = _int(1, 1 << 60)
 _CORE = _int(1, 100)
+_NAME = _str(MAX_NAME, controls=False)
 
 # op: (class, {field: (check, required)})
 _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "ping": (Ping, {}),
     "run": (Run, {"command": (_command, True), "cwd": (_str(), True),
-                  "name": (_str(MAX_NAME), False), "mem": (_MEM, False),
+                  "name": (_NAME, False), "mem": (_MEM, False),
                   "core": (_CORE, False), "policy": (_policy, False),
-                  "gpu": (_str(128), False)}),
+                  "gpu": (_str(128, controls=False), False)}),
     "started": (Started, {"job": (_job, True), "pid": (_int(1, 1 << 31), True)}),
     "exited": (Exited, {"job": (_job, True), "code": (_int(0, 255), False),
                         "signal": (_int(1, 128), False)}),
@@ -211,8 +246,8 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "slurm_register": (SlurmRegister, {
         "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),
-        "name": (_str(MAX_NAME), False), "partition": (_str(MAX_NAME), False),
-        "account": (_str(MAX_NAME), False), "command": (_str(), False),
+        "name": (_NAME, False), "partition": (_NAME, False),
+        "account": (_NAME, False), "command": (_str(), False),
         "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
         "ask_core": (_CORE, False)}),
     "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
@@ -220,15 +255,34 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),
 }
 
+_OP_NAMES = {cls: op for op, (cls, _) in _OPS.items()}
+
+
+def op_name(req: Request) -> str:
+    """The op of a typed request ("ps" for a Ps)."""
+    return _OP_NAMES[type(req)]
 
 
 def parse_request(line: bytes | str) -> Request:
     """One request line into its typed request; errors.RequestInvalid otherwise."""
     try:
         obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
+        return request_from(obj)
+    except (ValueError, UnicodeDecodeError) as e:     # RequestInvalid is neither
         raise errors.RequestInvalid(f"not JSON: {e}") from None
-    return request_from(obj)
+    except RecursionError:
+        # json's decoder recurses once per level: a line of 2,000 "[" is
+        # not a request, and must not become a traceback.
+        raise errors.RequestInvalid("not a request: JSON nested too deep") from None
+
+
+def _shown(v: Any, limit: int = 40) -> str:
+    """A client's value in an error reply: a short repr of a number, a
+    string or null, the type of anything else."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        r = repr(v)
+        return r if len(r) <= limit else r[:limit] + "…"
+    return f"<a JSON {'object' if isinstance(v, dict) else 'array'}>"
 
 
 def request_from(obj: Any) -> Request:
@@ -237,17 +291,17 @@ def request_from(obj: Any) -> Request:
     v = obj.get("v")
     if v != VERSION:
         raise errors.RequestInvalid(
-            f"protocol version {v!r} not supported (this daemon speaks {VERSION})")
+            f"protocol version {_shown(v)} not supported (this daemon speaks {VERSION})")
     op = obj.get("op")
     if not isinstance(op, str) or op not in _OPS:
-        raise errors.RequestInvalid(f"unknown op {op!r} (known: {', '.join(_OPS)})")
+        raise errors.RequestInvalid(f"unknown op {_shown(op)} (known: {', '.join(_OPS)})")
     cls, fields = _OPS[op]
     kwargs: dict[str, Any] = {}
     for key, val in obj.items():
         if key in ("v", "op"):
             continue
         if key not in fields:
-            raise errors.RequestInvalid(f"{op}: unknown field {key!r}")
+            raise errors.RequestInvalid(f"{op}: unknown field {_shown(key)}")
         if val is None and not fields[key][1]:
             continue
         kwargs[key] = fields[key][0](key, val)

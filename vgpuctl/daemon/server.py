@@ -13,11 +13,16 @@ unusable for the others (docs/security.md, "The service"):
   descriptor limit leaves (ConnectionLimits); root keeps ROOT_RESERVE of
   them for itself, so the operator's `ps` answers while others hold all
   theirs. A connection over a cap gets one error line and is closed at once;
-- a connection that sends no request for IDLE_S is closed;
+- a connection that sends no request for IDLE_S is closed (blank lines
+  are not requests, and a line that never ends is none either);
 - the listen backlog is BACKLOG (the kernel may cap it at somaxconn);
-- accept errors (out of descriptors) are logged once per burst, with a
-  count when it ends, and the connection that could not be accepted is
-  shed through a spare descriptor rather than left to spin the loop;
+- what a client can make the daemon log (connections over a cap, lines
+  over MAX_LINE, accept errors such as running out of descriptors, a
+  connection that fails on a bug, which is answered `internal`) is logged
+  once per burst (logs.Burst), with a count; a bad request is answered and
+  not logged at all. The connection that could not be
+  accepted is shed through a spare descriptor rather than left to spin
+  the loop;
 - `kill`'s /proc scan runs in the executor, one at a time however many
   requests ask for it.
 """
@@ -32,7 +37,6 @@ import resource
 import socket
 import stat
 import struct
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,7 @@ from typing import Any
 
 from vgpuctl.core import protocol as P
 from vgpuctl.daemon import tracking
+from vgpuctl.daemon.logs import Burst
 from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.errors import DaemonConflict, RequestInvalid, StateError
 
@@ -52,7 +57,6 @@ FD_HEADROOM = 128       # descriptors kept for the database, regions, NVML, thre
 IDLE_S = 30.0           # a connection without a request for this long is closed
 BACKLOG = 4096
 ACCEPT_BATCH = 256      # accepts per wake-up, so that requests are served in between
-BURST_QUIET_S = 5.0     # a burst of refusals ends after this long without one
 
 
 def peer_credentials(sock: socket.socket) -> Peer:
@@ -160,49 +164,6 @@ def descriptor_limit() -> int:
     return soft
 
 
-class Burst:
-    """A repeated event logged once per burst: the first, then, after
-    BURST_QUIET_S without another, how many there were."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.count = 0
-        self.first = self.last = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-
-    def hit(self, detail: str) -> None:
-        now = time.monotonic()
-        if self.count == 0:
-            self.first = now
-            log.warning("%s: %s (more are counted, not logged, until it stops)",
-                        self.what, detail)
-            self._arm()
-        self.count += 1
-        self.last = now
-
-    def _arm(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._timer = loop.call_later(BURST_QUIET_S, self._check)
-
-    def _check(self) -> None:
-        now = time.monotonic()
-        if now - self.last < BURST_QUIET_S:
-            self._timer = asyncio.get_running_loop().call_later(
-                BURST_QUIET_S - (now - self.last), self._check)
-            return
-        log.warning("%s: %d in %.1f s, now stopped", self.what, self.count,
-                    self.last - self.first)
-        self.count = 0
-        self._timer = None
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-
 class Server:
     def __init__(self, sup: Supervisor, limits: ConnectionLimits | None = None,
                  idle_s: float | None = None) -> None:
@@ -216,6 +177,9 @@ class Server:
         self._scan: asyncio.Future[Any] | None = None
         self._refused = Burst("connections refused over the caps")
         self._accept_failed = Burst("accept failed")
+        self._overlong = Burst(f"lines over {P.MAX_LINE} bytes, disconnected")
+        self._failed = Burst("connection failed (a bug: log_level debug shows where)",
+                             logging.ERROR)
 
     async def start(self, sock: socket.socket) -> Server:
         self._lsock = sock
@@ -297,12 +261,17 @@ class Server:
     # -- one connection -----------------------------------------------------------------
     async def _client(self, conn: socket.socket, peer: Peer) -> None:
         writer = None
+        loop = asyncio.get_running_loop()
         try:
             # The reader's limit bounds what one line may hold in memory.
             reader, writer = await asyncio.open_unix_connection(sock=conn, limit=P.MAX_LINE)
+            # Only a request resets the idle clock: blank lines, or a line
+            # that never ends, don't hold a descriptor past idle_s.
+            idle_until = loop.time() + self.idle_s
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readuntil(b"\n"), self.idle_s)
+                    line = await asyncio.wait_for(reader.readuntil(b"\n"),
+                                                  idle_until - loop.time())
                 except asyncio.TimeoutError:
                     break           # idle: its descriptor is someone else's now
                 except asyncio.IncompleteReadError as e:
@@ -313,8 +282,7 @@ class Server:
                     writer.write(P.encode(P.error(
                         "protocol", f"request longer than {P.MAX_LINE} bytes")))
                     await writer.drain()
-                    log.warning("pid %d (uid %d) sent a line over %d bytes: disconnected",
-                                peer.pid, peer.uid, P.MAX_LINE)
+                    self._overlong.hit(f"pid {peer.pid} (uid {peer.uid})")
                     break
                 if not line.strip():
                     continue
@@ -323,8 +291,18 @@ class Server:
                 await asyncio.wait_for(writer.drain(), self.idle_s)
                 if not line.endswith(b"\n"):
                     break
+                idle_until = loop.time() + self.idle_s
         except (ConnectionError, OSError, asyncio.TimeoutError):
             pass
+        except Exception as e:      # a bug: this connection ends, the others don't notice
+            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
+            self._failed.hit(f"pid {peer.pid} (uid {peer.uid}): {what}")
+            log.debug("connection of pid %d failed", peer.pid, exc_info=True)
+            if writer is not None:      # the client hears why, if it still can
+                try:
+                    writer.write(P.encode(P.error("internal", f"internal error: {what}")))
+                except Exception:
+                    pass
         finally:
             if writer is not None:
                 writer.close()
@@ -362,8 +340,8 @@ class Server:
         if self._spare is not None:
             os.close(self._spare)
             self._spare = None
-        self._refused.cancel()
-        self._accept_failed.cancel()
+        for burst in (self._refused, self._accept_failed, self._overlong, self._failed):
+            burst.cancel()
         for t in list(self._conns):
             t.cancel()
         if self._conns:

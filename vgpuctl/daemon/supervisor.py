@@ -38,7 +38,7 @@ from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import RUNNING, STARTING
 from vgpuctl.core.sizes import format_size
-from vgpuctl.daemon import metrics, outage, tracking, views
+from vgpuctl.daemon import logs, metrics, outage, tracking, views
 from vgpuctl.daemon import violations as watch
 from vgpuctl.daemon.admission import Admission
 from vgpuctl.daemon.gates import Gates
@@ -94,6 +94,10 @@ class Supervisor:
         self.tracker = Tracker(self.table, self.trust, lambda: self.config)
         self.gates = Gates(self.table, self.trust)
         self.violations = watch.Record()
+        # A request that fails on a bug: one line per burst of each op and
+        # exception type (logs.Bursts); the traceback at debug level only.
+        self.failures = logs.Bursts("request failed (a bug: log_level debug shows where)",
+                                    logging.ERROR)
         self._handlers: dict[type, Callable[[Peer, Any], dict[str, Any]]] = {
             P.Ping: self.op_ping, P.Run: self.op_run, P.Started: self.op_started,
             P.Exited: self.op_exited, P.Ps: self.op_ps, P.Set: self.op_set,
@@ -123,9 +127,13 @@ class Supervisor:
             return P.error("admission", str(e), retry=True)
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
-        except Exception as e:  # a bug: answer, log, keep serving
-            log.exception("request %r failed", req)
-            return P.error("internal", f"internal error: {type(e).__name__}: {e}")
+        except Exception as e:  # a bug: answer, log one line per burst, keep serving
+            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
+            op = P.op_name(req)
+            self.failures.hit(f"{op}/{type(e).__name__}",
+                              f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
+            log.debug("request %r failed", req, exc_info=True)
+            return P.error("internal", f"internal error: {what}")
 
     def is_admin(self, peer: Peer) -> bool:
         return peer.uid == 0 or peer.uid == os.geteuid()
