@@ -255,14 +255,73 @@ def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
         stop_user_daemon(d.base / "user" / "vgpud.sock")
 
 
-def stop_user_daemon(sock: Path) -> None:
+def user_env(d) -> dict[str, str]:
+    """An environment where no daemon answers and `run` starts one: socket
+    and runtime dir under d's base, d's state dir."""
+    return {"VGPU_SOCKET": str(d.base / "user" / "vgpud.sock"),
+            "VGPU_RUNTIME_DIR": str(d.base / "user")}
+
+
+def ps_all(d, env) -> list[dict]:
+    r = d.cli("ps", "--all", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["jobs"]
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def test_the_first_job_of_a_started_daemon_is_only_its_command(daemon_factory):
+    """The daemon `run` starts is no process of the job that started it:
+    the job ends with its command, `kill` never signals the daemon, and
+    the memory it held is free again for the next job."""
+    d = daemon_factory(gpus="1x16G", start=False)
+    env = user_env(d)
+    sock = d.base / "user" / "vgpud.sock"
+    p = d.popen("run", "-q", "--mem", "8G", "--", "sleep", "60", env=env)
+    try:
+        first = wait_for(lambda: next((j for j in ps_all(d, env) if j["pids"]), None)
+                         if sock.exists() else None, timeout=30, what="the first job's command")
+        from vgpuctl.client.connection import Client
+        with Client.connect(sock) as c:
+            daemon_pid = c.call("ping")["daemon"]["pid"]
+        assert daemon_pid not in first["pids"]
+        assert parent_of(daemon_pid) != p.pid
+        r = d.cli("kill", first["id"], env=env)
+        assert r.returncode == 0, r.stderr
+        assert str(daemon_pid) not in r.stdout.split()
+        assert p.wait(20) == 128 + signal.SIGTERM
+        wait_for(lambda: [j["state"] for j in ps_all(d, env)] == ["ended"],
+                 what="the first job to end with its command")
+        with Client.connect(sock) as c:
+            assert c.call("ping")["daemon"]["pid"] == daemon_pid     # untouched
+        again = d.cli("run", "-q", "--mem", "8G", "--", "true", env=env)
+        assert again.returncode == 0, again.stderr      # the first one's 8G are free
+        assert all(daemon_pid not in j["pids"] for j in ps_all(d, env))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        stop_user_daemon(sock, kill_jobs=True)
+
+
+def stop_user_daemon(sock: Path, kill_jobs: bool = False) -> None:
+    """Stop the daemon on sock (and with kill_jobs, what its jobs run)."""
     from vgpuctl.client.connection import Client
+    from vgpuctl.errors import VgpuError
     try:
         with Client.connect(sock) as c:
             pid = c.call("ping")["daemon"]["pid"]
+            jobs = c.call("ps")["jobs"] if kill_jobs else []
+        for p in {p for j in jobs for p in j["pids"]} - {pid}:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not sock.exists(), what="the user daemon to stop")
-    except OSError:
+    except (OSError, VgpuError):
         pass
 
 

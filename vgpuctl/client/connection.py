@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import sys
 import time
@@ -228,9 +229,11 @@ def start_user_daemon(socket_path: str | None = None,
                       env: Mapping[str, str] | None = None) -> tuple[Client, Path]:
     """Start a user daemon in the background (its own session, logging to
     its state dir), wait for its socket, and connect. Returns the client and
-    the log's path."""
-    import subprocess
+    the log's path.
 
+    The daemon is not a descendant of this process (see _spawn_detached):
+    `vgpuctl run` becomes a subreaper, and the daemon tracks a launcher's
+    children as its job's."""
     e = dict(os.environ if env is None else env)
     for k in ("VGPU_REGION", "VGPU_JOB"):
         e.pop(k, None)
@@ -240,32 +243,89 @@ def start_user_daemon(socket_path: str | None = None,
     paths.ensure_private_dir(dp.state_dir)
     log_path = dp.log
     argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock)]
-    # Owner-only: the log names every job's command and directory.
-    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                           0o600), "ab") as log:
-        os.fchmod(log.fileno(), 0o600)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, close_fds=True, env=e, cwd="/")
+    pid = _spawn_detached(argv, e, log_path)
     deadline = time.monotonic() + START_TIMEOUT_S
-    waiting: Any = proc
+    waiting = True
     while time.monotonic() < deadline:
         try:
             return Client.connect(sock), log_path
         except OSError:
             pass
-        rc = waiting.poll() if waiting is not None else None
-        if rc is not None:
+        if waiting and not _alive(pid):
             # Another `vgpuctl run` may have started one at the same moment:
             # that daemon (it holds the lock) is the one to wait for.
             if not _log_says_other(log_path):
                 raise DaemonUnavailable(f"could not start a daemon: {_last_line(log_path)} "
                                         f"(log: {log_path})")
-            waiting = None
+            waiting = False
         time.sleep(0.02)
-    if waiting is not None and waiting.poll() is None:
-        waiting.terminate()     # ours, and of no use to anyone: don't leave it running
+    if waiting:
+        try:
+            os.kill(pid, signal.SIGTERM)    # of no use to anyone: don't leave it running
+        except OSError:
+            pass
     raise DaemonUnavailable(f"started a daemon but its socket {sock} did not appear within "
                             f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
+
+
+def _spawn_detached(argv: list[str], env: Mapping[str, str], log_path: Path) -> int:
+    """Start argv in its own session, in /, with stdin /dev/null, stdout
+    and stderr appended to log_path (created owner-only: the log names
+    every job's command and directory). Through a
+    child that exits at once: the daemon is re-parented to init (or to
+    this session's subreaper), never left a child of this process, which
+    `vgpuctl run` makes a subreaper of what its command leaves behind.
+    Returns the daemon's pid; DaemonUnavailable when it can't be started."""
+    import subprocess
+
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    pid_r, pid_w = os.pipe()
+    try:
+        os.fchmod(log_fd, 0o600)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        mid = os.fork()
+        if mid == 0:    # the intermediate child: start the daemon, say its pid, exit
+            code = 1
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                     stderr=log_fd, start_new_session=True, close_fds=True,
+                                     env=dict(env), cwd="/")
+                os.write(pid_w, f"{p.pid}\n".encode())
+                code = 0
+            except BaseException as exc:
+                try:
+                    os.write(pid_w, f"{type(exc).__name__}: {exc}\n".encode(errors="replace"))
+                except BaseException:
+                    pass
+            finally:
+                os._exit(code)
+        os.close(pid_w)
+        pid_w = -1
+        got = b""
+        while True:
+            chunk = os.read(pid_r, 4096)
+            if not chunk:
+                break
+            got += chunk
+        os.waitpid(mid, 0)
+    finally:
+        os.close(log_fd)
+        os.close(pid_r)
+        if pid_w >= 0:
+            os.close(pid_w)
+    text = got.decode(errors="replace").strip()
+    if not text.isdigit():
+        raise DaemonUnavailable(f"could not start a user daemon: {text or 'no reason given'}")
+    return int(text)
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid runs (not a zombie: it is no child of ours to reap)."""
+    from vgpuctl.system.procfs import read_stat
+
+    st = read_stat(str(pid))
+    return st is not None and st[2] not in ("Z", "X")
 
 
 def _last_line(path: Path) -> str:
