@@ -325,6 +325,71 @@ def stop_user_daemon(sock: Path, kill_jobs: bool = False) -> None:
         pass
 
 
+def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpuctl: error: "), r.stderr
+    assert lines[0].count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_a_daemon_that_cannot_start_is_its_own_error_once(daemon_factory):
+    """What stopped the user daemon's start is the error `run` reports:
+    its one line, once, with its exit status (9: no NVML; 78: a bad
+    configuration file)."""
+    d = daemon_factory(start=False)
+    env = user_env(d)
+    no_gpu = {**env, "VGPU_SIM_STATE": str(d.base / "no" / "such" / "dir")}
+    r = d.cli("run", "--mem", "1G", "--", "true", env=no_gpu)
+    line = one_error_line(r)
+    assert r.returncode == 9, r.stderr
+    assert line.startswith("vgpuctl: error: cannot start a user daemon: NVML unavailable")
+    d.config.write_text("tick_ms = 1\n")
+    r = d.cli("run", "--mem", "1G", "--", "true", env=env)
+    assert r.returncode == 78, r.stderr
+    assert one_error_line(r).endswith(f"{d.config}: tick_ms: must be 10 to 10000, got 1")
+    assert not (d.base / "user" / "vgpud.sock").exists()
+
+
+def test_a_daemon_killed_before_it_is_ready_is_one_line_naming_its_log(daemon_factory,
+                                                                        tmp_path):
+    d = daemon_factory(start=False)
+    site = tmp_path / "site"
+    site.mkdir()
+    # The daemon's interpreter dies at once, as the OOM killer or a
+    # `kill -9` would leave it.
+    (site / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "if 'daemon' in sys.argv:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {**user_env(d), "PYTHONPATH": str(site)}
+    try:
+        r = d.cli("run", "--mem", "1G", "--", "true", env=env)
+        assert r.returncode == 3, r.stderr
+        line = one_error_line(r)
+        assert "exited before it was ready" in line and str(d.state / "vgpud.log") in line
+    finally:
+        stop_user_daemon(d.base / "user" / "vgpud.sock")
+
+
+def test_runs_that_start_a_daemon_together_share_the_one_started(daemon_factory):
+    """Each of several `run`s may start a daemon at once: one of them holds
+    the lock, and every run is a job of that one."""
+    d = daemon_factory(start=False)
+    env = user_env(d)
+    runs = [d.popen("run", "--mem", "1G", "--", "true", env=env) for _ in range(3)]
+    try:
+        outs = [p.communicate(timeout=60) for p in runs]
+        assert [p.returncode for p in runs] == [0, 0, 0], outs
+        assert sum("started a user daemon" in err for _, err in outs) == 1, outs
+        assert len(ps_all(d, env)) == 3
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        stop_user_daemon(d.base / "user" / "vgpud.sock")
+
+
 def test_a_relative_socket_is_the_one_in_the_current_directory(daemon_factory):
     """The user daemon starts in /: a relative --socket must not become a
     path under / (it used to create directories there and time out)."""

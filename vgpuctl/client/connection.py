@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import protocol as P
-from vgpuctl.errors import DaemonUnavailable, ProtocolError
+from vgpuctl.errors import DaemonConflict, DaemonUnavailable, ProtocolError
 from vgpuctl.system import paths
 
 MAX_REPLY = 256 << 20
@@ -226,14 +226,19 @@ def expected_daemon(socket_path: str | None = None,
 
 
 def start_user_daemon(socket_path: str | None = None,
-                      env: Mapping[str, str] | None = None) -> tuple[Client, Path]:
-    """Start a user daemon in the background (its own session, logging to
-    its state dir), wait for its socket, and connect. Returns the client and
-    the log's path.
+                      env: Mapping[str, str] | None = None) -> tuple[Client, Path | None]:
+    """Start a user daemon in the background (its own session, in /,
+    logging to its state dir), wait until it says it listens, and connect.
+    Returns the client and the log's path (None: another daemon, started
+    beside this one, answered instead).
 
     The daemon is not a descendant of this process (see _spawn_detached):
     `vgpuctl run` becomes a subreaper, and the daemon tracks a launcher's
-    children as its job's."""
+    children as its job's. It says how its start went on a pipe
+    (`vgpuctl daemon --ready-fd`): ready, or the error that stopped it,
+    raised here as the same VgpuError with its exit status. Another
+    daemon that holds the lock (a `run` beside this one started it) is
+    the one to wait for."""
     e = dict(os.environ if env is None else env)
     for k in ("VGPU_REGION", "VGPU_JOB"):
         e.pop(k, None)
@@ -242,36 +247,63 @@ def start_user_daemon(socket_path: str | None = None,
     dp = paths.daemon_paths(True, socket=str(sock), env=e)
     paths.ensure_private_dir(dp.state_dir)
     log_path = dp.log
-    argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock)]
-    pid = _spawn_detached(argv, e, log_path)
     deadline = time.monotonic() + START_TIMEOUT_S
-    waiting = True
-    while time.monotonic() < deadline:
+    ready_r, ready_w = os.pipe()
+    try:
+        argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock),
+                "--ready-fd", str(ready_w)]
+        pid = _spawn_detached(argv, e, log_path, ready_w)
+        os.close(ready_w)
+        ready_w = -1
+        said = _read_ready(ready_r, deadline)
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+    if said is _TIMEOUT:
+        try:
+            os.kill(pid, signal.SIGTERM)     # it holds the pipe: alive, ours, of no use
+        except OSError:
+            pass
+        raise DaemonUnavailable(f"started a user daemon but it was not ready within "
+                                f"{START_TIMEOUT_S:.0f} s: stopped it (log: {log_path})")
+    if said is None:
+        raise DaemonUnavailable(f"the user daemon started for this command exited before it "
+                                f"was ready, without saying why (killed?): see its log "
+                                f"{log_path}")
+    exc = P.reply_exception(said)
+    if exc is None:
         try:
             return Client.connect(sock), log_path
-        except OSError:
-            pass
-        if waiting and not _alive(pid):
-            # Another `vgpuctl run` may have started one at the same moment:
-            # that daemon (it holds the lock) is the one to wait for.
-            if not _log_says_other(log_path):
-                raise DaemonUnavailable(f"could not start a daemon: {_last_line(log_path)} "
-                                        f"(log: {log_path})")
-            waiting = False
-        time.sleep(0.02)
-    if waiting:
+        except OSError as err:
+            raise DaemonUnavailable(f"the user daemon said it listens on {sock}, but: "
+                                    f"{err.strerror or err} (log: {log_path})") from None
+    if not isinstance(exc, DaemonConflict):
+        code = said.get("exit")
+        ok_code = isinstance(code, int) and not isinstance(code, bool) and 0 < code < 256
+        raise type(exc)(f"cannot start a user daemon: {exc}",
+                        exit_code=code if ok_code else None)
+    # Another daemon holds the state dir's lock or listens on the socket:
+    # a `vgpuctl run` beside this one started it. Wait for it to answer.
+    while True:
         try:
-            os.kill(pid, signal.SIGTERM)    # of no use to anyone: don't leave it running
+            return Client.connect(sock), None
         except OSError:
             pass
-    raise DaemonUnavailable(f"started a daemon but its socket {sock} did not appear within "
-                            f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
+        if time.monotonic() >= deadline:
+            raise DaemonUnavailable(f"{exc}, but no daemon answers on {sock} within "
+                                    f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
+        time.sleep(0.02)
 
 
-def _spawn_detached(argv: list[str], env: Mapping[str, str], log_path: Path) -> int:
+_TIMEOUT: Any = object()
+
+
+def _spawn_detached(argv: list[str], env: Mapping[str, str], log_path: Path,
+                    keep_fd: int) -> int:
     """Start argv in its own session, in /, with stdin /dev/null, stdout
     and stderr appended to log_path (created owner-only: the log names
-    every job's command and directory). Through a
+    every job's command and directory), and keep_fd open in it. Through a
     child that exits at once: the daemon is re-parented to init (or to
     this session's subreaper), never left a child of this process, which
     `vgpuctl run` makes a subreaper of what its command leaves behind.
@@ -290,7 +322,7 @@ def _spawn_detached(argv: list[str], env: Mapping[str, str], log_path: Path) -> 
             try:
                 p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fd,
                                      stderr=log_fd, start_new_session=True, close_fds=True,
-                                     env=dict(env), cwd="/")
+                                     pass_fds=(keep_fd,), env=dict(env), cwd="/")
                 os.write(pid_w, f"{p.pid}\n".encode())
                 code = 0
             except BaseException as exc:
@@ -320,21 +352,31 @@ def _spawn_detached(argv: list[str], env: Mapping[str, str], log_path: Path) -> 
     return int(text)
 
 
-def _alive(pid: int) -> bool:
-    """Whether pid runs (not a zombie: it is no child of ours to reap)."""
-    from vgpuctl.system.procfs import read_stat
+def _read_ready(fd: int, deadline: float) -> Any:
+    """The line the daemon writes on its ready pipe, decoded: None when it
+    closed the pipe without a line (it died), _TIMEOUT at the deadline."""
+    import json
+    import select
 
-    st = read_stat(str(pid))
-    return st is not None and st[2] not in ("Z", "X")
-
-
-def _last_line(path: Path) -> str:
+    got = b""
+    while b"\n" not in got:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return _TIMEOUT
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        got += chunk
+        if len(got) > P.MAX_LINE:
+            break
+    line = got.partition(b"\n")[0]
+    if not line.strip():
+        return None
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1].strip() if lines else "no output"
-
-
-def _log_says_other(path: Path) -> bool:
-    return "another daemon" in _last_line(path)
+        said = json.loads(line)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        raise DaemonUnavailable(f"the user daemon said something that is not its start's "
+                                f"report: {line[:200]!r}")
+    return said
