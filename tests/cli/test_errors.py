@@ -66,6 +66,21 @@ def test_no_daemon_is_one_clear_line(args, tmp_path):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
+@pytest.mark.parametrize("sim,code,needle", [
+    ("1x16G", 9, "NVML unavailable"),           # the simulator's state can't be opened
+    ("2xfoo", 2, "VGPU_SIM='2xfoo'"),
+])
+def test_status_without_a_daemon_says_why_nvml_failed(sim, code, needle, tmp_path):
+    """`status` with no daemon reads NVML itself: when that fails, NVML's
+    error is the line and the status, and it says no daemon answers either."""
+    r = vgpuctl("status", tmp_path=tmp_path,
+                env={"VGPU_SIM": sim, "VGPU_SIM_STATE": str(tmp_path / "no" / "such")})
+    assert r.returncode == code, r.stderr
+    line = r.stderr.splitlines()[-1]
+    assert line.startswith(f"vgpuctl: error: {needle}"), r.stderr
+    assert "no vgpuctl daemon answers" in line and r.stdout == ""
+
+
 def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
     cfg = tmp_path / "vgpu.toml"
     cfg.write_text("tick_ms = 1\n")
