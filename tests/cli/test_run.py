@@ -407,6 +407,28 @@ def test_a_relative_socket_is_the_one_in_the_current_directory(daemon_factory):
         stop_user_daemon(d.base / "rel" / "vgpud.sock")
 
 
+def in_deleted_dir(gone: Path, argv: list[str], env: dict[str, str]):
+    """Run argv with its current directory deleted under it, as a shell
+    left in a removed directory runs it."""
+    gone.mkdir()
+    return subprocess.run(["sh", "-c", 'cd "$0" && rmdir "$0" && exec "$@"', str(gone), *argv],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_run_from_a_deleted_directory_runs_the_command_there(daemon, tmp_path):
+    r = in_deleted_dir(tmp_path / "gone", [*vgpuctl_argv(), "run", "-q", "--mem", "1G", "--",
+                                           "echo", "ran"], daemon.env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "ran\n", "")
+    job = daemon.jobs(all_jobs=True)[-1]
+    assert job["cwd"] == f"{tmp_path / 'gone'} (deleted)"
+    # A relative path can't be found from there: one line, a usage error.
+    r = in_deleted_dir(tmp_path / "gone2", [*vgpuctl_argv(), "ps", "--socket", "rel.sock"],
+                       daemon.env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("vgpuctl: error: rel.sock: a relative path, but the current "
+                        "directory was deleted: give an absolute one\n")
+
+
 def test_vgpuctl_alone_is_status(daemon):
     a = daemon.cli(env={"COLUMNS": "200"})
     b = daemon.cli("status", env={"COLUMNS": "200"})

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from vgpuctl.errors import StateError
+from vgpuctl.errors import StateError, UsageError
 
 SYSTEM_RUNTIME_DIR = Path("/run/vgpu")
 SYSTEM_SOCKET = SYSTEM_RUNTIME_DIR / "vgpud.sock"
@@ -78,8 +78,13 @@ def user_socket(env: Mapping[str, str] | None = None) -> Path:
 def absolute(path: str | Path) -> Path:
     """path made absolute against the current directory, as given: a
     relative --socket names the same file for a daemon started elsewhere
-    (the user daemon runs in /)."""
-    return Path(os.path.abspath(os.fspath(path)))
+    (the user daemon runs in /). UsageError for a relative path in a
+    current directory that was deleted."""
+    try:
+        return Path(os.path.abspath(os.fspath(path)))
+    except FileNotFoundError:
+        raise UsageError(f"{os.fspath(path)}: a relative path, but the current directory "
+                         "was deleted: give an absolute one") from None
 
 
 def client_sockets(explicit: str | None = None,
