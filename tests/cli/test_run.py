@@ -195,6 +195,22 @@ def test_admission_refuses_what_does_not_fit_and_places_what_does(daemon):
             h.wait()
 
 
+def test_a_gpu_that_does_not_exist_is_refused_naming_those_that_do(daemon_factory):
+    d = daemon_factory(gpus="1x16G")
+    uuid = d.call("ps")["gpus"][0]["uuid"]
+    r = d.cli("run", "--gpu", "3", "--mem", "1G", "--", "true")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr == f"vgpuctl: error: no GPU 3: the one GPU here is 0 ({uuid})\n"
+    d2 = daemon_factory(gpus="2x16G")
+    uuids = [g["uuid"] for g in d2.call("ps")["gpus"]]
+    absent = next(str(n) for n in range(2, 100)   # neither an index nor a UUID's prefix
+                  if not any(u.removeprefix("GPU-").startswith(str(n)) for u in uuids))
+    r = d2.cli("run", "--gpu", absent, "--mem", "1G", "--", "true")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr == (f"vgpuctl: error: no GPU {absent}: the 2 GPUs here are "
+                        f"0 ({uuids[0]}), 1 ({uuids[1]})\n")
+
+
 def test_set_changes_a_running_job(daemon):
     p = daemon.popen("run", "--mem", "2G", "--", "sleep", "60")
     try:
