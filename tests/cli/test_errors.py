@@ -3,6 +3,7 @@ traceback. None of these needs a daemon."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,6 @@ from support.daemon import vgpuctl_argv
 
 
 def vgpuctl(*args, env=None, tmp_path=None):
-    import os
     e = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     if tmp_path is not None:
         e["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
@@ -106,7 +106,6 @@ def test_click_usage_errors_are_one_line_too(args, needle, help_of, tmp_path):
 
 def test_output_into_a_closed_pipe_exits_0_quietly(tmp_path):
     # `vgpuctl ... | head` once head has what it wants: not an error.
-    import os
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
@@ -135,6 +134,37 @@ def test_errors_in_process_are_the_same_line(capsys, tmp_path, monkeypatch):
     code, out, err = in_process("kill", capsys=capsys)
     assert (code, out) == (2, "")
     assert err == "vgpuctl: error: missing argument 'JOB' (see vgpuctl kill --help)\n"
+
+
+@pytest.fixture
+def systemd_node(tmp_path, monkeypatch):
+    """A node whose system daemon is installed as a systemd unit but not
+    running, seen from the default sockets (no VGPU_SOCKET)."""
+    from vgpuctl.system import paths
+
+    if paths.SYSTEM_SOCKET.exists():
+        pytest.skip("a system daemon's socket exists on this machine")
+    unit = tmp_path / "vgpud.service"
+    unit.write_text("[Service]\n")
+    monkeypatch.setattr(paths, "SYSTEM_UNIT_FILES", (unit,))
+    for k in [k for k in os.environ if k.startswith("VGPU_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    monkeypatch.setenv("VGPU_DAEMON_WAIT", "0")
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["user", "root"])
+@pytest.mark.parametrize("argv", [["ps"], ["run", "--mem", "1G", "--", "true"]])
+def test_no_system_daemon_says_it_is_not_running_and_how_it_starts(systemd_node, root, argv,
+                                                                    capsys, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if root else 1000)
+    code, out, err = in_process(*argv, capsys=capsys)
+    assert (code, out) == (3, ""), err
+    line = err.splitlines()[-1]
+    assert line.startswith("vgpuctl: error: no vgpuctl daemon answers"), err
+    assert "the system daemon is not running" in line and "`systemctl start vgpud`" in line
+    assert ("administrator" in line) is not root
+    assert "start one with `vgpuctl daemon`" not in err
 
 
 def _raise(exc):
@@ -183,7 +213,6 @@ ENTRY_POINTS = [
 def test_an_unknown_run_option_is_refused_by_every_entry_point(argv0, tmp_path):
     # Not taken for the command's first word: `--cores 3 -- true` is a typo
     # of --core, and must not start a job that runs `--cores`.
-    import os
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     env["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
     r = subprocess.run([*argv0, "run", "--cores", "3", "--", "true"], capture_output=True,

@@ -156,7 +156,30 @@ def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None
         except OSError as e:
             tried.append(f"{p} ({e.strerror or e})")
     raise DaemonUnavailable("no vgpuctl daemon answers: tried " + ", ".join(tried)
-                            + "; start one with `vgpuctl daemon`")
+                            + "; " + advice(socket_path, env))
+
+
+def advice(socket_path: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """What to do when no daemon answers on the sockets a client tries:
+    where a system daemon is expected, that it is not running and how the
+    node's administrator starts it; else how to start one."""
+    socks = paths.client_sockets(socket_path, env)
+    if paths.SYSTEM_SOCKET in socks:
+        root = os.geteuid() == 0
+        if paths.system_unit() is not None:
+            how = "`systemctl start vgpud`"
+            return ("the system daemon is not running: start it with " + how if root else
+                    "the system daemon is not running: the node's administrator starts it "
+                    "with " + how)
+        sign = paths.system_daemon_sign()
+        if sign is not None:
+            return (f"the system daemon is not running ({sign} exists): "
+                    + ("start it with `vgpuctl daemon`" if root else
+                       "the node's administrator starts it (`vgpuctl daemon` as root)"))
+    for p in socks:
+        if paths.shared_socket(p):
+            return f"the shared daemon whose socket is {p} is not running"
+    return "start one with `vgpuctl daemon`"
 
 
 def connect_or_start(socket_path: str | None = None, note: Any = None,

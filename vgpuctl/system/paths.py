@@ -111,6 +111,14 @@ def system_daemon_sign(markers: tuple[Path, ...] | None = None) -> Path | None:
     return None
 
 
+def system_unit() -> Path | None:
+    """The installed systemd unit of the system daemon, or None."""
+    for u in SYSTEM_UNIT_FILES:
+        if os.path.lexists(u):
+            return u
+    return None
+
+
 def shared_socket(path: Path) -> bool:
     """Whether path is the socket of a daemon that serves every user (a
     system daemon's, mode 0666), as opposed to a private one (0600). Such a
