@@ -12,13 +12,13 @@ import pytest
 from support.daemon import vgpuctl_argv
 
 
-def vgpuctl(*args, env=None, tmp_path=None):
+def vgpuctl(*args, env=None, tmp_path=None, timeout=60):
     e = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     if tmp_path is not None:
         e["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
     e.update(env or {})
     return subprocess.run([*vgpuctl_argv(), *args], capture_output=True, text=True, env=e,
-                          timeout=60)
+                          timeout=timeout)
 
 
 @pytest.mark.parametrize("args,code,needle", [
@@ -88,6 +88,65 @@ def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
                 "--runtime-dir", str(tmp_path / "run"), "--state-dir", str(tmp_path / "st"))
     assert r.returncode == 78
     assert r.stderr.strip() == f"vgpuctl: error: {cfg}: tick_ms: must be 10 to 10000, got 1"
+
+
+def user_daemon_dirs(tmp_path, which, make):
+    """The environment of a user daemon whose runtime or state dir (which)
+    exists already, made by make(path)."""
+    dirs = {"runtime": tmp_path / "run", "state": tmp_path / "state"}
+    dirs[which].mkdir()
+    make(dirs[which])
+    return dirs[which], {"VGPU_SIM": "1x16G", "VGPU_SIM_STATE": str(tmp_path / "sim"),
+                         "VGPU_SOCKET": str(tmp_path / "s.sock"),
+                         "VGPU_RUNTIME_DIR": str(dirs["runtime"]),
+                         "VGPU_STATE_DIR": str(dirs["state"]),
+                         "VGPU_CONFIG": "/dev/null"}
+
+
+def stop_daemon_on(sock):
+    """Stop a daemon left listening on sock (by a test that failed)."""
+    import signal
+
+    from vgpuctl.client.connection import Client
+    try:
+        with Client.connect(sock, timeout=5) as c:
+            os.kill(c.call("ping")["daemon"]["pid"], signal.SIGTERM)
+    except Exception:
+        pass
+
+
+def not_ours(path):
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another uid takes root")
+    os.chown(path, 65534, 65534)
+
+
+@pytest.mark.parametrize("which", ["runtime", "state"])
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: p.chmod(0o777), "is writable by others (mode 0777)"),
+    (lambda p: p.chmod(0o730), "is writable by others (mode 0730)"),
+    (not_ours, "belongs to uid 65534, not to you"),
+], ids=["world-writable", "group-writable", "not-ours"])
+@pytest.mark.parametrize("argv", [["daemon", "--user"], ["run", "--mem", "1G", "--", "true"]],
+                         ids=["daemon", "run"])
+def test_a_user_daemon_refuses_a_dir_others_could_write(tmp_path, which, make, needle, argv):
+    """A user daemon's runtime and state dirs are its own: one that is not
+    (made by another user in /tmp, or open to others, who could put a
+    symlink where the daemon writes) is refused, one line, exit 8."""
+    path, env = user_daemon_dirs(tmp_path, which, make)
+    try:
+        r = vgpuctl(*argv, env=env, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the daemon started and ran")
+    finally:
+        stop_daemon_on(tmp_path / "s.sock")
+    assert r.returncode == 8, r.stderr
+    line = r.stderr.splitlines()[-1]
+    # `run` checks the state dir (its log) itself; the daemon it starts, the runtime dir.
+    started = "cannot start a user daemon: " if (argv[0], which) == ("run", "runtime") else ""
+    assert line.startswith(f"vgpuctl: error: {started}{path} {needle}"), r.stderr
+    assert "VGPU_RUNTIME_DIR, VGPU_STATE_DIR" in line and "Traceback" not in r.stderr
+    assert not (tmp_path / "s.sock").exists()
 
 
 @pytest.mark.parametrize("args,needle,help_of", [

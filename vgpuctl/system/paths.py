@@ -198,21 +198,39 @@ def daemon_paths(user: bool, *, socket: str | None = None, runtime_dir: str | No
                        config=config, system=not user, config_optional=config_optional)
 
 
+PRIVATE_DIR_VARS = "VGPU_RUNTIME_DIR, VGPU_STATE_DIR"
+
+
 def ensure_private_dir(path: Path) -> None:
-    """Create path (mode 0700) or check that an existing one is ours and not
-    open to others: /tmp/vgpu-<uid> could have been made by someone else."""
+    """Create path (mode 0700), or check that an existing one is a directory
+    of ours that nobody else could write to: /tmp/vgpu-<uid> could have been
+    made by someone else, and whoever can write in a user daemon's dir can
+    put a symlink where it creates its lock, database or socket. StateError
+    (one line) when it is not; read access for others is taken away."""
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(path)
     except OSError as e:
         raise StateError(f"{path}: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StateError(f"{path} is a symbolic link: a user daemon's directory must be a "
+                         f"directory of yours (or name another: {PRIVATE_DIR_VARS})")
     if not stat.S_ISDIR(st.st_mode):
         raise StateError(f"{path}: not a directory")
     if st.st_uid != os.geteuid():
-        raise StateError(f"{path} belongs to uid {st.st_uid}, not to you: remove it or set "
-                        "VGPU_RUNTIME_DIR")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
+        raise StateError(f"{path} belongs to uid {st.st_uid}, not to you: remove it, or name "
+                         f"another directory ({PRIVATE_DIR_VARS})")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        raise StateError(f"{path} is writable by others (mode {mode:04o}): a user daemon's "
+                         f"directory must be yours alone; remove it (or `chmod 700` it if "
+                         f"nobody could have put files in it), or name another "
+                         f"({PRIVATE_DIR_VARS})")
+    if mode & 0o077:
+        try:
+            os.chmod(path, 0o700)
+        except OSError as e:
+            raise StateError(f"{path}: {e.strerror}") from None
 
 
 def ensure_shared_dir(path: Path) -> None:
