@@ -14,7 +14,7 @@ import pytest
 
 from vgpuctl.core import protocol as P
 from vgpuctl.ops import doctor as dr
-from vgpuctl.system import native
+from vgpuctl.system import native, paths
 
 
 def vgpuctl(args, env=None):
@@ -68,6 +68,20 @@ def test_config_good(tmp_path):
 def test_no_daemon_is_a_warning(tmp_path):
     c = dr.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
     assert c.status == dr.WARN and "no daemon" in c.detail and "vgpuctl run" in c.fix
+
+
+def test_a_system_daemon_that_is_not_running_fails(tmp_path, monkeypatch):
+    """On a node set up for a system daemon, `vgpuctl run` waits for it and
+    starts none of its own: that it is not running is a failed check, fixed
+    by starting it, not by letting `run` start a user daemon."""
+    if paths.SYSTEM_SOCKET.exists():
+        pytest.skip("a system daemon's socket exists on this machine")
+    unit = tmp_path / "vgpud.service"
+    unit.write_text("[Service]\n")
+    monkeypatch.setattr(paths, "SYSTEM_UNIT_FILES", (unit,))
+    c = dr.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert c.status == dr.FAIL and "the system daemon is not running" in c.detail, c
+    assert c.fix == "sudo systemctl start vgpud"
 
 
 def test_stale_socket(tmp_path):

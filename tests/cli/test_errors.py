@@ -3,6 +3,7 @@ traceback. None of these needs a daemon."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,14 +12,13 @@ import pytest
 from support.daemon import vgpuctl_argv
 
 
-def vgpuctl(*args, env=None, tmp_path=None):
-    import os
+def vgpuctl(*args, env=None, tmp_path=None, timeout=60):
     e = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     if tmp_path is not None:
         e["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
     e.update(env or {})
     return subprocess.run([*vgpuctl_argv(), *args], capture_output=True, text=True, env=e,
-                          timeout=60)
+                          timeout=timeout)
 
 
 @pytest.mark.parametrize("args,code,needle", [
@@ -66,6 +66,21 @@ def test_no_daemon_is_one_clear_line(args, tmp_path):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
+@pytest.mark.parametrize("sim,code,needle", [
+    ("1x16G", 9, "NVML unavailable"),           # the simulator's state can't be opened
+    ("2xfoo", 2, "VGPU_SIM='2xfoo'"),
+])
+def test_status_without_a_daemon_says_why_nvml_failed(sim, code, needle, tmp_path):
+    """`status` with no daemon reads NVML itself: when that fails, NVML's
+    error is the line and the status, and it says no daemon answers either."""
+    r = vgpuctl("status", tmp_path=tmp_path,
+                env={"VGPU_SIM": sim, "VGPU_SIM_STATE": str(tmp_path / "no" / "such")})
+    assert r.returncode == code, r.stderr
+    line = r.stderr.splitlines()[-1]
+    assert line.startswith(f"vgpuctl: error: {needle}"), r.stderr
+    assert "no vgpuctl daemon answers" in line and r.stdout == ""
+
+
 def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
     cfg = tmp_path / "vgpu.toml"
     cfg.write_text("tick_ms = 1\n")
@@ -73,6 +88,65 @@ def test_daemon_with_a_bad_config_names_file_key_and_reason(tmp_path):
                 "--runtime-dir", str(tmp_path / "run"), "--state-dir", str(tmp_path / "st"))
     assert r.returncode == 78
     assert r.stderr.strip() == f"vgpuctl: error: {cfg}: tick_ms: must be 10 to 10000, got 1"
+
+
+def user_daemon_dirs(tmp_path, which, make):
+    """The environment of a user daemon whose runtime or state dir (which)
+    exists already, made by make(path)."""
+    dirs = {"runtime": tmp_path / "run", "state": tmp_path / "state"}
+    dirs[which].mkdir()
+    make(dirs[which])
+    return dirs[which], {"VGPU_SIM": "1x16G", "VGPU_SIM_STATE": str(tmp_path / "sim"),
+                         "VGPU_SOCKET": str(tmp_path / "s.sock"),
+                         "VGPU_RUNTIME_DIR": str(dirs["runtime"]),
+                         "VGPU_STATE_DIR": str(dirs["state"]),
+                         "VGPU_CONFIG": "/dev/null"}
+
+
+def stop_daemon_on(sock):
+    """Stop a daemon left listening on sock (by a test that failed)."""
+    import signal
+
+    from vgpuctl.client.connection import Client
+    try:
+        with Client.connect(sock, timeout=5) as c:
+            os.kill(c.call("ping")["daemon"]["pid"], signal.SIGTERM)
+    except Exception:
+        pass
+
+
+def not_ours(path):
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another uid takes root")
+    os.chown(path, 65534, 65534)
+
+
+@pytest.mark.parametrize("which", ["runtime", "state"])
+@pytest.mark.parametrize("make,needle", [
+    (lambda p: p.chmod(0o777), "is writable by others (mode 0777)"),
+    (lambda p: p.chmod(0o730), "is writable by others (mode 0730)"),
+    (not_ours, "belongs to uid 65534, not to you"),
+], ids=["world-writable", "group-writable", "not-ours"])
+@pytest.mark.parametrize("argv", [["daemon", "--user"], ["run", "--mem", "1G", "--", "true"]],
+                         ids=["daemon", "run"])
+def test_a_user_daemon_refuses_a_dir_others_could_write(tmp_path, which, make, needle, argv):
+    """A user daemon's runtime and state dirs are its own: one that is not
+    (made by another user in /tmp, or open to others, who could put a
+    symlink where the daemon writes) is refused, one line, exit 8."""
+    path, env = user_daemon_dirs(tmp_path, which, make)
+    try:
+        r = vgpuctl(*argv, env=env, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the daemon started and ran")
+    finally:
+        stop_daemon_on(tmp_path / "s.sock")
+    assert r.returncode == 8, r.stderr
+    line = r.stderr.splitlines()[-1]
+    # `run` checks the state dir (its log) itself; the daemon it starts, the runtime dir.
+    started = "cannot start a user daemon: " if (argv[0], which) == ("run", "runtime") else ""
+    assert line.startswith(f"vgpuctl: error: {started}{path} {needle}"), r.stderr
+    assert "VGPU_RUNTIME_DIR, VGPU_STATE_DIR" in line and "Traceback" not in r.stderr
+    assert not (tmp_path / "s.sock").exists()
 
 
 @pytest.mark.parametrize("args,needle,help_of", [
@@ -91,7 +165,6 @@ def test_click_usage_errors_are_one_line_too(args, needle, help_of, tmp_path):
 
 def test_output_into_a_closed_pipe_exits_0_quietly(tmp_path):
     # `vgpuctl ... | head` once head has what it wants: not an error.
-    import os
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
@@ -120,6 +193,37 @@ def test_errors_in_process_are_the_same_line(capsys, tmp_path, monkeypatch):
     code, out, err = in_process("kill", capsys=capsys)
     assert (code, out) == (2, "")
     assert err == "vgpuctl: error: missing argument 'JOB' (see vgpuctl kill --help)\n"
+
+
+@pytest.fixture
+def systemd_node(tmp_path, monkeypatch):
+    """A node whose system daemon is installed as a systemd unit but not
+    running, seen from the default sockets (no VGPU_SOCKET)."""
+    from vgpuctl.system import paths
+
+    if paths.SYSTEM_SOCKET.exists():
+        pytest.skip("a system daemon's socket exists on this machine")
+    unit = tmp_path / "vgpud.service"
+    unit.write_text("[Service]\n")
+    monkeypatch.setattr(paths, "SYSTEM_UNIT_FILES", (unit,))
+    for k in [k for k in os.environ if k.startswith("VGPU_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    monkeypatch.setenv("VGPU_DAEMON_WAIT", "0")
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["user", "root"])
+@pytest.mark.parametrize("argv", [["ps"], ["run", "--mem", "1G", "--", "true"]])
+def test_no_system_daemon_says_it_is_not_running_and_how_it_starts(systemd_node, root, argv,
+                                                                    capsys, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if root else 1000)
+    code, out, err = in_process(*argv, capsys=capsys)
+    assert (code, out) == (3, ""), err
+    line = err.splitlines()[-1]
+    assert line.startswith("vgpuctl: error: no vgpuctl daemon answers"), err
+    assert "the system daemon is not running" in line and "`systemctl start vgpud`" in line
+    assert ("administrator" in line) is not root
+    assert "start one with `vgpuctl daemon`" not in err
 
 
 def _raise(exc):
@@ -168,7 +272,6 @@ ENTRY_POINTS = [
 def test_an_unknown_run_option_is_refused_by_every_entry_point(argv0, tmp_path):
     # Not taken for the command's first word: `--cores 3 -- true` is a typo
     # of --core, and must not start a job that runs `--cores`.
-    import os
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     env["VGPU_SOCKET"] = str(tmp_path / "nobody-here.sock")
     r = subprocess.run([*argv0, "run", "--cores", "3", "--", "true"], capture_output=True,

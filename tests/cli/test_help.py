@@ -74,3 +74,21 @@ def test_help_texts_name_no_repository_paths():
         texts += [p.help or "" for p in cmd.get_params(ctx) if isinstance(p, click.Option)]
         for t in texts:
             assert not REPO_PATH.search(t), (path, t)
+
+
+def test_the_cli_docs_have_a_section_for_every_command_and_name_its_options():
+    """docs/cli.md (`vgpuctl help cli`) documents each command in a section
+    of its own, with every option."""
+    doc = (REPO / "docs" / "cli.md").read_text()
+    headed = {w for line in doc.splitlines() if line.startswith("## ")
+              for w in re.findall(r"[\w-]+", line)}
+    names = cli.list_commands(click.Context(cli))
+    assert [n for n in names if n not in headed] == []
+    missing = []
+    for path, cmd, ctx in commands()[1:]:
+        for p in cmd.get_params(ctx):
+            if p is cmd.get_help_option(ctx) or not isinstance(p, click.Option):
+                continue
+            if not any(re.search(rf"{re.escape(o)}\b", doc) for o in p.opts):
+                missing.append(f"vgpuctl {' '.join(path)} {p.opts[0]}")
+    assert missing == []

@@ -106,18 +106,19 @@ def test_command_no_database_yet_is_an_empty_report(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("no jobs between")
 
 
-@pytest.mark.parametrize("setup,args,needle", [
-    ("none", ["--state-dir", "{tmp}/nowhere"], "no accounting database"),
-    ("corrupt", ["--state-dir", "{tmp}"], "can't read the accounting database"),
-    ("none", ["--since", "soon", "--state-dir", "{tmp}"], "--since 'soon'"),
-    ("none", ["--since", "1h", "--until", "2h", "--state-dir", "{tmp}"], "later than"),
-    ("none", ["--output", "{tmp}/no/such/dir/r.csv", "--state-dir", "{tmp}"], "--output"),
+# The exit statuses are the ones docs/cli.md and docs/operations.md give.
+@pytest.mark.parametrize("setup,args,code,needle", [
+    ("none", ["--state-dir", "{tmp}/nowhere"], 8, "no accounting database"),
+    ("corrupt", ["--state-dir", "{tmp}"], 8, "can't read the accounting database"),
+    ("none", ["--since", "soon", "--state-dir", "{tmp}"], 2, "--since 'soon'"),
+    ("none", ["--since", "1h", "--until", "2h", "--state-dir", "{tmp}"], 2, "later than"),
+    ("none", ["--output", "{tmp}/no/such/dir/r.csv", "--state-dir", "{tmp}"], 8, "--output"),
 ])
-def test_command_errors_are_one_line(tmp_path, setup, args, needle):
+def test_command_errors_are_one_line(tmp_path, setup, args, code, needle):
     if setup == "corrupt":
         (tmp_path / "vgpu.db").write_bytes(b"this is not a database" * 100)
     r = vgpuctl(["report", *[a.format(tmp=tmp_path) for a in args]])
-    assert r.returncode != 0
+    assert r.returncode == code, r.stderr
     assert needle in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 

@@ -195,6 +195,22 @@ def test_admission_refuses_what_does_not_fit_and_places_what_does(daemon):
             h.wait()
 
 
+def test_a_gpu_that_does_not_exist_is_refused_naming_those_that_do(daemon_factory):
+    d = daemon_factory(gpus="1x16G")
+    uuid = d.call("ps")["gpus"][0]["uuid"]
+    r = d.cli("run", "--gpu", "3", "--mem", "1G", "--", "true")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr == f"vgpuctl: error: no GPU 3: the one GPU here is 0 ({uuid})\n"
+    d2 = daemon_factory(gpus="2x16G")
+    uuids = [g["uuid"] for g in d2.call("ps")["gpus"]]
+    absent = next(str(n) for n in range(2, 100)   # neither an index nor a UUID's prefix
+                  if not any(u.removeprefix("GPU-").startswith(str(n)) for u in uuids))
+    r = d2.cli("run", "--gpu", absent, "--mem", "1G", "--", "true")
+    assert r.returncode == 4, r.stderr
+    assert r.stderr == (f"vgpuctl: error: no GPU {absent}: the 2 GPUs here are "
+                        f"0 ({uuids[0]}), 1 ({uuids[1]})\n")
+
+
 def test_set_changes_a_running_job(daemon):
     p = daemon.popen("run", "--mem", "2G", "--", "sleep", "60")
     try:
@@ -255,15 +271,139 @@ def test_run_starts_a_user_daemon_when_none_answers(daemon_factory):
         stop_user_daemon(d.base / "user" / "vgpud.sock")
 
 
-def stop_user_daemon(sock: Path) -> None:
+def user_env(d) -> dict[str, str]:
+    """An environment where no daemon answers and `run` starts one: socket
+    and runtime dir under d's base, d's state dir."""
+    return {"VGPU_SOCKET": str(d.base / "user" / "vgpud.sock"),
+            "VGPU_RUNTIME_DIR": str(d.base / "user")}
+
+
+def ps_all(d, env) -> list[dict]:
+    r = d.cli("ps", "--all", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["jobs"]
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def test_the_first_job_of_a_started_daemon_is_only_its_command(daemon_factory):
+    """The daemon `run` starts is no process of the job that started it:
+    the job ends with its command, `kill` never signals the daemon, and
+    the memory it held is free again for the next job."""
+    d = daemon_factory(gpus="1x16G", start=False)
+    env = user_env(d)
+    sock = d.base / "user" / "vgpud.sock"
+    p = d.popen("run", "-q", "--mem", "8G", "--", "sleep", "60", env=env)
+    try:
+        first = wait_for(lambda: next((j for j in ps_all(d, env) if j["pids"]), None)
+                         if sock.exists() else None, timeout=30, what="the first job's command")
+        from vgpuctl.client.connection import Client
+        with Client.connect(sock) as c:
+            daemon_pid = c.call("ping")["daemon"]["pid"]
+        assert daemon_pid not in first["pids"]
+        assert parent_of(daemon_pid) != p.pid
+        r = d.cli("kill", first["id"], env=env)
+        assert r.returncode == 0, r.stderr
+        assert str(daemon_pid) not in r.stdout.split()
+        assert p.wait(20) == 128 + signal.SIGTERM
+        wait_for(lambda: [j["state"] for j in ps_all(d, env)] == ["ended"],
+                 what="the first job to end with its command")
+        with Client.connect(sock) as c:
+            assert c.call("ping")["daemon"]["pid"] == daemon_pid     # untouched
+        again = d.cli("run", "-q", "--mem", "8G", "--", "true", env=env)
+        assert again.returncode == 0, again.stderr      # the first one's 8G are free
+        assert all(daemon_pid not in j["pids"] for j in ps_all(d, env))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        stop_user_daemon(sock, kill_jobs=True)
+
+
+def stop_user_daemon(sock: Path, kill_jobs: bool = False) -> None:
+    """Stop the daemon on sock (and with kill_jobs, what its jobs run)."""
     from vgpuctl.client.connection import Client
+    from vgpuctl.errors import VgpuError
     try:
         with Client.connect(sock) as c:
             pid = c.call("ping")["daemon"]["pid"]
+            jobs = c.call("ps")["jobs"] if kill_jobs else []
+        for p in {p for j in jobs for p in j["pids"]} - {pid}:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: not sock.exists(), what="the user daemon to stop")
-    except OSError:
+    except (OSError, VgpuError):
         pass
+
+
+def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vgpuctl: error: "), r.stderr
+    assert lines[0].count("error:") == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_a_daemon_that_cannot_start_is_its_own_error_once(daemon_factory):
+    """What stopped the user daemon's start is the error `run` reports:
+    its one line, once, with its exit status (9: no NVML; 78: a bad
+    configuration file)."""
+    d = daemon_factory(start=False)
+    env = user_env(d)
+    no_gpu = {**env, "VGPU_SIM_STATE": str(d.base / "no" / "such" / "dir")}
+    r = d.cli("run", "--mem", "1G", "--", "true", env=no_gpu)
+    line = one_error_line(r)
+    assert r.returncode == 9, r.stderr
+    assert line.startswith("vgpuctl: error: cannot start a user daemon: NVML unavailable")
+    d.config.write_text("tick_ms = 1\n")
+    r = d.cli("run", "--mem", "1G", "--", "true", env=env)
+    assert r.returncode == 78, r.stderr
+    assert one_error_line(r).endswith(f"{d.config}: tick_ms: must be 10 to 10000, got 1")
+    assert not (d.base / "user" / "vgpud.sock").exists()
+
+
+def test_a_daemon_killed_before_it_is_ready_is_one_line_naming_its_log(daemon_factory,
+                                                                        tmp_path):
+    d = daemon_factory(start=False)
+    site = tmp_path / "site"
+    site.mkdir()
+    # The daemon's interpreter dies at once, as the OOM killer or a
+    # `kill -9` would leave it.
+    (site / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "if 'daemon' in sys.argv:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    env = {**user_env(d), "PYTHONPATH": str(site)}
+    try:
+        r = d.cli("run", "--mem", "1G", "--", "true", env=env)
+        assert r.returncode == 3, r.stderr
+        line = one_error_line(r)
+        assert "exited before it was ready" in line and str(d.state / "vgpud.log") in line
+    finally:
+        stop_user_daemon(d.base / "user" / "vgpud.sock")
+
+
+def test_runs_that_start_a_daemon_together_share_the_one_started(daemon_factory):
+    """Each of several `run`s may start a daemon at once: one of them holds
+    the lock, and every run is a job of that one."""
+    d = daemon_factory(start=False)
+    env = user_env(d)
+    runs = [d.popen("run", "--mem", "1G", "--", "true", env=env) for _ in range(3)]
+    try:
+        outs = [p.communicate(timeout=60) for p in runs]
+        assert [p.returncode for p in runs] == [0, 0, 0], outs
+        assert sum("started a user daemon" in err for _, err in outs) == 1, outs
+        assert len(ps_all(d, env)) == 3
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        stop_user_daemon(d.base / "user" / "vgpud.sock")
 
 
 def test_a_relative_socket_is_the_one_in_the_current_directory(daemon_factory):
@@ -281,6 +421,28 @@ def test_a_relative_socket_is_the_one_in_the_current_directory(daemon_factory):
         assert ps.returncode == 0, ps.stderr
     finally:
         stop_user_daemon(d.base / "rel" / "vgpud.sock")
+
+
+def in_deleted_dir(gone: Path, argv: list[str], env: dict[str, str]):
+    """Run argv with its current directory deleted under it, as a shell
+    left in a removed directory runs it."""
+    gone.mkdir()
+    return subprocess.run(["sh", "-c", 'cd "$0" && rmdir "$0" && exec "$@"', str(gone), *argv],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_run_from_a_deleted_directory_runs_the_command_there(daemon, tmp_path):
+    r = in_deleted_dir(tmp_path / "gone", [*vgpuctl_argv(), "run", "-q", "--mem", "1G", "--",
+                                           "echo", "ran"], daemon.env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "ran\n", "")
+    job = daemon.jobs(all_jobs=True)[-1]
+    assert job["cwd"] == f"{tmp_path / 'gone'} (deleted)"
+    # A relative path can't be found from there: one line, a usage error.
+    r = in_deleted_dir(tmp_path / "gone2", [*vgpuctl_argv(), "ps", "--socket", "rel.sock"],
+                       daemon.env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("vgpuctl: error: rel.sock: a relative path, but the current "
+                        "directory was deleted: give an absolute one\n")
 
 
 def test_vgpuctl_alone_is_status(daemon):

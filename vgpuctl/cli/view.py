@@ -28,8 +28,9 @@ def fetch(socket_path: str | None, all_jobs: bool = False) -> dict[str, Any]:
 
 def fetch_or_nvml(socket_path: str | None) -> dict[str, Any]:
     """The daemon's ps reply; with no daemon, the GPUs as NVML sees them
-    (``daemon`` null, no jobs). DaemonUnavailable when neither answers."""
-    from vgpuctl.errors import DaemonUnavailable
+    (``daemon`` null, no jobs). When NVML fails too, its error (exit 9; 2
+    for a bad VGPU_SIM), which says that no daemon answers either."""
+    from vgpuctl.errors import DaemonUnavailable, NvmlUnavailable, VgpuError
 
     try:
         return fetch(socket_path)
@@ -38,8 +39,11 @@ def fetch_or_nvml(socket_path: str | None) -> dict[str, Any]:
 
         try:
             stats = query()
-        except Exception:
-            raise e from None
+        except VgpuError as nv:
+            raise type(nv)(f"{nv}; and {e}", exit_code=nv.exit_code) from None
+        except Exception as nv:       # pynvml's NVMLError past its start, a failed load
+            raise NvmlUnavailable(f"NVML failed ({type(nv).__name__}: {nv}); and {e}") \
+                from None
         return {"v": 1, "daemon": None, "jobs": [], "gpus": [
             {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total": g.memory_total,
              "memory_used": g.memory_used, "utilization": g.utilization,
@@ -146,10 +150,10 @@ def fields_lines(records: list[dict[str, Any]], out: Output,
 def run_loop(out: Output, frame: Callable[[float, bool], None],
              sleep: Callable[[float], None] = time.sleep) -> int:
     """Call frame(time, first) now and then every out.loop seconds until
-    Ctrl-C (exit 0). While no daemon answers, say so once on stderr and
-    keep trying; say so again when it is back."""
+    Ctrl-C (exit 0). While no daemon answers (nor NVML, for status), say
+    so once on stderr and keep trying; say so again when it is back."""
     from vgpuctl.cli import messages
-    from vgpuctl.errors import DaemonUnavailable
+    from vgpuctl.errors import DaemonUnavailable, NvmlUnavailable
 
     assert out.loop is not None
     down = False
@@ -163,7 +167,7 @@ def run_loop(out: Output, frame: Callable[[float, bool], None],
                 if down:
                     messages.note("the daemon answers again")
                     down = False
-            except DaemonUnavailable as e:
+            except (DaemonUnavailable, NvmlUnavailable) as e:
                 if not down:
                     messages.warn(f"{e}; retrying every {out.loop:g} s")
                     down = True

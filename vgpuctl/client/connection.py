@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import sys
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import protocol as P
-from vgpuctl.errors import DaemonUnavailable, ProtocolError
+from vgpuctl.errors import DaemonConflict, DaemonUnavailable, ProtocolError
 from vgpuctl.system import paths
 
 MAX_REPLY = 256 << 20
@@ -155,7 +156,30 @@ def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None
         except OSError as e:
             tried.append(f"{p} ({e.strerror or e})")
     raise DaemonUnavailable("no vgpuctl daemon answers: tried " + ", ".join(tried)
-                            + "; start one with `vgpuctl daemon`")
+                            + "; " + advice(socket_path, env))
+
+
+def advice(socket_path: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """What to do when no daemon answers on the sockets a client tries:
+    where a system daemon is expected, that it is not running and how the
+    node's administrator starts it; else how to start one."""
+    socks = paths.client_sockets(socket_path, env)
+    if paths.SYSTEM_SOCKET in socks:
+        root = os.geteuid() == 0
+        if paths.system_unit() is not None:
+            how = "`systemctl start vgpud`"
+            return ("the system daemon is not running: start it with " + how if root else
+                    "the system daemon is not running: the node's administrator starts it "
+                    "with " + how)
+        sign = paths.system_daemon_sign()
+        if sign is not None:
+            return (f"the system daemon is not running ({sign} exists): "
+                    + ("start it with `vgpuctl daemon`" if root else
+                       "the node's administrator starts it (`vgpuctl daemon` as root)"))
+    for p in socks:
+        if paths.shared_socket(p):
+            return f"the shared daemon whose socket is {p} is not running"
+    return "start one with `vgpuctl daemon`"
 
 
 def connect_or_start(socket_path: str | None = None, note: Any = None,
@@ -225,12 +249,19 @@ def expected_daemon(socket_path: str | None = None,
 
 
 def start_user_daemon(socket_path: str | None = None,
-                      env: Mapping[str, str] | None = None) -> tuple[Client, Path]:
-    """Start a user daemon in the background (its own session, logging to
-    its state dir), wait for its socket, and connect. Returns the client and
-    the log's path."""
-    import subprocess
+                      env: Mapping[str, str] | None = None) -> tuple[Client, Path | None]:
+    """Start a user daemon in the background (its own session, in /,
+    logging to its state dir), wait until it says it listens, and connect.
+    Returns the client and the log's path (None: another daemon, started
+    beside this one, answered instead).
 
+    The daemon is not a descendant of this process (see _spawn_detached):
+    `vgpuctl run` becomes a subreaper, and the daemon tracks a launcher's
+    children as its job's. It says how its start went on a pipe
+    (`vgpuctl daemon --ready-fd`): ready, or the error that stopped it,
+    raised here as the same VgpuError with its exit status. Another
+    daemon that holds the lock (a `run` beside this one started it) is
+    the one to wait for."""
     e = dict(os.environ if env is None else env)
     for k in ("VGPU_REGION", "VGPU_JOB"):
         e.pop(k, None)
@@ -239,42 +270,136 @@ def start_user_daemon(socket_path: str | None = None,
     dp = paths.daemon_paths(True, socket=str(sock), env=e)
     paths.ensure_private_dir(dp.state_dir)
     log_path = dp.log
-    argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock)]
-    # Owner-only: the log names every job's command and directory.
-    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                           0o600), "ab") as log:
-        os.fchmod(log.fileno(), 0o600)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, close_fds=True, env=e, cwd="/")
     deadline = time.monotonic() + START_TIMEOUT_S
-    waiting: Any = proc
-    while time.monotonic() < deadline:
+    ready_r, ready_w = os.pipe()
+    try:
+        argv = [sys.executable, "-m", "vgpuctl", "daemon", "--user", "--socket", str(sock),
+                "--ready-fd", str(ready_w)]
+        pid = _spawn_detached(argv, e, log_path, ready_w)
+        os.close(ready_w)
+        ready_w = -1
+        said = _read_ready(ready_r, deadline)
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+    if said is _TIMEOUT:
         try:
-            return Client.connect(sock), log_path
+            os.kill(pid, signal.SIGTERM)     # it holds the pipe: alive, ours, of no use
         except OSError:
             pass
-        rc = waiting.poll() if waiting is not None else None
-        if rc is not None:
-            # Another `vgpuctl run` may have started one at the same moment:
-            # that daemon (it holds the lock) is the one to wait for.
-            if not _log_says_other(log_path):
-                raise DaemonUnavailable(f"could not start a daemon: {_last_line(log_path)} "
-                                        f"(log: {log_path})")
-            waiting = None
+        raise DaemonUnavailable(f"started a user daemon but it was not ready within "
+                                f"{START_TIMEOUT_S:.0f} s: stopped it (log: {log_path})")
+    if said is None:
+        raise DaemonUnavailable(f"the user daemon started for this command exited before it "
+                                f"was ready, without saying why (killed?): see its log "
+                                f"{log_path}")
+    exc = P.reply_exception(said)
+    if exc is None:
+        try:
+            return Client.connect(sock), log_path
+        except OSError as err:
+            raise DaemonUnavailable(f"the user daemon said it listens on {sock}, but: "
+                                    f"{err.strerror or err} (log: {log_path})") from None
+    if not isinstance(exc, DaemonConflict):
+        code = said.get("exit")
+        ok_code = isinstance(code, int) and not isinstance(code, bool) and 0 < code < 256
+        raise type(exc)(f"cannot start a user daemon: {exc}",
+                        exit_code=code if ok_code else None)
+    # Another daemon holds the state dir's lock or listens on the socket:
+    # a `vgpuctl run` beside this one started it. Wait for it to answer.
+    while True:
+        try:
+            return Client.connect(sock), None
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            raise DaemonUnavailable(f"{exc}, but no daemon answers on {sock} within "
+                                    f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
         time.sleep(0.02)
-    if waiting is not None and waiting.poll() is None:
-        waiting.terminate()     # ours, and of no use to anyone: don't leave it running
-    raise DaemonUnavailable(f"started a daemon but its socket {sock} did not appear within "
-                            f"{START_TIMEOUT_S:.0f} s (log: {log_path})")
 
 
-def _last_line(path: Path) -> str:
+_TIMEOUT: Any = object()
+
+
+def _spawn_detached(argv: list[str], env: Mapping[str, str], log_path: Path,
+                    keep_fd: int) -> int:
+    """Start argv in its own session, in /, with stdin /dev/null, stdout
+    and stderr appended to log_path (created owner-only: the log names
+    every job's command and directory), and keep_fd open in it. Through a
+    child that exits at once: the daemon is re-parented to init (or to
+    this session's subreaper), never left a child of this process, which
+    `vgpuctl run` makes a subreaper of what its command leaves behind.
+    Returns the daemon's pid; DaemonUnavailable when it can't be started."""
+    import subprocess
+
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    pid_r, pid_w = os.pipe()
     try:
-        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1].strip() if lines else "no output"
+        os.fchmod(log_fd, 0o600)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        mid = os.fork()
+        if mid == 0:    # the intermediate child: start the daemon, say its pid, exit
+            code = 1
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fd,
+                                     stderr=log_fd, start_new_session=True, close_fds=True,
+                                     pass_fds=(keep_fd,), env=dict(env), cwd="/")
+                os.write(pid_w, f"{p.pid}\n".encode())
+                code = 0
+            except BaseException as exc:
+                try:
+                    os.write(pid_w, f"{type(exc).__name__}: {exc}\n".encode(errors="replace"))
+                except BaseException:
+                    pass
+            finally:
+                os._exit(code)
+        os.close(pid_w)
+        pid_w = -1
+        got = b""
+        while True:
+            chunk = os.read(pid_r, 4096)
+            if not chunk:
+                break
+            got += chunk
+        os.waitpid(mid, 0)
+    finally:
+        os.close(log_fd)
+        os.close(pid_r)
+        if pid_w >= 0:
+            os.close(pid_w)
+    text = got.decode(errors="replace").strip()
+    if not text.isdigit():
+        raise DaemonUnavailable(f"could not start a user daemon: {text or 'no reason given'}")
+    return int(text)
 
 
-def _log_says_other(path: Path) -> bool:
-    return "another daemon" in _last_line(path)
+def _read_ready(fd: int, deadline: float) -> Any:
+    """The line the daemon writes on its ready pipe, decoded: None when it
+    closed the pipe without a line (it died), _TIMEOUT at the deadline."""
+    import json
+    import select
+
+    got = b""
+    while b"\n" not in got:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return _TIMEOUT
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        got += chunk
+        if len(got) > P.MAX_LINE:
+            break
+    line = got.partition(b"\n")[0]
+    if not line.strip():
+        return None
+    try:
+        said = json.loads(line)
+    except ValueError:
+        said = None
+    if not isinstance(said, dict):
+        raise DaemonUnavailable(f"the user daemon said something that is not its start's "
+                                f"report: {line[:200]!r}")
+    return said

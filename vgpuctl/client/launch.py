@@ -35,7 +35,7 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
         raise UsageError("no command given: vgpuctl run --mem SIZE [--core PCT] -- COMMAND...")
     if name is not None and not 1 <= len(name) <= 64:
         raise UsageError("--name: 1 to 64 characters")
-    fields = {"command": list(command), "cwd": os.getcwd(), "name": name,
+    fields = {"command": list(command), "cwd": current_dir(), "name": name,
               "mem": mem, "core": core, "policy": policy, "gpu": gpu}
     from vgpuctl.client import connection as client
 
@@ -51,6 +51,19 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
             warn(str(w))
         return launch(cl, job["id"], reply["env"], list(command),
                       warn=warn if verbose else None, prepend=reply.get("prepend"))
+
+
+def current_dir() -> str:
+    """The current directory, for the job's record. One that was deleted
+    (the command runs in it all the same, as from a shell) is recorded as
+    the kernel names it: its old path and " (deleted)"."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        try:
+            return os.readlink("/proc/self/cwd")
+        except OSError:
+            return "(deleted)"
 
 
 def job_line(job: Mapping[str, Any]) -> str:

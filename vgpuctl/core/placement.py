@@ -78,13 +78,17 @@ def resolve_gpu(gpus: Sequence[Gpu], spec: str) -> Gpu:
     if len(matches) > 1:
         raise UsageError(f"--gpu {s}: matches {len(matches)} GPUs "
                          f"({', '.join(g.uuid for g in matches)}); give more of the UUID")
-    raise NotFound(f"no GPU {s}: there are {_gpu_list(gpus)}")
+    raise NotFound(f"no GPU {s}: {_gpu_list(gpus)}")
 
 
 def _gpu_list(gpus: Sequence[Gpu]) -> str:
+    """What GPUs there are, for a --gpu that names none of them."""
     if not gpus:
-        return "no GPUs"
-    return ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
+        return "this node has no GPUs"
+    named = ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
+    if len(gpus) == 1:
+        return f"the one GPU here is {named}"
+    return f"the {len(gpus)} GPUs here are {named}"
 
 
 def _left_text(gpus: Sequence[Gpu], used: dict[str, int], reserve: int,

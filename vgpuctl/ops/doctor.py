@@ -318,6 +318,13 @@ def check_daemon(env: Mapping[str, str]) -> Check:
         kind = "system" if info.get("system") else "user"
         return Check("daemon", OK, f"{kind} daemon pid {info.get('pid')} (vgpuctl "
                      f"{info.get('version')}) answers on {sock}, {info.get('jobs', 0)} job(s)")
+    sign = paths.system_daemon_sign() if paths.SYSTEM_SOCKET in candidates else None
+    if sign is not None:
+        # `vgpuctl run` waits for this node's system daemon, never starts its own.
+        return Check("daemon", FAIL, f"the system daemon is not running ({sign} exists): "
+                     "`vgpuctl run` waits for it, then fails",
+                     "sudo systemctl start vgpud" if paths.system_unit() is not None
+                     else UNIT_FIX)
     if stale:
         return Check("daemon", WARN, f"no daemon listens on {', '.join(stale)} (left by a "
                      "daemon that stopped)",

@@ -12,6 +12,15 @@ service as started. Every function here is a no-op returning False when
 
 Each takes an optional status text, sent as STATUS=... (shown by
 `systemctl status`).
+
+The process that started the daemon may hear the same news on a pipe
+(``vgpuctl daemon --ready-fd N``, set_ready_fd): one JSON line in the wire
+protocol's reply form (vgpuctl.core.protocol), written once, then the pipe
+is closed. ready() writes ``{"v": 1, "ok": true, "pid": PID}``;
+start_failed(exc), when the start fails before that, the error's wire code,
+message and exit status (``{"v": 1, "ok": false, "error": {"code": ...,
+"message": ...}, "exit": N}``), from which `vgpuctl run` raises the same
+error.
 """
 
 from __future__ import annotations
@@ -20,8 +29,55 @@ import os
 import socket
 import time
 from collections.abc import Mapping
+from typing import Any
+
+from vgpuctl.core import protocol as P
+from vgpuctl.errors import UsageError, VgpuError
 
 ENV = "NOTIFY_SOCKET"
+
+_ready_fd: int | None = None     # the starter's pipe, until the start's news is written
+
+
+def set_ready_fd(fd: int) -> None:
+    """Write the start's news (ready, or the error that stopped it) to fd,
+    a pipe's write end the starter passed; UsageError when fd is not open."""
+    global _ready_fd
+    try:
+        os.fstat(fd)
+        os.set_inheritable(fd, False)     # not for the daemon's own children
+    except (OSError, OverflowError):
+        raise UsageError(f"--ready-fd {fd}: not an open file descriptor") from None
+    _ready_fd = fd
+
+
+def _tell_starter(msg: dict[str, Any]) -> bool:
+    """Write msg to the ready fd, once, and close it."""
+    global _ready_fd
+    fd, _ready_fd = _ready_fd, None
+    if fd is None:
+        return False
+    try:
+        os.write(fd, P.encode(msg))
+        return True
+    except OSError:
+        return False        # the starter is gone: nobody to tell
+    finally:
+        os.close(fd)
+
+
+def start_failed(exc: BaseException) -> bool:
+    """Tell the starter that the start failed with exc (a no-op once ready()
+    has told it the daemon listens, or without a ready fd)."""
+    if isinstance(exc, VgpuError):
+        msg = P.error(P.error_code(exc), str(exc))
+        msg["exit"] = exc.exit_code
+    else:
+        text = " ".join(str(exc).split())
+        msg = P.error("internal", f"internal error: {type(exc).__name__}"
+                      + (f": {text}" if text else ""))
+        msg["exit"] = 1
+    return _tell_starter(msg)
 
 
 def _address(env: Mapping[str, str]) -> str | None:
@@ -60,6 +116,7 @@ def _status_field(text: str | None) -> list[str]:
 
 
 def ready(status_text: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    _tell_starter(P.ok(pid=os.getpid()))
     return notify("READY=1", *_status_field(status_text), env=env)
 
 

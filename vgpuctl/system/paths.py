@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from vgpuctl.errors import StateError
+from vgpuctl.errors import StateError, UsageError
 
 SYSTEM_RUNTIME_DIR = Path("/run/vgpu")
 SYSTEM_SOCKET = SYSTEM_RUNTIME_DIR / "vgpud.sock"
@@ -78,8 +78,13 @@ def user_socket(env: Mapping[str, str] | None = None) -> Path:
 def absolute(path: str | Path) -> Path:
     """path made absolute against the current directory, as given: a
     relative --socket names the same file for a daemon started elsewhere
-    (the user daemon runs in /)."""
-    return Path(os.path.abspath(os.fspath(path)))
+    (the user daemon runs in /). UsageError for a relative path in a
+    current directory that was deleted."""
+    try:
+        return Path(os.path.abspath(os.fspath(path)))
+    except FileNotFoundError:
+        raise UsageError(f"{os.fspath(path)}: a relative path, but the current directory "
+                         "was deleted: give an absolute one") from None
 
 
 def client_sockets(explicit: str | None = None,
@@ -103,6 +108,14 @@ def system_daemon_sign(markers: tuple[Path, ...] | None = None) -> Path | None:
     for m in markers:
         if os.path.lexists(m):
             return m
+    return None
+
+
+def system_unit() -> Path | None:
+    """The installed systemd unit of the system daemon, or None."""
+    for u in SYSTEM_UNIT_FILES:
+        if os.path.lexists(u):
+            return u
     return None
 
 
@@ -185,21 +198,39 @@ def daemon_paths(user: bool, *, socket: str | None = None, runtime_dir: str | No
                        config=config, system=not user, config_optional=config_optional)
 
 
+PRIVATE_DIR_VARS = "VGPU_RUNTIME_DIR, VGPU_STATE_DIR"
+
+
 def ensure_private_dir(path: Path) -> None:
-    """Create path (mode 0700) or check that an existing one is ours and not
-    open to others: /tmp/vgpu-<uid> could have been made by someone else."""
+    """Create path (mode 0700), or check that an existing one is a directory
+    of ours that nobody else could write to: /tmp/vgpu-<uid> could have been
+    made by someone else, and whoever can write in a user daemon's dir can
+    put a symlink where it creates its lock, database or socket. StateError
+    (one line) when it is not; read access for others is taken away."""
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = os.lstat(path)
     except OSError as e:
         raise StateError(f"{path}: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise StateError(f"{path} is a symbolic link: a user daemon's directory must be a "
+                         f"directory of yours (or name another: {PRIVATE_DIR_VARS})")
     if not stat.S_ISDIR(st.st_mode):
         raise StateError(f"{path}: not a directory")
     if st.st_uid != os.geteuid():
-        raise StateError(f"{path} belongs to uid {st.st_uid}, not to you: remove it or set "
-                        "VGPU_RUNTIME_DIR")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
+        raise StateError(f"{path} belongs to uid {st.st_uid}, not to you: remove it, or name "
+                         f"another directory ({PRIVATE_DIR_VARS})")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        raise StateError(f"{path} is writable by others (mode {mode:04o}): a user daemon's "
+                         f"directory must be yours alone; remove it (or `chmod 700` it if "
+                         f"nobody could have put files in it), or name another "
+                         f"({PRIVATE_DIR_VARS})")
+    if mode & 0o077:
+        try:
+            os.chmod(path, 0o700)
+        except OSError as e:
+            raise StateError(f"{path}: {e.strerror}") from None
 
 
 def ensure_shared_dir(path: Path) -> None:

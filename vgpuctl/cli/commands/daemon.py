@@ -14,9 +14,14 @@ import click
 @click.option("--runtime-dir", metavar="DIR", help="Where the jobs' regions live.")
 @click.option("--state-dir", metavar="DIR", help="Where the job database lives.")
 @click.option("--user", is_flag=True, help="Use a user daemon's paths even as root.")
+@click.option("--ready-fd", type=click.IntRange(0), metavar="N",
+              help="Write one JSON line to file descriptor N (a pipe) when the daemon "
+              "listens, or the error that stopped its start, then close it; `vgpuctl run` "
+              "starts a user daemon so.")
 @click.pass_context
 def daemon(ctx: click.Context, socket_path: str | None, config: str | None,
-           runtime_dir: str | None, state_dir: str | None, user: bool) -> int | None:
+           runtime_dir: str | None, state_dir: str | None, user: bool,
+           ready_fd: int | None) -> int | None:
     """Run the supervisor daemon in the foreground (for systemd).
 
     SIGTERM stops it and leaves the jobs running; a later start re-adopts
@@ -25,16 +30,23 @@ def daemon(ctx: click.Context, socket_path: str | None, config: str | None,
     the previous configuration.
     """
     if ctx.invoked_subcommand is not None:
-        if any((socket_path, config, runtime_dir, state_dir, user)):
+        if any((socket_path, config, runtime_dir, state_dir, user, ready_fd is not None)):
             from vgpuctl.errors import UsageError
 
             raise UsageError(f"the daemon's options go with `vgpuctl daemon` alone, not "
                              f"with `{ctx.invoked_subcommand}`")
         return None
     from vgpuctl.daemon import Options, run
+    from vgpuctl.system import notify
 
-    return run(Options(socket=socket_path, runtime_dir=runtime_dir, state_dir=state_dir,
-                       config=config, user=user))
+    if ready_fd is not None:
+        notify.set_ready_fd(ready_fd)
+    try:
+        return run(Options(socket=socket_path, runtime_dir=runtime_dir, state_dir=state_dir,
+                           config=config, user=user))
+    except BaseException as e:
+        notify.start_failed(e)      # told to the starter unless the daemon was ready
+        raise
 
 
 @daemon.command()

@@ -21,7 +21,7 @@ from vgpuctl.system.files import write_output
 @click.option("--until", default="now", show_default=True, metavar="WHEN",
               help="End of the window (not included), same forms as --since.")
 @click.option("--by", "by", type=click.Choice(rep.GROUPINGS), default="job",
-              show_default=True, help="One line per job, user, GPU or local day.")
+              show_default=True, help="One line per job, user, GPU, local day or Slurm job.")
 @click.option("--format", "fmt", type=click.Choice(rep.FORMATS), default="table",
               show_default=True, help="table (rich on a terminal, plain text otherwise), "
                                       "csv (units in the headers) or json.")
