@@ -125,3 +125,24 @@ def test_build_spank_without_slurms_headers_says_what_to_install(daemon_factory,
     assert r.stderr == ("vgpuctl: error: slurm/spank.h not found: install Slurm's headers "
                         "(Debian: libslurm-dev) or give --include DIR\n")
     assert list(tmp_path.iterdir()) == [cc]
+
+
+def test_the_prolog_registers_a_job_whose_name_holds_control_characters(node, tmp_path):
+    """A Slurm job's name is its user's to choose: the daemon refuses control
+    characters in names, so the Prolog writes them as escapes, and the job
+    is fenced rather than refused."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\ncat <<'EOF'\n"
+                        "JobId=8 JobName=evil\x1b[2Jname\n"
+                        "   UserId=root(0) Account=phys\x07ics\n"
+                        "   Partition=gpu\n   NodeList=vm\n"
+                        "     Nodes=vm CPU_IDs=0 Mem=0 GRES=shard:2(IDX:1)\n"
+                        "   Command=/bin/true\n   WorkDir=/\nEOF\n")
+    scontrol.chmod(0o755)
+    r = hook(node, "prolog", SLURM_JOB_ID="8", SLURM_JOB_UID=str(os.getuid()),
+             SLURM_JOB_GPUS="1", SLURMD_NODENAME="vm",
+             PATH=f"{tmp_path}:{os.environ['PATH']}")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    job = next(j for j in node.jobs() if j["slurm_job"] == "8")
+    assert job["name"] == "evil\\x1b[2Jname" and job["slurm_account"] == "phys\\x07ics"
+    assert job["mem_limit"] == 2 << 30

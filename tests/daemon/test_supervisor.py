@@ -509,3 +509,9 @@ def test_no_job_ever_holds_the_daemons_own_process(tmp_path, procs):
     for j in call(sup, ME, "ps")["jobs"]:
         assert os.getpid() not in j["pids"] and child.pid not in j["pids"]
     assert os.getpid() not in call(sup, ME, "kill", job=other, signal=signal.SIGCONT)["pids"]
+
+
+def test_a_job_named_after_its_command_gets_a_name_that_is_one_line(tmp_path):
+    sup = make(tmp_path)
+    job = run(sup, mem=G, command=["/opt/evil\nvgpud[1] ERROR forged\x1b[2J", "x"])["job"]
+    assert job["name"] == "evil\\nvgpud[1] ERROR forged\\x1b[2J"

@@ -109,7 +109,10 @@ class Admission:
                                 pin=req.gpu, reserve=cfg.reserve,
                                 oversubscribe=cfg.oversubscribe)
         self._check_rate(limits, uid, user)
-        name = req.name or os.path.basename(req.command[0]) or req.command[0]
+        # The command's name stands for a job's name: one line, nothing a
+        # terminal acts on (a name the user gives is checked at the edge).
+        name = req.name or P.escape_controls(
+            os.path.basename(req.command[0]) or req.command[0])[:P.MAX_NAME]
         rec = JobRecord(name=name, uid=uid, user=user,
                         command=P.stored_command(req.command),
                         cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],

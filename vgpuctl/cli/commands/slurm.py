@@ -36,6 +36,15 @@ def _slurm_env(name: str) -> str:
     return v
 
 
+def _label(text: str | None) -> str | None:
+    """A Slurm job's name, partition or account as the daemon takes one: the
+    user chose it, so its control characters are written as escapes (the
+    daemon refuses them), and it is cut to 64 characters."""
+    from vgpuctl.core.protocol import MAX_NAME, escape_controls
+
+    return escape_controls(text or "")[:MAX_NAME] or None
+
+
 def _node() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
@@ -94,9 +103,8 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
                                   os.environ["SLURM_JOB_GPUS"].split(",") if i.isdigit()]
         with _connect(socket_path) as cl:
             cl.call("slurm_register", slurm_job=job_id, uid=int(uid_text), gpus=gpus,
-                    shards=job.shards, name=job.name[:64] or None,
-                    partition=(job.partition or "")[:64] or None,
-                    account=(job.account or "")[:64] or None,
+                    shards=job.shards, name=_label(job.name), partition=_label(job.partition),
+                    account=_label(job.account),
                     command=job.command[:4096] or None, cwd=job.work_dir[:4096] or None,
                     core=share, policy=pol, ask_core=ask_core)
     except VgpuError as e:
