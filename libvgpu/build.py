@@ -40,7 +40,7 @@ class Target(NamedTuple):
 
 # The simulator's files include their own directory's headers by name and the
 # common layer's as "common/sim.h": cuda/ and nvml/ build on common/, never on
-# each other (tests/test_native_layout.py checks it with compile_flags).
+# each other (tests/sim/test_native_layout.py checks it with compile_flags).
 SIM_CFLAGS = ["-I" + os.path.join(HERE, "sim")]
 # -Bsymbolic-functions: the simulator's own calls between its entry points
 # stay inside it, as in the real driver; a preloaded hook sees only the

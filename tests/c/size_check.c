@@ -1,6 +1,6 @@
 /*
  * size_check.c - prints, for each argument, what vgpu_parse_size makes of
- * it: the bytes, or "error". tests/test_native_layout.py runs it on every
+ * it: the bytes, or "error". tests/sim/test_native_layout.py runs it on every
  * case of tests/data/sizes.json.
  */
 #include <inttypes.h>

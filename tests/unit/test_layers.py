@@ -120,3 +120,17 @@ def test_the_rules_catch_io_in_the_core(tmp_path):
     assert "vgpuctl/core/clock.py:4: the core calls now()" in found
     assert "vgpuctl/core/up.py:2: the core layer imports vgpuctl.store" in found
     assert "vgpuctl/store/ui.py:1: rich is imported outside cli" in found
+
+
+def test_the_architecture_docs_draw_this_table():
+    """docs/architecture.md's layer block is this file's ALLOWED, line by line."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = doc[doc.index("layer      may import"):].split("```")[0]
+    drawn = {}
+    for line in block.splitlines()[1:]:
+        if line.strip():
+            name, rest = line.split(None, 1)
+            drawn[name] = set() if rest.strip() == "-" else {
+                x.strip() for x in rest.split(",")}
+    want = {k: v - {"vgpuctl"} for k, v in ALLOWED.items() if k not in ("__main__", "__init__")}
+    assert drawn == want

@@ -7,7 +7,7 @@ limits, compute shares and policies. Nothing outside the folder is touched
 and everything started is stopped when the demo ends, by Ctrl-C too.
 
 This module does the work and reports through callbacks; the command
-(vgpuctl/commands/demo.py) does the showing.
+(vgpuctl/cli/commands/demo.py) does the showing.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ uint64_t sim_reserve_kernel(int dev, uint64_t ns, uint64_t not_before);
 /* Fault injection for NVML: the error to fail this call with, or 0. */
 int sim_nvml_fault(void);
 
-/* Exported from both libraries for `vgpuctl sim` (vgpuctl/simstate.py).
+/* Exported from both libraries for `vgpuctl sim` (vgpuctl/system/simstate.py).
  * stats: the state as one JSON object into buf; returns its length (call
  *   again with a bigger buffer if that is >= len), -1 if there is no state.
  * fail_allocs: the next n allocations on gpu fail; -1 if no such gpu.
