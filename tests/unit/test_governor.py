@@ -360,3 +360,43 @@ def test_pids_gone_or_unknown_count_for_nobody() -> None:
     j.pids = frozenset({555})     # its process gone, another in its place, not yet running
     gates = run(w, gov, 3)
     assert gates[("1", "GPU-0")].measured == 0.0
+
+
+@pytest.mark.parametrize("late", [1, 2, 3])
+@pytest.mark.parametrize("cost_s", [50e-6, 200e-6, 1e-3])
+def test_gate_writes_that_land_late_are_never_taken_for_tampering(cost_s: float,
+                                                                  late: int) -> None:
+    """A loaded daemon writes each gate a few ticks after it computed it;
+    the hook launches at the gate it has. After `set --core 60` -> 20 and
+    back, the honest job launches more than the newest gate allows: that
+    is no proof of anything (the tick-by-tick books it replaced said
+    "launched 1193 kernels in 0.10 s, beyond the 3979.7/s its gate
+    granted"). The judge is region trust's ledger, fed the same history."""
+    from vgpuctl.core import trust
+
+    a, b = Job("a", 101, 60, cost_s=cost_s), Job("b", 102, 30, cost_s=cost_s * 4)
+    w = World([a, b])
+    gov = governor(w)
+    pending: list[dict[tuple[str, str], Gate]] = []
+    ledgers = {j.job_id: trust.LaunchLedger(trust.OPEN, at=w.now_us / 1e6) for j in w.jobs} \
+        if hasattr(trust, "LaunchLedger") else {}
+    for k in range(200):
+        a.share = 20 if 60 <= k < 120 else 60
+        w.run_tick()
+        now = w.now_us / 1e6
+        for job_id, ledger in ledgers.items():
+            j = next(x for x in w.jobs if x.job_id == job_id)
+            over = ledger.read(now, now, int(j.launches))
+            assert over is None or not over.proven(threads=1), over
+        devs = [JobDevice(j.job_id, j.uuid, frozenset({j.pid}), j.share, j.policy,
+                          int(j.launches)) for j in w.jobs]
+        gates = gov.tick(devs, now)
+        assert not any(getattr(g, "overrun", None) for g in gates.values())
+        pending.append(gates)
+        if len(pending) > late:
+            written = pending.pop(0)
+            for j in w.jobs:
+                j.gate = g = written[(j.job_id, j.uuid)]
+                if ledgers:
+                    ledgers[j.job_id].wrote(now, now, trust.Gate(g.throttle, g.refill_rate,
+                                                                 g.bucket_size))
