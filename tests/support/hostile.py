@@ -88,3 +88,48 @@ def as_nobody(code: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
     kw.setdefault("stdout", subprocess.PIPE)
     return subprocess.Popen([py, "-c", code, *args], preexec_fn=_drop, text=True,
                             cwd="/", **kw)
+
+
+def in_child_as_nobody(fn: Any, timeout: float = 60) -> Any:
+    """fn() run in a forked child of this process as nobody (uid 65534),
+    its result (anything JSON can carry) returned; the exception it raised
+    as an AssertionError. The child uses only what this process has already
+    imported (nobody may not read this interpreter's files); skip where
+    this process can't become nobody."""
+    import json
+    import select
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as nobody")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            out = {"ok": fn()}
+        except BaseException as e:
+            out = {"error": f"{type(e).__name__}: {e}"}
+        try:
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    try:
+        while select.select([r], [], [], timeout)[0]:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    got = json.loads(data or b'{"error": "no answer"}')
+    if "error" in got:
+        raise AssertionError(f"as nobody: {got['error']}")
+    return got["ok"]

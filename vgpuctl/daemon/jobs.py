@@ -11,7 +11,6 @@ store.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +177,7 @@ class JobTable:
         elif rec.region:
             p = Path(rec.region)
             if p.parent == self.jobs_dir:
-                shutil.rmtree(p, ignore_errors=True)
+                Region.discard(p)
         rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
         self.save(rec, ["state", "ended", "pids"])
         self._jobs.pop(rec.id, None)
@@ -199,7 +198,7 @@ class JobTable:
         for p in d.iterdir():
             if p.name not in self._jobs and p.name.isascii() and p.name.isdigit():
                 log.info("removing the region of ended job %s", p.name)
-                shutil.rmtree(p, ignore_errors=True)
+                Region.discard(p)
 
     def close(self) -> None:
         """Let go of every region (left on disk: the jobs keep running)."""
