@@ -44,6 +44,8 @@ class LiveJob:
     target: dict[str, float] = field(default_factory=dict)    # uuid -> share 0..1
     violations: list[dict[str, Any]] = field(default_factory=list)  # newest last, capped
     violation_count: int = 0        # all of them, for the metrics
+    stopped: str | None = None      # why the violation watch ended it (its gate closed)
+    held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
 
     @property
     def id(self) -> str:

@@ -41,6 +41,7 @@ from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import logs, metrics, outage, tracking, views
 from vgpuctl.daemon import violations as watch
 from vgpuctl.daemon.admission import Admission
+from vgpuctl.daemon.admission import user_name as admission_user
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.slurm import SlurmJobs
@@ -48,6 +49,7 @@ from vgpuctl.daemon.tracking import Tracker
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import (
     AdmissionBusy,
+    AdmissionRefused,
     NotFound,
     PermissionDenied,
     RequestInvalid,
@@ -162,9 +164,24 @@ class Supervisor:
                           "allow_run": self.config.slurm.allow_run}}
 
     def op_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
+        if not self.is_admin(peer):
+            self._check_cooldown(peer.uid)
         job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req)
         env, prepend = self.admission.job_env(job)
         return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
+
+    def _check_cooldown(self, uid: int) -> None:
+        """AdmissionRefused while a user's new jobs are held: their jobs were
+        ended for violations cooldown_after times within cooldown_s."""
+        cfg = self.config
+        now = self.clock()
+        until = self.violations.cooldown.held_until(uid, now, cfg.cooldown_after,
+                                                    cfg.cooldown_s)
+        if until is not None:
+            raise AdmissionRefused(
+                f"the jobs of {admission_user(uid)} were ended for violations "
+                f"{cfg.cooldown_after} times within {cfg.cooldown_s} s: new jobs are held "
+                f"for another {until - now:.0f} s (cooldown_s in the daemon's configuration)")
 
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self.table.get(req.job)
@@ -344,14 +361,16 @@ class Supervisor:
         self.tracker.track(table, self.clock())
 
     def watch_known(self) -> watch.Known:
-        return watch.known(self.table)
+        return watch.known(self.table, self.config.reserve)
 
     def record_violations(self, res: watch.Result) -> None:
         """Apply one check of the watch: fresh NVML figures, and each new
         violation into its job's record (or the strays), the log and the
         counters."""
         self.update_stats(res.stats)
-        self.violations.apply(res, self.table, self.clock())
+        for job in self.table:
+            job.held = {u: res.memory.get((job.id, u), 0) for u in job.uuids()}
+        self.violations.apply(res, self.table, self.clock(), self.trust.stop)
 
     def metrics_snapshot(self, gpu_seconds: Callable[[str], float | None]) -> Any:
         now = self.clock()

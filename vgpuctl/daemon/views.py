@@ -22,12 +22,23 @@ def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView
     uuid = rec.uuids[0] if rec.uuids else None
     st = stats.get(uuid) if uuid is not None else None
     mem_nvml = None
-    if st is not None and st.memory_used is not None:
-        mem_nvml = sum(st.processes.get(p, 0) for p in rec.pids)
+    if st is not None and st.memory_used is not None and uuid is not None:
+        mem_nvml = job.held.get(uuid, 0)
     live = Live(usage=job.usage[0] if job.usage else None, mem_nvml=mem_nvml,
                 measured=job.measured.get(uuid) if uuid is not None else None,
                 violations=tuple(job.violations))
     return job_view(rec, live, now)
+
+
+def viewer(uid: int, admin: bool, public: bool) -> Callable[[JobView], JobView]:
+    """What a user asking for `ps` may see of each job: everything of their
+    own jobs (root and the daemon's user: of every job); of another user's,
+    all but its command line and directory, unless public."""
+    def show(view: JobView) -> JobView:
+        if admin or public or view.uid == uid:
+            return view
+        return replace(view, command=None, cwd=None)
+    return show
 
 
 def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) -> JobView:
