@@ -382,7 +382,15 @@ class Supervisor:
         outage.checkpoint(self.table, acc, wall)
 
     def credit_outage(self, acc: Accountant, now: float) -> None:
-        outage.credit(self.table, acc, now)
+        """At start, after re-adoption: each job's use while no daemon ran,
+        its memory from NVML's figures for its processes now."""
+        held = {}
+        for job in self.table:
+            for u in job.uuids():
+                st = self.stats.get(u)
+                if st is not None:
+                    held[(job.id, u)] = sum(st.processes.get(p, 0) for p in job.rec.pids)
+        outage.credit(self.table, acc, now, held, self.trust.flag)
 
     def has_jobs(self) -> bool:
         return len(self.table) > 0
