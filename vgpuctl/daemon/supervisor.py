@@ -221,6 +221,7 @@ class Supervisor:
 
     def op_ps(self, peer: Peer, req: P.Ps) -> dict[str, Any]:
         now = self.clock()
+        show = views.viewer(peer.uid, self.is_admin(peer), self.config.public_commands)
         if req.job is not None:
             job = self.table.find(req.job)
             if job is not None:
@@ -237,7 +238,8 @@ class Supervisor:
                         for r in self.table.ended()]
             jobs += [views.live_job(j, self.stats, now)
                      for j in sorted(self.table, key=lambda j: int(j.id))]
-        return P.ok(daemon=self.info(), gpus=self.gpu_views(), jobs=[j.wire() for j in jobs],
+        return P.ok(daemon=self.info(), gpus=self.gpu_views(),
+                    jobs=[show(j).wire() for j in jobs],
                     violations=list(self.violations.strays))
 
     def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:

@@ -1,11 +1,18 @@
 """What `ps`, `status`, `top` and the metrics show: the live jobs and GPUs as
 the model's views (vgpuctl.core.job). Pure reads of the daemon's state:
 nothing here reads a region, writes the store or changes a job; a job's
-counters are the last reading the tick took (vgpuctl.daemon.trust)."""
+counters are the last reading the tick took (vgpuctl.daemon.trust), its
+memory by NVML what the violation watch attributed to it at its last check.
+
+Who sees what: every user sees every job's id, name, user, GPU, limits,
+usage and violations; a job's command line and directory only its owner
+and root (the daemon's user) see, unless the operator sets
+``public_commands`` (`viewer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vgpuctl.core import placement
