@@ -280,7 +280,16 @@ class Daemon:
 
     def _start_accounting(self, store: Store) -> None:
         try:
-            usage.create_schema(store.conn)
+            try:
+                usage.create_schema(store.conn)
+            except StateError as e:
+                # Keep what was there for whoever wants to look, and account
+                # from now on rather than not at all.
+                kept = usage.set_aside(store.conn, time.time())
+                log.error("%s: it is kept as table %s in %s, and accounting starts afresh in "
+                          "a new usage table (reports miss the rows before now)", e, kept,
+                          store.path)
+                usage.create_schema(store.conn)
             self.accountant = Accountant()
             # Re-adopted jobs' counters continue.
             active = [r.id for r in store.active_jobs()]
