@@ -9,6 +9,7 @@ import pytest
 
 from vgpuctl.core.violations import (
     BURST_S,
+    BURST_UNGATED_S,
     COMPUTE,
     KILL,
     MEMORY,
@@ -171,6 +172,37 @@ def test_a_lowered_share_stays_in_force_for_the_grace():
         assert not c.check(w.end, [lim(0.1)], {}, [w], owner)[0]
     for w in windows(t + 1.0, 20.0, {1: 0.1}):
         assert not c.check(w.end, [lim(0.1)], {}, [w], owner)[0]
+
+
+def _first_found(c, limits, busy, owner, hooked, seconds=10.0):
+    for w in windows(0.0, seconds, busy):
+        found, _ = c.check(w.end, limits, {}, [w], owner, hooked)
+        if found:
+            return w.end, found
+    return None, []
+
+
+def test_busy_time_that_went_through_no_gate_has_a_smaller_burst():
+    """The same overrun: from a process that loaded the hook (a gate's
+    transient, excused up to BURST_S), or from one that never did."""
+    owner = {(GPU, 1): "1"}
+    gated, _ = _first_found(Checker(), [lim(0.1)], {1: 0.4}, owner, hooked={1})
+    ungated, found = _first_found(Checker(), [lim(0.1)], {1: 0.4}, owner, hooked=set())
+    assert gated == pytest.approx(BURST_S / (0.4 - allowed(0.1)), abs=PERIOD)
+    assert ungated == pytest.approx(BURST_UNGATED_S / (0.4 - allowed(0.1)), abs=PERIOD)
+    assert found[0].burst == BURST_UNGATED_S and "through no gate" in found[0].describe()
+    # Unknown (no slots read): every pid is taken as gated.
+    unknown, _ = _first_found(Checker(), [lim(0.1)], {1: 0.4}, owner, hooked=None)
+    assert unknown == gated
+
+
+def test_an_ungated_helper_within_the_jobs_share_costs_nothing():
+    """A process of the job that left the hook out (a child started with a
+    clean environment) but keeps the job within its share: no debt at all."""
+    c = Checker()
+    owner = {(GPU, 1): "1", (GPU, 2): "1"}
+    t, _ = _first_found(c, [lim(0.3)], {1: 0.25, 2: 0.05}, owner, hooked={1}, seconds=60.0)
+    assert t is None
 
 
 def test_busy_time_no_job_claims_is_a_violation():

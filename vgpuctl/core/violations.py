@@ -41,6 +41,16 @@ past the budget is ``BURST_S`` once, then the margin. Why these numbers:
 - a violation of the sum of a user's jobs names each of the user's jobs on
   that GPU that used more than its own share in the same time.
 
+**Busy time that went through no gate.** The burst is there for what the
+gate of an honest job lets slip: a job's first second, before the gate
+knows its kernels; a burst after an idle spell; a `set` or a soft job's
+borrowing that ended, taking effect on work already queued. Busy time of a
+job's processes that never loaded the hook (no slot in the job's region:
+`hooked`) went through no gate, and has none of that to excuse: while a
+debt holds any of it, the burst is `BURST_UNGATED_S`. (A job's user can
+write a slot for an unhooked process, its region being theirs: that
+process is then held to the burst of a gated one, `BURST_S`.)
+
 A violation is *new* when its key was not found at the previous check; it
 is logged, counted and recorded once, and found again at every check while
 it lasts.
@@ -66,7 +76,7 @@ repeatedly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 MEMORY = "memory"
@@ -85,6 +95,10 @@ DEFAULT_ON_VIOLATION = PROTECT
 MARGIN = 0.25
 MARGIN_MIN = 0.05
 BURST_S = 0.5
+# ... or this, while the debt holds busy time that went through no gate.
+BURST_UNGATED_S = 0.1
+# A window's ungated busy time below this share of it is NVML's noise.
+UNGATED_MIN = 0.01
 # A share stays in force this long after it was lowered.
 GRACE_S = 2.0
 # How far back a job's use is shown in a violation (its share of the GPU
@@ -130,6 +144,7 @@ class Violation:
     scope: str = JOB        # compute: JOB, or USER (the sum of the user's jobs)
     uid: int | None = None  # compute of a USER scope: whose jobs
     share_unit: bool = False    # value and limit are shares (compute, unclaimed busy)
+    burst: float = BURST_S      # compute: the burst it went past (GPU-seconds)
 
     @property
     def key(self) -> tuple[str, str | None, int | str]:
@@ -144,13 +159,14 @@ class Violation:
         if self.kind == MEMORY:
             return (f"job {self.job_id}: pid {self.pid} and its job hold {_mib(self.value)} "
                     f"by NVML on {self.uuid}, over the job's limit of {_mib(self.limit)}")
+        gate = ", some of it through no gate" if self.burst < BURST_S else ""
         if self.kind == COMPUTE and self.scope == USER:
             return (f"job {self.job_id}: the jobs of uid {self.uid} on {self.uuid} use "
                     f"{self.value:.0%} of it together, over their shares' {self.limit:.0%} "
-                    f"by more than {BURST_S:g} GPU-seconds (busiest pid {self.pid})")
+                    f"by more than {self.burst:g} GPU-seconds{gate} (busiest pid {self.pid})")
         if self.kind == COMPUTE:
             return (f"job {self.job_id}: uses {self.value:.0%} of {self.uuid}, over its share "
-                    f"of {self.limit:.0%} by more than {BURST_S:g} GPU-seconds "
+                    f"of {self.limit:.0%} by more than {self.burst:g} GPU-seconds{gate} "
                     f"(busiest pid {self.pid})")
         if self.share_unit:
             return (f"{self.value:.0%} of {self.uuid} busy in processes no job claims, "
@@ -174,17 +190,25 @@ class _Use:
     (for the share a violation shows)."""
     debt: float = 0.0
     over: bool = False
+    ungated: bool = False       # the debt holds busy time that went through no gate
     recent: deque[tuple[float, float, float]] = field(default_factory=deque)  # end, dt, busy
 
-    def add(self, end: float, dt: float, busy: float, budget: float) -> None:
+    def add(self, end: float, dt: float, busy: float, budget: float,
+            ungated: float = 0.0) -> None:
         self.debt = max(self.debt + busy - budget * dt, 0.0)
-        if self.debt > BURST_S:
+        if self.debt <= 0.0:
+            self.ungated = self.over = False
+        elif ungated > UNGATED_MIN * dt:
+            self.ungated = True
+        if self.debt > self.burst:
             self.over = True
-        elif self.debt <= 0.0:
-            self.over = False
         self.recent.append((end, dt, busy))
         while self.recent and self.recent[0][0] < end - SHOWN_S:
             self.recent.popleft()
+
+    @property
+    def burst(self) -> float:
+        return BURST_UNGATED_S if self.ungated else BURST_S
 
     def share(self) -> float:
         dt = sum(r[1] for r in self.recent)
@@ -202,6 +226,16 @@ class Checker:
     _none: dict[str, _Use] = field(default_factory=dict)                 # uuid: unclaimed
     _shares: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     _busiest: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    _uids: dict[str, int] = field(default_factory=dict)
+
+    def debts(self) -> dict[str, float]:
+        """Each job's debt now, the highest of its own and its user's on any
+        of its GPUs (GPU-seconds: a violation past BURST_S)."""
+        out: dict[str, float] = {}
+        for (job, uuid), use in self._jobs.items():
+            user = self._users.get((self._uids.get(job, -1), uuid))
+            out[job] = max(out.get(job, 0.0), use.debt, user.debt if user else 0.0)
+        return out
 
     def _share_in_force(self, key: tuple[str, str], at: float) -> float:
         """The highest share the job had in the last GRACE_S seconds."""
@@ -218,15 +252,18 @@ class Checker:
     def check(self, now: float, limits: list[JobLimits],
               memory: Mapping[str, Mapping[int, int]],
               windows: Iterable[Window],
-              owner: Mapping[tuple[str, int], str | None]
+              owner: Mapping[tuple[str, int], str | None],
+              hooked: Container[int] | None = None
               ) -> tuple[list[Violation], list[Violation]]:
         """(all violations now, the new ones among them).
 
         memory: uuid -> {pid: bytes} from NVML's compute processes; windows:
         NVML's busy time per pid since the previous check (oldest first, any
         GPU; none where NVML gives none); owner: (uuid, pid) -> job id, or
-        None (no job), for every pid of memory and windows. `now` is on the
-        clock of the windows' times.
+        None (no job), for every pid of memory and windows; hooked: the pids
+        of windows that loaded the hook (a slot in their job's region; None:
+        unknown, all taken as gated). `now` is on the clock of the windows'
+        times.
         """
         windows = list(windows)
         found: list[Violation] = []
@@ -235,6 +272,7 @@ class Checker:
                 if owner.get((uuid, pid)) is None:
                     found.append(Violation(NO_JOB, uuid, pid, None, float(used), 0.0))
         limits = list(limits) + _strays(limits, memory, windows, owner)
+        self._uids = {lim.job_id: lim.uid for lim in limits}
         by_gpu: dict[str, list[JobLimits]] = {}
         live: set[tuple[str, str]] = set()
         for lim in limits:
@@ -254,7 +292,7 @@ class Checker:
                 found.append(Violation(MEMORY, lim.uuid, pid, lim.job_id, float(held),
                                        float(lim.mem_limit)))
         for w in windows:
-            self._account(w, by_gpu.get(w.uuid, []), owner)
+            self._account(w, by_gpu.get(w.uuid, []), owner, hooked)
         found += self._compute(by_gpu, memory, owner)
         for store in (self._jobs, self._raw, self._shares):
             for key in [k for k in store if k not in live]:
@@ -268,11 +306,13 @@ class Checker:
         return found, new
 
     def _account(self, w: Window, jobs: list[JobLimits],
-                 owner: Mapping[tuple[str, int], str | None]) -> None:
+                 owner: Mapping[tuple[str, int], str | None],
+                 hooked: Container[int] | None) -> None:
         dt = w.duration
         if dt <= 0:
             return
         per_job: dict[str, float] = {}
+        ungated: dict[str, float] = {}
         unclaimed = 0.0
         top: dict[str | None, tuple[float, int]] = {}
         for pid, b in w.busy.items():
@@ -282,22 +322,25 @@ class Checker:
                 unclaimed += b
             else:
                 per_job[job] = per_job.get(job, 0.0) + b
+                if hooked is not None and pid not in hooked:
+                    ungated[job] = ungated.get(job, 0.0) + b
             if b > top.get(job, (0.0, 0))[0]:
                 top[job] = (b, pid)
         for job, (_, pid) in top.items():
             self._busiest[(job, w.uuid)] = pid
-        sums: dict[int, tuple[float, float]] = {}     # uid -> (busy, shares)
+        sums: dict[int, tuple[float, float, float]] = {}     # uid -> (busy, shares, ungated)
         for lim in jobs:
             key = (lim.job_id, lim.uuid)
             share = self._share_in_force(key, w.end)
             busy = min(per_job.get(lim.job_id, 0.0), dt)
-            self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(share))
+            free = ungated.get(lim.job_id, 0.0)
+            self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(share), free)
             self._raw.setdefault(key, _Use()).add(w.end, dt, busy, share)
-            b, s = sums.get(lim.uid, (0.0, 0.0))
-            sums[lim.uid] = (b + busy, s + share)
-        for uid, (busy, share) in sums.items():
+            b, s, u = sums.get(lim.uid, (0.0, 0.0, 0.0))
+            sums[lim.uid] = (b + busy, s + share, u + free)
+        for uid, (busy, share, free) in sums.items():
             self._users.setdefault((uid, w.uuid), _Use()).add(
-                w.end, dt, min(busy, dt), allowed(min(share, 1.0)))
+                w.end, dt, min(busy, dt), allowed(min(share, 1.0)), free)
         self._none.setdefault(w.uuid, _Use()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
 
     def _compute(self, by_gpu: Mapping[str, list[JobLimits]],
@@ -315,7 +358,7 @@ class Checker:
                                          lim.job_id, use.share(),
                                          self._share_in_force(key, use.recent[-1][0]
                                                               if use.recent else 0.0),
-                                         share_unit=True))
+                                         share_unit=True, burst=use.burst))
                     named.add(lim.job_id)
             for uid in {lim.uid for lim in jobs}:
                 use = self._users.get((uid, uuid))
@@ -335,7 +378,7 @@ class Checker:
                     out.append(Violation(COMPUTE, uuid,
                                          self._pid_of(lim.job_id, uuid, memory, owner),
                                          lim.job_id, use.share(), min(shares, 1.0), scope=USER,
-                                         uid=uid, share_unit=True))
+                                         uid=uid, share_unit=True, burst=use.burst))
             none = self._none.get(uuid)
             if none is not None and none.over:
                 out.append(Violation(NO_JOB, uuid, self._busiest.get((None, uuid), 0), None,

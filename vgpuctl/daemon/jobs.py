@@ -46,6 +46,7 @@ class LiveJob:
     violation_count: int = 0        # all of them, for the metrics
     stopped: str | None = None      # why the violation watch ended it (its gate closed)
     held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
+    peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
 
     @property
     def id(self) -> str:
@@ -191,6 +192,7 @@ class JobTable:
             hear(job)
         log.info("job %s (%s) ended (exit %s)", rec.id, rec.name,
                  f"signal {rec.exit_signal}" if rec.exit_signal else rec.exit_code)
+        log.debug("job %s: peak compute debt %.3f GPU-seconds", rec.id, job.peak_debt)
 
     def remove_stray_regions(self) -> None:
         """Delete the region directories of jobs that are not live."""

@@ -363,7 +363,10 @@ class Supervisor:
         self.tracker.track(table, self.clock())
 
     def watch_known(self) -> watch.Known:
-        return watch.known(self.table, self.config.reserve)
+        hooked: dict[int, int] = {}
+        for job in self.table:
+            hooked.update(self.tracker.slot_seeds(job))
+        return watch.known(self.table, self.config.reserve, hooked)
 
     def record_violations(self, res: watch.Result) -> None:
         """Apply one check of the watch: fresh NVML figures, and each new
@@ -372,6 +375,7 @@ class Supervisor:
         self.update_stats(res.stats)
         for job in self.table:
             job.held = {u: res.memory.get((job.id, u), 0) for u in job.uuids()}
+            job.peak_debt = max(job.peak_debt, res.debts.get(job.id, 0.0))
         self.violations.apply(res, self.table, self.clock(), self.trust.stop)
 
     def metrics_snapshot(self, gpu_seconds: Callable[[str], float | None]) -> Any:

@@ -116,7 +116,7 @@ class Tracker:
         self._config = config
         self._me = os.getpid()
 
-    def _slot_seeds(self, job: LiveJob) -> dict[int, int]:
+    def slot_seeds(self, job: LiveJob) -> dict[int, int]:
         """Slot pids of the job's region that run as the job's user (the
         usage file is the job's to write: never trust it for anyone else's
         processes)."""
@@ -139,7 +139,7 @@ class Tracker:
         seeds = dict(rec.pids)
         if rec.root_pid is not None and rec.root_start is not None:
             seeds.setdefault(rec.root_pid, rec.root_start)
-        seeds.update(self._slot_seeds(job))
+        seeds.update(self.slot_seeds(job))
         if rec.launcher_pid is not None and alive(rec.launcher_pid, rec.launcher_start, table):
             for c in children.get(rec.launcher_pid, ()):
                 seeds.setdefault(c, table[c].start)
@@ -198,7 +198,7 @@ class Tracker:
     def any_alive(self, job: LiveJob) -> bool:
         """Whether a process the job was seen with (or one in its slots) still runs."""
         seeds = dict(job.rec.pids)
-        seeds.update(self._slot_seeds(job))
+        seeds.update(self.slot_seeds(job))
         return any(start_time(p) == s for p, s in seeds.items())
 
     def add_pid(self, job: LiveJob, pid: int) -> None:

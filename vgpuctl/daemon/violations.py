@@ -92,6 +92,7 @@ class Known:
     slurm: Mapping[str, str] = field(default_factory=dict)  # Slurm job id -> job id
     jobs: Mapping[str, JobProcs] = field(default_factory=dict)
     reserve: int = 0                         # bytes kept aside per GPU (config)
+    hooked: Mapping[int, int] | None = None  # pid -> start: processes in their job's slots
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Result:
     memory: dict[tuple[str, str], int] = field(default_factory=dict)    # (job, uuid) -> bytes
     busy: dict[tuple[str, str], float] = field(default_factory=dict)    # ... GPU-seconds
     share: dict[tuple[str, str], float] = field(default_factory=dict)   # ... last window's
+    debts: dict[str, float] = field(default_factory=dict)   # job -> compute debt, GPU-s
 
 
 Utilization = Callable[[str], Any]   # uuid -> a sampler Window (or None)
@@ -119,6 +121,7 @@ class Watch:
         self._checker = Checker()
         # pid -> (its start time, its job, when NVML last listed it)
         self._verdicts: dict[int, tuple[int | None, str | None, float]] = {}
+        self._hooked: dict[int, int | None] = {}   # pid -> start: seen in its job's slots
         self._ending: dict[str, float] = {}      # job id -> when its first round ran
 
     def check(self, known: Known, on_violation: str, now: float) -> Result:
@@ -135,8 +138,9 @@ class Watch:
         for uuid, pid in pids:
             owner[(uuid, pid)] = self._attribute(pid, known, jobs, mono)
         self._forget(mono)
-        found, new = self._checker.check(now, known.limits, memory, windows, owner)
-        res = Result(stats, found, new)
+        found, new = self._checker.check(now, known.limits, memory, windows, owner,
+                                         self._gated(known, windows))
+        res = Result(stats, found, new, debts=self._checker.debts())
         for (uuid, pid), job in owner.items():
             if job is None:
                 continue
@@ -209,7 +213,7 @@ class Watch:
                                                           or cached[1] in jobs):
             self._verdicts[pid] = (start, cached[1], now)
             return cached[1]
-        job = slurm_job(pid, known.slurm) if known.slurm else None
+        job = slurm_job(pid, known.slurm, known.jobs) if known.slurm else None
         if job is None and pid in known.launchers and known.launchers[pid][0] == start:
             job = known.launchers[pid][1]
         ppid = st[0] if job is None else 0
@@ -228,6 +232,25 @@ class Watch:
             ppid = pst[0]
         self._verdicts[pid] = (start, job, now)
         return job
+
+    def _gated(self, known: Known, windows: list[Window]) -> set[int] | None:
+        """The pids of the windows that loaded the hook: in a slot of their
+        job's region, now or when last seen (the same process: start time)."""
+        if known.hooked is None:
+            return None
+        live: dict[int, int | None] = dict(known.hooked)
+        for pid, start in self._hooked.items():    # gone since, its busy still reported
+            if pid not in live and pid in self._verdicts:
+                live[pid] = start
+        self._hooked = live
+        out = set()
+        for w in windows:
+            for pid in w.busy:
+                v = self._verdicts.get(pid)
+                if pid in self._hooked and (v is None or v[0] is None
+                                            or self._hooked[pid] == v[0]):
+                    out.add(pid)
+        return out
 
     def _forget(self, now: float) -> None:
         for pid in [p for p, v in self._verdicts.items() if now - v[2] > REMEMBER_S]:
@@ -321,21 +344,32 @@ def end_job(job: JobProcs, on_gpu: Mapping[int, int], with_launcher: bool) -> se
     return killed
 
 
-def slurm_job(pid: int, jobs: Mapping[str, str]) -> str | None:
-    """The job whose Slurm job's cgroup holds pid, if any."""
+def slurm_job(pid: int, jobs: Mapping[str, str],
+              procs: Mapping[str, JobProcs] | None = None) -> str | None:
+    """The job whose Slurm job's cgroup holds pid, if any, and only if pid
+    runs as that job's user: a user who may make cgroups of their own (a
+    delegated subtree) can name one job_<id>, and must not so charge their
+    process to another user's job."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             text = f.read()
     except OSError:
         return None
     for m in _SLURM_CGROUP.finditer(text):
-        if m.group(1) in jobs:
-            return jobs[m.group(1)]
+        job = jobs.get(m.group(1))
+        if job is None:
+            continue
+        info = procs.get(job) if procs is not None else None
+        if info is not None and info.uid != 0 and tracking.proc_uid(pid) != info.uid:
+            return None
+        return job
     return None
 
 
-def known(table: JobTable, reserve: int = 0) -> Known:
-    """What the watch needs of the live jobs, copied for its thread."""
+def known(table: JobTable, reserve: int = 0,
+          hooked: Mapping[int, int] | None = None) -> Known:
+    """What the watch needs of the live jobs, copied for its thread;
+    hooked: the processes in their jobs' region slots (pid -> start)."""
     limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
     for job in table:
         rec = job.rec
@@ -352,7 +386,8 @@ def known(table: JobTable, reserve: int = 0) -> Known:
         if rec.slurm_job is not None:
             slurm[rec.slurm_job] = job.id
         jobs[job.id] = JobProcs(rec.uid, dict(rec.pids), launcher)
-    return Known(limits, pids, starts, launchers, slurm, jobs, reserve)
+    return Known(limits, pids, starts, launchers, slurm, jobs, reserve,
+                 dict(hooked) if hooked is not None else None)
 
 
 class Record:
