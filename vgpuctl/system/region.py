@@ -125,6 +125,9 @@ def shm_create(size: int, owner_uid: int | None, mode: int) -> int:
     lib = _lib()
     sid = lib.shmget(IPC_PRIVATE, size, IPC_CREAT | IPC_EXCL | 0o600)
     if sid < 0:
+        e = ctypes.get_errno()
+        if e == errno.ENOSPC:
+            raise OSError(e, f"no System V shared memory segment left to make ({_holders()})")
         raise _oserror("shmget")
     try:
         ds = shm_stat(sid)
@@ -142,6 +145,33 @@ def shm_create(size: int, owner_uid: int | None, mode: int) -> int:
         shm_remove(sid)
         raise
     return sid
+
+
+def _holders() -> str:
+    """Who holds the node's System V segments: the kernel's limit, and the
+    user with the most (one user can make them all, and none is left for
+    the daemon: the operator should know whom to ask)."""
+    count: dict[int, int] = {}
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            next(f)
+            for line in f:
+                col = line.split()
+                count[int(col[7])] = count.get(int(col[7]), 0) + 1
+        with open("/proc/sys/kernel/shmmni") as f:
+            limit = f.read().strip()
+    except (OSError, ValueError, IndexError, StopIteration):
+        return "kernel.shmmni"
+    if not count:
+        return f"kernel.shmmni is {limit}"
+    uid, n = max(count.items(), key=lambda kv: kv[1])
+    try:
+        import pwd
+
+        who = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        who = f"uid {uid}"
+    return f"kernel.shmmni is {limit}; {who} holds {n} of the {sum(count.values())} there are"
 
 
 def shm_stat(sid: int) -> ShmidDs:
