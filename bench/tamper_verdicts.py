@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from run_overhead import start_daemon, vgpuctl_argv  # noqa: E402
+from run_overhead import remove_regions, start_daemon, vgpuctl_argv  # noqa: E402
 
 from vgpuctl.client.connection import Client  # noqa: E402
 from vgpuctl.system import native  # noqa: E402
@@ -213,6 +213,7 @@ def main() -> None:
             b.wait()
         daemon.terminate()
         daemon.wait(30)
+        remove_regions(base / "run")
     res = {
         "machine": platform.node(), "cpus": os.cpu_count(),
         "cpu_burners": args.cpu_burners, "starved": args.starve, "rounds": args.rounds,
