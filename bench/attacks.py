@@ -15,6 +15,8 @@ processes without the hook:
                 another
   respawn       a --core 10 job whose shell starts a burner again whenever
                 one dies
+  chain_50ms    as chain, each burner 50 ms (shorter than the watch's tick:
+                some are gone before NVML's process list shows them)
 
 Figures per scenario: the neighbour's share of the GPU over its whole run
 (its kernel time on the simulated GPU's own record, VGPU_SIM_TAG, over its
@@ -149,6 +151,9 @@ ATTACKS = {
                G, 10)],
     "respawn": [(["sh", "-c", f"while :; do {burn()} --kernel-us 1000 --seconds 600; done"],
                  G, 10)],
+    # beyond the list: processes shorter than the watch's tick
+    "chain_50ms": [(["sh", "-c", f"while :; do {burn()} --kernel-us 1000 --seconds 0.05; done"],
+                    G, 10)],
 }
 
 

@@ -53,3 +53,53 @@ def test_a_segment_has_every_page_allocated_and_the_mode_asked():
         assert int(line[14]) >= 54288          # rss
     finally:
         R.shm_remove(sid)
+
+
+def test_no_segment_left_is_one_error_that_names_who_holds_them(tmp_path: Path):
+    """Any user may make System V segments up to kernel.shmmni, and the
+    kernel caps no user's share: when none is left, making a region fails
+    with an error that says who holds them (for the operator). Run in an
+    IPC namespace of its own, with a limit of 8."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for an IPC namespace")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        msg = "?"
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x08000000) != 0:          # CLONE_NEWIPC
+                msg = "skip: no IPC namespace"
+            else:
+                Path("/proc/sys/kernel/shmmni").write_text("8")
+                child = os.fork()
+                if child == 0:                          # nobody takes every segment
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    while R._lib().shmget(0, 1, 0o1000 | 0o600) >= 0:
+                        pass
+                    os._exit(0)
+                os.waitpid(child, 0)
+                try:
+                    R.Region.create(tmp_path / "job", "1", 0, [])
+                    msg = "made"
+                except OSError as e:
+                    msg = str(e)
+        except BaseException as e:
+            msg = f"error: {e}"
+        finally:
+            os.write(w, msg.encode())
+            os._exit(0)
+    os.close(w)
+    msg = os.read(r, 4096).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    if msg.startswith("skip:"):
+        pytest.skip(msg)
+    assert "no System V shared memory segment left" in msg, msg
+    assert "kernel.shmmni is 8; nobody holds 8" in msg, msg
+    assert not (tmp_path / "job" / "region").exists()

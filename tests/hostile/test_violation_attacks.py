@@ -249,3 +249,46 @@ def test_a_user_whose_jobs_are_ended_again_and_again_is_held(node):
     assert "cooldown_s" in str(e.value)
     # Root's jobs are never held.
     assert d.cli("run", "--mem", "64M", "--", "true").returncode == 0
+
+
+# -- beyond the issue's list ----------------------------------------------------------------
+def test_a_process_on_a_gpu_its_job_was_not_given_is_the_jobs_violation(daemon_factory):
+    """The job's process drops CUDA_VISIBLE_DEVICES (and the hook) and
+    burns on the other GPU, where its job has no memory and no share."""
+    d = daemon_factory(gpus="2x16G", config=KILL)
+    wait_for((d.base / "sim-state").exists, what="the simulated GPU's state")
+    os.chmod(d.base / "sim-state", 0o666)
+    env = _env(d)
+    j = start_job_as_nobody(d.socket, ["env", "-u", "CUDA_VISIBLE_DEVICES",
+                                       *burn("--device", "1", "--kernel-us", "1000",
+                                             "--seconds", "300")], env, G, 50)
+    job = _ended(d, j["job"])
+    other = d.call("ps")["gpus"][1]["uuid"]
+    found = [v for v in job["violations"] if v["gpu_uuid"] == other]
+    assert found and found[0]["action"] == "ended", job["violations"]
+    assert [v for v in d.call("ps")["violations"] if v["kind"] == "no_job"] == []
+
+
+def test_a_bypass_that_writes_itself_a_slot_is_still_caught(node):
+    """The job's user writes the unhooked burner's pid into a slot of its
+    region (the region is theirs to write), so that it passes for a process
+    that loaded the hook: it is held to the gated burst, and caught."""
+    from vgpuctl.daemon import tracking
+    from vgpuctl.system.region import Region, ffi
+
+    d = node(KILL)
+    j = start_job_as_nobody(d.socket, ["sh", "-c", "sleep 1; exec " + " ".join(
+        burn("--kernel-us", "1000", "--seconds", "300"))], _env(d), G, 10)
+    reg = Region.open(d.runtime / "jobs" / j["job"], writable_usage=True)
+    try:
+        f = ffi()
+        at = f.offsetof("struct vgpu_usage", "procs")
+        start = tracking.start_time(j["pid"])
+        reg.poke_usage(at, j["pid"].to_bytes(4, "little") + bytes(4)
+                       + start.to_bytes(8, "little"))
+        job = _ended(d, j["job"])
+    finally:
+        reg.close()
+    found = _ended_for(job, "compute")
+    assert found, job["violations"]
+    assert "through no gate" not in found[0]["detail"]      # held as a gated process
