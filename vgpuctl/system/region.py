@@ -293,6 +293,23 @@ def _device_usage(d: Any) -> DeviceUsage:
                        oom_refusals=_count(d.oom_refusals))
 
 
+_SLOTS: tuple[int, int, int, int] | None = None
+
+
+def _slot_layout() -> tuple[int, int, int, int]:
+    """(offset of the slots, a slot's size, offset of its start time, how
+    many), from region.h."""
+    global _SLOTS
+    if _SLOTS is None:
+        f = ffi()
+        assert f.offsetof("struct vgpu_proc_slot", "pid") == 0
+        size = f.sizeof("struct vgpu_proc_slot")
+        assert size % 4 == 0
+        _SLOTS = (f.offsetof("struct vgpu_usage", "procs"), size,
+                  f.offsetof("struct vgpu_proc_slot", "start_time"), const("VGPU_MAX_PROCS"))
+    return _SLOTS
+
+
 def read_ids(path: Path) -> tuple[int, int]:
     """The (limits, usage) segment ids a job directory's region file names;
     ValueError when it names none (OSError when it can't be read)."""
@@ -573,26 +590,21 @@ class Region:
         return Usage(devs, procs)
 
     def slot_pids(self) -> list[tuple[int, int]]:
-        """(pid, start_time) of every claimed process slot: one bounded copy
-        of the slots (cheap enough to call for every job on every pass).
-        Anything may be written there: callers check each pid's owner."""
+        """(pid, start_time) of every claimed process slot, read in place
+        (cheap enough to call for every job on every tick: the pids are the
+        only thing read of a free slot). Anything may be written there:
+        callers check each pid's owner."""
         if self._uaddr is None:
             return []
-        f = ffi()
-        base = f.offsetof("struct vgpu_usage", "procs")
-        size = f.sizeof("struct vgpu_proc_slot")
-        off_start = f.offsetof("struct vgpu_proc_slot", "start_time")
-        n = const("VGPU_MAX_PROCS")
-        data = self._copy(base, n * size)
-        # Every slot's pid in one strided view (pid is the slot's first field).
-        assert f.offsetof("struct vgpu_proc_slot", "pid") == 0 and size % 4 == 0
-        mv = memoryview(data)
-        pids = mv.cast("i")[::size // 4].tolist()
+        base, size, off_start, n = _slot_layout()
+        raw = (ctypes.c_char * (n * size)).from_address(self._uaddr + base)
+        mv = memoryview(raw).cast("B")
+        pids = mv.cast("i")[::size // 4].tolist()    # pid is the slot's first field
         out = []
         for i, pid in enumerate(pids):
             if pid > 0:
                 at = i * size + off_start
-                out.append((pid, int.from_bytes(data[at:at + 8], "little")))
+                out.append((pid, int.from_bytes(mv[at:at + 8], "little")))
         return out
 
     # -- the daemon's checkpoint -------------------------------------------------
