@@ -15,16 +15,19 @@ start_daemon) and measures:
    latency is the violation's record less the job's start (both the
    daemon's clock). The rule wants 1.5 s over the share first, so the
    target is 1.5 s + 2 s.
-4. idle cost: the daemon's CPU time over 10 s with --jobs jobs running
-   `sleep` and no violation (utime + stime from /proc), as a share of one
-   core.
+4. idle cost: the daemon's CPU time with --jobs jobs running `sleep` and
+   no violation (utime + stime from /proc), as a share of one core: the
+   median of ten one-second shares (a machine shared with other work
+   inflates some of them).
 5. busy cost: the same with --jobs jobs on the GPU (hooked vgpu-burn at
    --core 10, each busy 5 % of the time), the governor and the watch at
    work on every tick.
 6. the watch's own cost: with those jobs running, a Watch of this process
    checks them every 100 ms for 10 s, as the daemon's does (its own NVML
-   reads, utilization sampler, attribution and rules); its thread's CPU
-   time over the wall time. Target: under 3 % of one core.
+   reads, utilization sampler, attribution and rules, and the reads of the
+   jobs' slots the daemon makes for it); its thread's CPU time over the
+   wall time, the median of one-second shares. Target: under 3 % of one
+   core.
 
 Prints a short table and writes bench/results/violation_latency.json.
 Timings are figures, not pass/fail.
@@ -128,6 +131,17 @@ def cpu_s(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def daemon_share(pid: int, seconds: float) -> float:
+    """The daemon's CPU time over wall time: the median of one-second
+    shares (a machine shared with other work inflates some seconds)."""
+    shares = []
+    for _ in range(int(seconds)):
+        c0, t0 = cpu_s(pid), time.monotonic()
+        time.sleep(1.0)
+        shares.append((cpu_s(pid) - c0) / (time.monotonic() - t0))
+    return statistics.median(shares)
+
+
 def idle_cost(env: dict[str, str], daemon_pid: int, sock: Path, jobs: int,
               seconds: float = 10.0) -> float:
     procs = [subprocess.Popen([*vgpuctl_argv(), "run", "--mem", "256M", "--", "sleep", "600"],
@@ -140,9 +154,7 @@ def idle_cost(env: dict[str, str], daemon_pid: int, sock: Path, jobs: int,
                 raise SystemExit("jobs did not start")
             time.sleep(0.1)
         time.sleep(1.0)
-        c0, t0 = cpu_s(daemon_pid), time.monotonic()
-        time.sleep(seconds)
-        return (cpu_s(daemon_pid) - c0) / (time.monotonic() - t0)
+        return daemon_share(daemon_pid, seconds)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -172,10 +184,7 @@ def busy_cost(env: dict[str, str], daemon_pid: int, sock: Path, jobs: int,
     """(the daemon's CPU share, the watch's own) with jobs on the GPU."""
     procs = busy_jobs(env, sock, jobs)
     try:
-        c0, t0 = cpu_s(daemon_pid), time.monotonic()
-        time.sleep(seconds)
-        daemon = (cpu_s(daemon_pid) - c0) / (time.monotonic() - t0)
-        return daemon, watch_cost(env, sock, seconds)
+        return daemon_share(daemon_pid, seconds), watch_cost(env, sock, seconds)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -208,20 +217,24 @@ def watch_cost(env: dict[str, str], sock: Path, seconds: float) -> float:
     out: list[float] = []
 
     def run() -> None:
-        t0, c0 = time.monotonic(), time.thread_time()
-        while time.monotonic() - t0 < seconds:
-            hooked = {p: s for r in regions for p, s in r.slot_pids()}
-            known = Known(limits, pids, starts, {}, {}, procs, 512 << 20, hooked)
-            watch.check(known, "report", time.time())
-            time.sleep(0.1)
-        out.append((time.thread_time() - c0) / (time.monotonic() - t0))
+        # One share a second: the median is the figure (a machine shared
+        # with other work inflates some seconds' CPU time).
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0, c0 = time.monotonic(), time.thread_time()
+            while time.monotonic() - t0 < 1.0:
+                hooked = {p: s for r in regions for p, s in r.slot_pids()}
+                known = Known(limits, pids, starts, {}, {}, procs, 512 << 20, hooked)
+                watch.check(known, "report", time.time())
+                time.sleep(0.1)
+            out.append((time.thread_time() - c0) / (time.monotonic() - t0))
     t = threading.Thread(target=run)
     t.start()
     t.join()
     for r in regions:
         r.close()
     nv.close()
-    return out[0]
+    return statistics.median(out)
 
 
 def main() -> None:
