@@ -62,3 +62,22 @@ def test_a_user_sees_their_own_jobs_command(daemon_factory):
     assert seen["command"] == SECRET and seen["user"] != "root"
     # ... and the table shows it, not a blank, to them; to root too.
     assert SECRET[-1] in d.cli("ps").stdout
+
+
+def test_a_command_line_full_of_escapes_acts_on_no_terminal(daemon_factory):
+    """A job's user puts terminal escape sequences (set the window title,
+    clear the screen, a carriage return and a fake row) in its command and
+    directory; whoever reads `ps` in CSV gets them written as escapes, and
+    one line per job."""
+    d = daemon_factory(config="public_commands = true\n")
+    evil = ["sh", "-c", "\x1b]0;pwned\x07\x1b[2J\rok\nfake,row"]
+    with d.client() as c:
+        c.call("run", command=evil, cwd="/tmp/\x1b[31mred", mem=1 << 30)
+    for fields in ("id,command,cwd", None):
+        args = ["ps", "--format", "csv"] + (["--fields", fields] if fields else [])
+        out = d.cli(*args).stdout
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out, repr(out)
+        assert len(out.splitlines()) == 2, repr(out)       # the header and one row
+    out = d.cli("ps", "--format", "csv", "--fields", "command,cwd").stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rok\\nfake,row" in out
+    assert "/tmp/\\x1b[31mred" in out
