@@ -404,7 +404,7 @@ class Daemon:
                         busy_s=res.busy.get(key, 0.0) if utilization else None)
             try:
                 if usage.maybe_flush(self.store.conn, self.accountant, wall):
-                    sup.checkpoint(self.accountant, wall)   # a pread and a small file per job
+                    sup.checkpoint(self.accountant, wall)   # a copy and a small file per job
             except StateError as e:
                 # Kept in memory by the accountant, written at a later flush.
                 self._note_write_error(str(e))

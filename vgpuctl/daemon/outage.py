@@ -29,7 +29,7 @@ log = logging.getLogger("vgpuctl.daemon")
 
 
 def checkpoint(jobs: Iterable[LiveJob], acc: Accountant, wall: float) -> None:
-    """Write each running job's checkpoint (a pread and a small file a job)."""
+    """Write each running job's checkpoint (a copy of its slots and a small file a job)."""
     for job in jobs:
         reg = job.region
         if reg is None or job.rec.state != RUNNING or job.rec.region_error:

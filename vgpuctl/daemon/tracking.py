@@ -118,7 +118,7 @@ class Tracker:
 
     def slot_seeds(self, job: LiveJob) -> dict[int, int]:
         """Slot pids of the job's region that run as the job's user (the
-        usage file is the job's to write: never trust it for anyone else's
+        usage segment is the job's to write: never trust it for anyone else's
         processes)."""
         out = {}
         for pid, start in self._trust.slot_pids(job):

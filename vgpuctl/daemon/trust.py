@@ -1,5 +1,5 @@
 """Region trust: the daemon's side of vgpuctl.core.trust. Every tick it reads
-each live job's usage counters once (bounded preads, validated), checks them
+each live job's usage counters once (a private copy, validated), checks them
 against what the hook can have written, keeps the reading for the views and
 the governor, and writes every gate the governor sets, recording each write
 in the job's launch ledger. A job found tampering is flagged here and only
