@@ -267,9 +267,23 @@ def test_protect_kills_a_process_in_no_job_only_where_it_takes_promised_memory()
     c = Checker()
     found, _ = c.check(0.0, limits, {GPU: {9: 10 * G}}, [], {(GPU, 9): None})
     short = {GPU: Gpu(GPU, 16 * G, 10 * G)}     # 6 free, 8 promised
-    assert [v.pid for v in act(found, PROTECT, short, limits, {}, 16 * G).kill] == [9]
-    ample = {GPU: Gpu(GPU, 32 * G, 10 * G)}
-    assert act(found, PROTECT, ample, limits, {}, 16 * G).kill == []
+    assert [v.pid for v in act(found, PROTECT, short, limits, {}, 512 << 20).kill] == [9]
+    ample = {GPU: Gpu(GPU, 32 * G, 10 * G)}     # however much it holds: no one is short
+    assert act(found, PROTECT, ample, limits, {}, 512 << 20).kill == []
+
+
+def test_protect_never_ends_a_job_for_the_drivers_own_growth():
+    """A job at its limit whose context the driver grew by 40 MiB (a
+    kernel's local memory, which the hook can't see), on a full GPU."""
+    limits = [lim(mem=8 * G, job="a"), lim(mem=7 * G, job="b", uid=2000)]
+    held = 8 * G + (40 << 20)
+    c = Checker()
+    found, _ = c.check(0.0, limits, {GPU: {1: held, 2: 6 * G}}, [],
+                       {(GPU, 1): "a", (GPU, 2): "b"})
+    full = {GPU: Gpu(GPU, 16 * G, held + 6 * G + G)}      # b is short of 40 MiB
+    assert [v.kind for v in found] == [MEMORY]
+    assert act(found, PROTECT, full, limits, {("a", GPU): held, ("b", GPU): 6 * G},
+               512 << 20).end == {}
 
 
 def test_protect_reports_compute_and_kill_ends_the_job():

@@ -61,10 +61,11 @@ it lasts.
 - ``protect`` (the default): memory taken past a job's limit is stopped
   where it takes what another job's limit promised: on a GPU where the
   memory free is less than what the jobs' limits still promise them
-  (``shortfall``), or where the overrun is larger than the memory the
-  operator keeps aside for what no limit accounts for (``reserve``), the
-  offending job is ended, and a process in no job holding memory there is
-  killed. Compute is reported.
+  (``shortfall``), a job past its limit by more than `tolerance` (the
+  driver's own growth of a context is not an attack) is ended, and a
+  process in no job holding memory there is killed; so is a job past its
+  limit by more than the memory the operator keeps aside for what no limit
+  accounts for (``reserve``), wherever it is. Compute is reported.
 - ``kill``: every violation is acted on: a job over its memory or its
   compute budget is ended, a process in no job is killed.
 
@@ -99,6 +100,10 @@ BURST_S = 0.5
 BURST_UNGATED_S = 0.1
 # A window's ungated busy time below this share of it is NVML's noise.
 UNGATED_MIN = 0.01
+# protect ends a job past its memory limit by more than this (bytes, and a
+# share of the limit): the driver's own growth of a context is not an attack.
+TOLERANCE_MIN = 64 << 20
+TOLERANCE = 0.02
 # A share stays in force this long after it was lowered.
 GRACE_S = 2.0
 # How far back a job's use is shown in a violation (its share of the GPU
@@ -429,6 +434,13 @@ class Actions:
     kill: list[Violation]       # processes in no job to kill
 
 
+def tolerance(limit: float) -> float:
+    """How far past its limit a job may be before `protect` ends it: the
+    driver's own growth of a context (a kernel's local memory, which the hook
+    can't see) is tens of megabytes; a bypass takes gigabytes."""
+    return max(TOLERANCE_MIN, TOLERANCE * limit)
+
+
 def shortfall(gpu: Gpu, limits: Iterable[JobLimits], held: Mapping[str, int]) -> int:
     """Bytes the jobs on a GPU were promised and could not get now: what
     their limits still promise them (limit less what NVML shows them hold,
@@ -464,10 +476,11 @@ def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, Gpu],
             continue
         # protect: memory taken that others were promised
         if v.kind == MEMORY and v.job_id is not None:
-            if short.get(v.uuid, 0) > 0 or v.value - v.limit > reserve:
+            over = v.value - v.limit
+            if over > tolerance(v.limit) and (short.get(v.uuid, 0) > 0 or over > reserve):
                 end.setdefault(v.job_id, v)
         elif v.kind == NO_JOB and not v.share_unit and v.pid > 0:
-            if short.get(v.uuid, 0) > 0 or v.value > reserve:
+            if short.get(v.uuid, 0) > 0:
                 kill.append(v)
     return Actions(end, kill)
 
