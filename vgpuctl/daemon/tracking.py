@@ -115,6 +115,9 @@ class Tracker:
         self._trust = trust
         self._config = config
         self._me = os.getpid()
+        # (pid, start) -> the uid it runs as: a slot's process is checked once,
+        # not at every tick the violation watch asks for the slots.
+        self._uids: dict[tuple[int, int], int | None] = {}
 
     def slot_seeds(self, job: LiveJob) -> dict[int, int]:
         """Slot pids of the job's region that run as the job's user (the
@@ -122,7 +125,13 @@ class Tracker:
         processes)."""
         out = {}
         for pid, start in self._trust.slot_pids(job):
-            if job.rec.uid == 0 or proc_uid(pid) == job.rec.uid:
+            if job.rec.uid == 0:
+                out[pid] = start
+                continue
+            key = (pid, start)
+            if key not in self._uids:
+                self._uids[key] = proc_uid(pid) if start_time(pid) == start else None
+            if self._uids[key] == job.rec.uid:
                 out[pid] = start
         return out
 
@@ -158,6 +167,7 @@ class Tracker:
         children = children_map(table)
         roots = self._roots()
         timeout = self._config().start_timeout_s
+        self._uids = {k: v for k, v in self._uids.items() if alive(k[0], k[1], table)}
         for job in self._table:
             rec = job.rec
             if rec.state == STARTING and now - rec.created > timeout:
