@@ -40,8 +40,7 @@ from vgpuctl.core.job import RUNNING, STARTING
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import logs, metrics, outage, tracking, views
 from vgpuctl.daemon import violations as watch
-from vgpuctl.daemon.admission import Admission
-from vgpuctl.daemon.admission import user_name as admission_user
+from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.slurm import SlurmJobs
@@ -179,7 +178,7 @@ class Supervisor:
                                                     cfg.cooldown_s)
         if until is not None:
             raise AdmissionRefused(
-                f"the jobs of {admission_user(uid)} were ended for violations "
+                f"the jobs of {user_name(uid)} were ended for violations "
                 f"{cfg.cooldown_after} times within {cfg.cooldown_s} s: new jobs are held "
                 f"for another {until - now:.0f} s (cooldown_s in the daemon's configuration)")
 
