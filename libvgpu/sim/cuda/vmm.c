@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "alloctab.h"
+#include "gate.h"
 #include "context.h"
 #include "init.h"
 #include "stream.h"
@@ -136,7 +137,7 @@ struct vmm_handle {
     uint32_t magic;
     int fd;
     size_t size;
-    int phys;
+    int ordinal; /* its device as the process sees it: the GPU is cu_phys[ordinal] */
     int refs; /* the handle itself, plus one per mapping */
     int imported; /* from a shareable handle: the exporter's memory, not charged here */
     CUmemAllocationProp prop;
@@ -163,7 +164,7 @@ static void handle_unref(struct vmm_handle *h)
     if (--h->refs == 0) {
         close(h->fd);
         if (!h->imported)
-            sim_uncharge(h->phys, h->size);
+            sim_uncharge(cu_phys[h->ordinal], h->size);
         cu_obj_del(h, sizeof *h);
     }
 }
@@ -197,6 +198,7 @@ VGPU_EXPORT CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllo
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    GATE_BRACKET;
     int phys;
     CUresult rc = check_prop(prop, &phys);
     if (rc)
@@ -215,7 +217,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
     struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
     h->fd = fd;
     h->size = size;
-    h->phys = phys;
+    h->ordinal = prop->location.id;
     h->refs = 1;
     h->prop = *prop;
     *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -224,6 +226,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    GATE_BRACKET;
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&g_vmm_lock);
@@ -283,7 +286,7 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     }
     h->fd = fd;
     h->size = (size_t)size;
-    h->phys = cu_phys[0];
+    h->ordinal = 0;
     h->refs = 1;
     h->imported = 1;
     h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -381,6 +384,7 @@ out:
 
 VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    GATE_BRACKET;
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     int found = 0;
@@ -491,6 +495,7 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
 
 void cu_pool_free(const struct alloc *a)
 {
+    GATE_BRACKET;
     struct CUmemPoolHandle_st *pool = a->pool;
     mem_release(a); /* unmaps: the pool's reserve holds the charge */
     if (!cu_obj_is(pool, MAGIC_POOL))
@@ -578,6 +583,7 @@ VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
 
 VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+    GATE_BRACKET;
     if (!cu_obj_is(pool, MAGIC_POOL) || pool == g_default_pool[pool->ordinal])
         return CUDA_ERROR_INVALID_VALUE;
     if (g_current_pool[pool->ordinal] == pool)
@@ -593,6 +599,7 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    GATE_BRACKET;
     if (!cu_obj_is(pool, MAGIC_POOL) || !value)
         return CUDA_ERROR_INVALID_VALUE;
     switch (attr) {
@@ -654,6 +661,7 @@ VGPU_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribut
 
 VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
+    GATE_BRACKET;
     if (!cu_obj_is(pool, MAGIC_POOL))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_vmm_lock);
@@ -681,6 +689,7 @@ VGPU_EXPORT CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool p
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                                              CUstream h)
 {
+    GATE_BRACKET;
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);
@@ -734,6 +743,7 @@ VGPU_ALIAS(cuMemAllocAsync, cuMemAllocAsync_ptsz)
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
 {
+    GATE_BRACKET;
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);
