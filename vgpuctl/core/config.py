@@ -88,6 +88,9 @@ class Config:
     # Whether every user sees every job's command line and directory in
     # `ps`/`status` (else only its owner and root do).
     public_commands: bool = False
+    # How long suspending a job waits for its work in flight before giving up
+    # (the driver's lock timeout; docs/suspend.md).
+    suspend_lock_timeout_s: int = 10
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def limits_for(self, user: str, uid: int, admin: bool = False) -> UserLimits:
@@ -275,6 +278,8 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "cooldown_s": lambda s, k, v: ("cooldown_s", _int(s, k, v, 0, 30 * 86_400)),
     "cooldown_after": lambda s, k, v: ("cooldown_after", _int(s, k, v, 1, 1000)),
     "public_commands": lambda s, k, v: ("public_commands", _bool(s, k, v)),
+    "suspend_lock_timeout_s": lambda s, k, v: ("suspend_lock_timeout_s",
+                                               _int(s, k, v, 1, 3600)),
 }
 
 

@@ -58,6 +58,7 @@ class Admission:
         self._sim_prepend = dict(sim_prepend or {})
         self.context_mem = context_mem    # what one CUDA context takes, about
         self._rate = placement.AdmissionRate()
+        self.drained: set[str] = set()    # GPU uuids nothing is placed on (vgpuctl drain)
         self._refusals: dict[int, tuple[float, int]] = {}   # uid -> (logged at, since)
 
     # -- a user's maxima and caps ------------------------------------------------------
@@ -128,8 +129,13 @@ class Admission:
         """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
         ([slurm] gpus), unless [slurm] allow_run."""
         sc = self._config().slurm
+        if pin is not None:
+            g = placement.resolve_gpu(self.gpus, pin)
+            if g.uuid in self.drained:
+                raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
+                                       f"{g.index} takes it back)")
         if sc.allow_run:
-            return self.gpus
+            return self._undrained(self.gpus)
         how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
                "in the daemon's configuration")
         if pin is not None:
@@ -139,7 +145,14 @@ class Admission:
         gpus = [g for g in self.gpus if not sc.controls(g.index)]
         if not gpus and self.gpus:
             raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
-        return gpus
+        return self._undrained(gpus)
+
+    def _undrained(self, gpus: list[placement.Gpu]) -> list[placement.Gpu]:
+        out = [g for g in gpus if g.uuid not in self.drained]
+        if gpus and not out:
+            raise AdmissionRefused("every GPU a job may use here is drained (vgpuctl drain "
+                                   "--undo GPU takes one back)")
+        return out
 
     def create(self, rec: JobRecord) -> LiveJob:
         """Record an admitted job, create its region, and make it live."""

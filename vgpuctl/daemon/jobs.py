@@ -47,6 +47,7 @@ class LiveJob:
     stopped: str | None = None      # why the violation watch ended it (its gate closed)
     held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
     peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
+    suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
 
     @property
     def id(self) -> str:
@@ -108,8 +109,9 @@ class JobTable:
         return [j for j in self._jobs.values() if j.rec.uid == uid]
 
     def commitments(self) -> list[placement.Commitment]:
+        """The limits the jobs hold on their GPUs: a suspended job holds none."""
         return [placement.Commitment(j.id, u, j.rec.mem_limit)
-                for j in self._jobs.values() for u in j.uuids()]
+                for j in self._jobs.values() if not j.rec.suspended for u in j.uuids()]
 
     def held_by(self, uid: int) -> int:
         """The memory limits a user's live jobs hold, per GPU summed."""

@@ -18,8 +18,11 @@ Metrics (one ``vgpu_`` prefix, base units, ratios 0 to 1):
     vgpu_job_throttled_seconds_total{...}              counter
     vgpu_job_gpu_seconds_total{...}                    counter (when accounted)
     vgpu_job_violations_total{...}                     counter
+    vgpu_job_suspended{...}                            gauge (1 while suspended)
+    vgpu_job_suspended_seconds_total{...}              counter
     vgpu_violations_total{kind}                        counter (memory, compute, no_job)
-    vgpu_jobs_running                                  gauge
+    vgpu_jobs_running                                  gauge (suspended ones aside)
+    vgpu_jobs_suspended                                gauge
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class JobMetrics:
     throttled_seconds: float = 0.0  # since the job started
     gpu_seconds: float | None = None  # since the job started, when accounted
     violations: int = 0         # violations found since the job started
+    suspended: bool = False     # its processes are checkpointed (docs/suspend.md)
+    suspended_seconds: float = 0.0  # in all, since the job started
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Snapshot:
     gpus: Sequence[GpuMetrics] = ()
     jobs: Sequence[JobMetrics] = ()
     jobs_running: int | None = None  # None: the distinct job ids in jobs
+    jobs_suspended: int = 0
     violations: Mapping[str, int] = field(default_factory=dict)  # kind -> found since start
 
 
@@ -107,9 +113,12 @@ def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
                      memory_limit=v.mem_limit, share_target=v.core / 100,
                      share_measured=v.core_measured or 0.0,
                      throttled_seconds=v.throttled_s or 0.0, gpu_seconds=gpu_seconds(v.id),
-                     violations=count)
+                     violations=count, suspended=v.state == "suspended",
+                     suspended_seconds=v.suspended_s or 0.0)
           for v, count in jobs]
-    return Snapshot(gpus=gs, jobs=js, jobs_running=len(js), violations=dict(violations))
+    suspended = sum(1 for j in js if j.suspended)
+    return Snapshot(gpus=gs, jobs=js, jobs_running=len(js) - suspended,
+                    jobs_suspended=suspended, violations=dict(violations))
 
 
 def available() -> bool:
@@ -179,8 +188,16 @@ class Collector:
         j_viol = CounterMetricFamily(PREFIX + "job_violations",
                                      "Violations found of the job (NVML against its limits)",
                                      labels=jlabels)
+        j_susp = GaugeMetricFamily(PREFIX + "job_suspended",
+                                   "1 while the job is suspended (its processes "
+                                   "checkpointed, no GPU memory held)", labels=jlabels)
+        j_susp_s = CounterMetricFamily(PREFIX + "job_suspended_seconds",
+                                       "Time the job was suspended (not billed)",
+                                       labels=jlabels)
         for j in snap.jobs:
             lv = [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid]
+            j_susp.add_metric(lv, 1.0 if j.suspended else 0.0)
+            j_susp_s.add_metric(lv, max(0.0, float(j.suspended_seconds)))
             j_viol.add_metric(lv, float(j.violations))
             j_used.add_metric(lv, float(j.memory_used))
             j_limit.add_metric(lv, float(j.memory_limit))
@@ -189,7 +206,7 @@ class Collector:
             j_thr.add_metric(lv, max(0.0, float(j.throttled_seconds)))
             if j.gpu_seconds is not None:
                 j_gs.add_metric(lv, max(0.0, float(j.gpu_seconds)))
-        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol)
+        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol, j_susp, j_susp_s)
         viol = CounterMetricFamily(PREFIX + "violations",
                                    "Violations found by kind: memory, compute, no_job "
                                    "(a GPU process in no job)", labels=["kind"])
@@ -202,6 +219,9 @@ class Collector:
         jr = GaugeMetricFamily(PREFIX + "jobs_running", "Jobs running on this node")
         jr.add_metric([], float(running))
         yield jr
+        js = GaugeMetricFamily(PREFIX + "jobs_suspended", "Jobs suspended on this node")
+        js.add_metric([], float(snap.jobs_suspended))
+        yield js
 
 
 def parse_address(address: str) -> tuple[str, int]:

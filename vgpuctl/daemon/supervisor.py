@@ -12,7 +12,9 @@ The daemon is split by concern, each part behind a small interface:
 - `tracking.Tracker`: which processes are a job's, and when it has ended;
 - `gates.Gates`: what the compute governor is given and sets each tick;
 - `violations`: NVML's figures against the jobs (the watch) and their record;
-- `views`: what `ps` and the metrics show (pure reads).
+- `views`: what `ps` and the metrics show (pure reads);
+- `suspend.Suspender`: suspend, resume, move and drain through the driver's
+  checkpoint API (its requests are answered off the event loop's thread).
 
 `Supervisor` builds them and answers requests; the asyncio shell
 (lifecycle.py) runs the loops through its methods. Everything here runs on
@@ -44,6 +46,7 @@ from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.slurm import SlurmJobs
+from vgpuctl.daemon.suspend import Suspender
 from vgpuctl.daemon.tracking import Tracker
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import (
@@ -94,6 +97,11 @@ class Supervisor:
         self.slurm = SlurmJobs(lambda: self.config, self.admission, self.table, self.stats)
         self.tracker = Tracker(self.table, self.trust, lambda: self.config)
         self.gates = Gates(self.table, self.trust)
+        # Who hears that a job was suspended (the accountant closes its rows).
+        self.on_suspend: list[Callable[[LiveJob, float], None]] = []
+        self.suspender = Suspender(lambda: self.config, self.gpus, self.table, self.tracker,
+                                   self.stats, clock, self._suspended)
+        self.admission.drained = self.suspender.drained
         self.violations = watch.Record()
         # A request that fails on a bug: one line per burst of each op and
         # exception type (logs.Bursts); the traceback at debug level only.
@@ -106,6 +114,10 @@ class Supervisor:
             P.SlurmRegister: self.op_slurm_register, P.SlurmAttach: self.op_slurm_attach,
             P.SlurmRelease: self.op_slurm_release,
         }
+
+    def _suspended(self, job: LiveJob, now: float) -> None:
+        for hear in self.on_suspend:
+            hear(job, now)
 
     # -- requests ---------------------------------------------------------------
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -136,6 +148,56 @@ class Supervisor:
             log.debug("request %r failed", req, exc_info=True)
             return P.error("internal", f"internal error: {what}")
 
+    async def handle_slow(self, peer: Peer, req: P.Request) -> dict[str, Any]:
+        """The reply to a request of P.SLOW (suspend, resume, drain): the
+        driver's calls run on a worker thread meanwhile. Never raises."""
+        try:
+            if isinstance(req, P.Suspend):
+                return await self.op_suspend(peer, req)
+            if isinstance(req, P.Resume):
+                return await self.op_resume(peer, req)
+            if isinstance(req, P.Drain):
+                return await self.op_drain(peer, req)
+            raise RequestInvalid(f"{P.op_name(req)} is not a slow request")
+        except VgpuError as e:
+            return P.error(P.error_code(e), str(e))
+        except Exception as e:  # a bug: answer, log one line per burst, keep serving
+            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
+            op = P.op_name(req)
+            self.failures.hit(f"{op}/{type(e).__name__}",
+                              f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
+            log.debug("request %r failed", req, exc_info=True)
+            return P.error("internal", f"internal error: {what}")
+
+    async def op_suspend(self, peer: Peer, req: P.Suspend) -> dict[str, Any]:
+        job = self.table.get(req.job)
+        self._authorize(peer, job, "suspend")
+        async with self.suspender.lock:
+            out = await self.suspender.suspend(job, "asked")
+        return P.ok(job=self.view(job), outcome=out.wire())
+
+    async def op_resume(self, peer: Peer, req: P.Resume) -> dict[str, Any]:
+        job = self.table.get(req.job)
+        self._authorize(peer, job, "resume")
+        async with self.suspender.lock:
+            out = await self.suspender.resume(job, req.gpu)
+        return P.ok(job=self.view(job), outcome=out.wire())
+
+    async def op_drain(self, peer: Peer, req: P.Drain) -> dict[str, Any]:
+        if not self.is_admin(peer):
+            raise PermissionDenied("only root may drain a GPU")
+        async with self.suspender.lock:
+            if req.undo:
+                g = self.suspender.undrain(req.gpu)
+                outcomes = []
+            else:
+                g = placement.resolve_gpu(self.gpus, req.gpu)
+                outcomes = await self.suspender.drain(req.gpu)
+        if req.undo:
+            outcomes = await self.suspender.resume_waiting()
+        return P.ok(gpu=g.index, drained=not req.undo,
+                    jobs=[o.wire() for o in outcomes])
+
     def is_admin(self, peer: Peer) -> bool:
         return peer.uid == 0 or peer.uid == os.geteuid()
 
@@ -148,7 +210,8 @@ class Supervisor:
         return views.live_job(job, self.stats, self.clock()).wire()
 
     def gpu_views(self) -> list[dict[str, Any]]:
-        return [g.wire() for g in views.gpus(self.gpus, self.stats, self.config, self.table)]
+        return [g.wire() for g in views.gpus(self.gpus, self.stats, self.config, self.table,
+                                             self.suspender.drained)]
 
     def op_ping(self, peer: Peer, req: P.Ping) -> dict[str, Any]:
         return P.ok(daemon=self.info())
@@ -380,7 +443,8 @@ class Supervisor:
     def metrics_snapshot(self, gpu_seconds: Callable[[str], float | None]) -> Any:
         now = self.clock()
         jobs = [(views.live_job(j, self.stats, now), j.violation_count) for j in self.table]
-        return metrics.snapshot(views.gpus(self.gpus, self.stats, self.config, self.table),
+        return metrics.snapshot(views.gpus(self.gpus, self.stats, self.config, self.table,
+                                           self.suspender.drained),
                                 jobs, gpu_seconds, self.violations.totals)
 
     def checkpoint(self, acc: Accountant, wall: float) -> None:

@@ -11,7 +11,7 @@ and root (the daemon's user) see, unless the operator sets
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,8 +53,9 @@ def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) 
 
 
 def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
-         jobs: Iterable[LiveJob]) -> list[GpuView]:
-    jobs = list(jobs)
+         jobs: Iterable[LiveJob], drained: Container[str] = ()) -> list[GpuView]:
+    """The GPUs as every output shows them: a suspended job is on none."""
+    jobs = [j for j in jobs if not j.rec.suspended]
     used = placement.committed(placement.Commitment(j.id, u, j.rec.mem_limit)
                                for j in jobs for u in j.uuids())
     out = []
@@ -68,5 +69,6 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             capacity=placement.capacity(g, config.reserve, config.oversubscribe),
             jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
             minor=st.minor if st else None,
-            slurm=config.slurm.controls(g.index)))
+            slurm=config.slurm.controls(g.index),
+            drained=g.uuid in drained))
     return out

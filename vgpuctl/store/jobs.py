@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     mem_limit     INTEGER NOT NULL,     -- bytes, per GPU
     core_share    INTEGER NOT NULL,     -- percent
     policy        TEXT    NOT NULL,     -- hard | soft
-    state         TEXT    NOT NULL,     -- starting | running | ended
+    state         TEXT    NOT NULL,     -- starting | running | suspended | ended
     created       REAL    NOT NULL,     -- Unix time
     started       REAL,
     ended         REAL,
@@ -62,7 +62,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     slurm_partition TEXT,
     slurm_account TEXT,
     slurm_shards  INTEGER,
-    region_error  TEXT                  -- why its usage region was found tampered with
+    region_error  TEXT,                 -- why its usage region was found tampered with
+    suspended_s   REAL    NOT NULL DEFAULT 0, -- seconds suspended (ended suspensions)
+    suspended_at  REAL,                 -- when the current suspension began
+    suspend_reason TEXT,                -- asked | preempted | drained
+    suspensions   INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
@@ -70,7 +74,9 @@ CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
 
 # Columns added since schema 1, added to an older database when it opens.
 _ADDED = {"slurm_job": "TEXT", "slurm_partition": "TEXT", "slurm_account": "TEXT",
-          "slurm_shards": "INTEGER", "region_error": "TEXT"}
+          "slurm_shards": "INTEGER", "region_error": "TEXT",
+          "suspended_s": "REAL NOT NULL DEFAULT 0", "suspended_at": "REAL",
+          "suspend_reason": "TEXT", "suspensions": "INTEGER NOT NULL DEFAULT 0"}
 
 
 _COLUMNS = [f.name for f in fields(JobRecord)]

@@ -1,0 +1,349 @@
+"""Suspend, resume, move and drain through the daemon (docs/suspend.md), on
+two simulated GPUs: a job holding 1 GiB of known contents is suspended (its
+device memory back on the GPU, its CUDA calls held), resumed on the other
+GPU with every byte intact and nothing left behind, and drained back; what
+the job is shown as, billed for and counted on; and the jobs that can't be
+suspended are refused and keep running."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from support.daemon import wait_for
+
+G = 1 << 30
+M = 1 << 20
+
+# A job: holds SIZE bytes of known contents on its device (cuda-bindings),
+# reports its pid, then answers "check" lines: whether every byte is still
+# what it wrote, and which GPU it is on (its device 0's UUID).
+JOB = r"""
+import ctypes, json, os, sys, zlib
+from cuda.bindings import driver as cu
+def ck(r):
+    if r[0] != cu.CUresult.CUDA_SUCCESS:
+        raise SystemExit(f"driver call failed: {r[0]!r}")
+    return r[1] if len(r) == 2 else None
+SIZE = int(sys.argv[1])
+MANAGED = "managed" in sys.argv[2:]       # a managed allocation too
+HOLD = "hold" in sys.argv[2:]             # hold and sleep (stdin is not ours)
+SPIN = next((int(a[5:]) for a in sys.argv[2:] if a.startswith("spin=")), 0)
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+data = os.urandom(1 << 20) * (SIZE >> 20)
+want = zlib.crc32(data)
+p = ck(cu.cuMemAlloc(SIZE))
+ck(cu.cuMemcpyHtoD(p, data, SIZE))
+del data
+if MANAGED:
+    ck(cu.cuMemAllocManaged(1 << 20, 1))
+if SPIN:    # work queued for SPIN ns (a kernel the simulator runs that long)
+    ptx = b".version 7.0\n.target sm_50\n.address_size 64\n" \
+          b".visible .entry vgpu_spin(.param .u64 ns)\n{\n ret;\n}\n"
+    fn = ck(cu.cuModuleGetFunction(ck(cu.cuModuleLoadData(ptx)), b"vgpu_spin"))
+    ck(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, ((SPIN,), (ctypes.c_uint64,)), 0))
+print(json.dumps({"pid": os.getpid(), "size": SIZE}), flush=True)
+if HOLD:
+    __import__("time").sleep(3600)
+back = bytearray(SIZE)
+for line in sys.stdin:
+    ck(cu.cuMemcpyDtoH(back, p, SIZE))
+    uuid = "GPU-" + str(__import__("uuid").UUID(bytes=bytes(ck(cu.cuDeviceGetUuid(0)).bytes)))
+    print(json.dumps({"same": zlib.crc32(back) == want, "uuid": uuid}), flush=True)
+"""
+
+
+class Job:
+    """A JOB under `vgpuctl run`, talked to through its stdin and stdout."""
+
+    def __init__(self, daemon, *run_args: str, size: int = G, managed: bool = False):
+        args = [str(size)] + (["managed"] if managed else [])
+        self.proc = daemon.popen("run", *run_args, "--", sys.executable, "-c", JOB, *args,
+                                 stdin=subprocess.PIPE)
+        self.sel = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        self.fd = self.proc.stdout.fileno()
+        self.sel.register(self.fd, selectors.EVENT_READ)
+        self.buf = b""
+        self.pid = self.reply(120)["pid"]
+        self.id = wait_for(lambda: next((j["id"] for j in daemon.jobs()
+                                         if self.pid in j["pids"]), None),
+                           30, "the job in ps")
+
+    def reply(self, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sel.select(left):
+                raise AssertionError(f"the job said nothing within {timeout} s")
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                raise AssertionError(f"the job ended: {self.proc.stderr.read()}")  # type: ignore
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return json.loads(line)
+
+    def pending(self) -> bool:
+        if self.sel.select(0):
+            self.buf += os.read(self.fd, 65536)
+        return b"\n" in self.buf
+
+    def ask(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("check\n")
+        self.proc.stdin.flush()
+
+    def check(self, timeout: float = 60) -> Any:
+        self.ask()
+        return self.reply(timeout)
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, 9)          # its command; `vgpuctl run` reports the end
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def jobs():
+    made: list[Job] = []
+
+    def start(daemon, *args: str, **kw: Any) -> Job:
+        j = Job(daemon, *args, **kw)
+        made.append(j)
+        return j
+    yield start
+    for j in made:
+        j.close()
+
+
+def sim(daemon) -> dict[str, Any]:
+    res = daemon.cli("sim", "stats", "--json")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def used(daemon) -> list[int]:
+    return [d["used"] for d in sim(daemon)["devices"]]
+
+
+def uuids(daemon) -> list[str]:
+    return [d["uuid"] for d in sim(daemon)["devices"]]
+
+
+def ok(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr)
+    return res.stdout
+
+
+# ---- acceptance: suspend, move, drain ----------------------------------------------
+
+def test_suspend_resume_on_another_gpu_and_drain_back(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", "--gpu", "0")
+    held = used(daemon)[0]
+    assert held >= G and used(daemon)[1] == 0
+    assert j.check() == {"same": True, "uuid": uuids(daemon)[0]}
+
+    out = ok(daemon.cli("suspend", j.id))
+    assert f"job {j.id}: suspended" in out
+    view = daemon.job(j.id)
+    assert view["state"] == "suspended" and view["suspend_reason"] == "asked"
+    assert used(daemon) == [0, 0]                          # its memory is back on the GPU
+    proc = next(p for p in sim(daemon)["processes"] if p["pid"] == j.pid)
+    assert proc["checkpoint"] == "checkpointed"
+    assert sum(d["held"] for d in proc["devices"]) == held
+    gpus = {g["index"]: g for g in daemon.call("ps")["gpus"]}
+    assert gpus[0]["committed"] == 0 and gpus[0]["jobs"] == 0
+    # its CUDA calls are held: a copy asked for now is answered after resume
+    j.ask()
+    ok(daemon.cli("ps"))                                  # (the daemon answers meanwhile)
+    assert not j.pending()
+
+    out = ok(daemon.cli("resume", j.id, "--gpu", "1", timeout=120))
+    assert f"job {j.id}: moved on GPU 1" in out or f"job {j.id}: moved" in out
+    assert j.reply() == {"same": True, "uuid": uuids(daemon)[1]}   # every byte, on GPU 1
+    assert used(daemon) == [0, held]                       # nothing left on GPU 0
+    view = daemon.job(j.id)
+    assert (view["state"], view["gpu"], view["gpu_uuid"]) == ("running", 1, uuids(daemon)[1])
+    assert view["suspended_s"] > 0
+    gpus = {g["index"]: g for g in daemon.call("ps")["gpus"]}
+    assert gpus[1]["committed"] == 2 * G and gpus[0]["committed"] == 0
+
+    out = ok(daemon.cli("drain", "1", timeout=120))
+    assert "GPU 1: drained" in out and f"job {j.id}: moved to GPU 0" in out
+    assert j.check() == {"same": True, "uuid": uuids(daemon)[0]}
+    assert used(daemon) == [held, 0]
+    assert daemon.job(j.id)["gpu"] == 0
+    assert {g["index"]: g["drained"] for g in daemon.call("ps")["gpus"]} == {0: False, 1: True}
+
+
+# ---- what can't be suspended, and all or none --------------------------------------
+
+def test_a_job_with_managed_memory_is_refused_and_keeps_running(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", managed=True, size=64 * M)
+    before = used(daemon)
+    res = daemon.cli("suspend", j.id)
+    assert res.returncode == 1, res
+    assert res.stderr.startswith(f"vgpuctl: error: job {j.id} can't be suspended: process ")
+    assert "managed memory" in res.stderr and "keeps running" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert daemon.job(j.id)["state"] == "running" and used(daemon) == before
+    assert j.check()["same"] is True
+    # the driver was never asked: the process is as it was
+    proc = next(p for p in sim(daemon)["processes"] if p["pid"] == j.pid)
+    assert proc["checkpoint"] == "running"
+
+
+def _two_process_job(daemon, second: str) -> tuple[str, list[int]]:
+    """A job of two processes (started in that order): the first hooked,
+    holding 256 MiB; the second as `second` says (its arguments)."""
+    py = sys.executable
+    cmd = (f"{py} -c \"$JOB\" {256 * M} hold & sleep 0.2; {second} & wait")
+    proc = daemon.popen("run", "--mem", "4G", "--gpu", "0", "--", "sh", "-c", cmd,
+                        env={"JOB": JOB}, stdin=subprocess.DEVNULL)
+    said: dict[int, int] = {}      # size -> pid (they may say it in any order)
+    assert proc.stdout is not None
+    while len(said) < 2:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        said[json.loads(line)["size"]] = json.loads(line)["pid"]
+    pids = [said[256 * M], next(p for s, p in said.items() if s != 256 * M)]
+    jid = wait_for(lambda: next((j["id"] for j in daemon.jobs() if set(pids) <= set(j["pids"])),
+                                None), 30, "the job's processes in ps")
+    return jid, pids
+
+
+@pytest.mark.parametrize("refused", ["locked", "failed"])
+def test_a_failure_part_way_undoes_what_was_done(daemon_factory, refused):
+    """The second process's managed memory is hidden from the hook (it runs
+    without it): the driver refuses it at checkpoint, after the first was
+    checkpointed. The first is restored and unlocked; the job runs on."""
+    d = daemon_factory(start=False)
+    d.env["VGPU_SIM_CKPT_REFUSED"] = refused
+    d.start()
+    jid, (a, b) = _two_process_job(
+        d, f"env -u LD_PRELOAD {sys.executable} -c \"$JOB\" {64 * M} managed hold")
+    before = used(d)
+    res = d.cli("suspend", jid)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res
+    assert f"job {jid} could not be suspended: process {b}: checkpoint failed " \
+           "(CUDA_ERROR_NOT_SUPPORTED)" in res.stderr
+    states = {p["pid"]: p["checkpoint"] for p in sim(d)["processes"]}
+    assert states[a] == "running"
+    if refused == "locked":
+        assert "it keeps running" in res.stderr and states[b] == "running"
+    else:
+        assert f"process {b} is left failed by the driver" in res.stderr
+        assert states[b] == "failed"
+    assert used(d) == before                       # the first is back on its GPU
+    assert d.job(jid)["state"] == "running"
+
+
+def test_a_lock_that_times_out_undoes_the_other_locks(daemon_factory):
+    d = daemon_factory(config="suspend_lock_timeout_s = 1\n")
+    jid, (a, b) = _two_process_job(
+        d, f"{sys.executable} -c \"$JOB\" {64 * M} spin=60000000000 hold")
+    res = d.cli("suspend", jid)
+    assert res.returncode == 1, res
+    assert f"process {b}: lock failed (CUDA_ERROR_NOT_READY): its work did not finish " \
+           "within 1 s (suspend_lock_timeout_s)" in res.stderr
+    assert "it keeps running" in res.stderr
+    states = {p["pid"]: p["checkpoint"] for p in sim(d)["processes"]}
+    assert (states[a], states[b]) == ("running", "running")
+    assert d.job(jid)["state"] == "running"
+
+
+# ---- drivers ------------------------------------------------------------------------
+
+def test_a_driver_before_r570_is_one_clear_line(daemon_factory, jobs):
+    d = daemon_factory(start=False)
+    d.env["VGPU_SIM_DRIVER"] = "550.54.15"
+    d.start()
+    j = jobs(d, "--mem", "1G", size=16 * M)
+    res = d.cli("suspend", j.id)
+    assert res.returncode == 9
+    assert res.stderr == ("vgpuctl: error: suspend needs NVIDIA driver R570 or newer "
+                          "(CUDA 12.8); this driver supports CUDA 12.4\n")
+    assert d.job(j.id)["state"] == "running" and j.check()["same"] is True
+
+
+def test_a_driver_before_r580_suspends_but_does_not_move(daemon_factory, jobs):
+    d = daemon_factory(start=False)
+    d.env["VGPU_SIM_DRIVER"] = "570.86.10"
+    d.start()
+    j = jobs(d, "--mem", "1G", "--gpu", "0", size=16 * M)
+    ok(d.cli("suspend", j.id))
+    res = d.cli("resume", j.id, "--gpu", "1")
+    assert res.returncode == 9
+    assert res.stderr == ("vgpuctl: error: moving a job to another GPU needs NVIDIA driver "
+                          "R580 or newer (CUDA 13.0); this driver supports CUDA 12.8\n")
+    assert d.job(j.id)["state"] == "suspended"
+    ok(d.cli("resume", j.id))
+    assert j.check() == {"same": True, "uuid": uuids(d)[0]}
+
+
+# ---- records --------------------------------------------------------------------------
+
+def test_time_suspended_is_recorded_and_not_billed(daemon, jobs):
+    import sqlite3
+
+    j = jobs(daemon, "--mem", "2G", size=256 * M)
+    wait_for(lambda: daemon.job(j.id)["mem_used"], 30, "a reading of its memory")
+    ok(daemon.cli("suspend", j.id))
+    gap0 = time.time()
+    wait_for(lambda: daemon.job(j.id)["suspended_s"] >= 1.5, 30, "1.5 s suspended")
+    gap1 = time.time()
+    ok(daemon.cli("resume", j.id))
+    view = daemon.job(j.id)
+    assert view["suspended_s"] >= gap1 - gap0
+    wait_for(lambda: daemon.job(j.id)["suspended_s"] == view["suspended_s"], 5,
+             "the suspended time to stop growing once resumed")
+    j.close()
+    wait_for(lambda: not daemon.jobs(), 30, "the job to end")
+    ended = daemon.call("ps", job=j.id)["jobs"][0]
+    assert ended["suspended_s"] == view["suspended_s"]
+    db = sqlite3.connect(daemon.state / "vgpu.db")
+    rows = db.execute("SELECT t0, t1, mem_gib_hours FROM usage WHERE job_id = ?",
+                      (j.id,)).fetchall()
+    db.close()
+    assert rows and sum(r[2] for r in rows) > 0          # it was billed while it ran
+    overlap = [r for r in rows if r[0] < gap1 and r[1] > gap0]
+    assert overlap == [], f"rows cover the time it was suspended: {overlap}"
+
+
+def test_a_suspended_job_outlives_a_daemon_restart(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", size=64 * M)
+    ok(daemon.cli("suspend", j.id))
+    daemon.stop(9)
+    daemon.start()
+    view = daemon.job(j.id)
+    assert view["state"] == "suspended"
+    assert {g["index"]: g["committed"] for g in daemon.call("ps")["gpus"]}[view["gpu"]] == 0
+    ok(daemon.cli("resume", j.id))
+    assert j.check()["same"] is True
+    assert daemon.job(j.id)["state"] == "running"
+
+
+def test_ps_and_the_fields_say_suspended(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", size=16 * M)
+    ok(daemon.cli("suspend", j.id))
+    table = ok(daemon.cli("ps"))
+    row = next(line for line in table.splitlines() if line.split()[:1] == [j.id])
+    assert "suspended" in row
+    csv = ok(daemon.cli("ps", "--fields", "id,state,suspend_reason", "--format", "csv"))
+    assert f"{j.id},suspended,asked" in csv
+    ok(daemon.cli("resume", j.id))
+    assert "suspended" not in next(line for line in ok(daemon.cli("ps")).splitlines()
+                                   if line.split()[:1] == [j.id])
