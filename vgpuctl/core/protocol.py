@@ -48,6 +48,7 @@ ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
     "state": errors.StateError,
     "missing": errors.MissingComponent,
     "conflict": errors.DaemonConflict,
+    "checkpoint": errors.CheckpointError,
     "internal": errors.VgpuError,
 }
 
