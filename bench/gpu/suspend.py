@@ -28,6 +28,7 @@ VGPU_SIM_CKPT_RATE gives them (bench/suspend.py runs this step there).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import selectors
@@ -210,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             sizes = by_kind.get(kind) or [1 << 30]
             if kind == "torch" and not C.torch_installed():
                 res.add(C.skipped(f"{kind}", "PyTorch jobs survive suspend", "no torch"))
+                continue
+            if kind == "cupy" and importlib.util.find_spec("cupy") is None:
+                res.add(C.skipped(f"{kind}", "CuPy jobs survive suspend", "no cupy"))
                 continue
             for size in sizes:
                 one(res, d, kind, size, None, args.repeat)

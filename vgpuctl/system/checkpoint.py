@@ -54,6 +54,11 @@ NAMES = {
     CUDA_ERROR_NOT_SUPPORTED: "CUDA_ERROR_NOT_SUPPORTED",
 }
 
+# What GetState answers for a process that is no CUDA process (one that
+# never initialised CUDA, or is gone): INVALID_VALUE as documented; some
+# drivers say NOT_FOUND or NOT_INITIALIZED.
+NOT_CUDA = (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED)
+
 # CUprocessState
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 
@@ -172,7 +177,7 @@ class Driver:
         "failed"), or None when it is no CUDA process (or is gone)."""
         st = ctypes.c_int(-1)
         rc = self._call("cuCheckpointProcessGetState", pid, ctypes.byref(st))
-        if rc == CUDA_ERROR_INVALID_VALUE:
+        if rc in NOT_CUDA:
             return None
         if rc != CUDA_SUCCESS:
             raise CheckpointError(f"process {pid}: cuCheckpointProcessGetState failed "
