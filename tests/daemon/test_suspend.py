@@ -54,6 +54,16 @@ if HOLD:
     __import__("time").sleep(3600)
 back = bytearray(SIZE)
 for line in sys.stdin:
+    if line.strip() == "nvml":     # what NVML shows it of each GPU (through the hook)
+        import pynvml
+        pynvml.nvmlInit()
+        seen = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            seen.append({"total": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                         "pids": [q.pid for q in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]})
+        print(json.dumps(seen), flush=True)
+        continue
     ck(cu.cuMemcpyDtoH(back, p, SIZE))
     uuid = "GPU-" + str(__import__("uuid").UUID(bytes=bytes(ck(cu.cuDeviceGetUuid(0)).bytes)))
     print(json.dumps({"same": zlib.crc32(back) == want, "uuid": uuid}), flush=True)
@@ -99,6 +109,12 @@ class Job:
         assert self.proc.stdin is not None
         self.proc.stdin.write("check\n")
         self.proc.stdin.flush()
+
+    def nvml(self) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("nvml\n")
+        self.proc.stdin.flush()
+        return self.reply()
 
     def check(self, timeout: float = 60) -> Any:
         self.ask()
@@ -347,3 +363,59 @@ def test_ps_and_the_fields_say_suspended(daemon, jobs):
     ok(daemon.cli("resume", j.id))
     assert "suspended" not in next(line for line in ok(daemon.cli("ps")).splitlines()
                                    if line.split()[:1] == [j.id])
+
+
+# ---- drains ----------------------------------------------------------------------------
+
+def test_a_drain_leaves_a_suspended_job_suspended_and_it_resumes_elsewhere(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", "--gpu", "1", size=64 * M)
+    ok(daemon.cli("suspend", j.id))
+    out = ok(daemon.cli("drain", "1"))
+    assert f"job {j.id}" not in out
+    view = daemon.job(j.id)
+    assert (view["state"], view["suspend_reason"]) == ("suspended", "asked")
+    res = daemon.cli("run", "--mem", "1G", "--gpu", "1", "--", "true")
+    assert res.returncode == 6 and "GPU 1 is drained" in res.stderr, res
+    assert "moved on GPU 0" in ok(daemon.cli("resume", j.id))     # not on the drained GPU
+    assert j.check() == {"same": True, "uuid": uuids(daemon)[0]}
+    assert "GPU 1: taken back" in ok(daemon.cli("drain", "--undo", "1"))
+    assert {g["index"]: g["drained"] for g in daemon.call("ps")["gpus"]} == {0: False, 1: False}
+
+
+def test_a_job_no_gpu_has_room_for_waits_and_resumes_by_itself(daemon_factory, jobs):
+    d = daemon_factory("2x4G")
+    a = jobs(d, "--mem", "3G", "--gpu", "0", size=512 * M)
+    b = jobs(d, "--mem", "3G", "--gpu", "1", size=16 * M)
+    out = ok(d.cli("drain", "0"))
+    assert f"job {a.id}: suspended" in out and "has no room to resume" in out
+    view = d.job(a.id)
+    assert (view["state"], view["suspend_reason"]) == ("suspended", "drained")
+    b.close()                                       # room returns on GPU 1
+    wait_for(lambda: d.job(a.id)["state"] == "running", 30, "the job to resume by itself")
+    assert d.job(a.id)["gpu"] == 1
+    assert a.check() == {"same": True, "uuid": uuids(d)[1]}
+
+
+def test_the_jobs_limits_counters_and_nvml_view_follow_a_move(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", "--gpu", "0", size=64 * M)
+    # its context (300 MiB on the simulator) and its 64 MiB
+    used_before = wait_for(lambda: (lambda u: u if u and u >= 364 * M else None)(
+        daemon.job(j.id)["mem_used"]), 30, "a reading of its memory")
+    seen = j.nvml()
+    assert [g["total"] for g in seen] == [2 * G, 16 * G]    # its limit, on its GPU
+    assert j.pid in seen[0]["pids"] and seen[1]["pids"] == []
+    ok(daemon.cli("suspend", j.id))
+    ok(daemon.cli("resume", j.id, "--gpu", "1"))
+    seen = j.nvml()
+    assert [g["total"] for g in seen] == [16 * G, 2 * G]    # the limit moved with it
+    assert seen[0]["pids"] == [] and j.pid in seen[1]["pids"]
+    # its counters go on where they were, and its limit holds on the new GPU
+    wait_for(lambda: daemon.job(j.id)["gpu"] == 1, 10, "the record on GPU 1")
+    assert daemon.job(j.id)["mem_used"] == used_before
+    region = next(p for p in (daemon.runtime / "jobs").iterdir() if p.name == j.id)
+    from vgpuctl.system.region import Region
+    reg = Region.open(region)
+    try:
+        assert reg.devices()[0].uuid == uuids(daemon)[1]
+    finally:
+        reg.close()

@@ -280,16 +280,17 @@ class Suspender:
 
     # -- drain ------------------------------------------------------------------------
     async def drain(self, gpu: str) -> list[Outcome]:
-        """Move every job off a GPU where another has room, suspend the ones
-        that can't move (they resume elsewhere by themselves when room
-        returns), and place nothing there until undrained. Callers hold
-        self.lock."""
+        """Move every running job off a GPU where another has room, suspend
+        the ones that can't move (they resume elsewhere by themselves when
+        room returns), and place nothing there until undrained. A job
+        suspended already holds no GPU: it stays as it is, and resumes
+        elsewhere. Callers hold self.lock."""
         g = placement.resolve_gpu(self.gpus, gpu)
         self.drained.add(g.uuid)
         log.info("GPU %d drained", g.index)
         out = []
         for job in sorted(self._table, key=lambda j: int(j.id)):
-            if g.uuid not in job.uuids() or job.rec.state not in (RUNNING, SUSPENDED):
+            if g.uuid not in job.uuids() or job.rec.state != RUNNING:
                 continue
             try:
                 out.append(await self._drain_one(job))
@@ -302,8 +303,7 @@ class Suspender:
     async def _drain_one(self, job: LiveJob) -> Outcome:
         if len(job.uuids()) > 1:
             raise UsageError(f"job {job.id} has {len(job.uuids())} GPUs: it is not moved")
-        if job.rec.state == RUNNING:
-            await self.suspend(job, "drained")
+        await self.suspend(job, "drained")
         try:
             return await self.resume(job)
         except AdmissionRefused as e:
