@@ -369,7 +369,8 @@ class Daemon:
         inputs = sup.gates.inputs()
         now = time.monotonic()
         if self.governor is not None and inputs:
-            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches)
+            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
+                                    created=self._created(i.job_id))
                   for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
             sup.gates.apply(inputs, gates)
@@ -395,6 +396,12 @@ class Daemon:
             acc = self.accountant
             self.metrics_box.set(sup.metrics_snapshot(
                 (lambda j: acc.totals(j)[0]) if acc is not None else (lambda j: None)))
+
+    def _created(self, job_id: str) -> float | None:
+        """When a job's region was made (gated from then on: its launch
+        history starts there, for the governor's first cost estimate)."""
+        job = self.sup.table.find(job_id)
+        return job.rec.created if job is not None else None
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()

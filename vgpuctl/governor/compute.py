@@ -28,6 +28,9 @@ IDLE_S = 0.3
 # write: no process launches faster than this (a launch costs microseconds of
 # driver time), so more in a tick is a lie and is clamped.
 MAX_LAUNCH_RATE = 2_000_000
+# A job first seen this soon after its region was made has its history
+# start at the region's making (_start_history).
+START_HISTORY_S = 1.0
 
 
 @dataclass
@@ -40,6 +43,8 @@ class JobDevice:
     core_share: int             # percent 1..100
     policy: str                 # "hard" | "soft"
     launches: int               # region usage.dev[i].launches (cumulative)
+    created: float | None = None  # wall time the job's region was made, gated
+                                  # (initial_gate), with no launch counted yet
 
 
 @dataclass
@@ -64,6 +69,22 @@ class _State:
     last_now: float | None = None
     last_active: float | None = None
     measured: float = 0.0
+
+
+def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
+                 scale: int | None = None) -> Gate:
+    """The gate a new job's region is made with, before the governor has
+    seen it: its share at the cautious rate the governor starts it at
+    (controller.step before a cost estimate), so that it is paced from its
+    first launch; no gate for a hard 100 %. docs/compute.md, start-up."""
+    gains = gains or ctl.Gains()
+    scale = scale or _token_scale()
+    share = min(max(core_share, 1), 100) / 100.0
+    if share >= ctl.FULL:
+        return Gate(False, 0, 0, 0.0, share)
+    cmd = ctl.step(ctl.ShareLoop(), ctl.Observation(target=share, dt=0.0, launches=0.0), gains)
+    return Gate(True, ctl.to_tokens(cmd.rate, scale), ctl.to_tokens(cmd.bucket, scale), 0.0,
+                share)
 
 
 def _token_scale() -> int:
@@ -177,10 +198,13 @@ class ComputeGovernor:
             launched = 0
         else:
             launched = min(j.launches - st.last_launches, int(MAX_LAUNCH_RATE * dt) + 1)
+        first = st.last_launches is None
         st.last_launches = j.launches
         st.last_now = now
         st.count += launched
-        if st.loop.rate is not None:     # gated since the last tick
+        if first:
+            _start_history(st, j, wall_s)
+        elif st.loop.rate is not None:     # gated since the last tick
             st.history.add(wall_s, st.count)
 
         measured = measured_low = busy = window_launches = window_s = None
@@ -228,6 +252,19 @@ class ComputeGovernor:
         return (claim.active and obs.measured is not None and loop.rate is not None
                 and loop.target is not None and obs.measured < 0.98 * loop.target
                 and not loop.backlogged)
+
+
+def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
+    """A job seen for the first time: its launch history starts now, so that
+    the first NVML window holding its launches gives its first cost (it is
+    gated from its region's creation, initial_gate, so the region counts
+    every launch). Launches already counted came after its creation: the
+    history starts there, at none (a region made moments ago, not one a
+    previous daemon left)."""
+    if (j.created is not None and j.launches > 0
+            and 0.0 < wall_s - j.created <= START_HISTORY_S):
+        st.history.add(j.created, st.count - j.launches)
+    st.history.add(wall_s, st.count)
 
 
 def _open_nvml() -> Any:
