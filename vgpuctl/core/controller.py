@@ -69,6 +69,8 @@ class Gains:
     initial_cost_s: float = 5e-3    # assumed GPU time per launch before any measurement: a
                                     # new job starts at target / this, at or below its share
                                     # for kernels up to this long (docs/compute.md, start-up)
+    start_min_rate: float = 10.0    # ...but at least this many launches/s (a 1 % job of 1 ms
+                                    # kernels), so that NVML sees a small share start
     catch_up_s: float = 0.4         # by this long after its first launch a new job has made
                                     # up what its cautious start left it short of its share
     catch_up_min_s: float = 0.1     # ...spread over at least this long
@@ -170,8 +172,6 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     if obs.busy_s is not None and obs.window_launches is not None:
         window_s = obs.window_s if obs.window_s is not None else obs.dt
         busy_s = obs.busy_s
-        if guessed and obs.window_launches > 0.0:
-            busy_s = first_busy(busy_s, window_s, gains)
         if busy_s <= 0.0 and obs.window_launches > 0.0:
             # Launches too short for NVML to report (it counts whole percents
             # of a period): the cost is below that resolution. Take half of it,
@@ -252,8 +252,10 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
 
     commanded = target + loop.integral + gains.kp * fine * error + owed
     commanded = min(max(commanded, 0.2 * target), 1.0)
-    cost = loop.cost if loop.cost is not None else gains.initial_cost_s
-    rate = max(commanded / cost, gains.min_rate)
+    if loop.cost is not None:
+        rate = max(commanded / loop.cost, gains.min_rate)
+    else:
+        rate = start_rate(commanded, gains)
     # A jump of the rate (new target, first cost estimate, soft capacity
     # lent or taken back): the next windows still show the old rate.
     if prev_rate is None or abs(rate - prev_rate) > gains.rate_jump * prev_rate:
@@ -265,11 +267,9 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
 
 # ---- a job's start (docs/compute.md, start-up) ----------------------------------
 
-def first_busy(busy_s: float, window_s: float, gains: Gains) -> float:
-    """The busy time the first cost estimate takes from a window: NVML rounds
-    to whole percents, so the most it can have been. A first estimate above
-    the true cost sets the rate at or below the share, never above it."""
-    return max(busy_s, 0.0) + 0.5 * gains.resolution * window_s
+def start_rate(target: float, gains: Gains) -> float:
+    """The cautious rate a job starts at, before any cost estimate."""
+    return max(target / gains.initial_cost_s, gains.min_rate, gains.start_min_rate)
 
 
 def track_life(loop: ShareLoop, obs: Observation, prev_rate: float | None,
@@ -282,9 +282,8 @@ def track_life(loop: ShareLoop, obs: Observation, prev_rate: float | None,
             return
         # the first launches came within this step: at the gate's rate, the
         # time they took (a burst of the bucket aside), never more than dt
-        active = obs.dt
-        if prev_rate:
-            active = min(obs.dt, max(0.0, (obs.launches - 1.0) / prev_rate))
+        rate = prev_rate or start_rate(obs.target, gains)   # the region's first gate
+        active = min(obs.dt, max(0.0, (obs.launches - 1.0) / rate))
         loop.life_s = active
         loop.life_launches = obs.launches
         return

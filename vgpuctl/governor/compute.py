@@ -194,7 +194,9 @@ class ComputeGovernor:
         # The region's counter is the job's to write: a step back (or the
         # first look) counts nothing, a step beyond any possible rate counts
         # that rate.
-        if st.last_launches is None or j.launches < st.last_launches:
+        if st.last_launches is None:
+            launched = _first_launches(j, wall_s)
+        elif j.launches < st.last_launches:
             launched = 0
         else:
             launched = min(j.launches - st.last_launches, int(MAX_LAUNCH_RATE * dt) + 1)
@@ -254,16 +256,28 @@ class ComputeGovernor:
                 and not loop.backlogged)
 
 
+def _fresh(j: JobDevice, wall_s: float) -> bool:
+    """The job's region was made moments ago (gated, initial_gate), not left
+    by a previous daemon: everything its counter holds was launched since."""
+    return j.created is not None and 0.0 < wall_s - j.created <= START_HISTORY_S
+
+
+def _first_launches(j: JobDevice, wall_s: float) -> int:
+    """What a job seen for the first time launched before: its launches
+    since its fresh region was made (its life has begun), else none known."""
+    if not _fresh(j, wall_s):
+        return 0
+    return max(0, min(j.launches, int(MAX_LAUNCH_RATE * (wall_s - j.created)) + 1))
+
+
 def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
     """A job seen for the first time: its launch history starts now, so that
     the first NVML window holding its launches gives its first cost (it is
     gated from its region's creation, initial_gate, so the region counts
     every launch). Launches already counted came after its creation: the
-    history starts there, at none (a region made moments ago, not one a
-    previous daemon left)."""
-    if (j.created is not None and j.launches > 0
-            and 0.0 < wall_s - j.created <= START_HISTORY_S):
-        st.history.add(j.created, st.count - j.launches)
+    history starts there, at none."""
+    if _fresh(j, wall_s) and st.count > 0:
+        st.history.add(j.created, 0.0)
     st.history.add(wall_s, st.count)
 
 
