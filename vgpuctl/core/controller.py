@@ -73,6 +73,8 @@ class Gains:
                                     # kernels), so that NVML sees a small share start
     catch_up_s: float = 0.4         # by this long after its first launch a new job has made
                                     # up what its cautious start left it short of its share
+    catch_up_periods: float = 2.4   # ...or this many of NVML's sample periods, if longer
+                                    # (1 s periods: the first cost comes after a second)
     catch_up_min_s: float = 0.1     # ...spread over at least this long
     resolution: float = 0.01        # smallest share NVML reports (1 %)
     min_rate: float = 1.0           # launches/s never below this (the job can make progress)
@@ -140,6 +142,7 @@ class ShareLoop:
     life_launches: float = 0.0      # ...and its launches since
     catching_up: bool = True        # its start may still be made up (catch_up_s)
     owing: bool = False             # last step it was making up its start
+    window_s: float | None = None   # the shortest measurement window seen
 
     @property
     def cost(self) -> float | None:
@@ -291,7 +294,9 @@ def track_life(loop: ShareLoop, obs: Observation, prev_rate: float | None,
     loop.life_launches += obs.launches
     if used is not None and used < gains.pi_usage_ratio:
         loop.catching_up = False
-    if loop.life_s > gains.catch_up_s:
+    if obs.window_s:   # the shortest window seen: NVML's period (a late read spans more)
+        loop.window_s = min(loop.window_s or obs.window_s, obs.window_s)
+    if loop.life_s > catch_up_by(loop, gains):
         loop.catching_up = False
 
 
@@ -307,7 +312,15 @@ def start_owed(loop: ShareLoop, target: float, gains: Gains) -> float:
     if not loop.catching_up or loop.life_s is None or loop.cost is None:
         return 0.0
     owed_s = target * loop.life_s - loop.cost * loop.life_launches
-    return max(0.0, owed_s / max(gains.catch_up_min_s, gains.catch_up_s - loop.life_s))
+    left = catch_up_by(loop, gains) - loop.life_s
+    return max(0.0, owed_s / max(gains.catch_up_min_s, left))
+
+
+def catch_up_by(loop: ShareLoop, gains: Gains) -> float:
+    """How long after its first launch a job's start is made up by:
+    catch_up_s, or catch_up_periods of NVML's sample period if that is
+    longer (the first cost can't come before the first period closes)."""
+    return max(gains.catch_up_s, gains.catch_up_periods * (loop.window_s or 0.0))
 
 
 def _certain_error(target: float, measured: float, low: float | None) -> float:
