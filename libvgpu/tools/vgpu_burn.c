@@ -2,7 +2,8 @@
  * vgpu-burn - launch kernels of a given duration and report how many ran.
  *
  *   vgpu-burn [--device N] --kernel-us US (--seconds S | --count K)
- *             [--alloc SIZE] [--inflight K]
+ *             [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]
+ *             [--on-ms MS --off-ms MS]
  *
  * Driver API only, reached as the CUDA runtime reaches it: dlopen
  * ("libcuda.so.1"), then every entry point through cuGetProcAddress. The
@@ -10,6 +11,12 @@
  * nanoseconds; a real driver JIT-compiles it (no toolkit needed), and the
  * simulated GPU runs it for that long by its duration rule. So the same
  * program measures compute shares on the simulator and on a real GPU.
+ *
+ * --duty keeps the device busy about PCT % of the time: at the start of each
+ * period of MS milliseconds (100 by default) it launches kernels adding up to
+ * PCT % of the period, waits for them, and sleeps to the period's end.
+ * --on-ms/--off-ms alternate in wall time: launch for ON ms, wait for the
+ * kernels, sleep OFF ms (on a shared GPU it gets less than ON/(ON+OFF)).
  *
  * Prints one line of JSON: kernels (completed), seconds (wall time from the
  * first launch to the last completion), rate (kernels per second),
@@ -133,6 +140,9 @@ struct opts {
     long long count;
     unsigned long long alloc;
     int inflight;
+    double duty;      /* percent; 0: no pause */
+    double period_ms;
+    double on_ms, off_ms;  /* wall-time on/off; 0: none */
 };
 
 static void usage_error(const char *fmt, const char *arg)
@@ -140,7 +150,8 @@ static void usage_error(const char *fmt, const char *arg)
     fprintf(stderr, "%s: error: ", g_prog);
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: %s [--device N] --kernel-us US (--seconds S | --count K)"
-                    " [--alloc SIZE] [--inflight K]\n", g_prog);
+                    " [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]"
+                    " [--on-ms MS --off-ms MS]\n", g_prog);
     exit(2);
 }
 
@@ -164,14 +175,15 @@ static unsigned long long parse_size(const char *s)
 
 static struct opts parse_args(int argc, char **argv)
 {
-    struct opts o = {.device = 0, .inflight = 4};
+    struct opts o = {.device = 0, .inflight = 4, .period_ms = 100};
     int have_us = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             printf("usage: %s [--device N] --kernel-us US (--seconds S | --count K)"
-                   " [--alloc SIZE] [--inflight K]\n", g_prog);
+                   " [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]"
+                   " [--on-ms MS --off-ms MS]\n", g_prog);
             exit(0);
         } else if (strcmp(a, "--device") == 0) {
             double d = parse_number(a, v, 0);
@@ -190,6 +202,16 @@ static struct opts parse_args(int argc, char **argv)
             o.count = (long long)c;
         } else if (strcmp(a, "--alloc") == 0) {
             o.alloc = parse_size(v);
+        } else if (strcmp(a, "--duty") == 0) {
+            o.duty = parse_number(a, v, 1e-9);
+            if (o.duty > 100)
+                usage_error("%s needs a percentage from 0 to 100", a);
+        } else if (strcmp(a, "--period-ms") == 0) {
+            o.period_ms = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--on-ms") == 0) {
+            o.on_ms = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--off-ms") == 0) {
+            o.off_ms = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--inflight") == 0) {
             double k = parse_number(a, v, 1);
             if (k != (int)k || k > 1024)
@@ -204,6 +226,10 @@ static struct opts parse_args(int argc, char **argv)
         usage_error("%s is required", "--kernel-us");
     if ((o.seconds > 0) == (o.count > 0))
         usage_error("give exactly one of %s", "--seconds or --count");
+    if ((o.on_ms > 0) != (o.off_ms > 0))
+        usage_error("give both of %s", "--on-ms and --off-ms");
+    if (o.on_ms > 0 && o.duty > 0)
+        usage_error("give %s, not both", "--duty or --on-ms/--off-ms");
     return o;
 }
 
@@ -304,7 +330,38 @@ int main(int argc, char **argv)
     long long launched = 0;
     g_start = now_s();
     double deadline = g_start + g_o.seconds;
+    /* --duty: kernels per period, and where the current period ends */
+    long long per_period = 0, in_period = 0;
+    double period_end = g_start + g_o.period_ms / 1000.0;
+    if (g_o.duty > 0 && g_o.duty < 100) {
+        per_period = (long long)(g_o.period_ms * 1000.0 * g_o.duty / 100.0 / g_o.kernel_us + 0.5);
+        if (per_period < 1)
+            per_period = 1;
+    }
+    double on_end = g_start + g_o.on_ms / 1000.0;
     while (!g_stop && (g_o.count ? launched < g_o.count : now_s() < deadline)) {
+        if (g_o.on_ms > 0 && now_s() >= on_end) {
+            CHECK("cuStreamSynchronize", cu.StreamSynchronize(stream));
+            double off = g_o.off_ms / 1000.0;
+            struct timespec ts = {(time_t)off, (long)((off - (double)(time_t)off) * 1e9)};
+            nanosleep(&ts, NULL);
+            on_end = now_s() + g_o.on_ms / 1000.0;
+            continue;
+        }
+        if (per_period > 0 && in_period >= per_period) {
+            CHECK("cuStreamSynchronize", cu.StreamSynchronize(stream));
+            double left = period_end - now_s();
+            if (left > 0) {
+                struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+            period_end += g_o.period_ms / 1000.0;
+            if (period_end < now_s())   /* the kernels took longer than a period */
+                period_end = now_s();
+            in_period = 0;
+            continue;
+        }
+        in_period++;
         int slot = (int)(launched % g_o.inflight);
         if (launched >= g_o.inflight) {
             /* at most `inflight` kernels queued: wait for the oldest */

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -152,7 +151,7 @@ class Admission:
         job_dir = self._table.jobs_dir / rec.id
         try:
             if job_dir.exists():       # left by a database that was deleted
-                shutil.rmtree(job_dir)
+                Region.discard(job_dir)
             gate = initial_gate(rec.core_share, rec.policy)
             region = Region.create(job_dir, rec.id, rec.uid, [DeviceLimit(
                 uuid=u, mem_limit=rec.mem_limit, core_share=rec.core_share,

@@ -3,15 +3,19 @@
  * (libvgpu.so) and the Python daemon (vgpuctl/system/region.py reads this very file
  * through cffi, so the two sides cannot drift).
  *
- * A job's region is two files in the job's directory:
+ * A job's region is two System V shared memory segments, created (every
+ * page allocated) by the daemon, and named by the daemon's file
+ * <job directory>/region ("vgpu-region VERSION LIMITS_ID USAGE_ID"):
  *
  *   limits  struct vgpu_limits   written by the daemon only. Owned by the
- *                                daemon's user, mode 0644: the job maps it
- *                                read-only and cannot raise its own limits.
+ *                                daemon's user, mode 0644: the job attaches
+ *                                it read-only and cannot raise its own limits.
  *   usage   struct vgpu_usage    written by the hook with atomic builtins,
  *                                owned by the job's user, mode 0600.
  *
- * The job's environment carries VGPU_REGION=<job directory>.
+ * A segment keeps its size for good: no one can truncate or grow it, and no
+ * store into it needs space on a filesystem. The job's environment carries
+ * VGPU_REGION=<job directory>.
  *
  * Rules for this file (cffi parses it after dropping preprocessor lines
  * other than simple integer #defines):
