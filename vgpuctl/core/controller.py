@@ -101,6 +101,9 @@ class Observation:
     measured_low  a lower bound of the share when the window only bounds it
                (NVML averaged several sample periods in one read): measured
                is then an upper bound, and the PI acts only where both agree
+    owed_cap   the most the making up of the job's start may add this step
+               (None: what it is owed): the GPU's room no share claims, its
+               part of it (start_room)
     """
 
     target: float
@@ -111,6 +114,7 @@ class Observation:
     window_launches: float | None = None
     window_s: float | None = None
     measured_low: float | None = None
+    owed_cap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -175,12 +179,15 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     if obs.busy_s is not None and obs.window_launches is not None:
         window_s = obs.window_s if obs.window_s is not None else obs.dt
         busy_s = obs.busy_s
-        if busy_s <= 0.0 and obs.window_launches > 0.0:
+        if busy_s <= 0.0 and obs.window_launches >= 1.0:
             # Launches too short for NVML to report (it counts whole percents
             # of a period): the cost is below that resolution. Take half of it,
             # so the rate grows until the job shows up in the samples.
             busy_s = 0.5 * gains.resolution * window_s
-        loop.observe_cost(busy_s, obs.window_launches, window_s, gains)
+        if busy_s > 0.0 or obs.window_launches >= 1.0:
+            # (not a window that holds less than one launch and nothing
+            # seen: the edge of the job's start, which says nothing)
+            loop.observe_cost(busy_s, obs.window_launches, window_s, gains)
 
     # Did the bucket limit the job, or did it launch less than allowed? Over
     # a span of steps that allowed a few launches: one step of a job that
@@ -233,6 +240,8 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     # What a cautious start left the job short of, made up now; meanwhile
     # the windows show the making up, nothing for the PI to remember.
     owed = start_owed(loop, target, gains)
+    if obs.owed_cap is not None:
+        owed = min(owed, max(0.0, obs.owed_cap))
     if loop.owing and owed <= 0.0:
         loop.settle = max(loop.settle, gains.settle_steps)   # the windows still show it
     loop.owing = owed > 0.0
@@ -314,6 +323,23 @@ def start_owed(loop: ShareLoop, target: float, gains: Gains) -> float:
     owed_s = target * loop.life_s - loop.cost * loop.life_launches
     left = catch_up_by(loop, gains) - loop.life_s
     return max(0.0, owed_s / max(gains.catch_up_min_s, left))
+
+
+def start_room(claims: Iterable[Claim], targets: dict[Hashable, float], capacity: float,
+               making_up: Iterable[Hashable]) -> dict[Hashable, float]:
+    """What each job that may still be making up its start (making_up) may
+    add for it this step: the GPU's room that no active job's share claims
+    (capacity less each one's share, or its target if lower: what a soft job
+    borrows is not claimed), in proportion to their shares. Several jobs that
+    start together on a full GPU would otherwise make up at each other's
+    expense, the one with the longest kernels winning the race for the
+    device (docs/compute.md, start-up)."""
+    claims = list(claims)
+    claimed = sum(min(c.share, targets.get(c.key, c.share)) for c in claims if c.active)
+    room = max(0.0, capacity - claimed)
+    owing = set(making_up)
+    total = sum(c.share for c in claims if c.key in owing)
+    return {c.key: room * c.share / total for c in claims if c.key in owing and total > 0}
 
 
 def catch_up_by(loop: ShareLoop, gains: Gains) -> float:

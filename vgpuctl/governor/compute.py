@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -112,7 +112,7 @@ class ComputeGovernor:
             nvml = _open_nvml()
         self._nvml = nvml
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
-        self._sampler = Sampler(nvml, self._clock_us)
+        self._sampler = Sampler(nvml, self._clock_us, follow_idle=True)
         self._states: dict[tuple[str, str], _State] = {}
         self._capacity: dict[str, ctl.Capacity] = {}
         self._scale = _token_scale()
@@ -134,9 +134,13 @@ class ComputeGovernor:
         """Each pid's share of this GPU in the newest NVML window."""
         return self._sampler.last_shares(uuid)
 
-    def tick(self, jobs: list[JobDevice], now: float) -> dict[tuple[str, str], Gate]:
+    def tick(self, jobs: list[JobDevice], now: float,
+             gpus: Iterable[str] = ()) -> dict[tuple[str, str], Gate]:
         """One control step for every (job, GPU); returns the gate of each,
-        keyed by (job_id, uuid)."""
+        keyed by (job_id, uuid). ``gpus``: the node's GPUs, read also while
+        no job runs on them, so that NVML's first window holding a new job's
+        launches is one sample period, not all since the last job (its first
+        cost comes from it: docs/compute.md, start-up)."""
         wall_s = self._clock_us() / 1e6
         by_gpu: dict[str, list[JobDevice]] = {}
         for j in jobs:
@@ -145,13 +149,18 @@ class ComputeGovernor:
         for uuid, group in by_gpu.items():
             window = self._sampler.read(uuid)
             out.update(self._tick_gpu(group, window, now, wall_s))
+        watched = set(gpus)
+        for uuid in watched - by_gpu.keys():
+            self._sampler.read(uuid)        # only to keep its baseline current
         live = set(out)
         for key in [k for k in self._states if k not in live]:
             del self._states[key]
         for uuid in list(self._capacity):
             if uuid not in by_gpu:
-                self._sampler.forget(uuid)
                 self._capacity.pop(uuid, None)
+        for uuid in self._sampler.gpus():
+            if uuid not in by_gpu and uuid not in watched:
+                self._sampler.forget(uuid)
         return out
 
     def _tick_gpu(self, group: list[JobDevice], window: Window | None, now: float,
@@ -164,12 +173,14 @@ class ComputeGovernor:
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
                              window.duration_s)
         targets = ctl.effective_targets([c for c, _ in seen], capacity.value)
+        room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
+                              [c.key for c, _ in seen if self._states[c.key].loop.catching_up])
         gates: dict[tuple[str, str], Gate] = {}
         for claim, o in seen:
             key = claim.key
             st = self._states[key]
             target = targets[key]
-            cmd = ctl.step(st.loop, replace(o, target=target), self.gains)
+            cmd = ctl.step(st.loop, replace(o, target=target, owed_cap=room.get(key)), self.gains)
             if cmd.throttle:
                 rate = min(ctl.to_tokens(cmd.rate, self._scale), 2**62)
                 bucket = min(ctl.to_tokens(cmd.bucket, self._scale), 2**62)
@@ -275,8 +286,11 @@ def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
     the first NVML window holding its launches gives its first cost (it is
     gated from its region's creation, initial_gate, so the region counts
     every launch). Launches already counted came after its creation: the
-    history starts there, at none."""
-    if _fresh(j, wall_s) and st.count > 0:
+    history starts there, at none, and was none before."""
+    if _fresh(j, wall_s):
+        # none before it either: a window that began before the region was
+        # made (the GPU's periods are not the job's) holds only these
+        st.history.add(j.created - START_HISTORY_S, 0.0)
         st.history.add(j.created, 0.0)
     st.history.add(wall_s, st.count)
 
