@@ -33,6 +33,7 @@ def ck(r):
     return r[1] if len(r) == 2 else None
 SIZE = int(sys.argv[1])
 MANAGED = "managed" in sys.argv[2:]       # a managed allocation too
+IPC = "ipc" in sys.argv[2:]               # its memory exported for CUDA IPC
 HOLD = "hold" in sys.argv[2:]             # hold and sleep (stdin is not ours)
 SPIN = next((int(a[5:]) for a in sys.argv[2:] if a.startswith("spin=")), 0)
 ck(cu.cuInit(0))
@@ -44,6 +45,8 @@ ck(cu.cuMemcpyHtoD(p, data, SIZE))
 del data
 if MANAGED:
     ck(cu.cuMemAllocManaged(1 << 20, 1))
+if IPC:
+    ck(cu.cuIpcGetMemHandle(p))
 if SPIN:    # work queued for SPIN ns (a kernel the simulator runs that long)
     ptx = b".version 7.0\n.target sm_50\n.address_size 64\n" \
           b".visible .entry vgpu_spin(.param .u64 ns)\n{\n ret;\n}\n"
@@ -73,8 +76,9 @@ for line in sys.stdin:
 class Job:
     """A JOB under `vgpuctl run`, talked to through its stdin and stdout."""
 
-    def __init__(self, daemon, *run_args: str, size: int = G, managed: bool = False):
-        args = [str(size)] + (["managed"] if managed else [])
+    def __init__(self, daemon, *run_args: str, size: int = G, managed: bool = False,
+                 ipc: bool = False):
+        args = [str(size)] + (["managed"] if managed else []) + (["ipc"] if ipc else [])
         self.proc = daemon.popen("run", *run_args, "--", sys.executable, "-c", JOB, *args,
                                  stdin=subprocess.PIPE)
         self.sel = selectors.DefaultSelector()
@@ -220,6 +224,15 @@ def test_a_job_with_managed_memory_is_refused_and_keeps_running(daemon, jobs):
     # the driver was never asked: the process is as it was
     proc = next(p for p in sim(daemon)["processes"] if p["pid"] == j.pid)
     assert proc["checkpoint"] == "running"
+
+
+def test_a_job_that_shares_memory_through_cuda_ipc_is_refused(daemon, jobs):
+    j = jobs(daemon, "--mem", "2G", ipc=True, size=64 * M)
+    res = daemon.cli("suspend", j.id)
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res
+    assert f"process {j.pid} shares memory through CUDA IPC" in res.stderr
+    assert "keeps running" in res.stderr
+    assert daemon.job(j.id)["state"] == "running" and j.check()["same"] is True
 
 
 def _two_process_job(daemon, second: str) -> tuple[str, list[int]]:

@@ -43,11 +43,13 @@ for dev, size in HOLD:
     ck(cu.cuMemcpyHtoD(p, data, size))
     bufs.append((dev, p, size, hashlib.sha256(data).hexdigest()))
 managed = ck(cu.cuMemAllocManaged(1 << 20, 1)) if MANAGED else None
+exported = ck(cu.cuIpcGetMemHandle(bufs[0][1])) if EXPORT else None
 on(HOLD[0][0] if HOLD else 0)
 mod = ck(cu.cuModuleLoadData(SPIN_PTX))
 fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
 extra = None
-out({"pid": os.getpid(), "ptrs": [int(b[1]) for b in bufs]})
+out({"pid": os.getpid(), "ptrs": [int(b[1]) for b in bufs],
+     "ipc": ctypes.string_at(exported.getPtr(), 64).hex() if exported else None})
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "check":
@@ -69,6 +71,11 @@ for line in sys.stdin:
     elif cmd[0] == "spin":
         out({"done": cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0,
                                        ((int(cmd[1]),), (ctypes.c_uint64,)), 0)[0].name})
+    elif cmd[0] == "open":      # another process's IPC handle
+        h = cu.CUipcMemHandle()
+        ctypes.memmove(h.getPtr(), bytes.fromhex(cmd[1]), 64)
+        r = cu.cuIpcOpenMemHandle(h, cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        out({"done": r[0].name})
     elif cmd[0] == "sync":
         out({"done": cu.cuCtxSynchronize()[0].name})
 """
@@ -141,8 +148,10 @@ def errors(results: list[list[Any]]) -> list[str]:
 class Target:
     """The TARGET program, running; talk() sends a command, reply() reads a line."""
 
-    def __init__(self, env: dict[str, str], hold: list[tuple[int, int]], managed: bool = False):
-        code = script(f"HOLD = {hold!r}\nMANAGED = {managed}\nSPIN_PTX = {SPIN_PTX!r}\n", TARGET)
+    def __init__(self, env: dict[str, str], hold: list[tuple[int, int]], managed: bool = False,
+                 export: bool = False):
+        code = script(f"HOLD = {hold!r}\nMANAGED = {managed}\nEXPORT = {export}\n"
+                      f"SPIN_PTX = {SPIN_PTX!r}\n", TARGET)
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.sel = selectors.DefaultSelector()
@@ -153,6 +162,7 @@ class Target:
         first = self.reply(60)
         self.pid: int = first["pid"]
         self.ptrs: list[int] = first["ptrs"]
+        self.ipc: str | None = first["ipc"]
 
     def send(self, cmd: str) -> None:
         assert self.proc.stdin is not None
@@ -195,8 +205,9 @@ class Target:
 def target(sim_env):
     made: list[Target] = []
 
-    def start(hold: list[tuple[int, int]], managed: bool = False, env=None) -> Target:
-        t = Target(env or sim_env, hold, managed)
+    def start(hold: list[tuple[int, int]], managed: bool = False, env=None,
+              export: bool = False) -> Target:
+        t = Target(env or sim_env, hold, managed, export)
         made.append(t)
         return t
 
@@ -423,6 +434,22 @@ def test_managed_memory_refused_can_leave_the_process_locked(sim_env, target):
                          "CUDA_SUCCESS"]
     assert r[2][1] == "CU_PROCESS_STATE_LOCKED"
     assert t.talk("check")["same"] == [True]
+
+
+def test_ipc_memory_is_refused_on_both_sides(sim_env, target):
+    """R570 checkpoints no CUDA IPC memory: neither the exporter's nor the
+    importer's process."""
+    sim_env["VGPU_SIM_CKPT_REFUSED"] = "locked"
+    exporter = target([(0, 16 * MiB)], export=True)
+    importer = target([(0, 16 * MiB)])
+    assert importer.talk(f"open {exporter.ipc}") == {"done": "CUDA_SUCCESS"}
+    plain = target([(0, 16 * MiB)])
+    for t in (exporter, importer):
+        r = control(sim_env, t.pid, "lock", "checkpoint", "unlock")
+        assert errors(r) == ["CUDA_SUCCESS", "CUDA_ERROR_NOT_SUPPORTED", "CUDA_SUCCESS"], t.pid
+        assert t.talk("check")["same"] == [True]
+    r = control(sim_env, plain.pid, "lock", "checkpoint", "restore", "unlock")
+    assert errors(r) == ["CUDA_SUCCESS"] * 4
 
 
 def test_controllers_take_turns(sim_env, target):

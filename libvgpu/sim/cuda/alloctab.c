@@ -266,6 +266,16 @@ int mem_has_kind(int kind)
     return found;
 }
 
+int mem_has_shared(void)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_mem_lock);
+    for (size_t i = 0; i < g_n && !found; i++)
+        found = g_tab[i].shared;
+    pthread_mutex_unlock(&g_mem_lock);
+    return found;
+}
+
 static int device_kind(int kind)
 {
     return kind == ALLOC_DEVICE || kind == ALLOC_POOL || kind == ALLOC_ARRAY;

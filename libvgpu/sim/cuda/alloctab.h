@@ -64,6 +64,8 @@ void mem_free_ctx(CUcontext ctx);
  * (off) or accessible again, at the same addresses; entries moved to other
  * GPUs (phys d becomes map[d]). */
 int mem_has_kind(int kind);
+/* Whether an allocation is exported for IPC (cuIpcGetMemHandle). */
+int mem_has_shared(void);
 void mem_protect_device(int off);
 void mem_remap(const int map[VGPU_SIM_MAX_DEVICES]);
 /* Device memory is charged in whole granules. */

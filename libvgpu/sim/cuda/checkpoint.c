@@ -13,8 +13,9 @@
  *     to timeoutMs (0: for ever); past it, CUDA_ERROR_NOT_READY and the
  *     process is RUNNING again.
  *   checkpoint: the device memory's contents go to host memory and the
- *     GPUs' memory is given back (common/ckpt.c); managed memory can't be
- *     checkpointed (R570): CUDA_ERROR_NOT_SUPPORTED, and the process is left
+ *     GPUs' memory is given back (common/ckpt.c); managed memory and CUDA
+ *     IPC memory (exported or opened) can't be checkpointed (R570):
+ *     CUDA_ERROR_NOT_SUPPORTED, and the process is left
  *     FAILED ("does not attempt to keep the process in a good state"), or
  *     LOCKED with VGPU_SIM_CKPT_REFUSED=locked.
  *   restore: onto the same GPUs, or others through UUID pairs, which must
@@ -137,10 +138,11 @@ static CUresult do_lock(struct vgpu_sim_ckpt *c, uint32_t timeout_ms)
     return CUDA_SUCCESS;
 }
 
-/* What R570 can't checkpoint: managed (UVM) memory. */
+/* What R570 can't checkpoint: managed (UVM) memory, and IPC memory, the
+ * exporter's (cuIpcGetMemHandle) or the importer's (cuIpcOpenMemHandle). */
 static int refused(void)
 {
-    return mem_has_kind(ALLOC_MANAGED);
+    return mem_has_kind(ALLOC_MANAGED) || mem_has_kind(ALLOC_IPC) || mem_has_shared();
 }
 
 static CUresult do_checkpoint(int slot, struct vgpu_sim_ckpt *c)
