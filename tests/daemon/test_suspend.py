@@ -432,3 +432,16 @@ def test_the_jobs_limits_counters_and_nvml_view_follow_a_move(daemon, jobs):
         assert reg.devices()[0].uuid == uuids(daemon)[1]
     finally:
         reg.close()
+
+
+def test_a_plain_job_never_resumes_on_a_gpu_slurm_hands_out(daemon_factory, jobs):
+    d = daemon_factory(config="[slurm]\ngpus = [1]\n")
+    j = jobs(d, "--mem", "2G", size=16 * M)
+    assert d.job(j.id)["gpu"] == 0
+    ok(d.cli("suspend", j.id))
+    res = d.cli("resume", j.id, "--gpu", "1")
+    assert res.returncode == 6 and "GPU 1 is Slurm's" in res.stderr, res
+    out = ok(d.cli("drain", "--undo", "0"))           # (nothing drained: a no-op)
+    assert "GPU 0: taken back" in out
+    ok(d.cli("resume", j.id))
+    assert d.job(j.id)["gpu"] == 0 and j.check()["same"] is True

@@ -100,7 +100,8 @@ class Supervisor:
         # Who hears that a job was suspended (the accountant closes its rows).
         self.on_suspend: list[Callable[[LiveJob, float], None]] = []
         self.suspender = Suspender(lambda: self.config, self.gpus, self.table, self.tracker,
-                                   self.stats, clock, self._suspended)
+                                   self.stats, clock, self._suspended,
+                                   allowed=self._may_resume_on)
         self.admission.drained = self.suspender.drained
         self.violations = watch.Record()
         # A request that fails on a bug: one line per burst of each op and
@@ -114,6 +115,14 @@ class Supervisor:
             P.SlurmRegister: self.op_slurm_register, P.SlurmAttach: self.op_slurm_attach,
             P.SlurmRelease: self.op_slurm_release,
         }
+
+    def _may_resume_on(self, job: LiveJob) -> set[str]:
+        """The GPUs a suspended job may resume on: a Slurm job's own (Slurm
+        gave it them), a plain job's those a plain run may use."""
+        if job.rec.slurm_job is not None:
+            return set(job.uuids())
+        sc = self.config.slurm
+        return {g.uuid for g in self.gpus if sc.allow_run or not sc.controls(g.index)}
 
     def _suspended(self, job: LiveJob, now: float) -> None:
         for hear in self.on_suspend:

@@ -65,7 +65,8 @@ class Suspender:
                  table: JobTable, tracker: tracking.Tracker,
                  stats: dict[str, GpuStats], clock: Callable[[], float],
                  on_suspend: Callable[[LiveJob, float], None],
-                 open_driver: Callable[[], Driver] = Driver.open) -> None:
+                 open_driver: Callable[[], Driver] = Driver.open,
+                 allowed: Callable[[LiveJob], set[str]] | None = None) -> None:
         self._config = config
         self.gpus = gpus
         self._table = table
@@ -74,6 +75,7 @@ class Suspender:
         self._clock = clock
         self._on_suspend = on_suspend        # the accountant closes the job's rows
         self._open_driver = open_driver
+        self._allowed = allowed    # the GPUs a job may resume on (None: any)
         self._driver: Driver | None = None
         self._unavailable: str | None = None
         self.lock = asyncio.Lock()
@@ -155,13 +157,16 @@ class Suspender:
                        f"{len(cuda)} process(es); {format_size(self.held(job))} in host memory")
 
     # -- resume ---------------------------------------------------------------------
-    def rooms(self, exclude_job: str | None = None) -> list[rules.Room]:
-        """What each GPU not drained can take now."""
+    def rooms(self, job: LiveJob | None = None) -> list[rules.Room]:
+        """What each GPU not drained can take now (of those the job may
+        resume on: a Slurm job's own, a plain job's not Slurm's)."""
         cfg = self._config()
-        used = placement.committed(self._table.commitments(), exclude_job=exclude_job)
+        used = placement.committed(self._table.commitments(),
+                                   exclude_job=job.id if job is not None else None)
+        allowed = self._allowed(job) if job is not None and self._allowed is not None else None
         out = []
         for g in self.gpus:
-            if g.uuid in self.drained:
+            if g.uuid in self.drained or (allowed is not None and g.uuid not in allowed):
                 continue
             st = self._stats.get(g.uuid)
             free = None
@@ -184,12 +189,17 @@ class Suspender:
             raise UsageError(f"job {job.id} has {len(rec.uuids)} GPUs: it resumes on them "
                              "(--gpu moves one-GPU jobs)")
         held = self.held(job)
-        rooms = self.rooms(exclude_job=job.id)
+        rooms = self.rooms(job)
         if gpu is not None:
             g = placement.resolve_gpu(self.gpus, gpu)
             if g.uuid in self.drained:
                 raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
                                        f"{g.index} takes it back)")
+            if all(r.uuid != g.uuid for r in rooms):
+                why = (f"job {job.id} is Slurm job {rec.slurm_job}'s: it stays on its GPU"
+                       if rec.slurm_job is not None else f"GPU {g.index} is Slurm's "
+                       "([slurm] gpus)")
+                raise AdmissionRefused(why)
             target = next((r for r in rooms if r.uuid == g.uuid), None)
             if target is None or rules.resume_target([target], None, rec.mem_limit,
                                                      held) is None:
@@ -335,7 +345,7 @@ class Suspender:
                 if job.id not in self._table:
                     continue
                 held = self.held(job)
-                if rules.resume_target(self.rooms(exclude_job=job.id),
+                if rules.resume_target(self.rooms(job),
                                        job.rec.uuids[0] if job.rec.uuids else None,
                                        job.rec.mem_limit, held) is None:
                     continue
