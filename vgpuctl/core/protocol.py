@@ -74,7 +74,8 @@ class Run(NamedTuple):
     mem: int | None = None        # bytes; None: the daemon's default_mem
     core: int | None = None       # percent 1..100; None: 100
     policy: str | None = None     # "hard" | "soft"; None: the daemon's default
-    gpu: str | None = None        # index, UUID or UUID prefix; None: placed
+    gpu: str | None = None        # GPUs by index, UUID or UUID prefix, "0,1"; None: placed
+    gpus: int | None = None       # how many GPUs to place it on (not with gpu); None: 1
 
 
 class Started(NamedTuple):
@@ -234,7 +235,8 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "run": (Run, {"command": (_command, True), "cwd": (_str(), True),
                   "name": (_NAME, False), "mem": (_MEM, False),
                   "core": (_CORE, False), "policy": (_policy, False),
-                  "gpu": (_str(128, controls=False), False)}),
+                  "gpu": (_str(2048, controls=False), False),
+                  "gpus": (_int(0, 1024), False)}),
     "started": (Started, {"job": (_job, True), "pid": (_int(1, 1 << 31), True)}),
     "exited": (Exited, {"job": (_job, True), "code": (_int(0, 255), False),
                         "signal": (_int(1, 128), False)}),

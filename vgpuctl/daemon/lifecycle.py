@@ -412,7 +412,7 @@ class Daemon:
             self._last_metrics = wall
             acc = self.accountant
             self.metrics_box.set(sup.metrics_snapshot(
-                (lambda j: acc.totals(j)[0]) if acc is not None else (lambda j: None)))
+                acc.gpu_seconds if acc is not None else (lambda j, u: None)))
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()
