@@ -124,6 +124,8 @@ class SlurmRegister(NamedTuple):
     core: int | None = None       # None: shards / shards per GPU
     policy: str | None = None     # None: the daemon's default
     ask_core: int | None = None   # the job's own wish (--vgpu-core): at most the above
+    gpu_shards: list[int] | None = None   # shards on each of gpus, same order (None:
+                                          # unknown, which only one GPU's shards may be)
 
 
 class SlurmAttach(NamedTuple):
@@ -225,6 +227,14 @@ def _gpu_indices(name: str, v: Any) -> Any:
     return v
 
 
+def _shard_counts(name: str, v: Any) -> Any:
+    if (not isinstance(v, list) or not 1 <= len(v) <= 64
+            or any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= 1 << 20
+                   for i in v)):
+        raise errors.RequestInvalid(f"{name}: expected a list of 1 to 64 shard counts")
+    return v
+
+
 _MEM = _int(1, 1 << 60)
 _CORE = _int(1, 100)
 _NAME = _str(MAX_NAME, controls=False)
@@ -251,7 +261,7 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
         "name": (_NAME, False), "partition": (_NAME, False),
         "account": (_NAME, False), "command": (_str(), False),
         "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
-        "ask_core": (_CORE, False)}),
+        "ask_core": (_CORE, False), "gpu_shards": (_shard_counts, False)}),
     "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
                                    "pid": (_int(1, 1 << 31), False)}),
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),
