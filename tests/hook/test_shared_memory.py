@@ -1,0 +1,103 @@
+"""Memory the processes of a job share (the ranks of NCCL and PyTorch): a VMM
+allocation exported as a POSIX fd by one process and imported by another is
+charged once, to the process and GPU that allocated it, never again to the
+importer; host-located cuMemCreate (NCCL's cuMem host buffers) is not
+device memory; and a job's processes on two GPUs are each charged on their
+own GPU, by UUID."""
+
+from __future__ import annotations
+
+from support.hook import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, slot_of
+
+
+def test_an_exported_allocation_is_charged_once_to_its_exporter(sim, clients, client_factory):
+    region = sim.region([2 * GiB, 2 * GiB])
+    env = sim.job_env(region.path)
+    exporter = client_factory(clients["direct"], [
+        "ctx", "1", "createfd", "512M", "export", "0", "hold", "memrelease", "0", "hold"], env)
+    fd = exporter.until("export")
+    assert fd[0] == "0", exporter.stderr_now()
+    exporter.until("hold")
+    importer = client_factory(clients["direct"], [
+        "ctx", "1", "import", str(exporter.pid), fd[1], "hold",
+        "createfd", "800M", "createfd", "200M", "hold", "memrelease", "0", "hold"], env)
+    assert importer.until("import")[0] == "0", importer.stderr_now()
+    importer.until("hold")
+
+    def used(pid: int) -> tuple[int, int]:
+        """(what the job's slot of pid holds on GPU 1, the simulator's record)"""
+        return slot_of(region, pid).used[1], sim.process_used(pid, 1)
+
+    ctx_e = slot_of(region, exporter.pid).ctx_bytes[1]
+    ctx_i = slot_of(region, importer.pid).ctx_bytes[1]
+    assert ctx_e > 0 and ctx_i > 0
+    assert used(exporter.pid) == (ctx_e + 512 * MiB,) * 2
+    assert used(importer.pid) == (ctx_i, ctx_i)           # its context, nothing imported
+    job = region.read_usage().devices[1].used
+    assert job == ctx_e + ctx_i + 512 * MiB                # once, not twice, not never
+    assert region.read_usage().devices[0].used == 0        # and on its own GPU
+    # The import takes nothing of the limit (800M more fit in the 2G), and
+    # the exporter's 512M still count (200M more don't).
+    importer.go()
+    assert importer.until("createfd")[0] == "0"
+    assert importer.until("createfd")[0] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    importer.until("hold")
+    job += 800 * MiB
+    # The importer lets go of its imported handle (handle 0): nothing of the
+    # job's count moves.
+    importer.go()
+    assert importer.until("memrelease") == ["0"]
+    importer.until("hold")
+    assert region.read_usage().devices[1].used == job
+    # The exporter lets go: its 512M leave the job.
+    exporter.go()
+    assert exporter.until("memrelease") == ["0"]
+    exporter.until("hold")
+    assert region.read_usage().devices[1].used == ctx_e + ctx_i + 800 * MiB
+    exporter.go()
+    importer.go()
+    assert exporter.finish()[0] == 0 and importer.finish()[0] == 0
+
+
+def test_host_located_cuMemCreate_is_not_device_memory(sim, clients, client_factory):
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"], ["ctx", "0", "hold", "createhost", "1G", "hold",
+                                           "create", "600M", "hold"],
+                       sim.job_env(region.path))
+    c.until("hold")
+    base = region.read_usage().devices[0].used
+    c.go()
+    assert c.until("createhost")[0] == "0", c.stderr_now()
+    c.until("hold")
+    assert region.read_usage().devices[0].used == base == sim.process_used(c.pid)
+    c.go()
+    assert c.until("create")[0] == "0"         # the 1G of host memory took none of the limit
+    c.until("hold")
+    c.go()
+    assert c.finish()[0] == 0
+
+
+def test_a_process_on_each_gpu_is_charged_on_its_own_gpu(sim, clients, client_factory):
+    """Two ranks of a job, each on one of its GPUs (the job given GPUs 1 and
+    0, in that order: CUDA_VISIBLE_DEVICES by UUID): each is charged on its
+    own physical GPU, limited by that GPU's limit."""
+    region = sim.region({1: GiB, 0: 2 * GiB})
+    env = sim.job_env(region.path, CUDA_VISIBLE_DEVICES=f"{sim.uuids[1]},{sim.uuids[0]}")
+    ranks = [client_factory(clients["direct"], ["ctx", str(r), "count", "alloc", "512M",
+                                                "alloc", "600M", "hold"], env)
+             for r in (0, 1)]
+    for r, c in enumerate(ranks):
+        assert c.until("count") == ["0", "2"]
+        assert c.until("alloc")[0] == "0"
+        # rank 0 is on GPU 1 (1G): its second allocation is refused
+        assert c.until("alloc")[0] == ("0" if r == 1 else str(CUDA_ERROR_OUT_OF_MEMORY))
+        c.until("hold")
+    # region device 0 is GPU 1, device 1 is GPU 0
+    assert sim.process_used(ranks[0].pid, 0) == 0 < sim.process_used(ranks[0].pid, 1)
+    assert sim.process_used(ranks[1].pid, 1) == 0 < sim.process_used(ranks[1].pid, 0)
+    usage = region.read_usage()
+    assert usage.devices[0].used == sim.process_used(ranks[0].pid, 1)
+    assert usage.devices[1].used == sim.process_used(ranks[1].pid, 0)
+    for c in ranks:
+        c.go()
+        assert c.finish()[0] == 0
