@@ -1,10 +1,12 @@
 """A two-rank PyTorch job (torch.multiprocessing.spawn, the gloo backend over
-CUDA tensors: NCCL's kernels never finish on a GPU whose kernels don't run)
-under `vgpuctl run --gpus 2 --mem 2G`, on two simulated GPUs: each rank sees
-two GPUs of 2 GiB, in CUDA and in NVML; its memory lands on its own physical
-GPU, as the simulator's own record shows; the collective completes; each
-rank gets torch.OutOfMemoryError at its own GPU's limit; and `ps --json`
-shows one job with both GPUs and every process."""
+CUDA tensors: NCCL's kernels compute nothing on a GPU whose kernels don't
+run) under `vgpuctl run --gpus 2 --mem 2G`, on two simulated GPUs: each rank
+sees two GPUs of 2 GiB, in CUDA and in NVML; its memory lands on its own
+physical GPU, as the simulator's own record shows; the collective completes;
+each rank gets torch.OutOfMemoryError at its own GPU's limit; and `ps
+--json` shows one job with both GPUs and every process. And NCCL: its
+communicator comes up and a collective returns (without computing) under
+the hook, its buffers shared between the ranks charged once."""
 
 from __future__ import annotations
 
@@ -137,3 +139,63 @@ def test_two_ranks_on_two_gpus_under_one_job(daemon_factory, tmp_path):
         assert 2 * GiB - 512 * MiB < peaks[rank] <= 2 * GiB and peaks[1 - rank] == 0, peaks
     ended = d.jobs(all_jobs=True)
     assert len(ended) == 1 and ended[0]["state"] == "ended" and ended[0]["exit_code"] == 0
+
+
+NCCL_RANKS = r"""
+import datetime, json, os, sys, time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def rank_main(rank, world, port, go):
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev,
+                            timeout=datetime.timedelta(seconds=120))
+    t = torch.tensor([float(rank + 1)] * 4).to(dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    os.write(1, (json.dumps({"rank": rank, "pid": os.getpid()}) + "\n").encode())
+    deadline = time.monotonic() + 300
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, args=(2, int(sys.argv[1]), sys.argv[2]), nprocs=2)
+"""
+
+
+def test_nccl_comes_up_under_the_hook_and_its_shared_buffers_count_once(daemon_factory,
+                                                                        tmp_path):
+    """NCCL's P2P transport over cuMem (NCCL_P2P_LEVEL=SYS: the simulated
+    GPUs have no PCI topology in /sys, which makes NCCL pick shared host
+    memory otherwise): each rank allocates its buffers with cuMemCreate and
+    maps the other's through POSIX fd handles. What the hook counts on each
+    GPU is what the simulator has there: every buffer once."""
+    d = daemon_factory(gpus="2x16G")
+    script = tmp_path / "nccl_ranks.py"
+    script.write_text(NCCL_RANKS)
+    go = tmp_path / "go"
+    env = {"NCCL_P2P_LEVEL": "SYS", "NCCL_DEBUG": "WARN"}
+    p = d.popen("run", "--gpus", "2", "--mem", "4G", "--", sys.executable, str(script),
+                str(free_port()), str(go), env=env)
+    try:
+        for _ in range(2):
+            line = read_line(p.stdout, timeout=240)
+            assert line, p.stderr.read() if p.poll() is not None else "no line"
+        devices = sim_stats(d)["devices"]
+        wait_for(lambda: [g["mem_used"] for g in d.jobs()[0]["per_gpu"]] ==
+                 [dev["used"] for dev in sim_stats(d)["devices"]], timeout=30,
+                 what="the job's counters to match the simulator's")
+        per_gpu = d.jobs()[0]["per_gpu"]
+        print(f"NCCL ranks: the job's memory per GPU {[g['mem_used'] for g in per_gpu]}, "
+              f"the simulator's {[dev['used'] for dev in devices]}")
+        assert all(g["mem_used"] > 0 for g in per_gpu)
+        go.touch()
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            d.cleanup_jobs()
+            p.wait(timeout=30)

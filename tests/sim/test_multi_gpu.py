@@ -54,6 +54,26 @@ def test_a_machine_whose_gpus_cant_reach_each_other(sim_env):
         0, 0, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED", True)
 
 
+P2P_STATUS = """
+import pynvml
+pynvml.nvmlInit()
+h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+caps = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3}    # NVML_P2P_CAPS_INDEX_*
+# every pair, a GPU and itself included, as NCCL asks at its start
+out({f"{a}{b}-{k}": pynvml.nvmlDeviceGetP2PStatus(h[a], h[b], v)
+     for a in range(2) for b in range(2) for k, v in caps.items()})
+"""
+
+
+@pytest.mark.parametrize("peer", ["1", "0"])
+def test_nvml_says_what_the_driver_says_of_peer_access(sim_env, peer):
+    out = run_py({**sim_env, "VGPU_SIM_PEER": peer}, P2P_STATUS)
+    ok = 0 if peer == "1" else 1        # NVML_P2P_STATUS_OK, _CHIPSET_NOT_SUPPORTED
+    for pair in ("00", "01", "10", "11"):
+        assert (out[f"{pair}-read"], out[f"{pair}-write"]) == (ok, ok)
+        assert out[f"{pair}-nvlink"] == out[f"{pair}-atomics"] == 5    # NOT_SUPPORTED
+
+
 # Exports 4 MiB of device memory on the GPU CUDA_VISIBLE_DEVICES shows as
 # device ORDINAL, written with bytes 0..15, as a POSIX fd.
 EXPORT = """
@@ -137,12 +157,24 @@ def test_host_located_cuMemCreate_is_not_device_memory(sim_env, where):
         va = ck(cu.cuMemAddressReserve(8 << 20, 0, 0, 0)); ck(cu.cuMemMap(va, 8 << 20, 0, h, 0))
         src = (ctypes.c_uint8 * 16)(*range(16)); back = (ctypes.c_uint8 * 16)()
         ck(cu.cuMemcpyHtoD(va, src, 16)); ck(cu.cuMemcpyDtoH(back, va, 16))
+        # access by the device and by the host, as NCCL gives it
+        acc = cu.CUmemAccessDesc()
+        acc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        acc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        acc.location.id = 0
+        ck(cu.cuMemSetAccess(va, 8 << 20, [acc], 1))
+        acc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST_NUMA
+        ck(cu.cuMemSetAccess(va, 8 << 20, [acc], 1))
+        acc.location.id = 3
+        node3 = err(cu.cuMemSetAccess(va, 8 << 20, [acc], 1))
         ck(cu.cuMemUnmap(va, 8 << 20)); ck(cu.cuMemRelease(h))
         prop.location.id = 1
         other = err(cu.cuMemCreate(8 << 20, prop, 0))
-        out({{"charged": free0 - free1, "copied": list(back) == list(src), "node1": other}})
+        out({{"charged": free0 - free1, "copied": list(back) == list(src), "node1": other,
+              "access3": node3}})
     """)
     assert out["charged"] == 0 and out["copied"]
+    assert out["access3"] == "CUDA_ERROR_INVALID_VALUE"
     # the simulated host has one NUMA node
     assert out["node1"] == ("CUDA_ERROR_INVALID_VALUE" if where == "HOST_NUMA"
                             else "CUDA_SUCCESS")

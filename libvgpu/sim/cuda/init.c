@@ -84,8 +84,7 @@ static void do_init(void)
     cu_count = visible_devices((int)s->count, cu_phys);
     /* Whether a GPU can reach another's memory (peer access) is the
      * machine's: NVLink or a PCIe switch that allows it, or not. */
-    const char *peer = getenv("VGPU_SIM_PEER");
-    cu_peer = !(peer && strcmp(peer, "0") == 0);
+    cu_peer = sim_peer_access();
     g_init_result = cu_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     __atomic_store_n(&cu_initialized, g_init_result == CUDA_SUCCESS, __ATOMIC_RELEASE);
 }

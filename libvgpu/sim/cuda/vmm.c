@@ -471,10 +471,24 @@ VGPU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
     struct alloc a;
     if (!desc || count == 0 || !mem_find(ptr, size, &a) || a.kind != ALLOC_VA)
         return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < count; i++)
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[i].location.id < 0 || desc[i].location.id >= cu_count)
+    /* access by a device, or (CUDA 12.2: host-located memory) by the host */
+    for (size_t i = 0; i < count; i++) {
+        switch ((int)desc[i].location.type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+            if (desc[i].location.id < 0 || desc[i].location.id >= cu_count)
+                return CUDA_ERROR_INVALID_DEVICE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+            if (desc[i].location.id != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+            break;
+        default:
             return CUDA_ERROR_INVALID_DEVICE;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
