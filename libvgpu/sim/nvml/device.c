@@ -373,9 +373,10 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned
 }
 
 /* ---- peer to peer ----
- * What the driver says of two GPUs (and of a GPU and itself: NCCL asks for
- * every pair): reads and writes over PCIe unless VGPU_SIM_PEER=0, as
- * cuDeviceCanAccessPeer says; no NVLink, no peer atomics. */
+ * What the driver says of two GPUs: reads and writes over PCIe unless
+ * VGPU_SIM_PEER=0, as cuDeviceCanAccessPeer says; no NVLink, no peer
+ * atomics. Of a GPU and itself (NCCL asks for every pair) it answers, with
+ * NOT_SUPPORTED, as an H100's driver 580 does (bench/gpu/share_probe.c). */
 #define P2P_CAPS_READ 0
 #define P2P_CAPS_WRITE 1
 #define P2P_CAPS_NVLINK 2
@@ -390,9 +391,13 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2
                                                 int *status)
 {
     NVML_DEVICE(d1, i);
-    (void)i;
-    if (nvml_index(d2) < 0 || !status || index < 0 || index >= P2P_CAPS_UNKNOWN)
+    int j = nvml_index(d2);
+    if (j < 0 || !status || index < 0 || index >= P2P_CAPS_UNKNOWN)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (i == j) {
+        *status = P2P_STATUS_NOT_SUPPORTED;
+        return NVML_SUCCESS;
+    }
     switch (index) {
     case P2P_CAPS_READ:
     case P2P_CAPS_WRITE:
