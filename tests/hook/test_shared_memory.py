@@ -7,7 +7,9 @@ own GPU, by UUID."""
 
 from __future__ import annotations
 
+import pytest
 from support.hook import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, slot_of
+from support.sim import holding
 
 
 def test_an_exported_allocation_is_charged_once_to_its_exporter(sim, clients, client_factory):
@@ -101,3 +103,46 @@ def test_a_process_on_each_gpu_is_charged_on_its_own_gpu(sim, clients, client_fa
     for c in ranks:
         c.go()
         assert c.finish()[0] == 0
+
+
+# cuMemAlloc memory shared through CUDA IPC, as PyTorch's CUDA tensors are
+# between processes (torch.multiprocessing) and NCCL's buffers with
+# NCCL_CUMEM_ENABLE=0: the exporter on GPU 1 holds 512M and its IPC handle.
+IPC_EXPORT = """
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(1)); ck(cu.cuCtxSetCurrent(ctx))
+p = ck(cu.cuMemAlloc(512 << 20))
+try:
+    r = cu.cuIpcGetMemHandle(p)
+except Exception as e:      # a driver without the entry point
+    r = (type(e).__name__,)
+if r[0] != cu.CUresult.CUDA_SUCCESS:
+    out({"ipc": r[0] if isinstance(r[0], str) else err(r)})
+else:
+    out({"ipc": "CUDA_SUCCESS", "handle": ctypes.string_at(r[1].getPtr(), 64).hex(),
+         "pid": os.getpid()})
+"""
+
+IPC_OPEN = """
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(1)); ck(cu.cuCtxSetCurrent(ctx))
+h = cu.CUipcMemHandle()
+ctypes.memmove(h.getPtr(), bytes.fromhex(os.environ["IPC_HANDLE"]), 64)
+p = ck(cu.cuIpcOpenMemHandle(h, cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS))
+out({"opened": True, "pid": os.getpid()})
+"""
+
+
+def test_memory_opened_through_cuda_ipc_is_charged_once_to_its_exporter(sim):
+    region = sim.region([2 * GiB, 2 * GiB])
+    env = sim.job_env(region.path)
+    with holding(env, IPC_EXPORT) as exporter:
+        if exporter.report["ipc"] != "CUDA_SUCCESS":
+            pytest.skip(f"the simulated GPU has no CUDA IPC here: {exporter.report['ipc']}")
+        with holding({**env, "IPC_HANDLE": exporter.report["handle"]}, IPC_OPEN) as importer:
+            ctx_e = slot_of(region, exporter.pid).ctx_bytes[1]
+            ctx_i = slot_of(region, importer.pid).ctx_bytes[1]
+            assert slot_of(region, exporter.pid).used[1] == ctx_e + 512 * MiB
+            assert slot_of(region, importer.pid).used[1] == ctx_i    # the open: nothing
+            assert region.read_usage().devices[1].used == ctx_e + ctx_i + 512 * MiB
+            assert sim.process_used(importer.pid, 1) == ctx_i
