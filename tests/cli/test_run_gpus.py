@@ -116,7 +116,8 @@ def test_a_job_on_two_gpus_sees_both_is_limited_on_each_and_is_one_job(daemon, p
         job = jobs[0]
         assert job["gpus"] == order and job["gpu_uuids"] == [uuids[i] for i in order]
         assert (job["gpu"], job["gpu_uuid"]) == (order[0], uuids[order[0]])
-        assert {int(first[7]), int(second[7])} <= set(job["pids"])
+        wait_for(lambda: {int(first[7]), int(second[7])} <= set(daemon.jobs()[0]["pids"]),
+                 what="both processes in the job")
         assert job["mem_limit"] == G and job["mem_limit_total"] == 2 * G
         wait_for(lambda: (daemon.jobs()[0]["per_gpu"][1]["mem_used"] or 0) >= 600 * M,
                  what="the job's counters")

@@ -113,7 +113,8 @@ def test_two_ranks_on_two_gpus_under_one_job(daemon_factory, tmp_path):
         assert len(jobs) == 1, jobs
         job = jobs[0]
         assert job["gpus"] == [0, 1] and job["gpu_uuids"] == uuids
-        assert {ready[0]["pid"], ready[1]["pid"]} < set(job["pids"]), job["pids"]
+        wait_for(lambda: {ready[0]["pid"], ready[1]["pid"]} < set(d.jobs()[0]["pids"]),
+                 what="both ranks and their launcher in the job")
         wait_for(lambda: all((g["mem_used"] or 0) >= 512 * MiB
                              for g in d.jobs()[0]["per_gpu"]), what="both GPUs' counters")
         go.touch()
