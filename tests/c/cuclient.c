@@ -74,6 +74,13 @@
     X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 0, \
       (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType)) \
     X(cuDeviceGetCount, cuDeviceGetCount, 0, (int *)) \
+    X(cuMemAddressReserve, cuMemAddressReserve, 0, \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+    X(cuMemMap, cuMemMap, 0, \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+    X(cuMemUnmap, cuMemUnmap, 0, (CUdeviceptr, size_t)) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 0, \
+      (CUmemGenericAllocationHandle *, void *)) \
     X(cuArrayCreate, cuArrayCreate_v2, 0, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *)) \
     X(cuArray3DCreate, cuArray3DCreate_v2, 0, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *)) \
     X(cuArrayDestroy, cuArrayDestroy, 0, (CUarray)) \
@@ -220,10 +227,11 @@ static size_t parse_size(const char *s)
 
 #define MAXH 4096
 static struct {
-    int kind; /* 1 ptr, 2 vmm handle, 3 array */
+    int kind; /* 1 ptr, 2 vmm handle, 3 array, 4 mapping */
     unsigned long long v;
 } h[MAXH];
 static int nh;
+static size_t h_size[MAXH];    /* a mapping's size */
 static int g_ordinal;
 static CUcontext g_made[64];
 static int n_made;
@@ -462,6 +470,26 @@ int main(int argc, char **argv)
                                                            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
             printf("import %d %d\n", rc, rc ? -1 : keep(2, hd));
             i += 2;
+        } else if (!strcmp(c, "map")) { /* map K SIZE: handle K at a new address */
+            CUdeviceptr va = 0;
+            size_t n = parse_size(a2);
+            rc = p_cuMemAddressReserve(&va, n, 0, 0, 0);
+            if (!rc)
+                rc = p_cuMemMap(va, n, 0, h[atoi(a1)].v, 0);
+            int k = rc ? -1 : keep(4, va);
+            if (k >= 0)
+                h_size[k] = n;
+            printf("map %d %d\n", rc, k);
+            i += 2;
+        } else if (!strcmp(c, "unmap")) { /* unmap M: the mapping M */
+            int k = atoi(a1);
+            printf("unmap %d\n", p_cuMemUnmap(h[k].v, h_size[k]));
+            i += 1;
+        } else if (!strcmp(c, "retain")) { /* retain M: the handle mapped at M */
+            CUmemGenericAllocationHandle hd = 0;
+            rc = p_cuMemRetainAllocationHandle(&hd, (void *)(uintptr_t)h[atoi(a1)].v);
+            printf("retain %d %d\n", rc, rc ? -1 : keep(2, hd));
+            i += 1;
         } else if (!strcmp(c, "count")) {
             int n = 0;
             rc = p_cuDeviceGetCount(&n);

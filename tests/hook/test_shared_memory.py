@@ -146,3 +146,56 @@ def test_memory_opened_through_cuda_ipc_is_charged_once_to_its_exporter(sim):
             assert slot_of(region, importer.pid).used[1] == ctx_i    # the open: nothing
             assert region.read_usage().devices[1].used == ctx_e + ctx_i + 512 * MiB
             assert sim.process_used(importer.pid, 1) == ctx_i
+
+
+# -- a handle's memory lives until it is released and unmapped -------------------
+
+def test_a_released_handle_still_mapped_stays_charged(sim, clients, client_factory):
+    """The driver frees a cuMemCreate allocation when its handle is released
+    and its last mapping unmapped, in either order: the charge goes then.
+    Otherwise create, map, release, again would hold any amount of memory
+    charged to no one."""
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"], [
+        "ctx", "0", "hold", "create", "512M", "map", "0", "512M", "memrelease", "0", "hold",
+        "create", "512M", "hold", "unmap", "1", "hold"], sim.job_env(region.path))
+    c.until("hold")
+    base = region.read_usage().devices[0].used
+    c.go()
+    assert c.until("create")[0] == "0" and c.until("map")[0] == "0"
+    assert c.until("memrelease") == ["0"]
+    c.until("hold")
+    assert region.read_usage().devices[0].used == base + 512 * MiB == sim.process_used(c.pid)
+    c.go()
+    # the next 512M don't fit beside the first, still mapped, and the context
+    assert c.until("create")[0] == str(CUDA_ERROR_OUT_OF_MEMORY)
+    c.until("hold")
+    c.go()
+    assert c.until("unmap") == ["0"]
+    c.until("hold")
+    assert region.read_usage().devices[0].used == base == sim.process_used(c.pid)
+    c.go()
+    assert c.finish()[0] == 0
+
+
+def test_ncclcumemfree_gives_the_memory_back_at_its_last_step(sim, clients, client_factory):
+    """NCCL frees its cuMem buffers this way: retain the handle from the
+    address, release it, unmap, release the creator's handle."""
+    region = sim.region([GiB, GiB])
+    c = client_factory(clients["direct"], [
+        "ctx", "0", "hold", "create", "256M", "map", "0", "256M", "retain", "1",
+        "memrelease", "2", "unmap", "1", "hold", "memrelease", "0", "hold"],
+        sim.job_env(region.path))
+    c.until("hold")
+    base = region.read_usage().devices[0].used
+    c.go()
+    for step in ("create", "map", "retain", "memrelease", "unmap"):
+        assert c.until(step)[0] == "0", step
+    c.until("hold")
+    assert region.read_usage().devices[0].used == base + 256 * MiB == sim.process_used(c.pid)
+    c.go()
+    assert c.until("memrelease") == ["0"]
+    c.until("hold")
+    assert region.read_usage().devices[0].used == base == sim.process_used(c.pid)
+    c.go()
+    assert c.finish()[0] == 0
