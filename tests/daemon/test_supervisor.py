@@ -95,8 +95,9 @@ def test_run_places_creates_the_region_and_returns_the_env(tmp_path):
     assert r["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
     reg = Region.open(env["VGPU_REGION"])
     d = reg.device(0)
+    # gated from the start (the governor's cautious first rate)
     assert (d.uuid, d.mem_limit, d.core_share, d.throttle) == (DEVICES[0].uuid, 4 * G, 30,
-                                                               False)
+                                                               True)
     assert oct(os.stat(Path(env["VGPU_REGION"]) / "region").st_mode & 0o777) == "0o644"
     assert oct(shm_stat(reg.limits_id).perm.mode & 0o777) == "0o644"
     assert oct(shm_stat(reg.usage_id).perm.mode & 0o777) == "0o600"
@@ -285,6 +286,27 @@ def test_core_100_hard_gets_no_gate(tmp_path, procs):
     sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.25, 0.3)})
     d = limits.device(0)
     assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
+
+
+def test_a_new_region_is_gated_from_its_first_launch(tmp_path):
+    """A job's region is made gated, at the governor's cautious first rate
+    for its share (no job runs unpaced until the first tick), and its
+    launch ledger starts from that gate; a hard 100 % job has none."""
+    from vgpuctl.governor.compute import initial_gate
+
+    sup = make(tmp_path)
+    r = run(sup, mem=G, core=30)
+    jid = r["job"]["id"]
+    d = Region.open(r["env"]["VGPU_REGION"]).device(0)
+    want = initial_gate(30, "hard")
+    assert want.throttle and want.refill_rate > 0
+    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, want.refill_rate,
+                                                          want.bucket_size)
+    ledger = sup.table.find(jid).ledgers[0]
+    assert (ledger.gate.throttle, ledger.gate.refill_rate, ledger.gate.bucket_size) == \
+        (True, want.refill_rate, want.bucket_size)
+    full = run(sup, mem=G, core=100, policy="hard")
+    assert Region.open(full["env"]["VGPU_REGION"]).device(0).throttle is False
 
 
 def test_job_env_puts_the_hook_and_libraries_first_once():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +28,9 @@ IDLE_S = 0.3
 # write: no process launches faster than this (a launch costs microseconds of
 # driver time), so more in a tick is a lie and is clamped.
 MAX_LAUNCH_RATE = 2_000_000
+# A job first seen this soon after its region was made has its history
+# start at the region's making (_start_history).
+START_HISTORY_S = 1.0
 
 
 @dataclass
@@ -40,6 +43,8 @@ class JobDevice:
     core_share: int             # percent 1..100
     policy: str                 # "hard" | "soft"
     launches: int               # region usage.dev[i].launches (cumulative)
+    created: float | None = None  # wall time the job's region was made, gated
+                                  # (initial_gate), with no launch counted yet
 
 
 @dataclass
@@ -64,6 +69,22 @@ class _State:
     last_now: float | None = None
     last_active: float | None = None
     measured: float = 0.0
+
+
+def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
+                 scale: int | None = None) -> Gate:
+    """The gate a new job's region is made with, before the governor has
+    seen it: its share at the cautious rate the governor starts it at
+    (controller.step before a cost estimate), so that it is paced from its
+    first launch; no gate for a hard 100 %. docs/compute.md, start-up."""
+    gains = gains or ctl.Gains()
+    scale = scale or _token_scale()
+    share = min(max(core_share, 1), 100) / 100.0
+    if share >= ctl.FULL:
+        return Gate(False, 0, 0, 0.0, share)
+    cmd = ctl.step(ctl.ShareLoop(), ctl.Observation(target=share, dt=0.0, launches=0.0), gains)
+    return Gate(True, ctl.to_tokens(cmd.rate, scale), ctl.to_tokens(cmd.bucket, scale), 0.0,
+                share)
 
 
 def _token_scale() -> int:
@@ -91,7 +112,7 @@ class ComputeGovernor:
             nvml = _open_nvml()
         self._nvml = nvml
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
-        self._sampler = Sampler(nvml, self._clock_us)
+        self._sampler = Sampler(nvml, self._clock_us, follow_idle=True)
         self._states: dict[tuple[str, str], _State] = {}
         self._capacity: dict[str, ctl.Capacity] = {}
         self._scale = _token_scale()
@@ -113,9 +134,13 @@ class ComputeGovernor:
         """Each pid's share of this GPU in the newest NVML window."""
         return self._sampler.last_shares(uuid)
 
-    def tick(self, jobs: list[JobDevice], now: float) -> dict[tuple[str, str], Gate]:
+    def tick(self, jobs: list[JobDevice], now: float,
+             gpus: Iterable[str] = ()) -> dict[tuple[str, str], Gate]:
         """One control step for every (job, GPU); returns the gate of each,
-        keyed by (job_id, uuid)."""
+        keyed by (job_id, uuid). ``gpus``: the node's GPUs, read also while
+        no job runs on them, so that NVML's first window holding a new job's
+        launches is one sample period, not all since the last job (its first
+        cost comes from it: docs/compute.md, start-up)."""
         wall_s = self._clock_us() / 1e6
         by_gpu: dict[str, list[JobDevice]] = {}
         for j in jobs:
@@ -125,13 +150,18 @@ class ComputeGovernor:
             window = self._sampler.read(uuid)
             out.update(self._tick_gpu(group, window, now, wall_s))
         gang(out)
+        watched = set(gpus)
+        for uuid in watched - by_gpu.keys():
+            self._sampler.read(uuid)        # only to keep its baseline current
         live = set(out)
         for key in [k for k in self._states if k not in live]:
             del self._states[key]
         for uuid in list(self._capacity):
             if uuid not in by_gpu:
-                self._sampler.forget(uuid)
                 self._capacity.pop(uuid, None)
+        for uuid in self._sampler.gpus():
+            if uuid not in by_gpu and uuid not in watched:
+                self._sampler.forget(uuid)
         return out
 
     def _tick_gpu(self, group: list[JobDevice], window: Window | None, now: float,
@@ -144,12 +174,14 @@ class ComputeGovernor:
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
                              window.duration_s)
         targets = ctl.effective_targets([c for c, _ in seen], capacity.value)
+        room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
+                              [c.key for c, _ in seen if self._states[c.key].loop.catching_up])
         gates: dict[tuple[str, str], Gate] = {}
         for claim, o in seen:
             key = claim.key
             st = self._states[key]
             target = targets[key]
-            cmd = ctl.step(st.loop, replace(o, target=target), self.gains)
+            cmd = ctl.step(st.loop, replace(o, target=target, owed_cap=room.get(key)), self.gains)
             if cmd.throttle:
                 rate = min(ctl.to_tokens(cmd.rate, self._scale), 2**62)
                 bucket = min(ctl.to_tokens(cmd.bucket, self._scale), 2**62)
@@ -174,14 +206,19 @@ class ComputeGovernor:
         # The region's counter is the job's to write: a step back (or the
         # first look) counts nothing, a step beyond any possible rate counts
         # that rate.
-        if st.last_launches is None or j.launches < st.last_launches:
+        if st.last_launches is None:
+            launched = _first_launches(j, wall_s)
+        elif j.launches < st.last_launches:
             launched = 0
         else:
             launched = min(j.launches - st.last_launches, int(MAX_LAUNCH_RATE * dt) + 1)
+        first = st.last_launches is None
         st.last_launches = j.launches
         st.last_now = now
         st.count += launched
-        if st.loop.rate is not None:     # gated since the last tick
+        if first:
+            _start_history(st, j, wall_s)
+        elif st.loop.rate is not None:     # gated since the last tick
             st.history.add(wall_s, st.count)
 
         measured = measured_low = busy = window_launches = window_s = None
@@ -256,6 +293,34 @@ def gang(gates: dict[tuple[str, str], Gate]) -> None:
         bucket = min(g.bucket_size for g in gated)
         for k in keys:
             gates[k] = replace(gates[k], throttle=True, refill_rate=rate, bucket_size=bucket)
+
+
+def _fresh(j: JobDevice, wall_s: float) -> bool:
+    """The job's region was made moments ago (gated, initial_gate), not left
+    by a previous daemon: everything its counter holds was launched since."""
+    return j.created is not None and 0.0 < wall_s - j.created <= START_HISTORY_S
+
+
+def _first_launches(j: JobDevice, wall_s: float) -> int:
+    """What a job seen for the first time launched before: its launches
+    since its fresh region was made (its life has begun), else none known."""
+    if not _fresh(j, wall_s):
+        return 0
+    return max(0, min(j.launches, int(MAX_LAUNCH_RATE * (wall_s - j.created)) + 1))
+
+
+def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
+    """A job seen for the first time: its launch history starts now, so that
+    the first NVML window holding its launches gives its first cost (it is
+    gated from its region's creation, initial_gate, so the region counts
+    every launch). Launches already counted came after its creation: the
+    history starts there, at none, and was none before."""
+    if _fresh(j, wall_s):
+        # none before it either: a window that began before the region was
+        # made (the GPU's periods are not the job's) holds only these
+        st.history.add(j.created - START_HISTORY_S, 0.0)
+        st.history.add(j.created, 0.0)
+    st.history.add(wall_s, st.count)
 
 
 def _open_nvml() -> Any:

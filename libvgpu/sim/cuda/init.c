@@ -376,3 +376,46 @@ VGPU_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attr, CUdevice src,
         return CUDA_ERROR_INVALID_VALUE;
     }
 }
+
+/* The widest 1D texture over linear memory: 2^28 elements, whatever the
+ * format (an H100's). */
+VGPU_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
+                                                        unsigned int channels, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!width || format <= 0 || (channels != 1 && channels != 2 && channels != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    *width = (size_t)1 << 28;
+    return CUDA_SUCCESS;
+}
+
+/* Atomic operations the device can do natively on host memory, or on a
+ * peer's over the link: none here (a PCIe board with no NVLink; the
+ * simulator's devices model no host or peer atomics). */
+static CUresult atomic_caps(unsigned int *caps, const int *ops, unsigned int count)
+{
+    if (!caps || (count && !ops))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned int i = 0; i < count; i++)
+        caps[i] = 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(unsigned int *caps, const int *ops,
+                                                       unsigned int count, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    return rc ? rc : atomic_caps(caps, ops, count);
+}
+
+VGPU_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int *caps, const int *ops,
+                                                      unsigned int count, CUdevice src,
+                                                      CUdevice dst)
+{
+    CUresult rc = cu_check_device(src);
+    if (!rc)
+        rc = cu_check_device(dst);
+    return rc ? rc : atomic_caps(caps, ops, count);
+}

@@ -19,6 +19,7 @@
 #include "init.h"
 #include "stream.h"
 #include "vmm.h"
+#include "vgpu/size.h"
 
 /* ---- arrays ---- */
 
@@ -536,11 +537,18 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *o
 /* ---- stream-ordered pools ---- */
 
 /* A pool holds device memory (its reserve, charged to the device) of which
- * its live allocations use part. An allocation takes free reserve first and
- * grows the reserve by what is missing; a free returns its bytes to the
- * reserve, and the reserve beyond the live allocations is given back to the
- * device down to the release threshold (default 0) - at once here, at the
- * next synchronisation on the driver - or by cuMemPoolTrimTo. */
+ * its live allocations use part (`used`: their sizes, each rounded up to
+ * POOL_ALIGN). An allocation is carved out of the spare reserve; when that is
+ * short, the reserve grows by whole chunks (VGPU_SIM_POOL_CHUNK, 2 MiB by
+ * default: the driver's chunk size is not documented, and it reserves "much
+ * more than requested" for a small first allocation, as CuPy's tests put
+ * it), so many small allocations share one chunk. A free returns its bytes to
+ * the reserve; the reserve beyond the live allocations and the release
+ * threshold (default 0) is given back to the device at the next explicit
+ * synchronisation (cuCtxSynchronize, cuStreamSynchronize,
+ * cuEventSynchronize), as the driver documents, or by cuMemPoolTrimTo. */
+#define POOL_ALIGN 512u
+
 struct CUmemPoolHandle_st {
     uint32_t magic;
     int ordinal;
@@ -549,12 +557,37 @@ struct CUmemPoolHandle_st {
     uint64_t threshold;
     uint64_t used, used_high;
     uint64_t reserved, reserved_high;
+    struct CUmemPoolHandle_st *next; /* every pool of the process */
 };
 
-/* Give reserve back to the device down to max(used, keep). Needs g_vmm_lock. */
+static struct CUmemPoolHandle_st *g_pools;
+
+static uint64_t pool_chunk(void)
+{
+    static uint64_t chunk;
+    if (!chunk) {
+        uint64_t c = 0;
+        const char *s = getenv("VGPU_SIM_POOL_CHUNK");
+        if (!s || vgpu_parse_size(s, &c) != 0 || c == 0)
+            c = SIM_GRANULARITY;
+        chunk = mem_round(c);
+    }
+    return chunk;
+}
+
+static uint64_t pool_bytes(size_t size)
+{
+    return ((uint64_t)size + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+}
+
+/* Give reserve back to the device down to max(used, keep), in whole
+ * chunks. Needs g_vmm_lock. */
 static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep)
 {
     uint64_t floor = p->used > keep ? p->used : keep;
+    uint64_t chunk = pool_chunk();
+    if (floor <= UINT64_MAX - chunk)
+        floor = (floor + chunk - 1) / chunk * chunk;
     if (p->reserved > floor) {
         sim_uncharge(cu_phys[p->ordinal], p->reserved - floor);
         p->reserved = floor;
@@ -566,6 +599,17 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
+/* An explicit synchronisation: every pool gives back its spare reserve
+ * beyond its release threshold. */
+static void pools_on_sync(void)
+{
+    pthread_mutex_lock(&g_vmm_lock);
+    for (struct CUmemPoolHandle_st *p = g_pools; p; p = p->next)
+        if (cu_obj_is(p, MAGIC_POOL))
+            pool_release(p, sat_add(p->used, p->threshold));
+    pthread_mutex_unlock(&g_vmm_lock);
+}
+
 void cu_pool_free(const struct alloc *a)
 {
     struct CUmemPoolHandle_st *pool = a->pool;
@@ -573,9 +617,8 @@ void cu_pool_free(const struct alloc *a)
     if (!cu_obj_is(pool, MAGIC_POOL))
         return;
     pthread_mutex_lock(&g_vmm_lock);
-    uint64_t n = mem_round(a->size);
+    uint64_t n = pool_bytes(a->size);
     pool->used = pool->used > n ? pool->used - n : 0;
-    pool_release(pool, sat_add(pool->used, pool->threshold));
     pthread_mutex_unlock(&g_vmm_lock);
 }
 
@@ -586,6 +629,9 @@ static struct CUmemPoolHandle_st *pool_new(int ordinal)
 {
     struct CUmemPoolHandle_st *p = cu_obj_new(sizeof *p, MAGIC_POOL);
     p->ordinal = ordinal;
+    p->next = g_pools; /* callers hold g_vmm_lock or are alone */
+    g_pools = p;
+    cu_on_sync = pools_on_sync;
     p->props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     p->props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     p->props.location.id = ordinal;
@@ -647,7 +693,9 @@ VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
         return CUDA_ERROR_INVALID_VALUE;
     if (props->location.id < 0 || props->location.id >= cu_count)
         return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_vmm_lock);
     struct CUmemPoolHandle_st *p = pool_new(props->location.id);
+    pthread_mutex_unlock(&g_vmm_lock);
     p->props = *props;
     *pool = p;
     return CUDA_SUCCESS;
@@ -663,6 +711,12 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     pool_release(pool, 0);
     if (pool->reserved) /* live allocations keep their memory until freed */
         sim_uncharge(cu_phys[pool->ordinal], pool->reserved);
+    for (struct CUmemPoolHandle_st **q = &g_pools; *q; q = &(*q)->next) {
+        if (*q == pool) {
+            *q = pool->next;
+            break;
+        }
+    }
     pthread_mutex_unlock(&g_vmm_lock);
     cu_obj_del(pool, sizeof *pool);
     return CUDA_SUCCESS;
@@ -681,7 +735,6 @@ VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribut
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         pthread_mutex_lock(&g_vmm_lock);
         pool->threshold = *(cuuint64_t *)value;
-        pool_release(pool, sat_add(pool->used, pool->threshold));
         pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
@@ -767,11 +820,11 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
         return CUDA_ERROR_INVALID_VALUE;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    /* free reserve first, then grow the reserve by what is missing */
-    uint64_t n = mem_round(size);
+    /* free reserve first, then grow the reserve by whole chunks */
+    uint64_t n = pool_bytes(size), chunk = pool_chunk();
     pthread_mutex_lock(&g_vmm_lock);
-    uint64_t spare = pool->reserved - pool->used;
-    uint64_t grow = n > spare ? n - spare : 0;
+    uint64_t spare = pool->reserved > pool->used ? pool->reserved - pool->used : 0;
+    uint64_t grow = n > spare ? (n - spare + chunk - 1) / chunk * chunk : 0;
     if (grow && sim_charge(cu_phys[pool->ordinal], grow, 1) < 0) {
         pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -788,7 +841,6 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
     if (rc) {
         pthread_mutex_lock(&g_vmm_lock);
         pool->used -= n;
-        pool_release(pool, sat_add(pool->used, pool->threshold));
         pthread_mutex_unlock(&g_vmm_lock);
         return rc;
     }
@@ -828,3 +880,41 @@ VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
     return CUDA_SUCCESS;
 }
 VGPU_ALIAS(cuMemFreeAsync, cuMemFreeAsync_ptsz)
+
+/* CUDA 13's pools by location: a device's, as cuDeviceGet(Default)MemPool
+ * and cuDeviceSetMemPool answer; pools of host or managed memory are not
+ * simulated. */
+static CUresult device_location(const CUmemLocation *loc, int type, CUdevice *dev)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!loc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (loc->id < 0 || loc->id >= cu_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = loc->id;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *loc, int type)
+{
+    CUdevice dev;
+    CUresult rc = device_location(loc, type, &dev);
+    return rc ? rc : cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+VGPU_EXPORT CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *loc, int type)
+{
+    CUdevice dev;
+    CUresult rc = device_location(loc, type, &dev);
+    return rc ? rc : cuDeviceGetMemPool(pool, dev);
+}
+
+VGPU_EXPORT CUresult cuMemSetMemPool(CUmemLocation *loc, int type, CUmemoryPool pool)
+{
+    CUdevice dev;
+    CUresult rc = device_location(loc, type, &dev);
+    return rc ? rc : cuDeviceSetMemPool(dev, pool);
+}
