@@ -188,11 +188,11 @@ def test_nccl_comes_up_under_the_hook_and_its_shared_buffers_count_once(daemon_f
         for _ in range(2):
             line = read_line(p.stdout, timeout=240)
             assert line, p.stderr.read() if p.poll() is not None else "no line"
-        devices = sim_stats(d)["devices"]
         wait_for(lambda: [g["mem_used"] for g in d.jobs()[0]["per_gpu"]] ==
                  [dev["used"] for dev in sim_stats(d)["devices"]], timeout=30,
                  what="the job's counters to match the simulator's")
         per_gpu = d.jobs()[0]["per_gpu"]
+        devices = sim_stats(d)["devices"]
         print(f"NCCL ranks: the job's memory per GPU {[g['mem_used'] for g in per_gpu]}, "
               f"the simulator's {[dev['used'] for dev in devices]}")
         assert all(g["mem_used"] > 0 for g in per_gpu)
