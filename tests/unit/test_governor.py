@@ -51,8 +51,11 @@ class World:
     NVMLError = NVMLError
 
     def __init__(self, jobs: list[Job], capacity: float = 1.0, period_us: int = PERIOD_FAST_US,
-                 idle: str = "average") -> None:
+                 idle: str = "average", lockstep: bool = False) -> None:
         self.jobs = jobs
+        # the ranks of a job on several GPUs (its Jobs of one job_id) wait
+        # for each other in a collective at the end of every tick
+        self.lockstep = lockstep
         for j in jobs:    # as the daemon's admission makes their regions
             if j.gate is None:
                 j.gate = initial_gate(j.share, j.policy)
@@ -83,6 +86,9 @@ class World:
     # -- the GPU --
     def run_tick(self) -> None:
         self.now_us += int(TICK * 1e6)
+        if self.lockstep:
+            self._run_lockstep()
+            return
         for uuid in {j.uuid for j in self.jobs}:
             here = [j for j in self.jobs if j.uuid == uuid]
             asks = []
@@ -128,6 +134,32 @@ class World:
                     # as the hook: the region's device counter moves only
                     # on the gated path (the fast path counts per process)
                     j.launches += kernels
+            buf.publish(self.now_us)
+
+    def _run_lockstep(self) -> None:
+        """Each job's ranks alone on their GPUs, in lockstep: every rank
+        launches as many kernels as the slowest can (its gate, or the whole
+        GPU when ungated), then waits for it in a collective whose kernel
+        spins, busy, for the rest of the tick (NCCL's kernels wait on the
+        GPU). Launches and busy time as NVML and the region see them."""
+        start_us = self.now_us - TICK * 1e6
+        for ranks in {j.job_id: [k for k in self.jobs if k.job_id == j.job_id]
+                      for j in self.jobs}.values():
+            def can(j: Job) -> float:
+                if j.gate is None or not j.gate.throttle:
+                    return TICK / j.cost_s
+                return min(TICK / j.cost_s, j.gate.refill_rate / 1000.0 * TICK)
+            n = min(can(j) for j in ranks)
+            for j in ranks:
+                useful = n * j.cost_s / TICK
+                busy = min(1.0, useful + (1.0 - n / can(j)))
+                buf = self.gpus.setdefault(j.uuid, UtilBuffer(self.period_us, self.idle))
+                if busy > 0:
+                    buf.run(j.pid, start_us, self.now_us, busy)
+                j.got.append(useful)
+                if j.gate is not None and j.gate.throttle:
+                    j.launches += n
+        for buf in self.gpus.values():
             buf.publish(self.now_us)
 
     def clock_us(self) -> int:
@@ -521,3 +553,45 @@ def test_gate_writes_that_land_late_are_never_taken_for_tampering(cost_s: float,
                 if ledgers:
                     ledgers[j.job_id].wrote(now, now, trust.Gate(g.throttle, g.refill_rate,
                                                                  g.bucket_size))
+
+
+# -- jobs on several GPUs ------------------------------------------------------------
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_a_job_on_two_gpus_gets_one_rate_on_both_the_lower(period_us: int, idle: str) -> None:
+    """Its ranks' kernels cost 1 ms on one GPU and 2 ms on the other: one
+    rate for both, the one that holds the costlier GPU at its share, so no
+    GPU goes above it and neither rank is paced apart from the other."""
+    a = Job("1", 101, 30, cost_s=1e-3, uuid="GPU-0")
+    b = Job("1", 102, 30, cost_s=2e-3, uuid="GPU-1")
+    w = World([a, b], period_us=period_us, idle=idle)
+    n = settled(period_us) * 2
+    gates = run(w, governor(w), n + 40)
+    ga, gb = gates[("1", "GPU-0")], gates[("1", "GPU-1")]
+    assert ga.throttle and gb.throttle
+    assert (ga.refill_rate, ga.bucket_size) == (gb.refill_rate, gb.bucket_size)
+    assert gb.refill_rate == pytest.approx(0.30 / 2e-3 * 1000, rel=0.08)
+    assert mean(b.got[n:]) == pytest.approx(0.30, abs=0.015)
+    assert mean(a.got[n:]) == pytest.approx(0.15, abs=0.015)
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_ranks_in_lockstep_keep_their_share_instead_of_convoying(period_us: int,
+                                                                  idle: str) -> None:
+    """Two jobs of two ranks each (30 % and 60 %), every rank alone on its
+    GPU, the ranks of a job waiting for each other in a collective that
+    spins on the GPU (HAMi-core#142's TP=2 vLLM). Gated apart, the rank
+    ahead spins, shows more than its share, is cut, and the two crawl;
+    gated as one, each job makes progress at its share on the GPU where its
+    kernels cost most (a rank's kernels differ a little from another's: its
+    part of the model, its data), and below it on the other."""
+    jobs = [Job("1", 101, 30, uuid="GPU-0", cost_s=1.0e-3),
+            Job("1", 102, 30, uuid="GPU-1", cost_s=1.2e-3),
+            Job("2", 201, 60, uuid="GPU-2", cost_s=3.0e-3),
+            Job("2", 202, 60, uuid="GPU-3", cost_s=3.3e-3)]
+    w = World(jobs, period_us=period_us, idle=idle, lockstep=True)
+    n = settled(period_us) * 3
+    run(w, governor(w), n + 60)
+    for j in jobs:
+        slowest = max(k.cost_s for k in jobs if k.job_id == j.job_id)
+        assert mean(j.got[n:]) == pytest.approx(j.share / 100 * j.cost_s / slowest,
+                                                abs=0.02), (j.job_id, j.uuid)

@@ -426,7 +426,7 @@ class Daemon:
             self._last_metrics = wall
             acc = self.accountant
             self.metrics_box.set(sup.metrics_snapshot(
-                (lambda j: acc.totals(j)[0]) if acc is not None else (lambda j: None)))
+                acc.gpu_seconds if acc is not None else (lambda j, u: None)))
 
     def _created(self, job_id: str) -> float | None:
         """When a job's region was made (gated from then on: its launch

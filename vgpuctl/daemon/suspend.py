@@ -206,9 +206,11 @@ class Suspender:
                 raise AdmissionRefused(self._no_room(job, [g.uuid], rooms, held))
         elif len(rec.uuids) > 1:
             target = None
-            for u in rec.uuids:
+            for i, u in enumerate(rec.uuids):
                 r = next((r for r in rooms if r.uuid == u), None)
-                if r is None or rules.resume_target([r], None, rec.mem_limit, held) is None:
+                there = job.usage[i].used if i < len(job.usage) else 0
+                if r is None or rules.resume_target([r], None, rec.gpu_mem_limit(i),
+                                                    there) is None:
                     raise AdmissionRefused(self._no_room(job, rec.uuids, rooms, held))
         else:
             target = rules.resume_target(rooms, home, rec.mem_limit, held)
@@ -255,7 +257,9 @@ class Suspender:
 
     def _point(self, job: LiveJob, target: rules.Room) -> None:
         rec = job.rec
-        rec.gpus = [{"index": target.index, "uuid": target.uuid}]
+        first = dict(rec.gpus[0]) if rec.gpus and isinstance(rec.gpus[0], dict) else {}
+        first.update(index=target.index, uuid=target.uuid)   # its limits there stay
+        rec.gpus = [first, *rec.gpus[1:]]
         if job.region is not None:
             job.region.update_device(0, uuid=target.uuid)
         self._table.save(job, ["gpus"])

@@ -149,6 +149,7 @@ class ComputeGovernor:
         for uuid, group in by_gpu.items():
             window = self._sampler.read(uuid)
             out.update(self._tick_gpu(group, window, now, wall_s))
+        gang(out)
         watched = set(gpus)
         for uuid in watched - by_gpu.keys():
             self._sampler.read(uuid)        # only to keep its baseline current
@@ -265,6 +266,33 @@ class ComputeGovernor:
         return (claim.active and obs.measured is not None and loop.rate is not None
                 and loop.target is not None and obs.measured < 0.98 * loop.target
                 and not loop.backlogged)
+
+
+def gang(gates: dict[tuple[str, str], Gate]) -> None:
+    """One decision for all the GPUs of a job (in place): a job on several
+    GPUs is gated on each at the same rate, the lowest its GPUs' loops ask
+    for, with the same bucket; ungated only where every one of its GPUs
+    would be. Its ranks launch the same kernels between collectives, and a
+    rank that runs ahead of the others spins in the next collective, busy
+    to NVML without doing anything: gated apart, the rank ahead shows more
+    than its share, its rate is cut, it falls behind, and the others spin
+    in turn, until all crawl (docs/compute.md, "Jobs on several GPUs").
+    Each GPU's loop keeps its own rate: the launches a lower gate held back
+    are then launches it allowed and the job did not use, which stops its
+    PI from pushing up while another GPU holds the job."""
+    by_job: dict[str, list[tuple[str, str]]] = {}
+    for key in gates:
+        by_job.setdefault(key[0], []).append(key)
+    for keys in by_job.values():
+        if len(keys) < 2:
+            continue
+        gated = [gates[k] for k in keys if gates[k].throttle]
+        if not gated:
+            continue
+        rate = min(g.refill_rate for g in gated)
+        bucket = min(g.bucket_size for g in gated)
+        for k in keys:
+            gates[k] = replace(gates[k], throttle=True, refill_rate=rate, bucket_size=bucket)
 
 
 def _fresh(j: JobDevice, wall_s: float) -> bool:

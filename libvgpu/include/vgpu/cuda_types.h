@@ -56,6 +56,7 @@ typedef enum cudaError_enum {
     CUDA_ERROR_ALREADY_ACQUIRED = 210,
     CUDA_ERROR_NOT_MAPPED = 211,
     CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_INVALID_PTX = 218,
     CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     CUDA_ERROR_INVALID_SOURCE = 300,
@@ -211,7 +212,10 @@ typedef enum CUmemAllocationType_enum {
 
 typedef enum CUmemLocationType_enum {
     CU_MEM_LOCATION_TYPE_INVALID = 0x0,
-    CU_MEM_LOCATION_TYPE_DEVICE = 0x1
+    CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+    CU_MEM_LOCATION_TYPE_HOST = 0x2,              /* CUDA 12.2+: host memory... */
+    CU_MEM_LOCATION_TYPE_HOST_NUMA = 0x3,         /* ...on NUMA node id */
+    CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 0x4  /* ...on the caller's node */
 } CUmemLocationType;
 
 typedef enum CUmemAllocationHandleType_enum {

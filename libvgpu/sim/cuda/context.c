@@ -585,9 +585,10 @@ VGPU_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 }
 
 /* ---- peer access ----
- * Every simulated GPU can reach every other (cuDeviceCanAccessPeer says so):
- * enabling access from the current context to peer's device is remembered
- * per pair, as the driver refuses enabling it twice. */
+ * Every simulated GPU can reach every other unless VGPU_SIM_PEER=0
+ * (cuDeviceCanAccessPeer says which): enabling access from the current
+ * context to peer's device is remembered per pair, as the driver refuses
+ * enabling it twice. */
 
 static unsigned char g_peer[VGPU_SIM_MAX_DEVICES][VGPU_SIM_MAX_DEVICES];
 
@@ -611,6 +612,8 @@ VGPU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
         return rc;
     if (flags)
         return CUDA_ERROR_INVALID_VALUE;
+    if (!cu_peer)
+        return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     unsigned char *on = &g_peer[cur->ordinal][peer->ordinal];
     if (__atomic_exchange_n(on, 1, __ATOMIC_RELAXED))
         return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;

@@ -13,6 +13,7 @@
 int cu_initialized;
 int cu_count;
 int cu_phys[VGPU_SIM_MAX_DEVICES];
+int cu_peer = 1;
 pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult g_init_result = CUDA_ERROR_NOT_INITIALIZED;
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
@@ -82,6 +83,9 @@ static void do_init(void)
         return;
     }
     cu_count = visible_devices((int)s->count, cu_phys);
+    /* Whether a GPU can reach another's memory (peer access) is the
+     * machine's: NVLink or a PCIe switch that allows it, or not. */
+    cu_peer = sim_peer_access();
     g_init_result = cu_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     __atomic_store_n(&cu_initialized, g_init_result == CUDA_SUCCESS, __ATOMIC_RELEASE);
     if (g_init_result == CUDA_SUCCESS)
@@ -110,6 +114,14 @@ CUresult cu_check_device(CUdevice dev)
         return CUDA_ERROR_NOT_INITIALIZED;
     gate_hold();
     return (dev < 0 || dev >= cu_count) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+int cu_ordinal_of(int phys)
+{
+    for (int i = 0; i < cu_count; i++)
+        if (cu_phys[i] == phys)
+            return i;
+    return -1;
 }
 
 VGPU_EXPORT CUresult cuDeviceGetCount(int *count)
@@ -325,6 +337,10 @@ VGPU_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
     return CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* Peer access: every GPU reaches every other, unless VGPU_SIM_PEER=0 (a
+ * machine whose GPUs can't: the driver then says no here, and refuses
+ * cuCtxEnablePeerAccess with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED). A device
+ * is not its own peer. */
 VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
     CUresult rc = cu_check_device(dev);
@@ -334,22 +350,35 @@ VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer
         return rc;
     if (!can)
         return CUDA_ERROR_INVALID_VALUE;
-    *can = 0;
+    *can = cu_peer && dev != peer;
     return CUDA_SUCCESS;
 }
 
+/* CUdevice_P2PAttribute: 1 performance rank, 2 access supported, 3 native
+ * atomics (none: no NVLink here), 4 CUDA array access. */
 VGPU_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attr, CUdevice src, CUdevice dst)
 {
-    (void)attr;
     CUresult rc = cu_check_device(src);
     if (!rc)
         rc = cu_check_device(dst);
     if (rc)
         return rc;
-    if (!value || src == dst)
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (src == dst)
         return CUDA_ERROR_INVALID_DEVICE;
-    *value = 0;
-    return CUDA_SUCCESS;
+    switch (attr) {
+    case 1:
+    case 3:
+        *value = 0;
+        return CUDA_SUCCESS;
+    case 2:
+    case 4:
+        *value = cu_peer;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
 }
 
 /* The widest 1D texture over linear memory: 2^28 elements, whatever the

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -138,11 +139,19 @@ struct vmm_handle {
     uint32_t magic;
     int fd;
     size_t size;
-    int ordinal; /* its device as the process sees it: the GPU is cu_phys[ordinal] */
+    int phys;     /* its physical GPU; -1: host memory (not device memory) */
+    int ordinal;  /* device memory: its device as the process sees it, whose GPU
+                     (cu_phys[ordinal]) a restore onto another GPU changes */
     int refs; /* the handle itself, plus one per mapping */
     int imported; /* from a shareable handle: the exporter's memory, not charged here */
     CUmemAllocationProp prop;
 };
+
+/* The memfd behind a handle is named after where its memory is, so that a
+ * process importing it (cuMemImportFromShareableHandle) knows: the
+ * exporter's GPU, or host memory. */
+#define VMM_MEMFD "vgpu-sim-vmm-"
+#define VMM_MEMFD_HOST VMM_MEMFD "host"
 
 struct vmm_map {
     uintptr_t base;
@@ -164,23 +173,39 @@ static void handle_unref(struct vmm_handle *h)
 {
     if (--h->refs == 0) {
         close(h->fd);
-        if (!h->imported)
+        if (!h->imported && h->phys >= 0)
             sim_uncharge(cu_phys[h->ordinal], h->size);
         cu_obj_del(h, sizeof *h);
     }
 }
 
+/* Where an allocation's memory is: a device's (*phys its physical GPU) or,
+ * since CUDA 12.2, host memory (*phys -1: page-locked host memory the
+ * devices map, as NCCL's ncclCuMemHostEnable asks for; the simulated host
+ * has one NUMA node, 0). */
 static CUresult check_prop(const CUmemAllocationProp *prop, int *phys)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.id < 0 || prop->location.id >= cu_count)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *phys = cu_phys[prop->location.id];
-    return CUDA_SUCCESS;
+    switch ((int)prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (prop->location.id < 0 || prop->location.id >= cu_count)
+            return CUDA_ERROR_INVALID_DEVICE;
+        *phys = cu_phys[prop->location.id];
+        return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        if (prop->location.id != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        /* fall through */
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        *phys = -1;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
 }
 
 VGPU_EXPORT CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *prop,
@@ -206,19 +231,26 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
         return rc;
     if (!out || size == 0 || size % SIM_GRANULARITY || flags)
         return CUDA_ERROR_INVALID_VALUE;
-    if (sim_charge(phys, size, 1) < 0)
+    if (phys >= 0 && sim_charge(phys, size, 1) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int fd = memfd_create("vgpu-sim", MFD_CLOEXEC);
+    char name[64];
+    if (phys >= 0)
+        snprintf(name, sizeof name, VMM_MEMFD "%d", phys);
+    else
+        snprintf(name, sizeof name, VMM_MEMFD_HOST);
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
         if (fd >= 0)
             close(fd);
-        sim_uncharge(phys, size);
+        if (phys >= 0)
+            sim_uncharge(phys, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
     h->fd = fd;
     h->size = size;
-    h->ordinal = prop->location.id;
+    h->phys = phys;
+    h->ordinal = phys >= 0 ? prop->location.id : 0;
     h->refs = 1;
     h->prop = *prop;
     *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -266,6 +298,31 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocat
     return rc;
 }
 
+/* Where the memory behind a shareable fd is: its physical GPU, -1 for host
+ * memory; -2 when the fd is no simulator allocation. */
+static int shared_location(int fd)
+{
+    char path[64], link[128];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0)
+        return -2;
+    link[n] = '\0';
+    const char *prefix = "/memfd:" VMM_MEMFD;
+    if (strncmp(link, prefix, strlen(prefix)) != 0)
+        return -2;
+    const char *rest = link + strlen(prefix);
+    if (strncmp(rest, "host", 4) == 0)
+        return -1;
+    char *end;
+    long phys = strtol(rest, &end, 10);
+    if (end == rest || phys < 0 || phys >= VGPU_SIM_MAX_DEVICES)
+        return -2;
+    return (int)phys;
+}
+
+/* The memory another process exported (or this one): a handle of its own,
+ * on the exporter's GPU, never charged again here. */
 VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *shared,
                                                     int type)
 {
@@ -275,10 +332,17 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
         return CUDA_ERROR_INVALID_VALUE;
     int fd = dup((int)(intptr_t)shared);
     off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
-    if (size <= 0 || size % SIM_GRANULARITY) {
+    int phys = fd >= 0 ? shared_location(fd) : -2;
+    if (size <= 0 || size % SIM_GRANULARITY || phys == -2) {
         if (fd >= 0)
             close(fd);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* a GPU this process does not see is not one it can map memory of */
+    int ordinal = phys >= 0 ? cu_ordinal_of(phys) : 0;
+    if (ordinal < 0) {
+        close(fd);
+        return CUDA_ERROR_INVALID_DEVICE;
     }
     struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
     if (!h) {
@@ -287,12 +351,15 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     }
     h->fd = fd;
     h->size = (size_t)size;
-    h->ordinal = 0;
+    h->phys = phys;
+    h->ordinal = ordinal;
     h->refs = 1;
     h->imported = 1;
     h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     h->prop.requestedHandleTypes = HANDLE_TYPE_POSIX_FD;
-    h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    h->prop.location.type = phys >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE
+                                      : CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    h->prop.location.id = ordinal;
     *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
@@ -414,10 +481,24 @@ VGPU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
     struct alloc a;
     if (!desc || count == 0 || !mem_find(ptr, size, &a) || a.kind != ALLOC_VA)
         return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < count; i++)
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[i].location.id < 0 || desc[i].location.id >= cu_count)
+    /* access by a device, or (CUDA 12.2: host-located memory) by the host */
+    for (size_t i = 0; i < count; i++) {
+        switch ((int)desc[i].location.type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+            if (desc[i].location.id < 0 || desc[i].location.id >= cu_count)
+                return CUDA_ERROR_INVALID_DEVICE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+            if (desc[i].location.id != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+            break;
+        default:
             return CUDA_ERROR_INVALID_DEVICE;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
