@@ -189,11 +189,12 @@ def test_a_suspended_job_is_counted_as_such():
     not the ones running, with its time suspended."""
     from vgpuctl.core.job import JobView
 
+    on = [{"index": 0, "uuid": GPU0, "mem_limit": G, "core": 100}]
     views = [JobView(id="1", name="a", user="u", state="running", gpu=0, gpu_uuid=GPU0,
-                     mem_limit=G, core=100),
+                     mem_limit=G, core=100, per_gpu=on),
              JobView(id="2", name="b", user="u", state="suspended", gpu=0, gpu_uuid=GPU0,
-                     mem_limit=G, core=100, suspended_s=12.5)]
-    snap = metrics.snapshot([], [(v, 0) for v in views], lambda j: None, {})
+                     mem_limit=G, core=100, suspended_s=12.5, per_gpu=on)]
+    snap = metrics.snapshot([], [(v, 0) for v in views], lambda j, u: None, {})
     assert (snap.jobs_running, snap.jobs_suspended) == (1, 1)
     box = SnapshotBox(snap)
     srv = MetricsServer(box, "127.0.0.1:0")

@@ -445,3 +445,19 @@ def test_a_plain_job_never_resumes_on_a_gpu_slurm_hands_out(daemon_factory, jobs
     assert "GPU 0: taken back" in out
     ok(d.cli("resume", j.id))
     assert d.job(j.id)["gpu"] == 0 and j.check()["same"] is True
+
+
+def test_a_job_on_two_gpus_is_suspended_whole_and_resumes_on_them(daemon, jobs):
+    """A job of two GPUs (its process holds memory on its first): both GPUs'
+    memory back while suspended, and it resumes on the same two."""
+    j = jobs(daemon, "--gpus", "2", "--mem", "2G", size=64 * M)
+    assert daemon.job(j.id)["gpus"] == [0, 1]
+    before = used(daemon)
+    ok(daemon.cli("suspend", j.id))
+    assert used(daemon) == [0, 0]
+    assert all(g["committed"] == 0 for g in daemon.call("ps")["gpus"])
+    res = daemon.cli("resume", j.id, "--gpu", "1")
+    assert res.returncode == 2 and "it resumes on them" in res.stderr, res
+    ok(daemon.cli("resume", j.id))
+    assert used(daemon) == before and daemon.job(j.id)["gpus"] == [0, 1]
+    assert j.check()["same"] is True

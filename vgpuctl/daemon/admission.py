@@ -140,10 +140,10 @@ class Admission:
         ([slurm] gpus), unless [slurm] allow_run."""
         sc = self._config().slurm
         if pin is not None:
-            g = placement.resolve_gpu(self.gpus, pin)
-            if g.uuid in self.drained:
-                raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
-                                       f"{g.index} takes it back)")
+            for g in placement.resolve_gpus(self.gpus, pin):
+                if g.uuid in self.drained:
+                    raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
+                                           f"{g.index} takes it back)")
         if sc.allow_run:
             return self._undrained(self.gpus)
         how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
