@@ -33,6 +33,7 @@ class DeviceStats:
     busy_ns: int
     kernels: int
     fail_allocs: int
+    switches: int = 0       # context switches on its timeline
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class SimStats:
     processes: list[ProcessStats]
     tags: list[TagStats]
     util_idle: str = "average"  # VGPU_SIM_UTIL_IDLE: idle periods averaged in or skipped
+    timeslice_us: int = 0       # VGPU_SIM_TIMESLICE_US: time slice between processes
+    switch_us: int = 0          # VGPU_SIM_SWITCH_US: what a switch costs
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -94,6 +97,7 @@ def parse_stats(text: str) -> SimStats:
                    for p in d["processes"]],
         tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
         util_idle=d.get("util_idle", "average"),
+        timeslice_us=d.get("timeslice_us", 0), switch_us=d.get("switch_us", 0),
     )
 
 
