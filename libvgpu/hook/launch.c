@@ -4,9 +4,10 @@
  * cuGraphLaunch (and their _ptsz forms), cuLaunch, cuLaunchGrid and
  * cuLaunchGridAsync.
  *
- * Not throttled (limits.dev[d].throttle == 0): one relaxed atomic add on the
- * process's launch counter, then the real call - no lock, no syscall, no
- * clock read. Throttled: a lock-free token bucket in usage.dev[d] (tokens,
+ * Not throttled, no class to heed (limits.dev[d].throttle == 0, hold == 0):
+ * one relaxed atomic add on the process's launch counter, then the real call
+ * - no lock, no syscall, no clock read. A class to heed (hold != 0) is
+ * priority.c's. Throttled: a lock-free token bucket in usage.dev[d] (tokens,
  * last_refill_ns), refilled lazily from CLOCK_MONOTONIC at the rate the
  * daemon writes; a launch takes VGPU_TOKEN_SCALE tokens. When the bucket is
  * empty only the launching thread waits, in naps of at most 5 ms that
@@ -114,80 +115,119 @@ static __attribute__((noinline)) int take_token(int d)
     }
 }
 
-/* 0: launch; -1: the gate is closed. */
-static inline __attribute__((always_inline)) int gate(void)
+/* The slow path: a class to heed, a token to take, or both. 0: launch
+ * (*track set when the launch is to be tracked); -1: the gate is closed. */
+static __attribute__((noinline)) int gate_slow(int d, uint32_t throttle, uint32_t hold,
+                                               CUstream s, int *track)
+{
+    if (hold & VGPU_HOLD_SIGNAL)
+        vgpu_prio_signal(d);
+    if (hold & VGPU_HOLD_HELD)
+        *track = vgpu_prio_hold(d, s);
+    if (throttle && take_token(d) != 0)
+        return -1;
+    return 0;
+}
+
+/* 0: launch; -1: the gate is closed. *dev and *track say what to do after
+ * the launch (vgpu_prio_track). */
+static inline __attribute__((always_inline)) int gate(CUstream s, int *dev, int *track)
 {
     int d = vgpu_dev_for_launch();
     if (VGPU_UNLIKELY(d < 0))
         return 0;
-    if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_g_limits->dev[d].throttle, __ATOMIC_RELAXED)) &&
-        take_token(d) != 0)
-        return -1;
+    const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
+    uint32_t throttle = __atomic_load_n(&l->throttle, __ATOMIC_RELAXED);
+    uint32_t hold = __atomic_load_n(&l->hold, __ATOMIC_RELAXED);
+    if (VGPU_UNLIKELY(throttle | hold)) {
+        *dev = d;
+        if (gate_slow(d, throttle, hold, s, track) != 0)
+            return -1;
+    }
     __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
     return 0;
 }
 
-#define GATED(sym, args) \
+/* A launch entry point: the gate, the real call, and for a held launch the
+ * record of its work in flight. `stream` is the stream it launches into
+ * (for a _ptsz form, NULL is the calling thread's default stream). */
+#define GATED(sym, args, stream) \
     do { \
         CU_PROLOGUE(sym, args); \
-        if (VGPU_UNLIKELY(gate() != 0)) \
+        int dev_ = -1, track_ = 0; \
+        if (VGPU_UNLIKELY(gate((stream), &dev_, &track_) != 0)) \
             return CUDA_ERROR_NOT_PERMITTED; \
-        return REAL(sym) args; \
+        CUresult rc_ = REAL(sym) args; \
+        if (VGPU_UNLIKELY(track_) && rc_ == CUDA_SUCCESS) \
+            vgpu_prio_track(dev_, (stream)); \
+        return rc_; \
     } while (0)
+
+/* The per-thread default stream, for the _ptsz forms. */
+static inline CUstream ptsz(CUstream s)
+{
+    return s ? s : CU_STREAM_PER_THREAD;
+}
+
+static inline CUstream config_stream(const CUlaunchConfig *config)
+{
+    return config ? config->hStream : NULL;
+}
 
 CUresult hook_cuLaunchKernel VGPU_LAUNCH_PARAMS
 {
-    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS);
+    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS, hStream);
 }
 
 CUresult hook_cuLaunchKernel_ptsz VGPU_LAUNCH_PARAMS
 {
-    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS);
+    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS, ptsz(hStream));
 }
 
 CUresult hook_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                void **extra)
 {
-    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra));
+    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra), config_stream(config));
 }
 
 CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                     void **kernelParams, void **extra)
 {
-    GATED(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra));
+    GATED(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra),
+          ptsz(config_stream(config)));
 }
 
 CUresult hook_cuLaunchCooperativeKernel VGPU_COOP_PARAMS
 {
-    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS);
+    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS, hStream);
 }
 
 CUresult hook_cuLaunchCooperativeKernel_ptsz VGPU_COOP_PARAMS
 {
-    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS);
+    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS, ptsz(hStream));
 }
 
 CUresult hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    GATED(cuGraphLaunch, (hGraphExec, hStream));
+    GATED(cuGraphLaunch, (hGraphExec, hStream), hStream);
 }
 
 CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
-    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream));
+    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream), ptsz(hStream));
 }
 
 CUresult hook_cuLaunch(CUfunction f)
 {
-    GATED(cuLaunch, (f));
+    GATED(cuLaunch, (f), NULL);
 }
 
 CUresult hook_cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
-    GATED(cuLaunchGrid, (f, grid_width, grid_height));
+    GATED(cuLaunchGrid, (f, grid_width, grid_height), NULL);
 }
 
 CUresult hook_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
 {
-    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream));
+    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream), hStream);
 }

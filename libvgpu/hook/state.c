@@ -49,17 +49,23 @@ int vgpu_g_private;
 uint64_t vgpu_g_private_limit;
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static char region_dir[PATH_MAX];     /* resolved; "" without a region */
 static int configured_mode;   /* VGPU_UNINIT until configure() ran */
 static struct vgpu_limits priv_limits;
 static struct vgpu_usage priv_usage;
 
 /* ---- layout checks: a change to region.h must be seen here -------------- */
-_Static_assert(sizeof(struct vgpu_dev_limit) == 144, "vgpu_dev_limit layout");
+_Static_assert(sizeof(struct vgpu_dev_limit) == 184 + 8 * 40, "vgpu_dev_limit layout");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) == 124, "hold");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 144, "priority");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 184, "holders");
+_Static_assert(sizeof(struct vgpu_holder) == 40, "vgpu_holder layout");
+_Static_assert(sizeof(struct vgpu_signal) == 16 + 16 * 32, "vgpu_signal layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, mem_limit) == 96, "mem_limit");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, throttle) == 120, "throttle");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, refill_rate) == 128, "refill_rate");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, bucket_size) == 136, "bucket_size");
-_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 144, "vgpu_limits layout");
+_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 504, "vgpu_limits layout");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, generation) == 48, "generation");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
 _Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
@@ -71,7 +77,7 @@ _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 400, "slot.a
 _Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
 _Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 416, "vgpu_usage layout");
-_Static_assert(VGPU_REGION_VERSION == 1, "libvgpu/hook follows region layout version 1");
+_Static_assert(VGPU_REGION_VERSION == 2, "libvgpu/hook follows region layout version 2");
 
 /* ---- helpers -------------------------------------------------------------- */
 uint64_t vgpu_now_ns(void)
@@ -256,9 +262,16 @@ static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_
                  VGPU_REGION_VERSION);
         return 0;
     }
+    if (realpath(dir, region_dir) == NULL)
+        region_dir[0] = '\0';
     vgpu_g_limits = lim;
     vgpu_g_usage = use;
     return 1;
+}
+
+const char *vgpu_region_dir(void)
+{
+    return region_dir[0] ? region_dir : NULL;
 }
 
 static int configure(void)
@@ -455,6 +468,7 @@ static void after_fork_child(void)
     vgpu_alloctab_atfork_child();
     vgpu_context_atfork_child();
     vgpu_devmap_atfork_child();
+    vgpu_priority_atfork_child();
     if (vgpu_g_private)
         memset(priv_usage.dev, 0, sizeof(priv_usage.dev));
     vgpu_g_slot = NULL;

@@ -32,6 +32,9 @@ from vgpuctl.system import native
 
 LIMITS_FILE = "limits"
 USAGE_FILE = "usage"
+# The job's signal to the jobs of lower classes on its GPUs (the job's own
+# file, readable by all: vgpuctl.system.priority).
+SIGNAL_FILE = "signal"
 # The daemon's checkpoint of the hook's counters (owner-only: the daemon's).
 CHECKPOINT_FILE = "checkpoint"
 
@@ -176,16 +179,18 @@ class Region:
         path.mkdir(parents=True, exist_ok=True)
         lsize = f.sizeof("struct vgpu_limits")
         usize = f.sizeof("struct vgpu_usage")
+        ssize = f.sizeof("struct vgpu_signal")
         max_dev = const("VGPU_MAX_DEVICES")
         if len(devices) > max_dev:
             raise ValueError(f"at most {max_dev} devices per job")
-        for name, size, mode in ((LIMITS_FILE, lsize, 0o644), (USAGE_FILE, usize, 0o600)):
+        for name, size, mode in ((LIMITS_FILE, lsize, 0o644), (USAGE_FILE, usize, 0o600),
+                                 (SIGNAL_FILE, ssize, 0o644)):
             tmp = path / f".{name}.tmp"
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
             try:
                 os.ftruncate(fd, size)
                 os.fchmod(fd, mode)
-                if name == USAGE_FILE:
+                if name in (USAGE_FILE, SIGNAL_FILE):
                     head = f.new("struct vgpu_usage *")
                     head.magic = const("VGPU_REGION_MAGIC")
                     head.version = const("VGPU_REGION_VERSION")
@@ -206,6 +211,7 @@ class Region:
         reg.set_devices(devices)
         lim.magic = const("VGPU_REGION_MAGIC")
         os.rename(path / f".{USAGE_FILE}.tmp", path / USAGE_FILE)
+        os.rename(path / f".{SIGNAL_FILE}.tmp", path / SIGNAL_FILE)
         os.rename(path / f".{LIMITS_FILE}.tmp", path / LIMITS_FILE)
         return reg
 
@@ -407,7 +413,7 @@ class Region:
     def remove(self) -> None:
         """Delete the region's files and directory."""
         self.close()
-        for name in (LIMITS_FILE, USAGE_FILE, CHECKPOINT_FILE):
+        for name in (LIMITS_FILE, USAGE_FILE, SIGNAL_FILE, CHECKPOINT_FILE):
             try:
                 os.unlink(self.path / name)
             except FileNotFoundError:

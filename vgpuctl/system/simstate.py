@@ -45,6 +45,7 @@ class Usage:
     peak: int
     busy_ns: int
     contexts: int = 0
+    queued_ns: int = 0      # a process's kernel time submitted and not yet run
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ class SimStats:
 
 
 def _usage(rows: list[dict[str, Any]]) -> list[Usage]:
-    return [Usage(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0))
-            for r in rows]
+    return [Usage(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0),
+                  r.get("queued_ns", 0)) for r in rows]
 
 
 def parse_stats(text: str) -> SimStats:

@@ -120,11 +120,15 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         else
             put(&o, "null");
         put(&o, ", \"devices\": [");
-        for (uint32_t d = 0; d < s->count; d++)
+        for (uint32_t d = 0; d < s->count; d++) {
+            const struct vgpu_sim_queue *q = &p->queue[d];
             put(&o, "%s{\"index\": %u, \"used\": %llu, \"peak\": %llu, \"busy_ns\": %llu, "
-                    "\"contexts\": %u}",
+                    "\"contexts\": %u, \"queued_ns\": %llu}",
                 d ? ", " : "", d, (unsigned long long)p->used[d], (unsigned long long)p->peak[d],
-                (unsigned long long)p->busy_ns[d], p->contexts[d]);
+                (unsigned long long)p->busy_ns[d], p->contexts[d],
+                (unsigned long long)(q->submitted_ns > q->done_ns
+                                         ? q->submitted_ns - q->done_ns : 0));
+        }
         put(&o, "]}");
         first = 0;
     }
