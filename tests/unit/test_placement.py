@@ -9,6 +9,7 @@ from vgpuctl.core.placement import (
     Commitment,
     Gpu,
     capacity,
+    check_core,
     check_resize,
     check_user_limits,
     place,
@@ -114,3 +115,28 @@ def test_user_limits():
     with pytest.raises(AdmissionRefused, match="at most 50%"):
         check_user_limits(lim, "alice", G, 51)
     check_user_limits(UserLimits(), "bob", 100 * G, 100)
+
+
+def test_promised_shares_on_a_gpu_add_up_to_at_most_100():
+    """Compute is counted as memory is: a promise that does not fit is
+    refused, naming what each GPU has left; a job with no promise (0) fits
+    anywhere its memory does."""
+    jobs = [Commitment("1", GPUS[0].uuid, G, 70), Commitment("2", GPUS[1].uuid, G, 50)]
+    assert place(GPUS, jobs, G, core=50).gpu.index == 1
+    assert place(GPUS, jobs, G, core=30).gpu.index == 0      # most memory left, room for 30
+    with pytest.raises(AdmissionRefused) as e:
+        place(GPUS, jobs, G, core=60)
+    assert "no room for 1G and 60% of a GPU's compute" in str(e.value)
+    assert "30% of its compute unpromised" in str(e.value)
+    assert "50% of its compute unpromised" in str(e.value)
+    assert place(GPUS, jobs + [Commitment("3", GPUS[0].uuid, G, 30)], G, core=0)
+    with pytest.raises(AdmissionRefused):
+        place(GPUS, jobs, G, core=40, pin="0")
+    assert place(GPUS, jobs, G, core=40, pin="0", core_oversubscribe=1.2).gpu.index == 0
+
+
+def test_a_promise_can_grow_only_within_what_is_left():
+    jobs = [Commitment("1", GPUS[0].uuid, G, 70), Commitment("2", GPUS[0].uuid, G, 20)]
+    check_core(GPUS, jobs, "2", GPUS[0].uuid, 30)               # its own 20 does not count
+    with pytest.raises(AdmissionRefused, match="70% of its 100% is promised"):
+        check_core(GPUS, jobs, "2", GPUS[0].uuid, 31)

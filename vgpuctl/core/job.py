@@ -55,6 +55,8 @@ class JobRecord:
     slurm_account: str | None = None
     slurm_shards: int | None = None
     region_error: str | None = None     # why its usage region was found tampered with
+    priority: str = "normal"            # low | normal | high
+    core_promised: bool = False         # its share counts in its GPU's compute (--core given)
 
     @property
     def active(self) -> bool:
@@ -107,6 +109,8 @@ class JobView:
     core: int = _f("int", "compute share target, percent")
     core_measured: float | None = _f("share", "measured compute share, 0..1")
     policy: str = _f("text", "hard or soft")
+    priority: str = _f("text", "low, normal or high")
+    promised: bool = _f("bool", "its share is promised (counted in its GPU's compute)", False)
     gated_launches: int | None = _f("int", "launches that waited at the compute gate")
     throttled_s: float | None = _f("seconds", "seconds spent waiting at the gate")
     created: float | None = _f("time", "when it was admitted")
@@ -141,6 +145,8 @@ class GpuView:
     utilization: int | None = _f("int", "percent busy, NVML's last sample")
     committed: int = _f("bytes", "sum of the limits of its jobs", 0)
     capacity: int = _f("bytes", "what the limits may sum to", 0)
+    core_promised: int = _f("int", "compute promised to its normal and high jobs, percent", 0)
+    core_capacity: int = _f("int", "what the promises may sum to, percent", 100)
     jobs: int = _f("int", "jobs on it", 0)
     minor: int | None = _f("int", "its device file's minor number")
     slurm: bool = _f("bool", "Slurm hands it out ([slurm] gpus)", False)
@@ -180,6 +186,13 @@ class Live:
     violations: tuple[dict[str, Any], ...] = ()
 
 
+def promised(rec: JobRecord) -> bool:
+    """Whether a job's share is a promise its GPU's compute counts: one it
+    asked for (--core, a Slurm job's shards), in a class that may be
+    promised one (normal or high; low is best effort)."""
+    return rec.core_promised and rec.priority != "low"
+
+
 def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
     """The view of a job: its record, and what is known of it live."""
     gpu = rec.gpus[0] if rec.gpus else {"index": None, "uuid": None}
@@ -197,7 +210,7 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
         over_limit=bool(mem_nvml is not None and mem_nvml > rec.mem_limit),
         oom_refusals=None if u is None else u.oom_refusals,
         core=rec.core_share, core_measured=live.measured if active else None,
-        policy=rec.policy,
+        policy=rec.policy, priority=rec.priority, promised=promised(rec),
         gated_launches=None if u is None else u.launches,
         throttled_s=None if u is None else u.throttled_ns / 1e9,
         created=rec.created, started=rec.started, ended=rec.ended,

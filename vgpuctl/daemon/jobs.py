@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import placement
-from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord
+from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord, promised
 from vgpuctl.core.trust import LaunchLedger
 from vgpuctl.errors import NotFound
 from vgpuctl.store.jobs import Store
@@ -106,7 +106,10 @@ class JobTable:
         return [j for j in self._jobs.values() if j.rec.uid == uid]
 
     def commitments(self) -> list[placement.Commitment]:
-        return [placement.Commitment(j.id, u, j.rec.mem_limit)
+        """Each live job's memory limit, and its promised share, on each of its
+        GPUs."""
+        return [placement.Commitment(j.id, u, j.rec.mem_limit,
+                                     j.rec.core_share if promised(j.rec) else 0)
                 for j in self._jobs.values() for u in j.uuids()]
 
     def held_by(self, uid: int) -> int:
@@ -135,23 +138,29 @@ class JobTable:
         self._store.update_job(rec, columns)
 
     def change_limits(self, job: LiveJob, mem: int | None, core: int | None,
-                      policy: str | None) -> dict[str, Any]:
+                      policy: str | None, priority: str | None = None) -> dict[str, Any]:
         """Change a job's limits, in its record and its region (live); the
-        fields changed, as the region has them."""
+        fields changed, as the region has them (its class goes to the region
+        with the next pass of vgpuctl.daemon.priority). A share given is
+        promised from then on."""
         rec = job.rec
         changes: dict[str, Any] = {}
         if mem is not None:
             rec.mem_limit = changes["mem_limit"] = mem
         if core is not None:
             rec.core_share = changes["core_share"] = core
+            rec.core_promised = True
         if policy is not None:
             rec.policy = policy
             changes["policy"] = POLICY_CODES[policy]
-        if job.region is not None:
+        if job.region is not None and changes:
             for i in range(len(rec.gpus)):
                 job.region.update_device(i, **changes)
-        self.save(job, ["mem_limit", "core_share", "policy"])
-        return changes
+        shown = dict(changes)
+        if priority is not None:
+            rec.priority = shown["priority"] = priority
+        self.save(job, ["mem_limit", "core_share", "policy", "priority", "core_promised"])
+        return shown
 
     def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:
         """Keep a violation in its job's record (a live job, or one that

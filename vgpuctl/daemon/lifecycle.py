@@ -369,10 +369,14 @@ class Daemon:
         inputs = sup.gates.inputs()
         now = time.monotonic()
         if self.governor is not None and inputs:
-            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches)
+            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
+                                    i.promised)
                   for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
             sup.gates.apply(inputs, gates)
+            sup.priority.observe(self.governor.windows, self.governor.wall_s())
+        if inputs:
+            sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
                                          sup.config.on_violation, time.monotonic())
         sup.record_violations(res)

@@ -15,7 +15,7 @@ from vgpuctl.core.job import RUNNING, JobRecord
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.jobs import JobTable, LiveJob
-from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
+from vgpuctl.errors import AdmissionRefused, NotFound, PermissionDenied, UsageError
 from vgpuctl.system.nvml import GpuStats
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -59,7 +59,7 @@ class SlurmJobs:
             return job, True
         try:
             job = self._register(req)
-        except (AdmissionRefused, NotFound, UsageError) as e:
+        except (AdmissionRefused, NotFound, UsageError, PermissionDenied) as e:
             self._refused.pop(req.slurm_job, None)
             self._refused[req.slurm_job] = (req.uid, str(e))
             while len(self._refused) > MAX_REFUSED:     # missed Epilogs: forget the oldest
@@ -85,8 +85,12 @@ class SlurmJobs:
         if req.ask_core is not None:         # a job may take less than its share, not more
             core = min(core, req.ask_core)
         policy = req.policy or cfg.default_policy
+        cls = req.priority or cfg.priority.default
+        self._admission.check_priority(cls, req.uid, user_name(req.uid), False)
         placement.place(self._admission.gpus, self._table.commitments(), mem, pin=gpu.uuid,
-                        reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
+                        reserve=cfg.reserve, oversubscribe=cfg.oversubscribe,
+                        core=core if cls != "low" else 0,
+                        core_oversubscribe=cfg.core_oversubscribe)
         now = self._table.clock()
         rec = JobRecord(name=req.name or f"slurm-{req.slurm_job}", uid=req.uid,
                         user=user_name(req.uid),
@@ -95,11 +99,11 @@ class SlurmJobs:
                         mem_limit=mem, core_share=core, policy=policy, created=now,
                         state=RUNNING, started=now, slurm_job=req.slurm_job,
                         slurm_partition=req.partition, slurm_account=req.account,
-                        slurm_shards=req.shards)
+                        slurm_shards=req.shards, priority=cls, core_promised=True)
         job = self._admission.create(rec)
         log.info("job %s: Slurm job %s of %s registered on GPU %d: %d shards, mem %s, "
-                 "core %d%%, %s", rec.id, req.slurm_job, rec.user, gpu.index, req.shards,
-                 format_size(mem), core, policy)
+                 "core %d%%, %s, priority %s", rec.id, req.slurm_job, rec.user, gpu.index,
+                 req.shards, format_size(mem), core, policy, cls)
         return job
 
     def attached(self, slurm_job: str, uid: int, admin: bool) -> LiveJob:

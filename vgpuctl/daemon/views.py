@@ -10,7 +10,7 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import GpuView, JobRecord, JobView, Live, job_view
+from vgpuctl.core.job import GpuView, JobRecord, JobView, Live, job_view, promised
 from vgpuctl.daemon.jobs import LiveJob
 from vgpuctl.system.nvml import GpuStats
 
@@ -37,8 +37,11 @@ def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) 
 def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
          jobs: Iterable[LiveJob]) -> list[GpuView]:
     jobs = list(jobs)
-    used = placement.committed(placement.Commitment(j.id, u, j.rec.mem_limit)
-                               for j in jobs for u in j.uuids())
+    commitments = [placement.Commitment(j.id, u, j.rec.mem_limit,
+                                        j.rec.core_share if promised(j.rec) else 0)
+                   for j in jobs for u in j.uuids()]
+    used = placement.committed(commitments)
+    cores = placement.promised(commitments)
     out = []
     for g in gpus:
         st = stats.get(g.uuid)
@@ -48,6 +51,8 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             utilization=st.utilization if st else None,
             committed=used.get(g.uuid, 0),
             capacity=placement.capacity(g, config.reserve, config.oversubscribe),
+            core_promised=cores.get(g.uuid, 0),
+            core_capacity=placement.core_capacity(config.core_oversubscribe),
             jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
             minor=st.minor if st else None,
             slurm=config.slurm.controls(g.index)))

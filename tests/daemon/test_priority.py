@@ -1,0 +1,194 @@
+"""Priority classes end to end: a real daemon on the simulated GPU, jobs
+through `vgpuctl run`. What a job keeps in flight is the simulator's own
+record (`vgpuctl sim stats`: each process's kernel time queued on its
+device); no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import pwd
+import threading
+from pathlib import Path
+
+from support.daemon import needs_native, wait_for
+
+from vgpuctl.core import priority as prio
+from vgpuctl.system import native
+from vgpuctl.system.priority import read_class, read_signal
+from vgpuctl.system.region import Region
+
+from .test_e2e import as_user
+
+pytestmark = needs_native
+
+BURN = [str(native.burn_program()), "--kernel-us", "1000", "--inflight", "16"]
+
+
+def queued_ms(daemon, pids) -> float:
+    r = daemon.cli("sim", "stats", "--json")
+    assert r.returncode == 0, r.stderr
+    return sum(p["devices"][0].get("queued_ns", 0) for p in json.loads(r.stdout)["processes"]
+               if p["pid"] in pids) / 1e6
+
+
+def job_named(daemon, name: str) -> dict:
+    return wait_for(lambda: next((j for j in daemon.jobs() if j["name"] == name and j["pids"]),
+                                 None), what=f"job {name}")
+
+
+def classes(daemon, job: dict):
+    return read_class(Region.open(Path(daemon.runtime) / "jobs" / job["id"]), 0)
+
+
+def test_set_priority_takes_effect_on_a_running_job(daemon):
+    """Two saturating trainers of one class each keep 16 ms queued; lowered
+    to low, one keeps at most its budget in flight (nothing new while the
+    other's work runs), and raised back by root it fills its queue again."""
+    a = daemon.popen("run", "--gpu", "0", "--mem", "1G", "--name", "a", "--", *BURN,
+                     "--seconds", "120")
+    b = daemon.popen("run", "--gpu", "0", "--mem", "1G", "--name", "b", "--", *BURN,
+                     "--seconds", "120")
+    try:
+        ja, jb = job_named(daemon, "a"), job_named(daemon, "b")
+        wait_for(lambda: queued_ms(daemon, ja["pids"]) >= 8, 30, "a's queue to fill")
+        assert classes(daemon, ja).hold == 0          # one class: the launch fast path
+        r = daemon.cli("set", "a", "--priority", "low")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip().endswith("priority low")
+        assert daemon.job(ja["id"])["priority"] == "low"
+        c = classes(daemon, ja)
+        assert (c.priority, c.hold) == (prio.RANK["low"], prio.HELD)
+        assert [h[0] for h in c.holders] == [jb["id"]]
+        assert classes(daemon, jb).hold == prio.SIGNAL
+        wait_for(lambda: queued_ms(daemon, ja["pids"]) <= 1.0, 30, "a to be held")
+        assert max(queued_ms(daemon, ja["pids"]) for _ in range(5)) <= 1.0
+        assert queued_ms(daemon, jb["pids"]) >= 8
+        r = daemon.cli("set", "a", "--priority", "normal")     # root may raise it
+        assert r.returncode == 0, r.stderr
+        assert classes(daemon, ja).hold == 0
+        wait_for(lambda: queued_ms(daemon, ja["pids"]) >= 8, 30, "a's queue to fill again")
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_classes_and_promises_show_in_ps_status_and_refusals(daemon):
+    p = daemon.popen("run", "--gpu", "0", "--mem", "1G", "--core", "60", "--priority", "high",
+                     "--name", "h", "--", "sleep", "60")
+    try:
+        j = job_named(daemon, "h")
+        assert (j["priority"], j["promised"], j["core"]) == ("high", True, 60)
+        gpu0 = daemon.call("ps")["gpus"][0]
+        assert (gpu0["core_promised"], gpu0["core_capacity"]) == (60, 100)
+        r = daemon.cli("run", "--gpu", "0", "--mem", "1G", "--core", "50", "--", "true")
+        assert r.returncode == 6 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "40% of its compute unpromised" in r.stderr
+        # a low job's share is a cap, no promise: it fits
+        r = daemon.cli("run", "--gpu", "0", "--mem", "1G", "--core", "50", "--priority", "low",
+                       "--", "true")
+        assert r.returncode == 0, r.stderr
+        r = daemon.cli("status")
+        assert r.returncode == 0 and "60%" in r.stdout, r.stdout
+        r = daemon.cli("ps", "--fields", "id,priority,promised", "--format", "csv")
+        assert f"{j['id']},high,true" in r.stdout.replace(" ", ""), r.stdout
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_user_may_not_take_high_nor_raise_a_class(daemon):
+    nobody = pwd.getpwnam("nobody")
+    env = {**daemon.env, "HOME": "/nonexistent"}
+    code, _, err = as_user(nobody, ["run", "--mem", "64M", "--priority", "high", "--", "true"],
+                           env)
+    assert code == 5 and len(err.splitlines()) == 1, err
+    assert "may not run jobs of priority high" in err
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(r=as_user(
+        nobody, ["run", "--mem", "64M", "--priority", "low", "--name", "mine", "--",
+                 "sleep", "30"], env)))
+    t.start()
+    try:
+        j = job_named(daemon, "mine")
+        code, _, err = as_user(nobody, ["set", j["id"], "--priority", "normal"], env)
+        assert code == 5 and "only root may raise it" in err, err
+        code, _, err = as_user(nobody, ["set", j["id"], "--priority", "low"], env)
+        assert code == 0, err
+        assert daemon.job(j["id"])["priority"] == "low"
+    finally:
+        daemon.cleanup_jobs()
+        t.join(60)
+
+
+# What a job of class low runs as another user before its work: it tries to
+# write its limits (where its class is), and writes its own signal, claiming
+# it launched just now and has work for ages.
+ATTACK = r"""
+import os, struct, time
+d = os.environ["VGPU_REGION"]
+try:
+    open(d + "/limits", "r+b")
+    print("limits: writable", flush=True)
+except PermissionError:
+    print("limits: refused", flush=True)
+now = time.monotonic_ns()
+with open(d + "/signal", "r+b") as f:
+    f.seek(16)
+    f.write(struct.pack("<QQQQ", now, now + 3600 * 10**9, 0, 0))
+print("signal: written", flush=True)
+"""
+
+
+def test_a_job_cannot_raise_its_class_by_writing_its_region(daemon):
+    """A low job of another user that writes what it may write (its signal)
+    and tries its limits holds back no one: the normal job beside it keeps
+    its queue full and is held by nobody, and the low job is still held."""
+    nobody = pwd.getpwnam("nobody")
+    env = {**daemon.env, "HOME": "/nonexistent"}
+    attack = Path(daemon.base) / "attack.py"       # where nobody may read it
+    attack.write_text(ATTACK)
+    attack.chmod(0o644)
+    n = daemon.popen("run", "--gpu", "0", "--mem", "1G", "--name", "n", "--", *BURN,
+                     "--seconds", "120")
+    got: dict = {}
+    script = f"python3 {attack} && exec {' '.join(BURN)} --seconds 30"
+    t = threading.Thread(target=lambda: got.update(r=as_user(
+        nobody, ["run", "--gpu", "0", "--mem", "1G", "--priority", "low", "--name", "l", "--",
+                 "sh", "-c", script], env)))
+    try:
+        jn = job_named(daemon, "n")
+        # any user may use the GPU, as /dev/nvidia* are 0666 on a real node
+        (Path(daemon.base) / "sim-state").chmod(0o666)
+        t.start()
+        jl = job_named(daemon, "l")
+        ldir = Path(daemon.runtime) / "jobs" / jl["id"]
+
+        def forged() -> bool:
+            sig = read_signal(ldir, 1)
+            return sig is not None and sig[0].busy_until_ns > sig[0].last_launch_ns + 10**12
+        wait_for(lambda: forged() or not t.is_alive(), 30, "the low job to write its signal")
+        assert t.is_alive(), got
+
+        def has_context() -> bool:
+            r = json.loads(daemon.cli("sim", "stats", "--json").stdout)
+            pids = set(daemon.job(jl["id"])["pids"])
+            return any(p["pid"] in pids and p["devices"][0]["contexts"] for p in r["processes"])
+        wait_for(has_context, 30, "the low job's context")
+        cn, cl = classes(daemon, jn), classes(daemon, jl)
+        assert (cl.priority, cl.hold) == (prio.RANK["low"], prio.HELD)
+        assert [h[0] for h in cl.holders] == [jn["id"]]
+        assert (cn.hold, cn.holders) == (prio.SIGNAL, ())     # heeds no one
+        seen_n = [queued_ms(daemon, jn["pids"]) for _ in range(5)]
+        seen_l = [queued_ms(daemon, daemon.job(jl["id"])["pids"]) for _ in range(5)]
+        assert min(seen_n) >= 8, seen_n
+        assert max(seen_l) <= 1.0, seen_l
+        assert daemon.job(jl["id"])["priority"] == "low"
+        assert daemon.job(jl["id"])["region_error"] is None
+    finally:
+        daemon.cleanup_jobs()
+        n.kill()
+        n.wait()
+        t.join(60)
+    code, out, err = got["r"]
+    assert "limits: refused" in out and "signal: written" in out, (code, out, err)
