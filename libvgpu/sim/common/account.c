@@ -4,6 +4,7 @@
  * serialises kernels from every process (time slicing, as a GPU does across
  * contexts without MPS).
  */
+#include <string.h>
 #include <unistd.h>
 
 #include "sim.h"
@@ -248,20 +249,33 @@ static void play(struct play *p, uint64_t to, run_fn run, void *arg, int max_ste
     }
 }
 
+/* The slots with pending kernels on dev, from its pending bits (a slot's
+ * bit is set when it submits, and cleared here once its queue is empty: a
+ * look at the timeline costs what the busy slots cost, not all of them). */
 static void load(struct play *p, struct vgpu_sim_state *s, int dev, int check_alive)
 {
-    p->sc = s->dev[dev].sched;
+    struct vgpu_sim_sched *sc = &s->dev[dev].sched;
+    p->sc = *sc;
     p->slice = s->slice_ns ? s->slice_ns : (uint64_t)SIM_DEFAULT_TIMESLICE_US * 1000;
     p->sw = s->switch_ns;
     p->npend = 0;
     p->check_alive = check_alive;
     p->dev = dev;
     p->stop = 0;
-    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
-        const struct vgpu_sim_queue *q = &s->procs[i].queue[dev];
-        p->pend[i] = (s->procs[i].pid && q->submitted_ns > q->done_ns)
-                         ? q->submitted_ns - q->done_ns : 0;
-        p->npend += p->pend[i] != 0;
+    memset(p->pend, 0, sizeof p->pend);
+    for (int w = 0; w < (VGPU_SIM_MAX_PROCS + 63) / 64; w++) {
+        uint64_t bits = sc->pending[w];
+        while (bits) {
+            int i = w * 64 + __builtin_ctzll(bits);
+            bits &= bits - 1;
+            const struct vgpu_sim_queue *q = &s->procs[i].queue[dev];
+            p->pend[i] = (s->procs[i].pid && q->submitted_ns > q->done_ns)
+                             ? q->submitted_ns - q->done_ns : 0;
+            if (p->pend[i])
+                p->npend++;
+            else
+                sc->pending[w] &= ~(1ull << (i % 64));
+        }
     }
 }
 
@@ -308,7 +322,10 @@ static void catch_up(struct vgpu_sim_state *s, int dev, uint64_t now)
         return;
     load(&p, s, dev, 1);
     play(&p, now, account_run, s, 0);
+    uint64_t bits[(VGPU_SIM_MAX_PROCS + 63) / 64];
+    memcpy(bits, s->dev[dev].sched.pending, sizeof bits);
     s->dev[dev].sched = p.sc;
+    memcpy(s->dev[dev].sched.pending, bits, sizeof bits);
 }
 
 void sim_timeline_catch_up(int dev)
@@ -331,6 +348,8 @@ uint64_t sim_submit_kernel(int dev, uint64_t ns)
         q->submitted_ns += ns;
         mark = q->submitted_ns;
         s->dev[dev].kernels++;
+        int slot = (int)(p - s->procs);
+        s->dev[dev].sched.pending[slot / 64] |= 1ull << (slot % 64);
     }
     sim_unlock();
     return mark;

@@ -88,6 +88,8 @@ struct vgpu_sim_sched {
     uint64_t slice_end_ns;   /* end of cur's time slice; 0: none started */
     uint64_t switch_end_ns;  /* end of the context switch under way */
     uint64_t switches;       /* context switches since the state was created */
+    uint64_t pending[(VGPU_SIM_MAX_PROCS + 63) / 64]; /* slots that may have pending
+                                                         kernels (a bit each) */
 };
 
 struct vgpu_sim_device {
