@@ -115,52 +115,70 @@ static __attribute__((noinline)) int take_token(int d)
     }
 }
 
-/* The slow path: a class to heed, a token to take, or both. 0: launch
- * (*track set when the launch is to be tracked); -1: the gate is closed. */
-static __attribute__((noinline)) int gate_slow(int d, uint32_t throttle, uint32_t hold,
-                                               CUstream s, int *track)
+/* The slow path, before the launch: a class to heed, a token to take, or
+ * both (w: throttle in the low half, hold in the high half). 0: launch,
+ * *track set when the launch is to be tracked after it; -1: the gate is
+ * closed. */
+static __attribute__((noinline)) int gate_slow(int d, uint64_t w, CUstream s, int *track)
 {
+    uint32_t throttle = (uint32_t)w, hold = (uint32_t)(w >> 32);
     if (hold & VGPU_HOLD_SIGNAL)
         vgpu_prio_signal(d);
     if (hold & VGPU_HOLD_HELD)
         *track = vgpu_prio_hold(d, s);
     if (throttle && take_token(d) != 0)
         return -1;
-    return 0;
-}
-
-/* 0: launch; -1: the gate is closed. *dev and *track say what to do after
- * the launch (vgpu_prio_track). */
-static inline __attribute__((always_inline)) int gate(CUstream s, int *dev, int *track)
-{
-    int d = vgpu_dev_for_launch();
-    if (VGPU_UNLIKELY(d < 0))
-        return 0;
-    const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
-    uint32_t throttle = __atomic_load_n(&l->throttle, __ATOMIC_RELAXED);
-    uint32_t hold = __atomic_load_n(&l->hold, __ATOMIC_RELAXED);
-    if (VGPU_UNLIKELY(throttle | hold)) {
-        *dev = d;
-        if (gate_slow(d, throttle, hold, s, track) != 0)
-            return -1;
-    }
     __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
     return 0;
 }
 
-/* A launch entry point: the gate, the real call, and for a held launch the
+typedef uint64_t __attribute__((may_alias)) gate_pair;
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) ==
+                   __builtin_offsetof(struct vgpu_dev_limit, throttle) + 4 &&
+               __builtin_offsetof(struct vgpu_dev_limit, throttle) % 8 == 0,
+               "throttle and hold make one aligned 64-bit word");
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gate_word reads throttle as the low half of its word"
+#endif
+
+/* The launch's device in *dev, and what it goes through there (0: the fast
+ * path, the launch already counted; else gate_slow's word). */
+static inline __attribute__((always_inline)) uint64_t gate_word(int *dev)
+{
+    int d = vgpu_dev_for_launch();
+    *dev = d;
+    if (VGPU_UNLIKELY(d < 0))
+        return 0;
+    /* throttle and hold side by side (region.h, 8-byte aligned): one load.
+     * Little-endian: throttle in the low half. */
+    const gate_pair *p = (const gate_pair *)&vgpu_g_limits->dev[d].throttle;
+    uint64_t w = __atomic_load_n(p, __ATOMIC_RELAXED);
+    if (VGPU_LIKELY(w == 0))
+        __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
+    return w;
+}
+
+/* A launch entry point: the fast path is the count and a tail call to the
+ * driver; the slow path the gate, the call, and for a held launch the
  * record of its work in flight. `stream` is the stream it launches into
- * (for a _ptsz form, NULL is the calling thread's default stream). */
+ * (for a _ptsz form, NULL is the calling thread's default stream), only
+ * evaluated on the slow path. */
 #define GATED(sym, args, stream) \
     do { \
         CU_PROLOGUE(sym, args); \
-        int dev_ = -1, track_ = 0; \
-        if (VGPU_UNLIKELY(gate((stream), &dev_, &track_) != 0)) \
-            return CUDA_ERROR_NOT_PERMITTED; \
-        CUresult rc_ = REAL(sym) args; \
-        if (VGPU_UNLIKELY(track_) && rc_ == CUDA_SUCCESS) \
-            vgpu_prio_track(dev_, (stream)); \
-        return rc_; \
+        int dev_; \
+        uint64_t w_ = gate_word(&dev_); \
+        if (VGPU_UNLIKELY(w_ != 0)) { \
+            int track_ = 0; \
+            CUstream s_ = (stream); \
+            if (gate_slow(dev_, w_, s_, &track_) != 0) \
+                return CUDA_ERROR_NOT_PERMITTED; \
+            CUresult rc_ = REAL(sym) args; \
+            if (track_ && rc_ == CUDA_SUCCESS) \
+                vgpu_prio_track(dev_, s_); \
+            return rc_; \
+        } \
+        return REAL(sym) args; \
     } while (0)
 
 /* The per-thread default stream, for the _ptsz forms. */
