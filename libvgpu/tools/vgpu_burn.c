@@ -23,6 +23,13 @@
  * after, on the device's clock) and the device time to the end of its first
  * kernel. --count counts requests.
  *
+ * --work: the kernel does a fixed amount of work (a chain of dependent
+ * multiply-adds, as many as --kernel-us takes on this GPU alone, measured at
+ * start, or --iters-per-us given) rather than spinning until the GPU's clock
+ * says --kernel-us passed: a spinning kernel that the GPU preempts and
+ * resumes ends as soon as its time has passed, a working one still has its
+ * work to do. The simulated GPU runs either for --kernel-us of its timeline.
+ *
  * Prints one line of JSON: kernels (completed), seconds (wall time from the
  * first launch to the last completion), rate (kernels per second),
  * kernel_us, device, pid; with "error" and "call" when a driver call failed;
@@ -62,6 +69,29 @@ static const char k_ptx[] =
     "    sub.s64 %rd4, %rd3, %rd2;\n"
     "    setp.lt.u64 %p1, %rd4, %rd1;\n"
     "    @%p1 bra $L_spin;\n"
+    "    ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry vgpu_spin_work(\n"
+    "    .param .u64 vgpu_spin_work_ns,\n"
+    "    .param .u64 vgpu_spin_work_iters,\n"
+    "    .param .u64 vgpu_spin_work_out\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<2>;\n"
+    "    .reg .b64 %rd<5>;\n"
+    "    .reg .f32 %f<2>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [vgpu_spin_work_iters];\n"
+    "    ld.param.u64 %rd3, [vgpu_spin_work_out];\n"
+    "    mov.u64 %rd2, 0;\n"
+    "    mov.f32 %f1, 0f3F800000;\n"
+    "$L_work:\n"
+    "    fma.rn.f32 %f1, %f1, 0f3F7FFFEF, 0f3A83126F;\n"
+    "    add.u64 %rd2, %rd2, 1;\n"
+    "    setp.lt.u64 %p1, %rd2, %rd1;\n"
+    "    @%p1 bra $L_work;\n"
+    "    st.global.f32 [%rd3], %f1;\n"
     "    ret;\n"
     "}\n";
 
@@ -160,12 +190,14 @@ struct opts {
     int inflight;
     int graph;        /* kernels per graph; 0: plain launches */
     int request;      /* kernels per request; 0: not a client */
+    int work;         /* fixed-work kernels */
+    double iters_per_us; /* their calibration; 0: measure it */
     double think_ms;
     unsigned long long seed;
 };
 
 #define USAGE "usage: %s [--device N] --kernel-us US (--seconds S | --count K)" \
-              " [--alloc SIZE] [--inflight K] [--graph N]" \
+              " [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]" \
               " [--request K --think-ms MS [--seed S]]\n"
 
 static void usage_error(const char *fmt, const char *arg)
@@ -231,6 +263,11 @@ static struct opts parse_args(int argc, char **argv)
             if (k != (int)k || k > 100000)
                 usage_error("%s needs a whole number from 1 to 100000", a);
             *(a[2] == 'g' ? &o.graph : &o.request) = (int)k;
+        } else if (strcmp(a, "--work") == 0) {
+            o.work = 1;
+            continue;
+        } else if (strcmp(a, "--iters-per-us") == 0) {
+            o.iters_per_us = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--think-ms") == 0) {
             o.think_ms = parse_number(a, v, 0);
         } else if (strcmp(a, "--seed") == 0) {
@@ -293,6 +330,8 @@ static void report(const char *call, CUresult rc)
            g_o.alloc);
     if (g_o.graph)
         printf(", \"graph\": %d", g_o.graph);
+    if (g_o.work)
+        printf(", \"iters_per_us\": %.4f", g_o.iters_per_us);
     if (g_o.request) {
         printf(", \"requests\": %lld, \"request\": %d, \"think_ms\": %g", g_nreq,
                g_o.request, g_o.think_ms);
@@ -431,7 +470,8 @@ int main(int argc, char **argv)
         }
     }
     CHECK("cuModuleLoadData", cu.ModuleLoadData(&mod, k_ptx));
-    CHECK("cuModuleGetFunction", cu.ModuleGetFunction(&fn, mod, "vgpu_spin"));
+    CHECK("cuModuleGetFunction",
+          cu.ModuleGetFunction(&fn, mod, g_o.work ? "vgpu_spin_work" : "vgpu_spin"));
     CHECK("cuStreamCreate", cu.StreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     CUevent *ev = calloc((size_t)g_o.inflight, sizeof *ev);
     if (!ev)
@@ -440,7 +480,34 @@ int main(int argc, char **argv)
         CHECK("cuEventCreate", cu.EventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
 
     unsigned long long ns = (unsigned long long)(g_o.kernel_us * 1000.0 + 0.5);
-    void *args[] = {&ns};
+    unsigned long long iters = 0;
+    CUdeviceptr out = 0;
+    void *args[] = {&ns, &iters, &out};
+    if (g_o.work) {
+        CHECK("cuMemAlloc", cu.MemAlloc(&out, 64));
+        if (g_o.iters_per_us <= 0) {
+            /* as many multiply-adds a microsecond as this GPU does alone */
+            CUevent a, b;
+            CHECK("cuEventCreate", cu.EventCreate(&a, CU_EVENT_DEFAULT));
+            CHECK("cuEventCreate", cu.EventCreate(&b, CU_EVENT_DEFAULT));
+            iters = 200000;
+            for (int k = 0; k < 4; k++) {
+                float ms = 0;
+                CHECK("cuEventRecord", cu.EventRecord(a, stream));
+                CHECK("cuLaunchKernel",
+                      cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+                CHECK("cuEventRecord", cu.EventRecord(b, stream));
+                CHECK("cuEventSynchronize", cu.EventSynchronize(b));
+                CHECK("cuEventElapsedTime", cu.EventElapsedTime(&ms, a, b));
+                double rate = ms > 0 ? (double)iters / (ms * 1000.0) : 0;
+                if (rate > g_o.iters_per_us)
+                    g_o.iters_per_us = rate;
+            }
+            if (g_o.iters_per_us <= 0)
+                g_o.iters_per_us = 1;
+        }
+        iters = (unsigned long long)(g_o.iters_per_us * g_o.kernel_us + 0.5);
+    }
     if (g_o.request)
         return client(fn, stream, args);
     CUgraphExec exec = NULL;
