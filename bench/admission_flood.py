@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from run_overhead import start_daemon, vgpuctl_argv  # noqa: E402
+from run_overhead import remove_regions, start_daemon, vgpuctl_argv  # noqa: E402
 
 from vgpuctl.client.connection import Client  # noqa: E402
 
@@ -159,6 +159,7 @@ def main() -> None:
     finally:
         daemon.terminate()
         daemon.wait(30)
+        remove_regions(base / "run")
     res = {
         "machine": platform.node(), "cpus": os.cpu_count(), "seconds": args.seconds,
         "flooders": args.flooders, "flood_mem_mib": args.flood_mem,

@@ -58,6 +58,17 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return dt
 
 
+def remove_regions(runtime: Path) -> None:
+    """Remove the job regions a stopped daemon left in its runtime dir: their
+    shared memory outlives every process otherwise."""
+    from vgpuctl.system.region import Region
+
+    jobs = runtime / "jobs"
+    if jobs.is_dir():
+        for p in jobs.iterdir():
+            Region.discard(p)
+
+
 def start_daemon(base: Path, bytecode_cache: bool) -> tuple[subprocess.Popen, dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     if bytecode_cache:
@@ -169,6 +180,7 @@ def main() -> None:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
+        remove_regions(base / "run")
         shutil.rmtree(base, ignore_errors=True)
     result = {
         "benchmark": "run_overhead", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -41,6 +41,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from support.hostile import CHURN, HOLD, NOBODY  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+from run_overhead import remove_regions  # noqa: E402
+
 
 def vgpuctl_argv() -> list[str]:
     exe = Path(sys.executable).parent / "vgpuctl"
@@ -193,6 +196,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 daemon.kill()
         # A private daemon run may have started (on the daemon's socket path).
+        remove_regions(base / "run")
         shutil.rmtree(base, ignore_errors=True)
 
     print(f"{'phase':<8} {'socket ps med/max s':>20} {'cli ps med/max s':>18} "

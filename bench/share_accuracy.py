@@ -165,6 +165,16 @@ class Running:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def remove_regions(runtime: Path) -> None:
+    """Remove the job regions left in runtime/jobs: their shared memory
+    outlives every process otherwise."""
+    from vgpuctl.system.region import Region
+
+    if (runtime / "jobs").is_dir():
+        for p in (runtime / "jobs").iterdir():
+            Region.discard(p)
+
+
 class Harness:
     def __init__(self, tmp: Path, env: dict[str, str]) -> None:
         self.tmp = tmp
@@ -570,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args, only, tmp)
     finally:
+        for d in (tmp / "run", tmp):          # the daemon's regions, and DirectHarness's
+            remove_regions(d)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -40,11 +40,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from run_overhead import start_daemon, vgpuctl_argv  # noqa: E402
+from run_overhead import remove_regions, start_daemon, vgpuctl_argv  # noqa: E402
 
 from vgpuctl.client.connection import Client  # noqa: E402
 from vgpuctl.system import native  # noqa: E402
-from vgpuctl.system.region import ffi  # noqa: E402
+from vgpuctl.system.region import Region, ffi  # noqa: E402
 
 TAMPERED = "its usage region was tampered with"
 # Shares each round walks through, (job A, job B) per step.
@@ -122,24 +122,22 @@ def one_round(env: dict, sock: Path, r: int, kind: str) -> list[str]:
                 p.wait()
 
 
-def poke_tokens(usage: Path, stop: threading.Event, started: list[float]) -> None:
+def poke_tokens(job_dir: Path, stop: threading.Event, started: list[float]) -> None:
+    """A thread of the job writing 2^62 into its bucket, in a loop."""
     f = ffi()
     off = f.offsetof("struct vgpu_usage", "dev") + f.offsetof("struct vgpu_dev_usage",
                                                               "tokens")
     full = (2**62).to_bytes(8, "little", signed=True)
     try:
-        fd = os.open(usage, os.O_WRONLY)
-    except FileNotFoundError:
+        reg = Region.open(job_dir, writable_usage=True)
+    except (OSError, ValueError):
         return
     try:
         started.append(time.time())
         while not stop.is_set():
-            try:
-                os.pwrite(fd, full, off)
-            except OSError:
-                return
+            reg.poke_usage(off, full)
     finally:
-        os.close(fd)
+        reg.close()
 
 
 def log_time(line: str) -> float:
@@ -149,7 +147,7 @@ def log_time(line: str) -> float:
 
 def forged(env: dict, sock: Path, base: Path, k: int) -> float:
     p, jid = start_job(env, sock, f"forger{k}", 10, burn(1000))
-    usage = base / "run" / "jobs" / jid / "usage"
+    usage = base / "run" / "jobs" / jid
     stop, started = threading.Event(), []
     t = threading.Thread(target=poke_tokens, args=(usage, stop, started), daemon=True)
     log = base / "daemon.log"
@@ -215,6 +213,7 @@ def main() -> None:
             b.wait()
         daemon.terminate()
         daemon.wait(30)
+        remove_regions(base / "run")
     res = {
         "machine": platform.node(), "cpus": os.cpu_count(),
         "cpu_burners": args.cpu_burners, "starved": args.starve, "rounds": args.rounds,

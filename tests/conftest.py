@@ -56,6 +56,36 @@ def sim_env(tmp_path: Path, sim_libdir: Path) -> dict[str, str]:
     })
     return env
 
+def _own_segments() -> set[int]:
+    """The System V segments this test process created (job regions it
+    made; removing one that is still attached marks it, and it goes with
+    its last user)."""
+    me = os.getpid()
+    out = set()
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            next(f)
+            for line in f:
+                col = line.split()
+                if int(col[4]) == me:
+                    out.add(int(col[1]))
+    except OSError:
+        pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _regions_removed():
+    """A region's shared memory outlives every process: remove what a test
+    made in this process and left behind (daemons' are removed by the
+    daemon fixtures)."""
+    yield
+    from vgpuctl.system.region import shm_remove
+
+    for sid in _own_segments():
+        shm_remove(sid)
+
+
 # The daemon fixtures (`daemon`, `daemon_factory`): a real `vgpuctl daemon` on
 # the simulated GPU in a private directory; see tests/support/daemon.py.
 from support.daemon import daemon, daemon_factory  # noqa: E402,F401

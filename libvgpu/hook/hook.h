@@ -234,8 +234,11 @@ static inline void vgpu_leave_hook(int *unused)
     (void)guard_
 
 /* ---- priority classes (priority.c) ------------------------------------------------ */
-/* The job's region directory, resolved (NULL without a region). */
-const char *vgpu_region_dir(void);
+/* The job's own signal (NULL without a region of the daemon's). */
+extern struct vgpu_signal *vgpu_g_signal;
+/* Another job's signal segment, attached read-only when the daemon made it
+ * (state.c); NULL when not. */
+const struct vgpu_signal *vgpu_attach_signal(int id);
 /* A launch on region device d of a job with lower classes beside it: stamp
  * its signal. */
 void vgpu_prio_signal(int d);

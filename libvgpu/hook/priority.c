@@ -3,43 +3,40 @@
  * classes"). The daemon writes, per device of the job's limits:
  *
  *   hold & VGPU_HOLD_SIGNAL  jobs of a lower class share this GPU: every
- *       launch stamps this job's signal (its own file, <region>/signal,
- *       mapped read-write): when it last launched, and until when the work
- *       it launched should keep the GPU busy (each launch adds the
- *       daemon's estimate of its GPU time, launch_cost_ns).
+ *       launch stamps this job's signal (its own System V segment, which
+ *       the daemon made and state.c attached read-write): when it last
+ *       launched, and until when the work it launched should keep the GPU
+ *       busy (each launch adds the daemon's estimate of its GPU time,
+ *       launch_cost_ns).
  *   hold & VGPU_HOLD_HELD    jobs of a higher class share this GPU (the
- *       limits name them, holders[]): before a launch the hook reads their
- *       signals (pread, never a mapping: their owners may truncate them).
- *       While one is busy (its work should still be running: its estimate,
- *       plus the budget that may have run before it) nothing is launched; while one is active (busy, or launched within holdoff_ns)
- *       the job keeps at most budget_ns of estimated GPU time in flight
- *       (a launch that finds nothing in flight always goes). What is in
- *       flight is known from an event recorded after each launch (one
- *       cuEventRecord; cuEventQuery tells which have completed), each
- *       counted at launch_cost_ns.
+ *       limits name them and their signals' segments, holders[]): before a
+ *       launch the hook reads their signals, attached read-only (a segment
+ *       can't shrink: no read through it can fault), only those the
+ *       daemon's user made. While one is busy (its work should still be
+ *       running: its estimate, plus the budget that may have run before
+ *       it) nothing is launched; while one is active (busy, or launched
+ *       within holdoff_ns) the job keeps at most budget_ns of estimated
+ *       GPU time in flight (a launch that finds nothing in flight always
+ *       goes). What is in flight is known from an event recorded after
+ *       each launch (one cuEventRecord; cuEventQuery tells which have
+ *       completed), each counted at launch_cost_ns.
  *
  * With hold == 0 (and throttle == 0) none of this runs: the launch fast path
  * is launch.c's one atomic add. The class itself is in the limits, which the
- * job maps read-only; holders[] names only jobs the daemon admitted with a
- * higher class, so what a job writes into its own files holds back no one
- * but the lower classes a busy job of its class would hold back anyway.
+ * job attaches read-only; holders[] names only jobs the daemon admitted with
+ * a higher class, so what a job writes into its own signal holds back no
+ * one but the lower classes a busy job of its class would hold back anyway.
  *
  * Launches into a capturing stream run nothing: they are neither held nor
  * tracked (and nothing is queried that the capture would object to).
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
+#include <sys/shm.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "hook.h"
 
@@ -70,13 +67,11 @@ struct holders {
     uint64_t gen;
     int valid;
     int n;
-    int fd[VGPU_MAX_HOLDERS];
+    const struct vgpu_signal *sig[VGPU_MAX_HOLDERS];
     uint32_t dev[VGPU_MAX_HOLDERS];
 };
 
 static pthread_mutex_t prio_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct vgpu_signal *g_sig;       /* this job's own signal */
-static int g_sig_failed;
 static struct marks *g_marks[VGPU_MAX_DEVICES];
 static struct holders g_holders[VGPU_MAX_DEVICES];
 static struct {
@@ -91,54 +86,9 @@ static uint64_t or_default(uint64_t v, uint64_t def)
 }
 
 /* ---- this job's signal ---------------------------------------------------------- */
-static struct vgpu_signal *map_own_signal(void)
-{
-    char path[PATH_MAX];
-    const char *dir = vgpu_region_dir();
-    if (dir == NULL)
-        return NULL;
-    snprintf(path, sizeof(path), "%s/signal", dir);
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        vgpu_log(VGPU_LOG_WARN, "%s: %s; jobs of a lower class on this GPU are not held "
-                 "back by this one's launches", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        (size_t)st.st_size >= sizeof(struct vgpu_signal))
-        p = mmap(NULL, sizeof(struct vgpu_signal), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED)
-        return NULL;
-    struct vgpu_signal *s = p;
-    if (s->magic != VGPU_REGION_MAGIC || s->version != VGPU_REGION_VERSION) {
-        munmap(p, sizeof(struct vgpu_signal));
-        return NULL;
-    }
-    return s;
-}
-
-static struct vgpu_signal *own_signal(void)
-{
-    struct vgpu_signal *s = __atomic_load_n(&g_sig, __ATOMIC_ACQUIRE);
-    if (VGPU_LIKELY(s != NULL) || g_sig_failed)
-        return s;
-    pthread_mutex_lock(&prio_lock);
-    if (g_sig == NULL && !g_sig_failed) {
-        s = map_own_signal();
-        if (s == NULL)
-            g_sig_failed = 1;
-        __atomic_store_n(&g_sig, s, __ATOMIC_RELEASE);
-    }
-    pthread_mutex_unlock(&prio_lock);
-    return g_sig;
-}
-
 void vgpu_prio_signal(int d)
 {
-    struct vgpu_signal *s = own_signal();
+    struct vgpu_signal *s = vgpu_g_signal;
     if (s == NULL)
         return;
     struct vgpu_signal_dev *sd = &s->dev[d];
@@ -167,23 +117,13 @@ void vgpu_prio_signal(int d)
 static void close_holders(struct holders *h)
 {
     for (int i = 0; i < h->n; i++)
-        if (h->fd[i] >= 0)
-            close(h->fd[i]);
+        if (h->sig[i] != NULL)
+            shmdt(h->sig[i]);
     h->n = 0;
     h->valid = 0;
 }
 
-static int job_id_ok(const char *id)
-{
-    if (id[0] == '\0' || id[0] == '0')
-        return 0;
-    for (const char *p = id; *p; p++)
-        if (*p < '0' || *p > '9')
-            return 0;
-    return 1;
-}
-
-/* Open the signals the limits name now; 0 when they were being rewritten. */
+/* Attach the signals the limits name now; 0 when they were being rewritten. */
 static int open_holders(int d, struct holders *h)
 {
     const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
@@ -191,25 +131,18 @@ static int open_holders(int d, struct holders *h)
     if (g1 & 1)
         return 0;
     close_holders(h);
-    const char *dir = vgpu_region_dir();
-    const char *slash = dir ? strrchr(dir, '/') : NULL;
     uint32_t n = __atomic_load_n(&l->nholders, __ATOMIC_RELAXED);
     if (n > VGPU_MAX_HOLDERS)
         n = VGPU_MAX_HOLDERS;
-    for (uint32_t i = 0; i < n && slash != NULL; i++) {
-        char id[VGPU_JOB_ID_LEN], path[PATH_MAX];
-        memcpy(id, l->holders[i].job_id, sizeof(id));
-        id[sizeof(id) - 1] = '\0';
-        uint32_t dev = l->holders[i].dev;
-        h->fd[h->n] = -1;
-        if (!job_id_ok(id) || dev >= VGPU_MAX_DEVICES)
+    for (uint32_t i = 0; i < n; i++) {
+        int32_t id = __atomic_load_n(&l->holders[i].signal_id, __ATOMIC_RELAXED);
+        uint32_t dev = __atomic_load_n(&l->holders[i].dev, __ATOMIC_RELAXED);
+        if (dev >= VGPU_MAX_DEVICES)
             continue;
-        /* a directory of the daemon's, beside ours: only it makes them */
-        snprintf(path, sizeof(path), "%.*s/%s/signal", (int)(slash - dir), dir, id);
-        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-        if (fd < 0)
+        const struct vgpu_signal *sig = vgpu_attach_signal(id);
+        if (sig == NULL)
             continue;
-        h->fd[h->n] = fd;
+        h->sig[h->n] = sig;
         h->dev[h->n] = dev;
         h->n++;
     }
@@ -235,15 +168,13 @@ static int holders_active(int d, uint64_t now, uint64_t *busy_until)
     int active = 0;
     *busy_until = 0;
     for (int i = 0; i < h->n; i++) {
-        struct vgpu_signal_dev sd;
-        off_t at = (off_t)(offsetof(struct vgpu_signal, dev) + h->dev[i] * sizeof(sd));
-        if (pread(h->fd[i], &sd, sizeof(sd), at) != (ssize_t)sizeof(sd))
-            continue;
-        if (sd.busy_until_ns > now || (sd.last_launch_ns <= now &&
-                                       now - sd.last_launch_ns < holdoff))
+        const struct vgpu_signal_dev *sd = &h->sig[i]->dev[h->dev[i]];
+        uint64_t busy = __atomic_load_n(&sd->busy_until_ns, __ATOMIC_RELAXED);
+        uint64_t last = __atomic_load_n(&sd->last_launch_ns, __ATOMIC_RELAXED);
+        if (busy > now || (last <= now && now - last < holdoff))
             active = 1;
-        if (sd.busy_until_ns > *busy_until)
-            *busy_until = sd.busy_until_ns;
+        if (busy > *busy_until)
+            *busy_until = busy;
     }
     /* a signal from beyond a launch's reach is no signal */
     if (*busy_until > now + 10 * holdoff)
@@ -361,7 +292,7 @@ void vgpu_prio_track(int d, CUstream s)
     uint64_t cost = or_default(
         __atomic_load_n(&vgpu_g_limits->dev[d].launch_cost_ns, __ATOMIC_RELAXED),
         DEFAULT_COST_NS);
-    struct vgpu_signal *sig = own_signal();
+    struct vgpu_signal *sig = vgpu_g_signal;
     if (sig != NULL)
         __atomic_fetch_add(&sig->dev[d].launches, 1, __ATOMIC_RELAXED);
     CUcontext ctx = NULL;
@@ -386,7 +317,8 @@ void vgpu_prio_track(int d, CUstream s)
 }
 
 /* A forked child has no context, no events and no work in flight; its
- * signal is the job's, mapped anew on first need. */
+ * signal is the job's (the attachment is inherited), its holders' signals
+ * are attached anew on first need. */
 void vgpu_priority_atfork_child(void)
 {
     pthread_mutex_init(&prio_lock, NULL);

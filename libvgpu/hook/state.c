@@ -1,8 +1,10 @@
 /*
  * state.c - what the hook enforces, and for whom.
  *
- *   VGPU_REGION=<dir>    the job's region: <dir>/limits mapped read-only,
- *                        <dir>/usage read-write; this process claims a slot.
+ *   VGPU_REGION=<dir>    the job's region: <dir>/region names its three System
+ *                        V shared memory segments (limits attached read-only,
+ *                        usage and signal read-write); this process claims a
+ *                        slot.
  *   VGPU_MEM_LIMIT=4G    no region: a private, in-process region with that
  *                        limit on every GPU (per process, no daemon, no
  *                        compute limit).
@@ -13,8 +15,12 @@
  * VGPU_SYSTEM_RUNTIME_DIR, else the one $VGPU_RUNTIME_DIR names - the
  * environment can add a daemon to obey, never take the system one away):
  *   - a region is used only if the daemon made it: a directory right under
- *     the daemon's jobs directory, it and its limits file owned by the
- *     daemon's user and writable by no one else, made for this uid;
+ *     the daemon's jobs directory, it and its region file owned by the
+ *     daemon's user and writable by no one else; its segments created by
+ *     the daemon's user (the kernel's shm_perm.cuid, which no one else can
+ *     set), the limits segment owned by it and writable by no one else;
+ *     made for this uid; so are the signals of other jobs the limits name
+ *     (priority.c);
  *   - VGPU_MEM_LIMIT is refused (CUDA calls fail): limits come from the
  *     daemon, never from the job's environment.
  *
@@ -31,7 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/shm.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,27 +53,30 @@ int vgpu_g_nvml_state;
 const struct vgpu_limits *vgpu_g_limits;
 struct vgpu_usage *vgpu_g_usage;
 struct vgpu_proc_slot *vgpu_g_slot;
+struct vgpu_signal *vgpu_g_signal;
 int vgpu_g_private;
 uint64_t vgpu_g_private_limit;
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
-static char region_dir[PATH_MAX];     /* resolved; "" without a region */
+static int g_managed;         /* a daemon manages this node's GPUs: */
+static uid_t g_daemon_uid;    /* ... as this user */
 static int configured_mode;   /* VGPU_UNINIT until configure() ran */
 static struct vgpu_limits priv_limits;
 static struct vgpu_usage priv_usage;
 
 /* ---- layout checks: a change to region.h must be seen here -------------- */
-_Static_assert(sizeof(struct vgpu_dev_limit) == 184 + 8 * 40, "vgpu_dev_limit layout");
+_Static_assert(sizeof(struct vgpu_dev_limit) == 184 + 8 * 48, "vgpu_dev_limit layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) == 124, "hold");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 144, "priority");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 184, "holders");
-_Static_assert(sizeof(struct vgpu_holder) == 40, "vgpu_holder layout");
+_Static_assert(sizeof(struct vgpu_holder) == 48, "vgpu_holder layout");
+_Static_assert(__builtin_offsetof(struct vgpu_holder, signal_id) == 40, "holder.signal_id");
 _Static_assert(sizeof(struct vgpu_signal) == 16 + 16 * 32, "vgpu_signal layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, mem_limit) == 96, "mem_limit");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, throttle) == 120, "throttle");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, refill_rate) == 128, "refill_rate");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, bucket_size) == 136, "bucket_size");
-_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 504, "vgpu_limits layout");
+_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 568, "vgpu_limits layout");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, generation) == 48, "generation");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
 _Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
@@ -165,36 +176,80 @@ static int daemons(const struct stat *st, uid_t daemon_uid)
     return st->st_uid == daemon_uid && (st->st_mode & (S_IWGRP | S_IWOTH)) == 0;
 }
 
-/* ---- the region ------------------------------------------------------------- */
-static void *map_file(const char *dir, const char *name, size_t size, int writable,
-                      const uid_t *owner, char *why, size_t len)
+/* ---- the region -------------------------------------------------------------
+ * The limits and usage live in System V shared memory, not in files: a
+ * segment has the size it was created with for good (no one can truncate
+ * it, grow it, or fill the filesystem through it), and the kernel records
+ * who created it. The daemon allocates and touches every page before anyone
+ * attaches, so no access through an attachment can fault for want of space.
+ * The job directory holds only the daemon's small `region` file naming the
+ * three segments. */
+#define REGION_FILE "region"
+#define REGION_TAG "vgpu-region"
+
+/* The three segment ids the daemon wrote into <dir>/region (a file owned by
+ * the daemon's user and writable by no one else, when there is a daemon). */
+static int region_ids(const char *dir, const uid_t *owner, int *limits_id, int *usage_id,
+                      int *signal_id, char *why, size_t len)
 {
-    char path[PATH_MAX];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+    char path[PATH_MAX], buf[128];
+    snprintf(path, sizeof(path), "%s/%s", dir, REGION_FILE);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         snprintf(why, len, "%s: %s", path, strerror(errno));
-        return NULL;
+        return 0;
     }
     struct stat st;
-    if (fstat(fd, &st) == 0 && (!S_ISREG(st.st_mode) || (owner != NULL && !daemons(&st, *owner)))) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        (owner != NULL && !daemons(&st, *owner))) {
         snprintf(why, len, "%s: not made by the daemon (owner uid %u, mode %o; the daemon "
                  "runs as uid %u)", path, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
                  owner != NULL ? (unsigned)*owner : 0u);
         close(fd);
-        return NULL;
+        return 0;
     }
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < size) {
-        snprintf(why, len, "%s: too small for a vgpu region (%lld bytes, need %zu)", path,
-                 (long long)st.st_size, size);
-        close(fd);
-        return NULL;
-    }
-    void *p = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
-    int err = errno;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
-    if (p == MAP_FAILED) {
-        snprintf(why, len, "%s: mmap: %s", path, strerror(err));
+    int version = 0;
+    buf[n > 0 ? n : 0] = '\0';
+    if (n <= 0 ||
+        sscanf(buf, REGION_TAG " %d %d %d %d", &version, limits_id, usage_id, signal_id) != 4 ||
+        version != VGPU_REGION_VERSION || *limits_id < 0 || *usage_id < 0 || *signal_id < 0) {
+        snprintf(why, len, "%s: not a vgpu region of layout version %d", path,
+                 VGPU_REGION_VERSION);
+        return 0;
+    }
+    return 1;
+}
+
+/* Attach segment `id` of at least `size` bytes. With a daemon (daemon_uid
+ * non-NULL) the daemon's user must have created it, and with daemons_own
+ * also own it and be the only one who may write it. */
+static void *attach(const char *dir, const char *what, int id, size_t size, int writable,
+                    const uid_t *daemon_uid, int daemons_own, char *why, size_t len)
+{
+    struct shmid_ds ds;
+    if (shmctl(id, IPC_STAT, &ds) != 0) {
+        snprintf(why, len, "%s: the %s segment %d: %s", dir, what, id, strerror(errno));
+        return NULL;
+    }
+    if (daemon_uid != NULL &&
+        (ds.shm_perm.cuid != *daemon_uid ||
+         (daemons_own && (ds.shm_perm.uid != *daemon_uid || (ds.shm_perm.mode & 022) != 0)))) {
+        snprintf(why, len, "%s: the %s segment %d was not made by the daemon (creator uid "
+                 "%u, owner uid %u, mode %o; the daemon runs as uid %u)", dir, what, id,
+                 (unsigned)ds.shm_perm.cuid, (unsigned)ds.shm_perm.uid,
+                 (unsigned)(ds.shm_perm.mode & 0777), (unsigned)*daemon_uid);
+        return NULL;
+    }
+    if ((size_t)ds.shm_segsz < size) {
+        snprintf(why, len, "%s: the %s segment %d is too small for a vgpu region (%zu "
+                 "bytes, need %zu)", dir, what, id, (size_t)ds.shm_segsz, size);
+        return NULL;
+    }
+    void *p = shmat(id, NULL, writable ? 0 : SHM_RDONLY);
+    if (p == (void *)-1) {
+        snprintf(why, len, "%s: the %s segment %d: %s", dir, what, id, strerror(errno));
         return NULL;
     }
     return p;
@@ -228,17 +283,23 @@ static int daemons_region(const char *dir, const char *jobs, uid_t daemon_uid, c
 
 static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_t len)
 {
-    const struct vgpu_limits *lim =
-        map_file(dir, "limits", sizeof(struct vgpu_limits), 0, daemon_uid, why, len);
+    int limits_id, usage_id, signal_id;
+    if (!region_ids(dir, daemon_uid, &limits_id, &usage_id, &signal_id, why, len))
+        return 0;
+    const struct vgpu_limits *lim = attach(dir, "limits", limits_id,
+                                           sizeof(struct vgpu_limits), 0, daemon_uid, 1,
+                                           why, len);
     if (lim == NULL)
         return 0;
     if (lim->magic != VGPU_REGION_MAGIC) {
-        snprintf(why, len, "%s/limits: not a vgpu region (bad magic)", dir);
+        snprintf(why, len, "%s: the limits segment is not a vgpu region (bad magic)", dir);
+        shmdt(lim);
         return 0;
     }
     if (lim->version != VGPU_REGION_VERSION) {
-        snprintf(why, len, "%s/limits: region layout version %u, this libvgpu.so reads %d",
+        snprintf(why, len, "%s: region layout version %u, this libvgpu.so reads %d",
                  dir, lim->version, VGPU_REGION_VERSION);
+        shmdt(lim);
         return 0;
     }
     const char *job = getenv("VGPU_JOB");
@@ -246,32 +307,69 @@ static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_
         strncmp(job, lim->job_id, VGPU_JOB_ID_LEN - 1) != 0) {
         snprintf(why, len, "%s is the region of job '%.*s', not of VGPU_JOB=%s", dir,
                  VGPU_JOB_ID_LEN, lim->job_id, job);
+        shmdt(lim);
         return 0;
     }
     if (daemon_uid != NULL && lim->owner_uid != (uint32_t)getuid() && getuid() != *daemon_uid) {
         snprintf(why, len, "%s is the region of a job of uid %u, not of this uid %u", dir,
                  lim->owner_uid, (unsigned)getuid());
+        shmdt(lim);
         return 0;
     }
-    struct vgpu_usage *use =
-        map_file(dir, "usage", sizeof(struct vgpu_usage), 1, NULL, why, len);
-    if (use == NULL)
+    struct vgpu_usage *use = attach(dir, "usage", usage_id, sizeof(struct vgpu_usage), 1,
+                                    daemon_uid, 0, why, len);
+    if (use == NULL) {
+        shmdt(lim);
         return 0;
+    }
     if (use->magic != VGPU_REGION_MAGIC || use->version != VGPU_REGION_VERSION) {
-        snprintf(why, len, "%s/usage: not a vgpu region of layout version %d", dir,
-                 VGPU_REGION_VERSION);
+        snprintf(why, len, "%s: the usage segment is not a vgpu region of layout version %d",
+                 dir, VGPU_REGION_VERSION);
+        shmdt(use);
+        shmdt(lim);
         return 0;
     }
-    if (realpath(dir, region_dir) == NULL)
-        region_dir[0] = '\0';
+    struct vgpu_signal *sig = attach(dir, "signal", signal_id, sizeof(struct vgpu_signal), 1,
+                                     daemon_uid, 0, why, len);
+    if (sig == NULL) {
+        shmdt(use);
+        shmdt(lim);
+        return 0;
+    }
+    if (sig->magic != VGPU_SIGNAL_MAGIC || sig->version != VGPU_REGION_VERSION) {
+        snprintf(why, len, "%s: the signal segment is not a vgpu signal of layout version %d",
+                 dir, VGPU_REGION_VERSION);
+        shmdt(sig);
+        shmdt(use);
+        shmdt(lim);
+        return 0;
+    }
     vgpu_g_limits = lim;
     vgpu_g_usage = use;
+    vgpu_g_signal = sig;
     return 1;
 }
 
-const char *vgpu_region_dir(void)
+/* Another job's signal, segment id, attached read-only: only a segment of
+ * exactly a signal's size that the daemon's user made (where a daemon
+ * manages the node) and no one but its owner may write, holding a signal.
+ * NULL otherwise: a stale id, or one reused for anything else. */
+const struct vgpu_signal *vgpu_attach_signal(int id)
 {
-    return region_dir[0] ? region_dir : NULL;
+    struct shmid_ds ds;
+    if (id < 0 || shmctl(id, IPC_STAT, &ds) != 0)
+        return NULL;
+    if ((g_managed && ds.shm_perm.cuid != g_daemon_uid) || (ds.shm_perm.mode & 022) != 0 ||
+        (size_t)ds.shm_segsz != sizeof(struct vgpu_signal))
+        return NULL;
+    const struct vgpu_signal *s = shmat(id, NULL, SHM_RDONLY);
+    if (s == (void *)-1)
+        return NULL;
+    if (s->magic != VGPU_SIGNAL_MAGIC || s->version != VGPU_REGION_VERSION) {
+        shmdt(s);
+        return NULL;
+    }
+    return s;
 }
 
 static int configure(void)
@@ -282,6 +380,8 @@ static int configure(void)
     char jobs[PATH_MAX];
     uid_t daemon_uid;
     int managed = managing_daemon(jobs, &daemon_uid);
+    g_managed = managed;
+    g_daemon_uid = managed ? daemon_uid : 0;
     if (dir != NULL && *dir != '\0') {
         if ((!managed || daemons_region(dir, jobs, daemon_uid, why, sizeof(why))) &&
             map_region(dir, managed ? &daemon_uid : NULL, why, sizeof(why)))

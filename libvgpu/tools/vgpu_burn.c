@@ -2,7 +2,8 @@
  * vgpu-burn - launch kernels of a given duration and report how many ran.
  *
  *   vgpu-burn [--device N] --kernel-us US (--seconds S | --count K)
- *             [--alloc SIZE] [--inflight K] [--graph N]
+ *             [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]
+ *             [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]
  *             [--request K --think-ms MS [--seed S]]
  *
  * Driver API only, reached as the CUDA runtime reaches it: dlopen
@@ -29,6 +30,12 @@
  * says --kernel-us passed: a spinning kernel that the GPU preempts and
  * resumes ends as soon as its time has passed, a working one still has its
  * work to do. The simulated GPU runs either for --kernel-us of its timeline.
+ *
+ * --duty keeps the device busy about PCT % of the time: at the start of each
+ * period of MS milliseconds (100 by default) it launches kernels adding up to
+ * PCT % of the period, waits for them, and sleeps to the period's end.
+ * --on-ms/--off-ms alternate in wall time: launch for ON ms, wait for the
+ * kernels, sleep OFF ms (on a shared GPU it gets less than ON/(ON+OFF)).
  *
  * Prints one line of JSON: kernels (completed), seconds (wall time from the
  * first launch to the last completion), rate (kernels per second),
@@ -194,10 +201,14 @@ struct opts {
     double iters_per_us; /* their calibration; 0: measure it */
     double think_ms;
     unsigned long long seed;
+    double duty;      /* percent; 0: no pause */
+    double period_ms;
+    double on_ms, off_ms;  /* wall-time on/off; 0: none */
 };
 
 #define USAGE "usage: %s [--device N] --kernel-us US (--seconds S | --count K)" \
               " [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]" \
+              " [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]" \
               " [--request K --think-ms MS [--seed S]]\n"
 
 static void usage_error(const char *fmt, const char *arg)
@@ -228,7 +239,7 @@ static unsigned long long parse_size(const char *s)
 
 static struct opts parse_args(int argc, char **argv)
 {
-    struct opts o = {.device = 0, .inflight = 4};
+    struct opts o = {.device = 0, .inflight = 4, .period_ms = 100};
     int have_us = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -253,6 +264,16 @@ static struct opts parse_args(int argc, char **argv)
             o.count = (long long)c;
         } else if (strcmp(a, "--alloc") == 0) {
             o.alloc = parse_size(v);
+        } else if (strcmp(a, "--duty") == 0) {
+            o.duty = parse_number(a, v, 1e-9);
+            if (o.duty > 100)
+                usage_error("%s needs a percentage from 0 to 100", a);
+        } else if (strcmp(a, "--period-ms") == 0) {
+            o.period_ms = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--on-ms") == 0) {
+            o.on_ms = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--off-ms") == 0) {
+            o.off_ms = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--inflight") == 0) {
             double k = parse_number(a, v, 1);
             if (k != (int)k || k > 1024)
@@ -283,6 +304,10 @@ static struct opts parse_args(int argc, char **argv)
         usage_error("give exactly one of %s", "--seconds or --count");
     if (o.request && o.graph)
         usage_error("%s: a client launches plain kernels", "--graph");
+    if ((o.on_ms > 0) != (o.off_ms > 0))
+        usage_error("give both of %s", "--on-ms and --off-ms");
+    if (o.on_ms > 0 && o.duty > 0)
+        usage_error("give %s, not both", "--duty or --on-ms/--off-ms");
     return o;
 }
 
@@ -530,7 +555,38 @@ int main(int argc, char **argv)
     long long launched = 0;
     g_start = now_s();
     double deadline = g_start + g_o.seconds;
+    /* --duty: kernels per period, and where the current period ends */
+    long long per_period = 0, in_period = 0;
+    double period_end = g_start + g_o.period_ms / 1000.0;
+    if (g_o.duty > 0 && g_o.duty < 100) {
+        per_period = (long long)(g_o.period_ms * 1000.0 * g_o.duty / 100.0 / g_o.kernel_us + 0.5);
+        if (per_period < 1)
+            per_period = 1;
+    }
+    double on_end = g_start + g_o.on_ms / 1000.0;
     while (!g_stop && (g_o.count ? launched < g_o.count : now_s() < deadline)) {
+        if (g_o.on_ms > 0 && now_s() >= on_end) {
+            CHECK("cuStreamSynchronize", cu.StreamSynchronize(stream));
+            double off = g_o.off_ms / 1000.0;
+            struct timespec ts = {(time_t)off, (long)((off - (double)(time_t)off) * 1e9)};
+            nanosleep(&ts, NULL);
+            on_end = now_s() + g_o.on_ms / 1000.0;
+            continue;
+        }
+        if (per_period > 0 && in_period >= per_period) {
+            CHECK("cuStreamSynchronize", cu.StreamSynchronize(stream));
+            double left = period_end - now_s();
+            if (left > 0) {
+                struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+                nanosleep(&ts, NULL);
+            }
+            period_end += g_o.period_ms / 1000.0;
+            if (period_end < now_s())   /* the kernels took longer than a period */
+                period_end = now_s();
+            in_period = 0;
+            continue;
+        }
+        in_period++;
         int slot = (int)(launched % g_o.inflight);
         if (launched >= g_o.inflight) {
             /* at most `inflight` kernels queued: wait for the oldest */

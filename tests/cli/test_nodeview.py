@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 
+import psutil
 import pytest
 from support import term
 from support.daemon import read_line, vgpuctl_argv, wait_for
@@ -41,7 +42,14 @@ def start_jobs(daemon):
             ids.append(wait_for(new_one, 30, f"job {name} to run"))
         return ids
     yield start
-    daemon.cleanup_jobs()
+    # Whatever each `vgpuctl run` started (the daemon may not have tracked a
+    # command's child yet): the launcher then reaps it and ends at once.
+    for p in procs:
+        try:
+            for child in psutil.Process(p.pid).children(recursive=True):
+                child.kill()
+        except psutil.NoSuchProcess:
+            pass
     for p in procs:
         try:
             p.wait(10)

@@ -160,7 +160,7 @@ def test_sigterm_stops_cleanly_and_leaves_jobs_running(daemon):
         assert daemon.stop(signal.SIGTERM) == 0
         assert not daemon.socket.exists()
         assert p.poll() is None
-        assert (daemon.runtime / "jobs" / job["id"] / "limits").exists()
+        assert (daemon.runtime / "jobs" / job["id"] / "region").exists()
         daemon.start()
         assert [j["id"] for j in daemon.jobs()] == [job["id"]]
     finally:

@@ -37,7 +37,19 @@ def job_named(daemon, name: str) -> dict:
 
 
 def classes(daemon, job: dict):
-    return read_class(Region.open(Path(daemon.runtime) / "jobs" / job["id"]), 0)
+    reg = Region.open(Path(daemon.runtime) / "jobs" / job["id"])
+    try:
+        return read_class(reg, 0)
+    finally:
+        reg.close()
+
+
+def signal(daemon, job: dict):
+    reg = Region.open(Path(daemon.runtime) / "jobs" / job["id"])
+    try:
+        return read_signal(reg, 1)
+    finally:
+        reg.close()
 
 
 def test_set_priority_takes_effect_on_a_running_job(daemon):
@@ -121,29 +133,51 @@ def test_a_user_may_not_take_high_nor_raise_a_class(daemon):
         t.join(60)
 
 
-# What a job of class low runs as another user before its work: it tries to
-# write its limits (where its class is), and writes its own signal, claiming
-# it launched just now and has work for ages.
+# What a job of class low runs as another user before its work (the system
+# Python, ctypes only): it tries to attach its limits (where its class is)
+# for writing, to write, re-mode or remove the signal of the job that holds
+# it back (its holder: saying it is idle would free it), and writes its own
+# signal, claiming it launched just now and has work for an hour.
 ATTACK = r"""
-import os, struct, time
-d = os.environ["VGPU_REGION"]
-try:
-    open(d + "/limits", "r+b")
-    print("limits: writable", flush=True)
-except PermissionError:
-    print("limits: refused", flush=True)
+import ctypes, os, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+FAILED = ctypes.c_void_p(-1).value
+
+def ids(d):
+    tag, version, *rest = open(d + "/region").read().split()
+    return dict(zip(("limits", "usage", "signal"), map(int, rest)))
+
+def attach(sid, writable):
+    p = libc.shmat(sid, None, 0 if writable else 0o10000)
+    return None if p in (None, FAILED) else p
+
+mine, theirs = ids(os.environ["VGPU_REGION"]), ids(sys.argv[1])
+print("limits:", "writable" if attach(mine["limits"], True) else "refused", flush=True)
+print("their signal:", "writable" if attach(theirs["signal"], True) else "refused", flush=True)
+ds = ctypes.create_string_buffer(256)
+assert libc.shmctl(theirs["signal"], 2, ds) == 0          # IPC_STAT: anyone may
+struct.pack_into("<I", ds, 20, 0o666)                    # shm_perm.mode
+print("their mode:", "changed" if libc.shmctl(theirs["signal"], 1, ds) == 0 else "refused",
+      flush=True)
+print("their removal:", "done" if libc.shmctl(theirs["signal"], 0, None) == 0 else "refused",
+      flush=True)
+p = attach(mine["signal"], True)
 now = time.monotonic_ns()
-with open(d + "/signal", "r+b") as f:
-    f.seek(16)
-    f.write(struct.pack("<QQQQ", now, now + 3600 * 10**9, 0, 0))
+ctypes.memmove(p + 16, struct.pack("<QQ", now, now + 3600 * 10**9), 16)
 print("signal: written", flush=True)
 """
 
 
 def test_a_job_cannot_raise_its_class_by_writing_its_region(daemon):
-    """A low job of another user that writes what it may write (its signal)
-    and tries its limits holds back no one: the normal job beside it keeps
-    its queue full and is held by nobody, and the low job is still held."""
+    """A low job of another user that writes what it may write (its own
+    signal) and tries its limits and its holder's signal holds back no one
+    and frees itself of nothing: it may not write its limits nor its
+    holder's signal (nor re-mode or remove it), the normal job beside it
+    keeps its queue full and is held by nobody, and the low job is still
+    held."""
     nobody = pwd.getpwnam("nobody")
     env = {**daemon.env, "HOME": "/nonexistent"}
     attack = Path(daemon.base) / "attack.py"       # where nobody may read it
@@ -152,20 +186,21 @@ def test_a_job_cannot_raise_its_class_by_writing_its_region(daemon):
     n = daemon.popen("run", "--gpu", "0", "--mem", "1G", "--name", "n", "--", *BURN,
                      "--seconds", "120")
     got: dict = {}
-    script = f"python3 {attack} && exec {' '.join(BURN)} --seconds 30"
-    t = threading.Thread(target=lambda: got.update(r=as_user(
-        nobody, ["run", "--gpu", "0", "--mem", "1G", "--priority", "low", "--name", "l", "--",
-                 "sh", "-c", script], env)))
+    t = None
     try:
         jn = job_named(daemon, "n")
+        ndir = Path(daemon.runtime) / "jobs" / jn["id"]
+        script = f"python3 {attack} {ndir} && exec {' '.join(BURN)} --seconds 30"
+        t = threading.Thread(target=lambda: got.update(r=as_user(
+            nobody, ["run", "--gpu", "0", "--mem", "1G", "--priority", "low", "--name", "l",
+                     "--", "sh", "-c", script], env)))
         # any user may use the GPU, as /dev/nvidia* are 0666 on a real node
         (Path(daemon.base) / "sim-state").chmod(0o666)
         t.start()
         jl = job_named(daemon, "l")
-        ldir = Path(daemon.runtime) / "jobs" / jl["id"]
 
         def forged() -> bool:
-            sig = read_signal(ldir, 1)
+            sig = signal(daemon, jl)
             return sig is not None and sig[0].busy_until_ns > sig[0].last_launch_ns + 10**12
         wait_for(lambda: forged() or not t.is_alive(), 30, "the low job to write its signal")
         assert t.is_alive(), got
@@ -189,6 +224,9 @@ def test_a_job_cannot_raise_its_class_by_writing_its_region(daemon):
         daemon.cleanup_jobs()
         n.kill()
         n.wait()
-        t.join(60)
+        if t is not None:
+            t.join(60)
     code, out, err = got["r"]
-    assert "limits: refused" in out and "signal: written" in out, (code, out, err)
+    for line in ("limits: refused", "their signal: refused", "their mode: refused",
+                 "their removal: refused", "signal: written"):
+        assert line in out, (code, out, err)

@@ -21,7 +21,7 @@ from vgpuctl.governor.compute import Gate
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
-from vgpuctl.system.region import Region
+from vgpuctl.system.region import Region, shm_stat
 from vgpuctl.system.region import ffi as region_ffi
 
 G = 1 << 30
@@ -56,11 +56,11 @@ def hook_reports_used(region_dir: str, used: int, i: int = 0) -> None:
     f = region_ffi()
     at = (f.offsetof("struct vgpu_usage", "dev") + i * f.sizeof("struct vgpu_dev_usage")
           + f.offsetof("struct vgpu_dev_usage", "used"))
-    fd = os.open(Path(region_dir) / "usage", os.O_WRONLY)
+    reg = Region.open(region_dir, writable_usage=True)
     try:
-        os.pwrite(fd, used.to_bytes(8, sys.byteorder), at)
+        reg.poke_usage(at, used.to_bytes(8, sys.byteorder))
     finally:
-        os.close(fd)
+        reg.close()
 
 
 def run(sup, peer=ME, **fields):
@@ -97,8 +97,9 @@ def test_run_places_creates_the_region_and_returns_the_env(tmp_path):
     d = reg.device(0)
     assert (d.uuid, d.mem_limit, d.core_share, d.throttle) == (DEVICES[0].uuid, 4 * G, 30,
                                                                False)
-    assert oct(os.stat(Path(env["VGPU_REGION"]) / "limits").st_mode & 0o777) == "0o644"
-    assert oct(os.stat(Path(env["VGPU_REGION"]) / "usage").st_mode & 0o777) == "0o600"
+    assert oct(os.stat(Path(env["VGPU_REGION"]) / "region").st_mode & 0o777) == "0o644"
+    assert oct(shm_stat(reg.limits_id).perm.mode & 0o777) == "0o644"
+    assert oct(shm_stat(reg.usage_id).perm.mode & 0o777) == "0o600"
     # The next job goes to the emptier GPU.
     assert run(sup, mem=G)["job"]["gpu"] == 1
 
@@ -448,14 +449,15 @@ def test_views_never_change_a_job(tmp_path):
     sup = make(tmp_path)
     r = run(sup, mem=G)
     jid = r["job"]["id"]
-    os.truncate(Path(r["env"]["VGPU_REGION"]) / "usage", 0)
+    reg = Region.open(r["env"]["VGPU_REGION"], writable_usage=True)
+    reg.poke_usage(0, b"garbage!")
     for _ in range(3):
         assert call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"] is None
         call(sup, ME, "ps")
     assert not Region.open(r["env"]["VGPU_REGION"]).device(0).throttle
     call(sup, ME, "started", job=jid, pid=os.getpid())
     sup.gates.inputs()                          # the tick reads the region
-    assert "truncated" in call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"]
+    assert "header" in call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"]
 
 
 def test_a_starting_job_is_in_the_governors_inputs_with_its_launcher(tmp_path, procs):

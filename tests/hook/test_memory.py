@@ -272,17 +272,18 @@ def _broken_region(kind: str, sim) -> dict[str, str]:
     region = sim.region([GiB, GiB])
     if kind == "wrong-job":
         return sim.job_env(region.path, VGPU_JOB="someone-else")
-    data = bytearray((region.path / "limits").read_bytes())
+    if kind == "garbage-file":
+        (region.path / "region").write_text("garbage\n")
+        return sim.job_env(region.path)
     if kind == "garbage":
-        data[:8] = b"garbage!"
+        region.limits.magic = 0x21656761
     else:   # a layout version this hook does not read
-        data[4] = 99
-    (region.path / "limits").write_bytes(bytes(data))
+        region.limits.version = 99
     return sim.job_env(region.path)
 
 
-@pytest.mark.parametrize("kind", ["missing", "garbage", "version", "wrong-job",
-                                  "bad-limit-value"])
+@pytest.mark.parametrize("kind", ["missing", "garbage", "garbage-file", "version",
+                                  "wrong-job", "bad-limit-value"])
 def test_unusable_configuration_fails_calls_with_one_line(kind, sim, clients):
     """A process given a limit never runs unlimited: CUDA calls fail and one
     line on stderr says why."""
@@ -368,24 +369,39 @@ def test_no_configuration_passes_through(sim, clients):
     assert res.stderr == ""
 
 
-def test_hook_maps_limits_read_only(sim, clients, client_factory):
+def _segments(pid: int) -> dict[int, str]:
+    """The System V segments a process has attached: shmid -> permissions
+    (/proc/PID/maps names them /SYSV<key>, their inode the shmid)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[5].startswith("/SYSV"):
+            out[int(parts[4])] = parts[1]
+    return out
+
+
+def test_hook_attaches_limits_read_only_and_no_file(sim, clients, client_factory):
     region = sim.region([GiB, GiB])
     c = client_factory(clients["direct"], ["ctx", "0", "hold"], sim.job_env(region.path))
     c.until("hold")
-    maps = Path(f"/proc/{c.pid}/maps").read_text().splitlines()
-    perms = {line.split()[-1]: line.split()[1] for line in maps
-             if line.split()[-1].startswith(str(region.path))}
-    assert perms[str(region.path / "limits")] == "r--s"
-    assert perms[str(region.path / "usage")] == "rw-s"
-    assert (region.path / "limits").stat().st_mode & 0o777 == 0o644
+    seg = _segments(c.pid)
+    assert seg[region.limits_id] == "r--s"
+    assert seg[region.usage_id] == "rw-s"
+    # Nothing of the region is a file the process maps.
+    maps = Path(f"/proc/{c.pid}/maps").read_text()
+    assert str(region.path) not in maps
+    assert sorted(p.name for p in region.path.iterdir()) == ["region"]
+    assert (region.path / "region").stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_job_user_cannot_write_its_limits():
-    """The region of a job run as another user: that user can write the usage
-    file (the hook must) but not the limits."""
+    """The region of a job run as another user: that user can attach the
+    usage segment read-write (the hook must) but not the limits, and can't
+    write any file of the region."""
     nobody = 65534
     top = Path(tempfile.mkdtemp(prefix="vgpu-perm-"))
+    region = None
     try:
         os.chmod(top, 0o755)
         from vgpuctl.system.region import DeviceLimit, Region
@@ -393,14 +409,15 @@ def test_job_user_cannot_write_its_limits():
                                [DeviceLimit(uuid="GPU-00000000-0000-0000-0000-000000000000",
                                             mem_limit=GiB)])
         os.chmod(top / "job", 0o755)
-        def attempt(path: Path) -> int:
-            """0: opened for writing, 1: denied, 2: anything else."""
+
+        def attempt(how) -> int:
+            """0: done, 1: denied, 2: anything else."""
             pid = os.fork()
             if pid == 0:   # the child becomes the job's user and tries
                 try:
                     os.setgid(nobody)
                     os.setuid(nobody)
-                    open(path, "r+b").close()
+                    how()
                     os._exit(0)
                 except PermissionError:
                     os._exit(1)
@@ -408,10 +425,15 @@ def test_job_user_cannot_write_its_limits():
                     os._exit(2)
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
-        assert attempt(region.path / "limits") == 1
-        assert attempt(region.path / "usage") == 0
-        region.close()
+        from vgpuctl.system.region import shm_attach
+        assert attempt(lambda: shm_attach(region.limits_id, writable=True)) == 1
+        assert attempt(lambda: shm_attach(region.limits_id, writable=False)) == 0
+        assert attempt(lambda: shm_attach(region.usage_id, writable=True)) == 0
+        assert attempt(lambda: open(top / "job" / "region", "r+b").close()) == 1
+        assert attempt(lambda: open(top / "job" / "usage", "wb").close()) == 1
     finally:
+        if region is not None:
+            region.remove()
         shutil.rmtree(top, ignore_errors=True)
 
 

@@ -10,13 +10,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from support.daemon import needs_native
 
 from vgpuctl.system import native, paths
-from vgpuctl.system.region import Region
+from vgpuctl.system.region import Region, read_ids, shm_remove
 
 pytestmark = needs_native
 
@@ -36,25 +37,48 @@ def job_process(daemon, extra: dict[str, str], drop: tuple[str, ...] = (),
                           timeout=60)
 
 
+def _as_nobody(fn) -> None:
+    """Run fn in a child process as nobody (uid 65534); fail if it fails."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
 @pytest.fixture
-def forged(daemon, tmp_path):
-    """A job of 1 GiB, and a copy of its region with the limit raised to
-    16 GiB, owned by the job's user (nobody) as a forgery would be."""
+def forged(daemon):
+    """A job of 1 GiB, and a forgery of its region with a 16 GiB limit made
+    by the job's user (nobody): its own segments, its own region file, in a
+    directory of its own."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
     from support.daemon import wait_for
     job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
                    what="the job")
-    real = daemon.runtime / "jobs" / job["id"]
-    copy = tmp_path / "region"
-    shutil.copytree(real, copy)
-    r = Region.open(copy, writable_limits=True)
-    r.update_device(0, mem_limit=16 * G)
-    r.close()
-    for f in [copy, *copy.iterdir()]:
-        os.chown(f, 65534, 65534)
+    real = Region.open(daemon.runtime / "jobs" / job["id"])
+    devices = real.devices()
+    real.close()
+    top = Path(tempfile.mkdtemp(prefix="vgpu-forge-"))
+    os.chmod(top, 0o755)
+    os.chown(top, 65534, 65534)
+    copy = top / "region"
+    devices[0].mem_limit = 16 * G
+    _as_nobody(lambda: Region.create(copy, job["id"], 65534, devices).close())
     yield job, copy
     daemon.cleanup_jobs()
     p.wait(30)
+    for sid in read_ids(copy):
+        shm_remove(sid)
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def test_the_job_itself_is_held_to_its_limit(daemon, forged):
@@ -70,6 +94,21 @@ def test_a_forged_region_is_refused(daemon, forged):
     r = job_process(daemon, {"VGPU_REGION": str(copy), "VGPU_JOB": job["id"]})
     assert r.returncode != 0                           # 2 GiB in a "16 GiB" region: no
     assert "not a region of the daemon" in r.stderr, r.stderr
+
+
+def test_segments_the_daemon_did_not_make_are_refused_in_its_place(daemon, forged):
+    """Even a region file in the daemon's own jobs directory (which no job's
+    user can write: here root plants it, as a stale id naming another's
+    segments would) is refused when its segments are not the daemon's."""
+    job, copy = forged
+    planted = daemon.runtime / "jobs" / "999"
+    planted.mkdir()
+    shutil.copy(copy / "region", planted / "region")
+    os.chown(planted / "region", 0, 0)
+    r = job_process(daemon, {"VGPU_REGION": str(planted), "VGPU_JOB": job["id"]})
+    assert r.returncode != 0
+    assert "was not made by the daemon" in r.stderr, r.stderr
+    shutil.rmtree(planted)
 
 
 def test_a_forged_region_is_refused_without_the_environment_too(daemon, forged, tmp_path):

@@ -1,10 +1,11 @@
-"""A job's user rewrites or truncates its own usage region (the file is
-theirs to write): the daemon survives, the others keep their limits and
-their accounting, and the tampering job is flagged with its gate closed."""
+"""A job's user rewrites its own usage region (the segment is theirs to
+write): the daemon survives, the others keep their limits and their
+accounting, and the tampering job is flagged with its gate closed. (It can
+no longer be truncated: it is shared memory of a fixed size, not a file;
+test_region_space.py.)"""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -20,8 +21,10 @@ pytestmark = needs_native
 U64_MAX = 2**64 - 1
 
 
-def usage_file(daemon, job_id: str):
-    return daemon.runtime / "jobs" / job_id / "usage"
+def usage_of(daemon, job_id: str) -> Region:
+    """The job's region with its usage attached read-write, as the job's
+    user (here root, its creator) can."""
+    return Region.open(daemon.runtime / "jobs" / job_id, writable_usage=True)
 
 
 def poke(daemon, job_id: str, field: str, value: int, dev: int = 0) -> None:
@@ -29,12 +32,11 @@ def poke(daemon, job_id: str, field: str, value: int, dev: int = 0) -> None:
     f = ffi()
     off = (f.offsetof("struct vgpu_usage", "dev") + dev * f.sizeof("struct vgpu_dev_usage")
            + f.offsetof("struct vgpu_dev_usage", field))
-    fd = os.open(usage_file(daemon, job_id), os.O_WRONLY)
+    reg = usage_of(daemon, job_id)
     try:
-        signed = field == "tokens"
-        os.pwrite(fd, value.to_bytes(8, "little", signed=signed), off)
+        reg.poke_usage(off, value.to_bytes(8, "little", signed=field == "tokens"))
     finally:
-        os.close(fd)
+        reg.close()
 
 
 def start(daemon, *args: str):
@@ -68,16 +70,18 @@ def one_gpu(daemon_factory):
     d.cleanup_jobs()
 
 
-def test_truncating_its_usage_file_flags_that_job_and_the_daemon_lives(one_gpu):
+def test_overwriting_its_usage_header_flags_that_job_and_the_daemon_lives(one_gpu):
     daemon = one_gpu
     pv, victim = start(daemon, "--mem", "1G", "--", "sleep", "60")
     pa, attacker = start(daemon, "--mem", "1G", "--", "sleep", "60")
-    os.truncate(usage_file(daemon, attacker["id"]), 0)
+    reg = usage_of(daemon, attacker["id"])
+    reg.poke_usage(0, b"\xff" * 16)
+    reg.close()
     t0 = time.monotonic()
     flagged = wait_for(lambda: daemon.job(attacker["id"])["region_error"], timeout=2,
-                       what="the truncated region to be flagged")
+                       what="the overwritten region to be flagged")
     assert time.monotonic() - t0 < 2.0
-    assert "truncated" in flagged
+    assert "header" in flagged
     assert daemon.proc.poll() is None
     assert daemon.job(victim["id"])["region_error"] is None
     assert gate(daemon, attacker["id"]) == (1, 0, 0)       # its launches stop
@@ -116,7 +120,7 @@ def test_forged_tokens_are_caught_within_two_seconds(one_gpu):
         while not stop.is_set():
             try:
                 poke(daemon, attacker["id"], "tokens", 2**62)
-            except FileNotFoundError:
+            except (OSError, ValueError):
                 return      # the job ended: its region is gone
     t = threading.Thread(target=forge, daemon=True)
     t0 = time.monotonic()

@@ -105,7 +105,10 @@ def test_a_corrupt_jobs_table_is_one_line_and_exit_8(daemon_factory):
     assert "jobs table is corrupt" in one_line(r, 8, daemon=True)
 
 
-def test_a_corrupt_usage_table_is_reported(daemon_factory):
+def test_a_corrupt_usage_table_is_set_aside_and_accounting_goes_on(daemon_factory):
+    """Before, a usage table that was not vgpuctl's turned accounting off for
+    good behind one line ("accounting off: the usage table is not
+    vgpuctl's"), and every report failed."""
     d = daemon_factory()
     d.stop()
     with sqlite3.connect(d.state / "vgpu.db") as db:
@@ -113,10 +116,18 @@ def test_a_corrupt_usage_table_is_reported(daemon_factory):
         db.execute("CREATE TABLE usage (id INTEGER PRIMARY KEY, job_id TEXT, t0 REAL)")
         db.execute("INSERT INTO usage (job_id, t0) VALUES ('1', 0)")
     d.start()
-    wait_for(lambda: "accounting off: the usage table is" in d.log.read_text(),
-             what="the log to say accounting is off")
-    r = d.cli("report", "--since", "1970-01-02")
-    one_line(r, 8)
+    line = wait_for(lambda: next((ln for ln in d.log.read_text().splitlines()
+                                  if "accounting starts afresh" in ln), None),
+                    what="the log to say what was done")
+    assert "is kept as table usage_unreadable_" in line and "accounting off" not in line
+    assert d.cli("run", "--mem", "64M", "--", "sleep", "3").returncode == 0
+    wait_for(lambda: d.cli("report", "--since", "1970-01-02", "--format", "csv")
+             .stdout.count("\n") >= 2, timeout=20, what="the job in a report")
+    with sqlite3.connect(d.state / "vgpu.db") as db:
+        kept = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                         " AND name LIKE 'usage_unreadable_%'")]
+        assert len(kept) == 1
+        assert db.execute(f'SELECT job_id FROM "{kept[0]}"').fetchall() == [("1",)]
 
 
 def test_daemon_on_a_read_only_state_or_socket_dir_is_one_line_and_exit_8(daemon_factory,

@@ -15,7 +15,7 @@ from support.daemon import wait_for
 
 from vgpuctl.core.violations import JobLimits
 from vgpuctl.daemon import tracking
-from vgpuctl.daemon.violations import Known, Watch
+from vgpuctl.daemon.violations import JobProcs, Known, Watch
 from vgpuctl.system.nvml import GpuStats
 
 G = 1 << 30
@@ -28,8 +28,9 @@ def nvml_lists(*procs: tuple[int, int]):
 
 
 def job(pids: dict[int, int], launchers: dict[int, tuple[int, str]] | None = None) -> Known:
-    return Known([JobLimits("1", GPU, G, 1.0, None)], dict.fromkeys(pids, "1"), pids,
-                 launchers or {})
+    launcher = next(((p, s) for p, (s, _) in (launchers or {}).items()), None)
+    return Known([JobLimits("1", GPU, G, 1.0, os.getuid())], dict.fromkeys(pids, "1"), pids,
+                 launchers or {}, jobs={"1": JobProcs(os.getuid(), pids, launcher)})
 
 
 def test_a_child_no_scan_has_seen_is_its_parents_job_and_is_killed():
@@ -61,14 +62,16 @@ def test_a_launchers_orphan_is_its_job():
         child.wait()
 
 
-def test_a_reused_pid_is_never_killed():
-    child = subprocess.Popen(["sleep", "60"])
+def test_a_reused_pid_is_never_taken_for_the_jobs():
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         start = tracking.start_time(child.pid)
         w = Watch(nvml_lists((child.pid, 2 * G)))
-        # The job's record has the pid with another start time: not this process.
-        res = w.check(job({child.pid: start - 1}), "kill", 0.0)
-        assert res.found and res.killed == []
+        # The job's record has the pid with another start time: not this
+        # process, which is a stranger (no job), not the job's overrun.
+        res = w.check(job({child.pid: start - 1}), "report", 0.0)
+        assert [v.kind for v in res.found] == ["no_job"]
+        assert res.ended == {} and res.killed == []
         assert child.poll() is None
     finally:
         child.kill()
@@ -116,12 +119,46 @@ def test_a_process_in_a_slurm_jobs_cgroup_is_that_jobs_wherever_it_was_forked(tm
         w = Watch(nvml_lists((child.pid, 2 * G)))
         # No pid of the job is known, and the process is no descendant of any:
         # its Slurm job's cgroup says whose it is.
-        known = Known([JobLimits("1", GPU, G, 1.0, None)], {}, {}, {}, {"4242": "1"})
+        known = Known([JobLimits("1", GPU, G, 1.0, 0)], {}, {}, {}, {"4242": "1"})
         res = w.check(known, "report", 0.0)
         assert [(v.kind, v.job_id) for v in res.found] == [("memory", "1")]
         w = Watch(nvml_lists((child.pid, 2 * G)))
         res = w.check(Known([], {}, {}, {}, {"4243": "2"}), "report", 0.0)
         assert [v.kind for v in res.found] == ["no_job"]
+    finally:
+        child.kill()
+        child.wait()
+        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), what="empty cgroup")
+        group.rmdir()
+        group.parent.rmdir()
+
+
+def test_a_cgroup_named_after_another_users_slurm_job_frames_no_one(tmp_path):
+    """A user who may make cgroups of their own (a delegated subtree) names
+    one job_4242 and puts a GPU process in it: it is not charged to Slurm job
+    4242's vgpu job, which is another user's, but is a process in no job."""
+    root = _cgroup_v2_root()
+    group = root / f"vgpu-test-{os.getpid()}-frame" / "job_4242" if root else None
+    try:
+        assert group is not None
+        group.mkdir(parents=True)
+    except (AssertionError, OSError) as e:
+        pytest.skip(f"cannot create a cgroup v2 group here: {e}")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as nobody")
+
+    def nobody() -> None:
+        os.setgid(65534)
+        os.setuid(65534)
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True, preexec_fn=nobody)
+    try:
+        (group / "cgroup.procs").write_text(str(child.pid))
+        w = Watch(nvml_lists((child.pid, 2 * G)))
+        victim = JobProcs(1000, {}, None)
+        known = Known([JobLimits("1", GPU, G, 1.0, 1000)], {}, {}, {}, {"4242": "1"},
+                      jobs={"1": victim})
+        res = w.check(known, "report", 0.0)
+        assert [(v.kind, v.job_id) for v in res.found] == [("no_job", None)]
     finally:
         child.kill()
         child.wait()

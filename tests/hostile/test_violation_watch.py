@@ -65,7 +65,8 @@ def _job_of(daemon, p: subprocess.Popen) -> dict:
 
 def test_unhooked_process_over_its_jobs_limit_is_recorded_logged_and_counted(daemon_factory):
     port = _free_port()
-    d = daemon_factory(config=f'metrics_address = "127.0.0.1:{port}"\n')
+    d = daemon_factory(config=f'metrics_address = "127.0.0.1:{port}"\n'
+                              'on_violation = "report"\n')
     p = d.popen("run", "--mem", "1G", "--core", "100", "--",
                 *_burn("--alloc", "2G", "--kernel-us", "100", "--seconds", "120"))
     try:
@@ -86,7 +87,7 @@ def test_unhooked_process_over_its_jobs_limit_is_recorded_logged_and_counted(dae
         wait_for(lambda: (_metric(port, "vgpu_violations_total", kind="memory") or 0) >= 1,
                  what="vgpu_violations_total{kind=memory}")
         assert _metric(port, "vgpu_job_violations_total", job=job["id"]) >= 1
-        # Reported, not killed: the default.
+        # Reported, not killed.
         assert p.poll() is None
     finally:
         p.send_signal(signal.SIGTERM)
@@ -101,17 +102,20 @@ def test_with_kill_the_unhooked_process_over_its_limit_is_killed(daemon_factory)
         assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
         job = d.call("ps", all=True)["jobs"][-1]
         assert job["exit_signal"] == signal.SIGKILL
-        # The ended job's record keeps what was caught and done.
-        assert [(v["kind"], v["action"]) for v in job["violations"]] == [("memory", "killed")]
-        line = next(ln for ln in d.log.read_text().splitlines() if "violation (memory)" in ln)
-        assert re.search(rf"job {job['id']}: pid \d+ .*: pid \d+ killed$", line), line
+        # The ended job's record keeps what was caught and done: the job
+        # ended (every process of it), not one process.
+        assert [(v["kind"], v["action"]) for v in job["violations"]] == [("memory", "ended")]
+        text = d.log.read_text()
+        assert re.search(rf"violation \(memory\): job {job['id']}: pid \d+ ", text), text
+        assert re.search(rf"job {job['id']} \(.*\) of \S+ ended for a memory violation", text)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
 
 
-def test_double_forked_unhooked_process_stays_in_its_job_and_is_charged(daemon):
+def test_double_forked_unhooked_process_stays_in_its_job_and_is_charged(daemon_factory):
+    daemon = daemon_factory(config='on_violation = "report"\n')
     # The command backgrounds a detached (setsid) holder and exits at once.
     p = daemon.popen("run", "--mem", "1G", "--core", "100", "--", "sh", "-c",
                      " ".join(["setsid", *_burn("--alloc", "2G", "--kernel-us", "100",
@@ -201,7 +205,8 @@ def test_gpu_process_in_no_job_is_reported_and_killed_with_kill(daemon_factory, 
             assert h.proc.poll() is None and found[0]["action"] == "reported"
 
 
-def test_sim_reset_under_a_running_daemon_is_refused_and_it_still_sees(daemon):
+def test_sim_reset_under_a_running_daemon_is_refused_and_it_still_sees(daemon_factory):
+    daemon = daemon_factory(config='on_violation = "report"\n')
     env = sim.child_env(dict(daemon.env))
     for args in (["sim", "reset"], ["sim", "reset", "--force"]):
         r = daemon.cli(*args)

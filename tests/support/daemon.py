@@ -188,7 +188,18 @@ def daemon_factory():
             if d.proc.poll() is None:
                 d.cleanup_jobs()
             d.stop(signal.SIGKILL)
+        discard_regions(d.runtime / "jobs")
         shutil.rmtree(base, ignore_errors=True)
+
+
+def discard_regions(jobs_dir: Path) -> None:
+    """Remove the regions a killed daemon left (their shared memory
+    outlives every process otherwise)."""
+    from vgpuctl.system.region import Region
+
+    if jobs_dir.is_dir():
+        for p in jobs_dir.iterdir():
+            Region.discard(p)
 
 
 @pytest.fixture

@@ -94,6 +94,7 @@ class Sim:
     root: Path
     env: dict[str, str]
     uuids: list[str] = field(default_factory=list)
+    made: list[Region] = field(default_factory=list)   # removed at the end of the test
 
     def job_env(self, region: Path | None = None, **extra: str) -> dict[str, str]:
         """The environment of a process of a job: the hook preloaded."""
@@ -134,8 +135,17 @@ class Sim:
         devs = [DeviceLimit(uuid=self.uuids[i], mem_limit=b, throttle=throttle,
                             refill_rate=refill_rate, bucket_size=bucket_size,
                             ctx_overhead=ctx_overhead) for i, b in items]
-        return Region.create(self.root / name, "job-test",
-                             os.getuid() if owner is None else owner, devs)
+        region = Region.create(self.root / name, "job-test",
+                               os.getuid() if owner is None else owner, devs)
+        self.made.append(region)
+        return region
+
+    def remove_regions(self) -> None:
+        """Remove the regions made here: their shared memory outlives the
+        test's processes otherwise."""
+        for r in self.made:
+            r.remove()
+        self.made.clear()
 
 
 def make_sim(root: Path, spec: str = "2x16G", **extra: str) -> Sim:
@@ -149,9 +159,11 @@ def make_sim(root: Path, spec: str = "2x16G", **extra: str) -> Sim:
 
 
 @pytest.fixture
-def sim(tmp_path: Path) -> Sim:
+def sim(tmp_path: Path) -> Iterator[Sim]:
     """Two simulated 16 GiB GPUs of our own (private state file)."""
-    return make_sim(tmp_path)
+    s = make_sim(tmp_path)
+    yield s
+    s.remove_regions()
 
 
 # ---- running the clients --------------------------------------------------------

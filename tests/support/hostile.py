@@ -88,3 +88,89 @@ def as_nobody(code: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
     kw.setdefault("stdout", subprocess.PIPE)
     return subprocess.Popen([py, "-c", code, *args], preexec_fn=_drop, text=True,
                             cwd="/", **kw)
+
+
+def in_child_as_nobody(fn: Any, timeout: float = 60) -> Any:
+    """fn() run in a forked child of this process as nobody (uid 65534),
+    its result (anything JSON can carry) returned; the exception it raised
+    as an AssertionError. The child uses only what this process has already
+    imported (nobody may not read this interpreter's files); skip where
+    this process can't become nobody."""
+    import json
+    import select
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as nobody")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            out = {"ok": fn()}
+        except BaseException as e:
+            out = {"error": f"{type(e).__name__}: {e}"}
+        try:
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    try:
+        while select.select([r], [], [], timeout)[0]:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        if os.waitpid(pid, os.WNOHANG) == (0, 0):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+    got = json.loads(data or b'{"error": "no answer"}')
+    if "error" in got:
+        raise AssertionError(f"as nobody: {got['error']}")
+    return got["ok"]
+
+
+def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: int,
+                        core: int, hooked: bool = False, name: str | None = None,
+                        policy: str | None = None) -> dict[str, Any]:
+    """A job of nobody's, as its user would start one without `vgpuctl run`
+    (which nobody may not run here): the daemon admits it, its command runs
+    as nobody with the job's environment (the hook preloaded only when
+    hooked: an attacker leaves it out), and the daemon hears its pid. Returns
+    {"job": id, "pid": pid}; the command outlives the call. The simulated
+    GPU's state file must be writable by nobody (chmod 0666)."""
+    from pathlib import Path
+
+    from vgpuctl.client.connection import Client
+
+    def go() -> dict[str, Any]:
+        with Client.connect(Path(socket)) as cl:
+            r = cl.call("run", command=argv, cwd="/", mem=mem, core=core, name=name,
+                        policy=policy)
+        job_env = {**env, **r["env"]}
+        for k, v in r["prepend"].items():
+            if k == "LD_PRELOAD" and not hooked:
+                continue
+            job_env[k] = v + (":" + job_env[k] if job_env.get(k) else "")
+        if not hooked:
+            job_env.pop("LD_PRELOAD", None)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                null = os.open("/dev/null", os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, 65536)
+                os.execvpe(argv[0], argv, job_env)
+            finally:
+                os._exit(127)
+        with Client.connect(Path(socket)) as cl:
+            cl.call("started", job=r["job"]["id"], pid=pid)
+        return {"job": r["job"]["id"], "pid": pid}
+
+    return in_child_as_nobody(go)

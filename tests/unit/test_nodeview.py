@@ -133,18 +133,32 @@ def test_unknown_field_is_a_usage_error_naming_the_valid_ones():
 
 
 def test_csv_is_rfc_4180_with_units_in_the_headers():
-    tricky = job(1, name='a,b "c"\nd')
+    tricky = job(1, name='a,b "c" d')
     out = nodeview.to_csv([tricky, job(2)], ["id", "name", "mem_limit", "pids", "command"],
                           nodeview.JOB_FIELDS, "mib")
     assert out.startswith("id,name,mem_limit [MiB],pids,command\n")
-    assert '"a,b ""c""\nd"' in out
+    assert '"a,b ""c"" d"' in out
     rows = list(csv.reader(io.StringIO(out, newline="")))
-    assert rows[1] == ["1", 'a,b "c"\nd', "4096", "41001 41101",
+    assert rows[1] == ["1", 'a,b "c" d', "4096", "41001 41101",
                        "/opt/conda/envs/train/bin/python train.py --config configs/big.yaml"]
     assert nodeview.to_csv([job(1)], ["mem_used"], nodeview.JOB_FIELDS, "bytes",
                            header_row=False) == f"{300 << 20}\n"
     assert nodeview.to_csv([job(1, mem_used=None)], ["mem_used"], nodeview.JOB_FIELDS, "mib",
                            header_row=False) == '""\n'
+
+
+def test_csv_writes_control_characters_as_escapes():
+    """A command line is the job's user's to choose: in CSV (shown on a
+    terminal as often as not) no escape sequence, carriage return or line
+    break of it acts; each is written as the daemon's log writes it."""
+    evil = job(1, command=["sh", "-c", "\x1b]0;pwned\x07\x1b[2J\rok\nfake,row\u2028"],
+               cwd="/tmp/\x1b[31mred")
+    out = nodeview.to_csv([evil], ["id", "command", "cwd"], nodeview.JOB_FIELDS, "mib")
+    assert not any(ord(c) < 0x20 and c != "\n" or 0x7f <= ord(c) < 0xa0 or c == "\u2028"
+                   for c in out)
+    assert out.count("\n") == 2            # the header and one row
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rok\\nfake,row\\u2028" in out
+    assert "/tmp/\\x1b[31mred" in out
 
 
 # -- filters and JOB arguments ---------------------------------------------------

@@ -87,7 +87,7 @@ def output_options(known: dict[str, output.Field]) -> Callable[[Any], Any]:
             return f(out=Output(fmt, chosen, not no_header, units, loop_s), **kw)
 
         functools.update_wrapper(wrapper, f)     # f's docstring and click options too
-        del wrapper.__wrapped__                  # click reads the wrapper's own signature
+        del wrapper.__wrapped__  # type: ignore[attr-defined]  # click reads the wrapper's
         opts = [
             click.option("--format", "fmt", type=click.Choice(nodeview.FORMATS), default="table",
                          show_default=True, help="table (fitted to the terminal; whole "
@@ -142,7 +142,7 @@ def fields_lines(records: list[dict[str, Any]], out: Output,
     """The table of just the --fields asked for."""
     from vgpuctl.cli import render
 
-    return render.table_lines(nodeview.fields_table(records, out.fields, known, out.units,
+    return render.table_lines(nodeview.fields_table(records, out.fields or [], known, out.units,
                                                     frame_extra(t)),
                               render.width(), out.header)
 

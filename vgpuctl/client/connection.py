@@ -105,8 +105,11 @@ class Client:
             raise DaemonUnavailable(f"the daemon on {self.path} did not answer") from None
         except OSError as e:
             # A refusal may come before the request is sent in full: read it.
-            line = self._buf.partition(b"\n")[0] if b"\n" in self._buf else None
-            if line is None:
+            early: bytes | None = (self._buf.partition(b"\n")[0] if b"\n" in self._buf
+                                   else None)
+            if early is not None:
+                line = early
+            else:
                 try:
                     line = self._readline()
                 except OSError:

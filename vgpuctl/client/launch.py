@@ -190,8 +190,8 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
         # Not held while the command runs: a user's connections are capped
         # (a burst of jobs would fill them); `exited` comes on a new one.
         maybe.close()
-    command = read_stat(pid)
-    since = command[1] if command is not None else 0
+    stat = read_stat(pid)
+    since = stat[1] if stat is not None else 0
     status = None
     while True:
         info = signal.sigtimedwait(block, 1.0)

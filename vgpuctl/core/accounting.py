@@ -1,12 +1,18 @@
 """Usage accounting: how much GPU time and memory each job used, over time.
 
 The daemon calls ``Accountant.observe`` once per tick for every (job, GPU)
-with the job's measured compute share on that GPU (0..1) and the bytes it
-holds there. The accountant integrates
+with what the driver says of it, never what the job's own counters say:
+the GPU-busy seconds NVML's per-process utilization gave its processes
+since the last tick (or its measured share, 0..1), and the bytes NVML
+shows its processes hold there. The violation watch attributes each
+process NVML reports to its job when it reports it
+(vgpuctl.daemon.violations), so a process too short-lived for /proc
+tracking, or one that walked past the hook, is billed like any other. The
+accountant integrates
 
-    GPU time      sum of share x dt                 in GPU-seconds
-    memory time   integral of used bytes over time  in GiB-hours
-    peak memory   highest used (or peak) bytes seen
+    GPU time      the busy seconds (or sum of share x dt)  in GPU-seconds
+    memory time   integral of used bytes over time          in GiB-hours
+    peak memory   highest used bytes seen
 
 and keeps the sums of the current interval in memory. ``flush(write)`` hands
 the changed intervals to ``write``, which persists them (vgpuctl.store.usage
@@ -45,6 +51,9 @@ GIB = 1 << 30
 # GPU holds more than this, and SQLite's INTEGER must hold it. Shares are
 # clamped to 0..1, so a job never has more GPU time than wall time.
 MAX_BYTES = 1 << 50
+# NVML's windows may straddle a row's start by up to a sample period (1 s
+# at most, as NVIDIA documents them).
+BUSY_SLACK_S = 1.0
 
 @dataclass(frozen=True)
 class UsageRow:
@@ -129,11 +138,15 @@ class Accountant:
 
     # -- samples ----------------------------------------------------------------
     def observe(self, job_id: str, gpu_uuid: str, now: float, share: float,
-                mem_used_bytes: int, peak_bytes: int | None = None) -> None:
+                mem_used_bytes: int, peak_bytes: int | None = None,
+                busy_s: float | None = None) -> None:
         """One sample: over the time since the previous sample of this job on
         this GPU, the job used ``share`` (0..1, measured over that time) of the
-        GPU's compute and now holds ``mem_used_bytes``. ``peak_bytes``, when the
-        hook's high-water mark is known, also feeds the peak."""
+        GPU's compute, or when given ``busy_s`` GPU-busy seconds (NVML's
+        windows that closed since: they need not line up with the samples),
+        and now holds ``mem_used_bytes``. ``peak_bytes``, when known, also
+        feeds the peak. A row never holds more GPU-seconds than its wall time
+        (and one sample period of slack, for windows that straddle its start)."""
         key = (job_id, gpu_uuid)
         share = min(max(float(share), 0.0), 1.0)
         mem = min(max(int(mem_used_bytes), 0), MAX_BYTES)
@@ -151,8 +164,13 @@ class Accountant:
             return
         if cur.row_id is not None and now - cur.t0 > self.row_seconds:
             cur = self._roll(key, cur, cur.t1, cur.last_mem, 0, cur.last_share)
-        cur.gpu_seconds += share * dt
-        self._total[key] = self._total.get(key, 0.0) + share * dt
+        if busy_s is None:
+            add = share * dt
+        else:
+            room = (now - cur.t0) + BUSY_SLACK_S - cur.gpu_seconds
+            add = min(max(float(busy_s), 0.0), max(room, 0.0))
+        cur.gpu_seconds += add
+        self._total[key] = self._total.get(key, 0.0) + add
         # Memory changes somewhere between the two samples: the trapezoid.
         cur.mem_gib_hours += (cur.last_mem + mem) / 2 / GIB * dt / 3600.0
         cur.t1 = now

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vgpuctl.core.sizes import parse_size
-from vgpuctl.core.violations import ON_VIOLATION
+from vgpuctl.core.violations import DEFAULT_ON_VIOLATION, ON_VIOLATION
 from vgpuctl.errors import ConfigError
 
 POLICIES = ("hard", "soft")
@@ -93,7 +93,14 @@ class Config:
     log_level: str = "info"
     retention_days: int = 90
     start_timeout_s: int = 60     # a job not started by then gives its reservation back
-    on_violation: str = "report"    # or "kill": see core/violations.py
+    on_violation: str = DEFAULT_ON_VIOLATION   # report, protect, kill: core/violations.py
+    # A user whose jobs were ended for violations cooldown_after times within
+    # cooldown_s has new jobs held until cooldown_s after the last; 0: never.
+    cooldown_s: int = 600
+    cooldown_after: int = 2
+    # Whether every user sees every job's command line and directory in
+    # `ps`/`status` (else only its owner and root do).
+    public_commands: bool = False
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
 
@@ -304,7 +311,16 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "retention_days": lambda s, k, v: ("retention_days", _int(s, k, v, 1, 36_500)),
     "start_timeout_s": lambda s, k, v: ("start_timeout_s", _int(s, k, v, 1, 86_400)),
     "on_violation": lambda s, k, v: ("on_violation", _choice(s, k, v, ON_VIOLATION)),
+    "cooldown_s": lambda s, k, v: ("cooldown_s", _int(s, k, v, 0, 30 * 86_400)),
+    "cooldown_after": lambda s, k, v: ("cooldown_after", _int(s, k, v, 1, 1000)),
+    "public_commands": lambda s, k, v: ("public_commands", _bool(s, k, v)),
 }
+
+
+def _bool(source: str, key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _fail(source, key, f"expected true or false, got {v!r}")
+    return v
 
 
 def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:

@@ -11,6 +11,11 @@ plain aligned tables, the same way for both.
 - CSV follows RFC 4180 with LF line ends; an unknown value (null) is an
   empty cell; lists are space-separated, a command is shell-quoted, times
   are ISO 8601 with the local offset.
+- Nothing a job's user chose reaches a terminal as a control character: in
+  CSV and plain tables every control character (C0, DEL, C1, U+2028/9) of
+  a cell is written as an escape (``\x1b``, ``\n``), as in the daemon's log;
+  the terminal tables show them as ``?`` (vgpuctl.core.layout); JSON
+  escapes them itself.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from vgpuctl.core.protocol import escape_controls
 from vgpuctl.core.sizes import format_size
 
 if TYPE_CHECKING:
@@ -137,9 +143,9 @@ def csv_text(head: Sequence[str] | None, rows: Iterable[Sequence[str]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     if head is not None:
-        w.writerow(head)
+        w.writerow([escape_controls(str(h)) for h in head])
     for r in rows:
-        w.writerow(r)
+        w.writerow([escape_controls(str(c)) for c in r])
     return buf.getvalue()
 
 
@@ -153,7 +159,7 @@ def plain_table(head: Sequence[str], rows: Sequence[Sequence[str]],
                 numeric: Sequence[bool]) -> str:
     """Aligned columns, no colour: for pipes, files and cron mail. Numbers
     right-aligned; nothing is cut."""
-    cells = [list(head), *[list(r) for r in rows]]
+    cells = [[escape_controls(str(c)) for c in row] for row in [head, *rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
     lines = []
     for row in cells:

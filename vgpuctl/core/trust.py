@@ -9,7 +9,7 @@ launches fail) only on *proof*: something the hook can never have written,
 whatever the machine's load did to either side's timing. There are two kinds:
 
 - **an impossible value** (`check_counters`, and the format checks of
-  vgpuctl.system.region: a truncated file, a wrong magic, a byte counter
+  vgpuctl.system.region: a header that is not the region's, a byte counter
   beyond any GPU): no hook writes it, on any schedule.
 - **more launches than the gate can have let through** (`LaunchLedger`): the
   hook's token bucket refills at the rate the daemon wrote, up to the bucket

@@ -1,27 +1,83 @@
 """Violations: what NVML says the GPU's processes hold and use, against the
-jobs the daemon knows. Pure: the daemon's watcher (vgpuctl.daemon.violations)
-reads NVML and /proc and hands the figures in.
+jobs the daemon knows, and what is done about them. Pure: the daemon's
+watch (vgpuctl.daemon.violations) reads NVML and /proc, attributes each
+process NVML lists to its job *when NVML reports it* (by its ancestry, its
+job's launcher, or its Slurm job's cgroup), and hands the figures in.
 
-Three kinds, each named by the process NVML lists:
+Three kinds:
 
 - ``memory``: a job's processes hold more by NVML than its memory limit (a
   process without the hook, or a hook it walked past). The process named is
   the largest holder of the job on that GPU.
-- ``compute``: a job uses more than its compute share by a margin
-  (`COMPUTE_MARGIN`, at least `COMPUTE_MARGIN_MIN` of the GPU) for
-  `COMPUTE_SUSTAIN_S` in a row (a launch gate bypassed). The process named is
-  the job's busiest on that GPU.
+- ``compute``: a job, or the sum of one user's jobs on a GPU, used more GPU
+  time than its share allows, integrated over time (below). The process
+  named is the job's busiest on that GPU.
 - ``no_job``: a process on a managed GPU that belongs to no job (run outside
-  ``vgpuctl run``, or escaped from its job).
+  ``vgpuctl run``, or escaped from its job) holds memory there, or busy time
+  that no job claims adds up past the same budget (a process too short-lived
+  to be seen alive, or in no job).
 
-A violation is *new* when its (kind, job, pid) was not found at the previous
-check; it is logged, counted and recorded once, and found again at every
-check while it lasts (so ``kill`` is retried until the process is gone).
+**The compute budget.** NVML's per-process utilization gives each process's
+busy seconds in each sample window. A job may use its share plus a margin
+relative to that share (`MARGIN` of the share, at least `MARGIN_MIN` of the
+GPU); what it uses beyond that accumulates as a debt, which what it leaves
+unused pays back down to zero. A debt past `BURST_S` GPU-seconds is a
+violation. The same budget holds for the sum of each user's jobs on a GPU
+(their shares summed, the margin of the sum), so that eight jobs at
+``--core 1`` are one offender, not eight within their margins. A patient
+attacker can't stay under it: a duty cycle, a train of short processes or
+one steady overrun all add to the same integral; the most any pattern gets
+past the budget is ``BURST_S`` once, then the margin. Why these numbers:
+
+- the share in force is the highest one of the last `GRACE_S` seconds (a
+  `set --core` that lowered it, or a soft job's borrowing that ended, takes
+  a moment to reach work already queued on the GPU);
+- an honest job's gate holds it at its share to within a few points (the
+  governor's own figures, docs/benchmarks.md), its token bucket never holds
+  more than 30 ms of launches, and NVML reports in whole percents: the
+  margin covers the controller's error and the rounding, `BURST_S` its
+  transients (a job's first second, before the gate knows its kernels; a
+  burst right after an idle spell);
+- a violation of the sum of a user's jobs names each of the user's jobs on
+  that GPU that used more than its own share in the same time.
+
+**Busy time that went through no gate.** The burst is there for what the
+gate of an honest job lets slip: a job's first second, before the gate
+knows its kernels; a burst after an idle spell; a `set` or a soft job's
+borrowing that ended, taking effect on work already queued. Busy time of a
+job's processes that never loaded the hook (no slot in the job's region:
+`hooked`) went through no gate, and has none of that to excuse: while a
+debt holds any of it, the burst is `BURST_UNGATED_S`. (A job's user can
+write a slot for an unhooked process, its region being theirs: that
+process is then held to the burst of a gated one, `BURST_S`.)
+
+A violation is *new* when its key was not found at the previous check; it
+is logged, counted and recorded once, and found again at every check while
+it lasts.
+
+**What is done** (`act`), as ``on_violation`` says:
+
+- ``report``: nothing but the record.
+- ``protect`` (the default): memory taken past a job's limit is stopped
+  where it takes what another job's limit promised: on a GPU where the
+  memory free is less than what the jobs' limits still promise them
+  (``shortfall``), a job past its limit by more than `tolerance` (the
+  driver's own growth of a context is not an attack) is ended, and a
+  process in no job holding memory there is killed; so is a job past its
+  limit by more than the memory the operator keeps aside for what no limit
+  accounts for (``reserve``), wherever it is. Compute is reported.
+- ``kill``: every violation is acted on: a job over its memory or its
+  compute budget is ended, a process in no job is killed.
+
+Ending a job means every process of it, not the one named, and its gate
+closed; `Cooldown` holds the new jobs of a user whose jobs were ended
+repeatedly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 MEMORY = "memory"
@@ -29,23 +85,57 @@ COMPUTE = "compute"
 NO_JOB = "no_job"
 KINDS = (MEMORY, COMPUTE, NO_JOB)
 
-# Over its share by this fraction of the share, and at least this much of
-# the GPU, for this long: a compute violation.
-COMPUTE_MARGIN = 0.25
-COMPUTE_MARGIN_MIN = 0.10
-COMPUTE_SUSTAIN_S = 1.5
+REPORT = "report"
+PROTECT = "protect"
+KILL = "kill"
+ON_VIOLATION = (REPORT, PROTECT, KILL)
+DEFAULT_ON_VIOLATION = PROTECT
 
-ON_VIOLATION = ("report", "kill")
+# The compute budget: share + max(MARGIN x share, MARGIN_MIN) of the GPU,
+# and BURST_S GPU-seconds above that, integrated.
+MARGIN = 0.25
+MARGIN_MIN = 0.05
+BURST_S = 0.5
+# ... or this, while the debt holds busy time that went through no gate.
+BURST_UNGATED_S = 0.1
+# A window's ungated busy time below this share of it is NVML's noise.
+UNGATED_MIN = 0.01
+# protect ends a job past its memory limit by more than this (bytes, and a
+# share of the limit): the driver's own growth of a context is not an attack.
+TOLERANCE_MIN = 64 << 20
+TOLERANCE = 0.02
+# A share stays in force this long after it was lowered.
+GRACE_S = 2.0
+# How far back a job's use is shown in a violation (its share of the GPU
+# over about this long).
+SHOWN_S = 2.0
+
+# Violation scopes: a job's own use, the sum of its user's jobs on the GPU.
+JOB = "job"
+USER = "user"
 
 
 @dataclass(frozen=True)
 class JobLimits:
-    """What a job may use on one GPU, and what it is seen to use."""
+    """What a job may use on one GPU."""
     job_id: str
     uuid: str
     mem_limit: int          # bytes
     share: float            # 0..1: its core share (or more, while a soft job borrows)
-    measured: float | None  # 0..1: the governor's last measured share, None unknown
+    uid: int = -1           # its user (the budget of the sum of a user's jobs)
+
+
+@dataclass(frozen=True)
+class Window:
+    """NVML's busy time per process on one GPU between two instants."""
+    uuid: str
+    start: float            # seconds (NVML's clock)
+    end: float
+    busy: Mapping[int, float]   # pid -> GPU-busy seconds in the window
+
+    @property
+    def duration(self) -> float:
+        return max(self.end - self.start, 0.0)
 
 
 @dataclass(frozen=True)
@@ -54,21 +144,38 @@ class Violation:
     uuid: str
     pid: int
     job_id: str | None      # None for no_job
-    value: float            # bytes (memory, no_job) or share 0..1 (compute)
+    value: float            # bytes (memory, a no_job holder) or share 0..1 (compute, busy)
     limit: float            # bytes or share; 0 for no_job
+    scope: str = JOB        # compute: JOB, or USER (the sum of the user's jobs)
+    uid: int | None = None  # compute of a USER scope: whose jobs
+    share_unit: bool = False    # value and limit are shares (compute, unclaimed busy)
+    burst: float = BURST_S      # compute: the burst it went past (GPU-seconds)
 
     @property
-    def key(self) -> tuple[str, str | None, int]:
-        return (self.kind, self.job_id, self.pid)
+    def key(self) -> tuple[str, str | None, int | str]:
+        """What makes a violation the same one from check to check: a process
+        for memory, a job (or the unclaimed time) on a GPU for compute."""
+        if self.kind == MEMORY or (self.kind == NO_JOB and not self.share_unit):
+            return (self.kind, self.job_id, self.pid)
+        return (self.kind if self.scope == JOB else f"{self.kind}/user", self.job_id,
+                self.uuid)
 
     def describe(self) -> str:
         if self.kind == MEMORY:
             return (f"job {self.job_id}: pid {self.pid} and its job hold {_mib(self.value)} "
                     f"by NVML on {self.uuid}, over the job's limit of {_mib(self.limit)}")
+        gate = ", some of it through no gate" if self.burst < BURST_S else ""
+        if self.kind == COMPUTE and self.scope == USER:
+            return (f"job {self.job_id}: the jobs of uid {self.uid} on {self.uuid} use "
+                    f"{self.value:.0%} of it together, over their shares' {self.limit:.0%} "
+                    f"by more than {self.burst:g} GPU-seconds{gate} (busiest pid {self.pid})")
         if self.kind == COMPUTE:
-            return (f"job {self.job_id}: uses {self.value:.0%} of {self.uuid} for "
-                    f"{COMPUTE_SUSTAIN_S:g} s, over its share of {self.limit:.0%} "
+            return (f"job {self.job_id}: uses {self.value:.0%} of {self.uuid}, over its share "
+                    f"of {self.limit:.0%} by more than {self.burst:g} GPU-seconds{gate} "
                     f"(busiest pid {self.pid})")
+        if self.share_unit:
+            return (f"{self.value:.0%} of {self.uuid} busy in processes no job claims, "
+                    f"more than {BURST_S:g} GPU-seconds (busiest pid {self.pid})")
         return (f"pid {self.pid} holds {_mib(self.value)} on {self.uuid} and belongs to "
                 f"no job")
 
@@ -77,35 +184,111 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def compute_threshold(share: float) -> float:
-    return share + max(COMPUTE_MARGIN * share, COMPUTE_MARGIN_MIN)
+def allowed(share: float) -> float:
+    """The share of the GPU a share may use before it runs into debt."""
+    return share + max(MARGIN * share, MARGIN_MIN)
+
+
+@dataclass
+class _Use:
+    """One scope's account on one GPU: its debt, and its recent windows
+    (for the share a violation shows)."""
+    debt: float = 0.0
+    over: bool = False
+    ungated: bool = False       # the debt holds busy time that went through no gate
+    recent: deque[tuple[float, float, float]] = field(default_factory=deque)  # end, dt, busy
+
+    def add(self, end: float, dt: float, busy: float, budget: float,
+            ungated: float = 0.0) -> None:
+        self.debt = max(self.debt + busy - budget * dt, 0.0)
+        if self.debt <= 0.0:
+            self.ungated = self.over = False
+        elif ungated > UNGATED_MIN * dt:
+            self.ungated = True
+        if self.debt > self.burst:
+            self.over = True
+        self.recent.append((end, dt, busy))
+        while self.recent and self.recent[0][0] < end - SHOWN_S:
+            self.recent.popleft()
+
+    @property
+    def burst(self) -> float:
+        return BURST_UNGATED_S if self.ungated else BURST_S
+
+    def share(self) -> float:
+        dt = sum(r[1] for r in self.recent)
+        return min(sum(r[2] for r in self.recent) / dt, 1.0) if dt > 0 else 0.0
 
 
 @dataclass
 class Checker:
     """Finds the violations of one check; remembers what was found before
-    (new ones) and how long each job has been over its share."""
-    over_since: dict[tuple[str, str], float] = field(default_factory=dict)
-    seen: set[tuple[str, str | None, int]] = field(default_factory=set)
+    (new ones), each account's debt, and each job's recent shares."""
+    seen: set[tuple[str, str | None, int | str]] = field(default_factory=set)
+    _jobs: dict[tuple[str, str], _Use] = field(default_factory=dict)     # (job, uuid)
+    _raw: dict[tuple[str, str], _Use] = field(default_factory=dict)      # ...against its share
+    _users: dict[tuple[int, str], _Use] = field(default_factory=dict)    # (uid, uuid)
+    _none: dict[str, _Use] = field(default_factory=dict)                 # uuid: unclaimed
+    _shares: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
+    _busiest: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    _uids: dict[str, int] = field(default_factory=dict)
+
+    def debts(self) -> dict[str, float]:
+        """Each job's debt now, the highest of its own and its user's on any
+        of its GPUs (GPU-seconds: a violation past BURST_S)."""
+        out: dict[str, float] = {}
+        for (job, uuid), use in self._jobs.items():
+            user = self._users.get((self._uids.get(job, -1), uuid))
+            out[job] = max(out.get(job, 0.0), use.debt, user.debt if user else 0.0)
+        return out
+
+    def _share_in_force(self, key: tuple[str, str], at: float) -> float:
+        """The highest share the job had in the last GRACE_S seconds."""
+        hist = self._shares.get(key)
+        if not hist:
+            return 0.0
+        # Each share was in force from its time to the next one's.
+        best = hist[-1][1]
+        for (_, share), (until, _) in zip(hist, list(hist)[1:], strict=False):
+            if until >= at - GRACE_S:
+                best = max(best, share)
+        return best
 
     def check(self, now: float, limits: list[JobLimits],
               memory: Mapping[str, Mapping[int, int]],
-              busy: Mapping[str, Mapping[int, float]],
-              owner: Mapping[tuple[str, int], str | None]) -> tuple[list[Violation],
-                                                                    list[Violation]]:
+              windows: Iterable[Window],
+              owner: Mapping[tuple[str, int], str | None],
+              hooked: Container[int] | None = None
+              ) -> tuple[list[Violation], list[Violation]]:
         """(all violations now, the new ones among them).
 
-        memory: uuid -> {pid: bytes} from NVML's compute processes; busy:
-        uuid -> {pid: share} of NVML's last utilization window (may be
-        empty); owner: (uuid, pid) -> job id or None for every pid in memory.
+        memory: uuid -> {pid: bytes} from NVML's compute processes; windows:
+        NVML's busy time per pid since the previous check (oldest first, any
+        GPU; none where NVML gives none); owner: (uuid, pid) -> job id, or
+        None (no job), for every pid of memory and windows; hooked: the pids
+        of windows that loaded the hook (a slot in their job's region; None:
+        unknown, all taken as gated). `now` is on the clock of the windows'
+        times.
         """
+        windows = list(windows)
         found: list[Violation] = []
         for uuid, procs in memory.items():
             for pid, used in procs.items():
                 if owner.get((uuid, pid)) is None:
                     found.append(Violation(NO_JOB, uuid, pid, None, float(used), 0.0))
+        limits = list(limits) + _strays(limits, memory, windows, owner)
+        self._uids = {lim.job_id: lim.uid for lim in limits}
+        by_gpu: dict[str, list[JobLimits]] = {}
         live: set[tuple[str, str]] = set()
         for lim in limits:
+            key = (lim.job_id, lim.uuid)
+            live.add(key)
+            by_gpu.setdefault(lim.uuid, []).append(lim)
+            hist = self._shares.setdefault(key, deque())
+            if not hist or hist[-1][1] != lim.share:
+                hist.append((now, lim.share))
+            while len(hist) > 2 and hist[1][0] < now - 2 * GRACE_S:
+                hist.popleft()
             procs = {p: b for p, b in memory.get(lim.uuid, {}).items()
                      if owner.get((lim.uuid, p)) == lim.job_id}
             held = sum(procs.values())
@@ -113,24 +296,212 @@ class Checker:
                 pid = max(procs, key=lambda p: (procs[p], -p))
                 found.append(Violation(MEMORY, lim.uuid, pid, lim.job_id, float(held),
                                        float(lim.mem_limit)))
-            key = (lim.job_id, lim.uuid)
-            live.add(key)
-            if lim.measured is None or lim.measured <= compute_threshold(lim.share):
-                self.over_since.pop(key, None)
-                continue
-            since = self.over_since.setdefault(key, now)
-            if now - since < COMPUTE_SUSTAIN_S:
-                continue
-            shares = busy.get(lim.uuid, {})
-            cand = [p for p in procs if shares.get(p, 0.0) > 0] or list(procs)
-            if not cand:
-                continue    # no process of it on NVML's list: none to name
-            pid = max(cand, key=lambda p: (shares.get(p, 0.0), procs[p], -p))
-            found.append(Violation(COMPUTE, lim.uuid, pid, lim.job_id, lim.measured,
-                                   lim.share))
-        for key in [k for k in self.over_since if k not in live]:
-            del self.over_since[key]
+        for w in windows:
+            self._account(w, by_gpu.get(w.uuid, []), owner, hooked)
+        found += self._compute(by_gpu, memory, owner)
+        for store in (self._jobs, self._raw, self._shares):
+            for key in [k for k in store if k not in live]:
+                del store[key]
+        users = {(lim.uid, lim.uuid) for lim in limits}
+        for ukey in [k for k in self._users if k not in users]:
+            del self._users[ukey]
         keys = {v.key for v in found}
         new = [v for v in found if v.key not in self.seen]
         self.seen = keys
         return found, new
+
+    def _account(self, w: Window, jobs: list[JobLimits],
+                 owner: Mapping[tuple[str, int], str | None],
+                 hooked: Container[int] | None) -> None:
+        dt = w.duration
+        if dt <= 0:
+            return
+        per_job: dict[str, float] = {}
+        ungated: dict[str, float] = {}
+        unclaimed = 0.0
+        top: dict[str | None, tuple[float, int]] = {}
+        for pid, b in w.busy.items():
+            b = min(max(float(b), 0.0), dt)
+            job = owner.get((w.uuid, pid))
+            if job is None:
+                unclaimed += b
+            else:
+                per_job[job] = per_job.get(job, 0.0) + b
+                if hooked is not None and pid not in hooked:
+                    ungated[job] = ungated.get(job, 0.0) + b
+            if b > top.get(job, (0.0, 0))[0]:
+                top[job] = (b, pid)
+        for job, (_, pid) in top.items():
+            self._busiest[(job, w.uuid)] = pid
+        sums: dict[int, tuple[float, float, float]] = {}     # uid -> (busy, shares, ungated)
+        for lim in jobs:
+            key = (lim.job_id, lim.uuid)
+            share = self._share_in_force(key, w.end)
+            busy = min(per_job.get(lim.job_id, 0.0), dt)
+            free = ungated.get(lim.job_id, 0.0)
+            self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(share), free)
+            self._raw.setdefault(key, _Use()).add(w.end, dt, busy, share)
+            b, s, u = sums.get(lim.uid, (0.0, 0.0, 0.0))
+            sums[lim.uid] = (b + busy, s + share, u + free)
+        for uid, (busy, share, free) in sums.items():
+            self._users.setdefault((uid, w.uuid), _Use()).add(
+                w.end, dt, min(busy, dt), allowed(min(share, 1.0)), free)
+        self._none.setdefault(w.uuid, _Use()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
+
+    def _compute(self, by_gpu: Mapping[str, list[JobLimits]],
+                 memory: Mapping[str, Mapping[int, int]],
+                 owner: Mapping[tuple[str, int], str | None]) -> list[Violation]:
+        out: list[Violation] = []
+        for uuid, jobs in by_gpu.items():
+            named: set[str] = set()
+            for lim in jobs:
+                key = (lim.job_id, uuid)
+                use = self._jobs.get(key)
+                if use is not None and use.over:
+                    out.append(Violation(COMPUTE, uuid, self._pid_of(lim.job_id, uuid, memory,
+                                                                     owner),
+                                         lim.job_id, use.share(),
+                                         self._share_in_force(key, use.recent[-1][0]
+                                                              if use.recent else 0.0),
+                                         share_unit=True, burst=use.burst))
+                    named.add(lim.job_id)
+            for uid in {lim.uid for lim in jobs}:
+                use = self._users.get((uid, uuid))
+                if use is None or not use.over:
+                    continue
+                mine = [lim for lim in jobs if lim.uid == uid]
+                shares = sum(self._share_in_force((lim.job_id, uuid), use.recent[-1][0])
+                             for lim in mine) if use.recent else 0.0
+                over = [lim for lim in mine
+                        if (r := self._raw.get((lim.job_id, uuid))) is not None and r.debt > 0]
+                if not over:
+                    over = sorted(mine, key=lambda lim: -self._jobs[(lim.job_id, uuid)].share()
+                                  if (lim.job_id, uuid) in self._jobs else 0.0)[:1]
+                for lim in over:
+                    if lim.job_id in named:
+                        continue
+                    out.append(Violation(COMPUTE, uuid,
+                                         self._pid_of(lim.job_id, uuid, memory, owner),
+                                         lim.job_id, use.share(), min(shares, 1.0), scope=USER,
+                                         uid=uid, share_unit=True, burst=use.burst))
+            none = self._none.get(uuid)
+            if none is not None and none.over:
+                out.append(Violation(NO_JOB, uuid, self._busiest.get((None, uuid), 0), None,
+                                     none.share(), 0.0, share_unit=True))
+        return out
+
+    def _pid_of(self, job: str, uuid: str, memory: Mapping[str, Mapping[int, int]],
+                owner: Mapping[tuple[str, int], str | None]) -> int:
+        """The job's busiest process in its last window on the GPU, else its
+        largest holder of memory there, else 0."""
+        pid = self._busiest.get((job, uuid))
+        if pid:
+            return pid
+        procs = {p: b for p, b in memory.get(uuid, {}).items() if owner.get((uuid, p)) == job}
+        return max(procs, key=lambda p: (procs[p], -p)) if procs else 0
+
+
+def _strays(limits: list[JobLimits], memory: Mapping[str, Mapping[int, int]],
+            windows: list[Window],
+            owner: Mapping[tuple[str, int], str | None]) -> list[JobLimits]:
+    """Limits of zero for each job seen on a GPU it was not given (a process
+    of it that walked past CUDA_VISIBLE_DEVICES): no memory, no share."""
+    given = {(lim.job_id, lim.uuid) for lim in limits}
+    uids = {lim.job_id: lim.uid for lim in limits}
+    seen = {(uuid, pid) for uuid, procs in memory.items() for pid in procs}
+    seen |= {(w.uuid, pid) for w in windows for pid in w.busy}
+    out: dict[tuple[str, str], JobLimits] = {}
+    for uuid, pid in seen:
+        job = owner.get((uuid, pid))
+        if job is not None and job in uids and (job, uuid) not in given:
+            out.setdefault((job, uuid), JobLimits(job, uuid, 0, 0.0, uids[job]))
+    return list(out.values())
+
+
+# -- what is done ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU's memory as NVML shows it, for `act`."""
+    uuid: str
+    total: int
+    used: int | None        # the whole GPU's, None unknown
+
+
+@dataclass(frozen=True)
+class Actions:
+    end: dict[str, Violation]   # job id -> the violation that ends it
+    kill: list[Violation]       # processes in no job to kill
+
+
+def tolerance(limit: float) -> float:
+    """How far past its limit a job may be before `protect` ends it: the
+    driver's own growth of a context (a kernel's local memory, which the hook
+    can't see) is tens of megabytes; a bypass takes gigabytes."""
+    return max(TOLERANCE_MIN, TOLERANCE * limit)
+
+
+def shortfall(gpu: Gpu, limits: Iterable[JobLimits], held: Mapping[str, int]) -> int:
+    """Bytes the jobs on a GPU were promised and could not get now: what
+    their limits still promise them (limit less what NVML shows them hold,
+    for each job within its limit) less the memory free. Positive: someone
+    holds memory promised to a job."""
+    if gpu.used is None:
+        return 0
+    promised = sum(max(lim.mem_limit - held.get(lim.job_id, 0), 0) for lim in limits
+                   if lim.uuid == gpu.uuid)
+    return promised - max(gpu.total - gpu.used, 0)
+
+
+def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, Gpu],
+        limits: Iterable[JobLimits], held: Mapping[tuple[str, str], int],
+        reserve: int) -> Actions:
+    """What to do about the violations found, as on_violation says (the
+    module docstring). held: (job id, uuid) -> bytes NVML shows the job
+    hold."""
+    end: dict[str, Violation] = {}
+    kill: list[Violation] = []
+    if on_violation == REPORT:
+        return Actions(end, kill)
+    limits = list(limits)
+    short: dict[str, int] = {}
+    for uuid, gpu in gpus.items():
+        short[uuid] = shortfall(gpu, limits, {j: b for (j, u), b in held.items() if u == uuid})
+    for v in found:
+        if on_violation == KILL:
+            if v.job_id is not None:
+                end.setdefault(v.job_id, v)
+            elif v.pid > 0:
+                kill.append(v)
+            continue
+        # protect: memory taken that others were promised
+        if v.kind == MEMORY and v.job_id is not None:
+            over = v.value - v.limit
+            if over > tolerance(v.limit) and (short.get(v.uuid, 0) > 0 or over > reserve):
+                end.setdefault(v.job_id, v)
+        elif v.kind == NO_JOB and not v.share_unit and v.pid > 0:
+            if short.get(v.uuid, 0) > 0:
+                kill.append(v)
+    return Actions(end, kill)
+
+
+@dataclass
+class Cooldown:
+    """The users whose jobs were ended for violations: after `after` of them
+    within `hold_s`, the user's new jobs are held until `hold_s` after the
+    last one."""
+    ends: dict[int, deque[float]] = field(default_factory=dict)
+
+    def note(self, uid: int, now: float) -> None:
+        q = self.ends.setdefault(uid, deque(maxlen=64))
+        q.append(now)
+
+    def held_until(self, uid: int, now: float, after: int, hold_s: float) -> float | None:
+        """When the user's new jobs may start again; None when they may now."""
+        q = self.ends.get(uid)
+        if not q or hold_s <= 0 or after <= 0:
+            return None
+        recent = [t for t in q if t > now - hold_s]
+        if len(recent) < after:
+            return None
+        return recent[-1] + hold_s

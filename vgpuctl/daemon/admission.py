@@ -14,7 +14,6 @@ import grp
 import logging
 import os
 import pwd
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -180,7 +179,7 @@ class Admission:
         job_dir = self._table.jobs_dir / rec.id
         try:
             if job_dir.exists():       # left by a database that was deleted
-                shutil.rmtree(job_dir)
+                Region.discard(job_dir)
             region = Region.create(job_dir, rec.id, rec.uid, [DeviceLimit(
                 uuid=u, mem_limit=rec.mem_limit, core_share=rec.core_share,
                 policy=POLICY_CODES[rec.policy]) for u in rec.uuids])

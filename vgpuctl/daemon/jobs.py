@@ -11,7 +11,6 @@ store.
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,9 @@ class LiveJob:
     target: dict[str, float] = field(default_factory=dict)    # uuid -> share 0..1
     violations: list[dict[str, Any]] = field(default_factory=list)  # newest last, capped
     violation_count: int = 0        # all of them, for the metrics
+    stopped: str | None = None      # why the violation watch ended it (its gate closed)
+    held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
+    peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
 
     @property
     def id(self) -> str:
@@ -187,7 +189,7 @@ class JobTable:
         elif rec.region:
             p = Path(rec.region)
             if p.parent == self.jobs_dir:
-                shutil.rmtree(p, ignore_errors=True)
+                Region.discard(p)
         rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
         self.save(rec, ["state", "ended", "pids"])
         self._jobs.pop(rec.id, None)
@@ -199,6 +201,7 @@ class JobTable:
             hear(job)
         log.info("job %s (%s) ended (exit %s)", rec.id, rec.name,
                  f"signal {rec.exit_signal}" if rec.exit_signal else rec.exit_code)
+        log.debug("job %s: peak compute debt %.3f GPU-seconds", rec.id, job.peak_debt)
 
     def remove_stray_regions(self) -> None:
         """Delete the region directories of jobs that are not live."""
@@ -208,7 +211,7 @@ class JobTable:
         for p in d.iterdir():
             if p.name not in self._jobs and p.name.isascii() and p.name.isdigit():
                 log.info("removing the region of ended job %s", p.name)
-                shutil.rmtree(p, ignore_errors=True)
+                Region.discard(p)
 
     def close(self) -> None:
         """Let go of every region (left on disk: the jobs keep running)."""

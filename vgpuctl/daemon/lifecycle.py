@@ -47,6 +47,7 @@ from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.daemon.violations import Watch
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.governor import compute
+from vgpuctl.governor.sampler import Sampler
 from vgpuctl.store import retention, usage
 from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths, slurm
@@ -196,7 +197,9 @@ class Daemon:
                          context_mem=_context_mem())
         self.sup = sup
         self._start_compute(loop)
-        self.watch = Watch(nvml.snapshot, self.governor.last_shares
+        # The watch reads NVML's per-process utilization with a sampler of
+        # its own (NVML answers each reader from its own last-seen time).
+        self.watch = Watch(nvml.snapshot, Sampler(nvml.module).read
                            if self.governor is not None else None)
         self._start_accounting(store)
         sup.on_config = self._config_changed
@@ -277,13 +280,22 @@ class Daemon:
 
     def _start_accounting(self, store: Store) -> None:
         try:
-            usage.create_schema(store.conn)
+            try:
+                usage.create_schema(store.conn)
+            except StateError as e:
+                # Keep what was there for whoever wants to look, and account
+                # from now on rather than not at all.
+                kept = usage.set_aside(store.conn, time.time())
+                log.error("%s: it is kept as table %s in %s, and accounting starts afresh in "
+                          "a new usage table (reports miss the rows before now)", e, kept,
+                          store.path)
+                usage.create_schema(store.conn)
             self.accountant = Accountant()
             # Re-adopted jobs' counters continue.
             active = [r.id for r in store.active_jobs()]
             self.accountant.seed(usage.recorded_gpu_seconds(store.conn, active))
         except Exception as e:
-            log.error("accounting off: %s", e)
+            log.error("accounting off: %s (%s)", e, store.path)
 
     def _start_metrics(self) -> None:
         if not self.config.metrics_address:
@@ -378,19 +390,25 @@ class Daemon:
         if inputs:
             sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
-                                         sup.config.on_violation, time.monotonic())
+                                         sup.config.on_violation, time.time())
         sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
+            # Bills from the driver's figures: the busy time and memory NVML
+            # reports for the job's processes, attributed by the watch.
             live = sup.live_ids()
+            utilization = self.governor is not None
             for i in inputs:
                 if i.job_id in live:
-                    self.accountant.observe(i.job_id, i.uuid, wall,
-                                            sup.gates.measured(i.job_id, i.uuid),
-                                            i.usage.used, i.usage.peak)
+                    key = (i.job_id, i.uuid)
+                    self.accountant.observe(
+                        i.job_id, i.uuid, wall,
+                        res.share.get(key, sup.gates.measured(i.job_id, i.uuid)),
+                        res.memory.get(key, 0),
+                        busy_s=res.busy.get(key, 0.0) if utilization else None)
             try:
                 if usage.maybe_flush(self.store.conn, self.accountant, wall):
-                    sup.checkpoint(self.accountant, wall)   # a pread and a small file per job
+                    sup.checkpoint(self.accountant, wall)   # a copy and a small file per job
             except StateError as e:
                 # Kept in memory by the accountant, written at a later flush.
                 self._note_write_error(str(e))

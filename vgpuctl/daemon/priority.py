@@ -12,9 +12,9 @@ ends or changes class, and every tick for the costs.
 The cost of a launch is learnt as the share loop learns it: the job's busy
 time in each NVML window (its processes and launcher) over the launches its
 hook counted in its signal in the same window. The signal is the job's own
-file: a count it lies about only misleads its own hook (how much it may keep
-in flight) or, for a job of a higher class, how long the lower ones wait,
-which that job could make them do anyway by launching.
+segment: a count it lies about only misleads its own hook (how much it may
+keep in flight) or, for a job of a higher class, how long the lower ones
+wait, which that job could make them do anyway by launching.
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ class _Cost:
     last_wall: float | None = None
 
 
+def _signal_id(job: LiveJob | None) -> int:
+    """The segment of a job's signal; -1 when it has none."""
+    if job is None or job.region is None:
+        return -1
+    return int(job.region.signal_id)
+
+
 class Priorities:
     def __init__(self, table: JobTable, config: Callable[[], Config]) -> None:
         self._table = table
@@ -77,8 +84,10 @@ class Priorities:
             uuid = job.uuids()[i]
             c = self._costs.get((job_id, uuid))
             cost = c.cost.value if c is not None and hold.bits else None
+            holders = tuple((hid, d, r, _signal_id(jobs.get(hid)))
+                            for hid, d, r in hold.holders)
             fields_ = ClassFields(
-                priority=prio.rank(job.rec.priority), hold=hold.bits, holders=hold.holders,
+                priority=prio.rank(job.rec.priority), hold=hold.bits, holders=holders,
                 budget_ns=pc.budget_us * 1000, holdoff_ns=pc.holdoff_ms * 1_000_000,
                 launch_cost_ns=int(cost * 1e9) if cost is not None else 0)
             live.add((job_id, i))
@@ -114,7 +123,7 @@ class Priorities:
                       if (self._written.get((job.id, i)) or ClassFields()).hold]
             if not wanted:
                 continue
-            counts = signal_launches(job.region.path, len(uuids))
+            counts = signal_launches(job.region, len(uuids))
             pids = set(job.rec.pids) | ({job.rec.launcher_pid} if job.rec.launcher_pid else set())
             for i in wanted:
                 key = (job.id, uuids[i])

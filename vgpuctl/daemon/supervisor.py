@@ -41,7 +41,7 @@ from vgpuctl.core.job import RUNNING, STARTING
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import logs, metrics, outage, tracking, views
 from vgpuctl.daemon import violations as watch
-from vgpuctl.daemon.admission import Admission
+from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.priority import Priorities
@@ -50,6 +50,7 @@ from vgpuctl.daemon.tracking import Tracker
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import (
     AdmissionBusy,
+    AdmissionRefused,
     NotFound,
     PermissionDenied,
     RequestInvalid,
@@ -166,10 +167,25 @@ class Supervisor:
                           "allow_run": self.config.slurm.allow_run}}
 
     def op_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
+        if not self.is_admin(peer):
+            self._check_cooldown(peer.uid)
         job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req)
         self.priority.refresh()     # its neighbours heed it (or it them) from now on
         env, prepend = self.admission.job_env(job)
         return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
+
+    def _check_cooldown(self, uid: int) -> None:
+        """AdmissionRefused while a user's new jobs are held: their jobs were
+        ended for violations cooldown_after times within cooldown_s."""
+        cfg = self.config
+        now = self.clock()
+        until = self.violations.cooldown.held_until(uid, now, cfg.cooldown_after,
+                                                    cfg.cooldown_s)
+        if until is not None:
+            raise AdmissionRefused(
+                f"the jobs of {user_name(uid)} were ended for violations "
+                f"{cfg.cooldown_after} times within {cfg.cooldown_s} s: new jobs are held "
+                f"for another {until - now:.0f} s (cooldown_s in the daemon's configuration)")
 
     def op_started(self, peer: Peer, req: P.Started) -> dict[str, Any]:
         job = self.table.get(req.job)
@@ -209,6 +225,7 @@ class Supervisor:
 
     def op_ps(self, peer: Peer, req: P.Ps) -> dict[str, Any]:
         now = self.clock()
+        show = views.viewer(peer.uid, self.is_admin(peer), self.config.public_commands)
         if req.job is not None:
             job = self.table.find(req.job)
             if job is not None:
@@ -225,7 +242,8 @@ class Supervisor:
                         for r in self.table.ended()]
             jobs += [views.live_job(j, self.stats, now)
                      for j in sorted(self.table, key=lambda j: int(j.id))]
-        return P.ok(daemon=self.info(), gpus=self.gpu_views(), jobs=[j.wire() for j in jobs],
+        return P.ok(daemon=self.info(), gpus=self.gpu_views(),
+                    jobs=[show(j).wire() for j in jobs],
                     violations=list(self.violations.strays))
 
     def op_set(self, peer: Peer, req: P.Set) -> dict[str, Any]:
@@ -361,14 +379,20 @@ class Supervisor:
         self.tracker.track(table, self.clock())
 
     def watch_known(self) -> watch.Known:
-        return watch.known(self.table)
+        hooked: dict[int, int] = {}
+        for job in self.table:
+            hooked.update(self.tracker.slot_seeds(job))
+        return watch.known(self.table, self.config.reserve, hooked)
 
     def record_violations(self, res: watch.Result) -> None:
         """Apply one check of the watch: fresh NVML figures, and each new
         violation into its job's record (or the strays), the log and the
         counters."""
         self.update_stats(res.stats)
-        self.violations.apply(res, self.table, self.clock())
+        for job in self.table:
+            job.held = {u: res.memory.get((job.id, u), 0) for u in job.uuids()}
+            job.peak_debt = max(job.peak_debt, res.debts.get(job.id, 0.0))
+        self.violations.apply(res, self.table, self.clock(), self.trust.stop)
 
     def metrics_snapshot(self, gpu_seconds: Callable[[str], float | None]) -> Any:
         now = self.clock()
@@ -380,7 +404,15 @@ class Supervisor:
         outage.checkpoint(self.table, acc, wall)
 
     def credit_outage(self, acc: Accountant, now: float) -> None:
-        outage.credit(self.table, acc, now)
+        """At start, after re-adoption: each job's use while no daemon ran,
+        its memory from NVML's figures for its processes now."""
+        held = {}
+        for job in self.table:
+            for u in job.uuids():
+                st = self.stats.get(u)
+                if st is not None:
+                    held[(job.id, u)] = sum(st.processes.get(p, 0) for p in job.rec.pids)
+        outage.credit(self.table, acc, now, held, self.trust.flag)
 
     def has_jobs(self) -> bool:
         return len(self.table) > 0

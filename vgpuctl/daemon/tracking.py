@@ -115,14 +115,23 @@ class Tracker:
         self._trust = trust
         self._config = config
         self._me = os.getpid()
+        # (pid, start) -> the uid it runs as: a slot's process is checked once,
+        # not at every tick the violation watch asks for the slots.
+        self._uids: dict[tuple[int, int], int | None] = {}
 
-    def _slot_seeds(self, job: LiveJob) -> dict[int, int]:
+    def slot_seeds(self, job: LiveJob) -> dict[int, int]:
         """Slot pids of the job's region that run as the job's user (the
-        usage file is the job's to write: never trust it for anyone else's
+        usage segment is the job's to write: never trust it for anyone else's
         processes)."""
         out = {}
         for pid, start in self._trust.slot_pids(job):
-            if job.rec.uid == 0 or proc_uid(pid) == job.rec.uid:
+            if job.rec.uid == 0:
+                out[pid] = start
+                continue
+            key = (pid, start)
+            if key not in self._uids:
+                self._uids[key] = proc_uid(pid) if start_time(pid) == start else None
+            if self._uids[key] == job.rec.uid:
                 out[pid] = start
         return out
 
@@ -139,7 +148,7 @@ class Tracker:
         seeds = dict(rec.pids)
         if rec.root_pid is not None and rec.root_start is not None:
             seeds.setdefault(rec.root_pid, rec.root_start)
-        seeds.update(self._slot_seeds(job))
+        seeds.update(self.slot_seeds(job))
         if rec.launcher_pid is not None and alive(rec.launcher_pid, rec.launcher_start, table):
             for c in children.get(rec.launcher_pid, ()):
                 seeds.setdefault(c, table[c].start)
@@ -158,6 +167,7 @@ class Tracker:
         children = children_map(table)
         roots = self._roots()
         timeout = self._config().start_timeout_s
+        self._uids = {k: v for k, v in self._uids.items() if alive(k[0], k[1], table)}
         for job in self._table:
             rec = job.rec
             if rec.state == STARTING and now - rec.created > timeout:
@@ -198,7 +208,7 @@ class Tracker:
     def any_alive(self, job: LiveJob) -> bool:
         """Whether a process the job was seen with (or one in its slots) still runs."""
         seeds = dict(job.rec.pids)
-        seeds.update(self._slot_seeds(job))
+        seeds.update(self.slot_seeds(job))
         return any(start_time(p) == s for p, s in seeds.items())
 
     def add_pid(self, job: LiveJob, pid: int) -> None:

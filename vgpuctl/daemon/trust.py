@@ -1,5 +1,5 @@
 """Region trust: the daemon's side of vgpuctl.core.trust. Every tick it reads
-each live job's usage counters once (bounded preads, validated), checks them
+each live job's usage counters once (a private copy, validated), checks them
 against what the hook can have written, keeps the reading for the views and
 the governor, and writes every gate the governor sets, recording each write
 in the job's launch ledger. A job found tampering is flagged here and only
@@ -47,7 +47,7 @@ class Trust:
         """Write device i's gate into the job's region, when it changed."""
         if job.region is None or job.rec.state == ENDED or i >= len(job.ledgers):
             return
-        if job.rec.region_error is not None:
+        if job.rec.region_error is not None or job.stopped is not None:
             gate = CLOSED
         ledger = job.ledgers[i]
         if ledger.gate == gate:
@@ -119,6 +119,16 @@ class Trust:
         except BadRegion as e:
             self.flag(job, str(e))
             return []
+
+    def stop(self, job: LiveJob, why: str) -> None:
+        """The violation watch ends the job (its processes are being
+        killed): its gates close for good, so that nothing of it that goes
+        through the hook launches again. Not a verdict on its region."""
+        if job.stopped is not None:
+            return
+        job.stopped = why
+        for i in range(len(job.ledgers)):
+            self.write_gate(job, i, CLOSED)
 
     # -- the verdict ---------------------------------------------------------------------
     def flag(self, job: LiveJob, why: str) -> None:

@@ -1,11 +1,18 @@
 """What `ps`, `status`, `top` and the metrics show: the live jobs and GPUs as
 the model's views (vgpuctl.core.job). Pure reads of the daemon's state:
 nothing here reads a region, writes the store or changes a job; a job's
-counters are the last reading the tick took (vgpuctl.daemon.trust)."""
+counters are the last reading the tick took (vgpuctl.daemon.trust), its
+memory by NVML what the violation watch attributed to it at its last check.
+
+Who sees what: every user sees every job's id, name, user, GPU, limits,
+usage and violations; a job's command line and directory only its owner
+and root (the daemon's user) see, unless the operator sets
+``public_commands`` (`viewer`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vgpuctl.core import placement
@@ -22,12 +29,23 @@ def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView
     uuid = rec.uuids[0] if rec.uuids else None
     st = stats.get(uuid) if uuid is not None else None
     mem_nvml = None
-    if st is not None and st.memory_used is not None:
-        mem_nvml = sum(st.processes.get(p, 0) for p in rec.pids)
+    if st is not None and st.memory_used is not None and uuid is not None:
+        mem_nvml = job.held.get(uuid, 0)
     live = Live(usage=job.usage[0] if job.usage else None, mem_nvml=mem_nvml,
                 measured=job.measured.get(uuid) if uuid is not None else None,
                 violations=tuple(job.violations))
     return job_view(rec, live, now)
+
+
+def viewer(uid: int, admin: bool, public: bool) -> Callable[[JobView], JobView]:
+    """What a user asking for `ps` may see of each job: everything of their
+    own jobs (root and the daemon's user: of every job); of another user's,
+    all but its command line and directory, unless public."""
+    def show(view: JobView) -> JobView:
+        if admin or public or view.uid == uid:
+            return view
+        return replace(view, command=None, cwd=None)
+    return show
 
 
 def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) -> JobView:

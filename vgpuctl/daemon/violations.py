@@ -1,20 +1,35 @@
 """The daemon's violation watch: every tick, in a worker thread, NVML's
-per-process memory and utilization on every managed GPU against the jobs the
+per-process memory and busy time on every managed GPU against the jobs the
 daemon knows (the rules are vgpuctl.core.violations').
 
-A process NVML lists belongs to a job when it is one of the job's tracked
-pids, or its `vgpuctl run` (which holds the job's environment); when it
-sits in the cgroup of a Slurm job the daemon serves (Slurm's task/cgroup
-puts every process of a job under `.../job_<id>/`, which the job cannot
-leave); or when one of its ancestors is a tracked pid or the
-job's launcher (`vgpuctl run` is a subreaper, so a double-forked child is
-re-parented to it and stays below it). /proc is read only for pids no job
-knows, so a tick with no stranger on the GPUs reads no /proc file.
+**Attribution at the time of the sample.** Each process NVML lists (a
+compute process holding memory, or a pid in a utilization window) is given
+its job when the watch first sees it, not from the job's list of pids that
+/proc tracking refreshes every half second: it is one of the job's tracked
+pids, or its `vgpuctl run` (which holds the job's environment); it sits in
+the cgroup of a Slurm job the daemon serves (Slurm's task/cgroup puts every
+process of a job under `.../job_<id>/`, which the job cannot leave); or one
+of its ancestors is a tracked pid or the job's launcher (`vgpuctl run` is a
+subreaper, so a double-forked child is re-parented to it and stays below
+it). The verdict is kept per pid for `REMEMBER_S` after the pid was last
+seen, so the busy time NVML reports after a short-lived process exited
+(its windows close a sample period or more later) is still its job's.
+A pid a job tracks is checked once against /proc (its start time: a pid
+that was reused is not the job's process); a stranger's ancestry is read
+once; both verdicts are kept while NVML lists the pid.
 
-With ``on_violation = "kill"`` the process a violation names is sent
-SIGKILL, checked first to be the same process (pid and start time) NVML
-listed, and never pid 1 or the daemon itself. Only pids NVML lists on the
-daemon's GPUs are ever candidates.
+**Acting** (`on_violation`, vgpuctl.core.violations.act): a job to end
+has every process killed, not the one NVML named: its tracked processes,
+everything below them and below its launcher, and each process NVML
+attributes to it, each checked to run as the job's user; first stopped
+(SIGSTOP, so that none forks away), then killed. The job stays in the
+watch's list of jobs being ended, and is killed again at every tick until
+it is gone; from the second round on its launcher too (an honest `vgpuctl
+run` reports its command's end at once; one that keeps starting work is
+part of the job). A process in no job to kill is sent SIGKILL, checked
+first to be the same process (pid and start time) NVML listed. Never pid 1
+or the daemon itself. Only pids NVML lists on the daemon's GPUs, and the
+processes of the jobs they belong to, are ever candidates.
 """
 
 from __future__ import annotations
@@ -23,11 +38,22 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuctl.core.violations import KINDS, Checker, JobLimits, Violation
+from vgpuctl.core.violations import (
+    KINDS,
+    Actions,
+    Checker,
+    Cooldown,
+    Gpu,
+    JobLimits,
+    Violation,
+    Window,
+    act,
+)
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.jobs import MAX_VIOLATIONS, JobTable
 from vgpuctl.system.nvml import GpuStats
@@ -36,8 +62,23 @@ log = logging.getLogger("vgpuctl.daemon")
 
 # How far up the process tree a stranger's ancestry is followed.
 MAX_DEPTH = 64
+# A pid's verdict is kept this long after NVML last listed it (its busy
+# time is reported up to a sample buffer later).
+REMEMBER_S = 10.0
+# A job being ended: from this long after the first round, its launcher too.
+LAUNCHER_AFTER_S = 0.5
+# Rounds of stop-rescan within one kill of a job (children forked meanwhile).
+STOP_ROUNDS = 4
 # Slurm's job cgroup (task/cgroup, v1 and v2): .../job_<id>/...
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+
+
+@dataclass(frozen=True)
+class JobProcs:
+    """What the watch needs of a job to end it."""
+    uid: int
+    seeds: Mapping[int, int]                 # pid -> start: tracked processes
+    launcher: tuple[int, int] | None         # (pid, start) of its `vgpuctl run`
 
 
 @dataclass(frozen=True)
@@ -49,6 +90,9 @@ class Known:
     starts: Mapping[int, int]                # tracked pid -> its start time
     launchers: Mapping[int, tuple[int, str]]  # launcher pid -> (start, job id)
     slurm: Mapping[str, str] = field(default_factory=dict)  # Slurm job id -> job id
+    jobs: Mapping[str, JobProcs] = field(default_factory=dict)
+    reserve: int = 0                         # bytes kept aside per GPU (config)
+    hooked: Mapping[int, int] | None = None  # pid -> start: processes in their job's slots
 
 
 @dataclass
@@ -57,56 +101,119 @@ class Result:
     found: list[Violation]
     new: list[Violation]
     killed: list[Violation] = field(default_factory=list)
+    ended: dict[str, Violation] = field(default_factory=dict)   # jobs ended this check
+    memory: dict[tuple[str, str], int] = field(default_factory=dict)    # (job, uuid) -> bytes
+    busy: dict[tuple[str, str], float] = field(default_factory=dict)    # ... GPU-seconds
+    share: dict[tuple[str, str], float] = field(default_factory=dict)   # ... last window's
+    debts: dict[str, float] = field(default_factory=dict)   # job -> compute debt, GPU-s
+
+
+Utilization = Callable[[str], Any]   # uuid -> a sampler Window (or None)
 
 
 class Watch:
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
-                 busy: Callable[[str], Mapping[int, float]] | None = None) -> None:
+                 utilization: Utilization | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._snapshot = snapshot
-        self._busy = busy
+        self._utilization = utilization
+        self._clock = clock
         self._checker = Checker()
-        self._strangers: dict[tuple[int, int], str | None] = {}   # (pid, start) -> job
+        # pid -> (its start time, its job, when NVML last listed it)
+        self._verdicts: dict[int, tuple[int | None, str | None, float]] = {}
+        self._hooked: dict[int, int | None] = {}   # pid -> start: seen in its job's slots
+        self._ending: dict[str, float] = {}      # job id -> when its first round ran
 
     def check(self, known: Known, on_violation: str, now: float) -> Result:
+        """One check; `now` is the wall clock (NVML's windows are stamped
+        with it)."""
         stats = self._snapshot()
+        mono = self._clock()
         memory = {s.uuid: dict(s.processes) for s in stats}
-        busy: dict[str, Mapping[int, float]] = {}
-        if self._busy is not None:
-            for s in stats:
-                busy[s.uuid] = self._busy(s.uuid)
+        windows = self._windows(stats)
         owner: dict[tuple[str, int], str | None] = {}
-        starts: dict[int, int | None] = {}
         jobs = {lim.job_id for lim in known.limits}
-        for uuid, procs in memory.items():
-            for pid in procs:
-                job = known.pids.get(pid)
-                if job is None:
-                    job, starts[pid] = self._attribute(pid, known, jobs)
-                owner[(uuid, pid)] = job
-        live = {(p, s) for p, s in starts.items() if s is not None}
-        self._strangers = {k: v for k, v in self._strangers.items() if k in live}
-        found, new = self._checker.check(now, known.limits, memory, busy, owner)
-        res = Result(stats, found, new)
-        if on_violation == "kill":
-            for v in found:
-                start = starts.get(v.pid) or known.starts.get(v.pid)
-                if self._kill(v.pid, start):
-                    res.killed.append(v)
+        pids = {(s.uuid, p) for s in stats for p in s.processes}
+        pids |= {(w.uuid, p) for w in windows for p in w.busy}
+        for uuid, pid in pids:
+            owner[(uuid, pid)] = self._attribute(pid, known, jobs, mono)
+        self._forget(mono)
+        found, new = self._checker.check(now, known.limits, memory, windows, owner,
+                                         self._gated(known, windows))
+        res = Result(stats, found, new, debts=self._checker.debts())
+        for (uuid, pid), job in owner.items():
+            if job is None:
+                continue
+            if pid in memory.get(uuid, {}):
+                key = (job, uuid)
+                res.memory[key] = res.memory.get(key, 0) + memory[uuid][pid]
+        for w in windows:
+            per: dict[str, float] = {}
+            for pid, b in w.busy.items():
+                job = owner.get((w.uuid, pid))
+                if job is not None:
+                    per[job] = per.get(job, 0.0) + b
+            for job, b in per.items():
+                key = (job, w.uuid)
+                res.busy[key] = res.busy.get(key, 0.0) + min(b, w.duration)
+                res.share[key] = min(b / w.duration, 1.0) if w.duration > 0 else 0.0
+            for lim in known.limits:
+                if lim.uuid == w.uuid and lim.job_id not in per:
+                    res.share[(lim.job_id, w.uuid)] = 0.0
+        gpus = {s.uuid: Gpu(s.uuid, s.memory_total, s.memory_used) for s in stats}
+        todo = act(found, on_violation, gpus, known.limits, res.memory, known.reserve)
+        self._do(todo, known, owner, res, mono)
         return res
 
-    def _attribute(self, pid: int, known: Known,
-                   jobs: set[str]) -> tuple[str | None, int | None]:
-        """The job of a pid no job tracks (by its ancestors), and its start
-        time (None when it is gone). A verdict is kept while the process
-        lives and its job runs."""
+    # -- NVML's windows ------------------------------------------------------------
+    def _windows(self, stats: list[GpuStats]) -> list[Window]:
+        if self._utilization is None:
+            return []
+        out = []
+        for s in stats:
+            try:
+                w = self._utilization(s.uuid)
+            except Exception as e:  # noqa: BLE001 - a sampling error skips this GPU
+                log.debug("utilization of %s: %s", s.uuid, e)
+                continue
+            if w is None or w.duration_s <= 0:
+                continue
+            # A coarse window (several sample periods in one read) only
+            # bounds the busy time: take its lower bound.
+            busy = w.low_s if w.low_s is not None else w.busy_s
+            out.append(Window(s.uuid, w.start_s, w.end_s, dict(busy)))
+        return out
+
+    # -- attribution ---------------------------------------------------------------
+    def _attribute(self, pid: int, known: Known, jobs: set[str], now: float) -> str | None:
+        """The job of a pid NVML lists, as it is when seen (the module
+        docstring); None for no job."""
+        job = known.pids.get(pid)
+        cached = self._verdicts.get(pid)
+        if job is not None:
+            want = known.starts.get(pid)
+            if cached is not None and cached[1] == job and cached[0] == want:
+                self._verdicts[pid] = (want, job, now)      # checked when first seen
+                return job
         st = tracking.read_stat(pid)
-        if st is None:
-            return None, None
+        if job is not None and st is not None and st[1] == known.starts.get(pid) \
+                and st[2] not in ("Z", "X"):
+            self._verdicts[pid] = (st[1], job, now)
+            return job
+        if st is None or st[2] in ("Z", "X"):
+            # Gone (its busy time is reported after it exited): what it was.
+            if job is not None:
+                return job          # tracked as the job's at the last scan
+            if cached is not None and (cached[1] is None or cached[1] in jobs):
+                self._verdicts[pid] = (cached[0], cached[1], now)
+                return cached[1]
+            return None
         start = st[1]
-        cached = self._strangers.get((pid, start), "")
-        if cached is None or cached in jobs:
-            return cached, start
-        job = slurm_job(pid, known.slurm) if known.slurm else None
+        if cached is not None and cached[0] == start and (cached[1] is None
+                                                          or cached[1] in jobs):
+            self._verdicts[pid] = (start, cached[1], now)
+            return cached[1]
+        job = slurm_job(pid, known.slurm, known.jobs) if known.slurm else None
         if job is None and pid in known.launchers and known.launchers[pid][0] == start:
             job = known.launchers[pid][1]
         ppid = st[0] if job is None else 0
@@ -123,70 +230,183 @@ class Watch:
                 job = known.launchers[ppid][1]
                 break
             ppid = pst[0]
-        self._strangers[(pid, start)] = job
-        return job, start
+        self._verdicts[pid] = (start, job, now)
+        return job
 
-    @staticmethod
-    def _kill(pid: int, start: int | None) -> bool:
-        if pid <= 1 or pid == os.getpid() or start is None:
-            return False
-        if tracking.start_time(pid) != start:
-            return False        # gone, or its pid is another process's now
-        try:
-            os.kill(pid, signal.SIGKILL)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            log.warning("may not kill pid %d", pid)
-            return False
+    def _gated(self, known: Known, windows: list[Window]) -> set[int] | None:
+        """The pids of the windows that loaded the hook: in a slot of their
+        job's region, now or when last seen (the same process: start time)."""
+        if known.hooked is None:
+            return None
+        live: dict[int, int | None] = dict(known.hooked)
+        for pid, start in self._hooked.items():    # gone since, its busy still reported
+            if pid not in live and pid in self._verdicts:
+                live[pid] = start
+        self._hooked = live
+        out = set()
+        for w in windows:
+            for pid in w.busy:
+                v = self._verdicts.get(pid)
+                if pid in self._hooked and (v is None or v[0] is None
+                                            or self._hooked[pid] == v[0]):
+                    out.add(pid)
+        return out
+
+    def _forget(self, now: float) -> None:
+        for pid in [p for p, v in self._verdicts.items() if now - v[2] > REMEMBER_S]:
+            del self._verdicts[pid]
+
+    # -- acting ----------------------------------------------------------------------
+    def _do(self, todo: Actions, known: Known, owner: Mapping[tuple[str, int], str | None],
+            res: Result, now: float) -> None:
+        for job_id, v in todo.end.items():
+            if job_id not in self._ending and job_id in known.jobs:
+                self._ending[job_id] = now
+                res.ended[job_id] = v
+        for job_id in [j for j in self._ending if j not in known.jobs]:
+            del self._ending[job_id]
+        for job_id, first in self._ending.items():
+            on_gpu = {pid: v[0] for (_, pid), j in owner.items() if j == job_id
+                      and (v := self._verdicts.get(pid)) is not None and v[0] is not None}
+            killed = end_job(known.jobs[job_id], on_gpu, with_launcher=now - first
+                             >= LAUNCHER_AFTER_S)
+            if killed:
+                log.debug("job %s: killed %s", job_id, sorted(killed))
+            for v in res.found:
+                if v.job_id == job_id and (v.pid in killed or v.pid == 0):
+                    res.killed.append(v)
+        for v in todo.kill:
+            start = tracking.start_time(v.pid)
+            cached = self._verdicts.get(v.pid)
+            if cached is not None and cached[0] is not None and cached[0] != start:
+                continue        # not the process NVML listed any more
+            if _kill(v.pid, start):
+                res.killed.append(v)
 
 
-def slurm_job(pid: int, jobs: Mapping[str, str]) -> str | None:
-    """The job whose Slurm job's cgroup holds pid, if any."""
+def _kill(pid: int, start: int | None, sig: int = signal.SIGKILL) -> bool:
+    if pid <= 1 or pid == os.getpid() or start is None:
+        return False
+    if tracking.start_time(pid) != start:
+        return False        # gone, or its pid is another process's now
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("may not kill pid %d", pid)
+        return False
+
+
+def job_processes(job: JobProcs, on_gpu: Mapping[int, int], table: tracking.ProcTable,
+                  with_launcher: bool) -> dict[int, int]:
+    """{pid: start} of every live process of a job: its tracked processes
+    and what runs below them and below its launcher, and the processes NVML
+    attributes to it (and what runs below those); the launcher itself only
+    with_launcher. Never pid 1 or the daemon."""
+    seeds = {p: s for p, s in job.seeds.items() if tracking.alive(p, s, table)}
+    for p, s in on_gpu.items():
+        if tracking.alive(p, s, table):
+            seeds.setdefault(p, s)
+    children = tracking.children_map(table)
+    if job.launcher is not None and tracking.alive(*job.launcher, table):
+        lp, ls = job.launcher
+        for c in children.get(lp, ()):
+            seeds.setdefault(c, table[c].start)
+        if with_launcher:
+            seeds.setdefault(lp, ls)
+    out = tracking.job_processes(seeds, table, children)
+    me = os.getpid()
+    return {p: s for p, s in out.items()
+            if p > 1 and p != me and (job.uid == 0 or tracking.proc_uid(p) == job.uid)}
+
+
+def end_job(job: JobProcs, on_gpu: Mapping[int, int], with_launcher: bool) -> set[int]:
+    """Kill every process of a job: stop them all (rescanning for what
+    forked meanwhile), then kill them. The pids killed."""
+    stopped: dict[int, int] = {}
+    for _ in range(STOP_ROUNDS):
+        table = tracking.scan()
+        procs = job_processes(job, on_gpu, table, with_launcher)
+        fresh = {p: s for p, s in procs.items() if p not in stopped}
+        if not fresh:
+            break
+        for p, s in fresh.items():
+            if _kill(p, s, signal.SIGSTOP):
+                stopped[p] = s
+            else:
+                stopped.setdefault(p, s)
+    killed = set()
+    for p, s in stopped.items():
+        if _kill(p, s):
+            killed.add(p)
+    return killed
+
+
+def slurm_job(pid: int, jobs: Mapping[str, str],
+              procs: Mapping[str, JobProcs] | None = None) -> str | None:
+    """The job whose Slurm job's cgroup holds pid, if any, and only if pid
+    runs as that job's user: a user who may make cgroups of their own (a
+    delegated subtree) can name one job_<id>, and must not so charge their
+    process to another user's job."""
     try:
         with open(f"/proc/{pid}/cgroup") as f:
             text = f.read()
     except OSError:
         return None
     for m in _SLURM_CGROUP.finditer(text):
-        if m.group(1) in jobs:
-            return jobs[m.group(1)]
+        job = jobs.get(m.group(1))
+        if job is None:
+            continue
+        info = procs.get(job) if procs is not None else None
+        if info is not None and info.uid != 0 and tracking.proc_uid(pid) != info.uid:
+            return None
+        return job
     return None
 
 
-def known(table: JobTable) -> Known:
-    """What the watch needs of the live jobs, copied for its thread."""
-    limits, pids, starts, launchers, slurm = [], {}, {}, {}, {}
+def known(table: JobTable, reserve: int = 0,
+          hooked: Mapping[int, int] | None = None) -> Known:
+    """What the watch needs of the live jobs, copied for its thread;
+    hooked: the processes in their jobs' region slots (pid -> start)."""
+    limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
     for job in table:
         rec = job.rec
         for u in job.uuids():
             share = max(rec.core_share / 100, job.target.get(u, 0.0))
-            limits.append(JobLimits(job.id, u, rec.mem_limit, share, job.measured.get(u)))
+            limits.append(JobLimits(job.id, u, rec.mem_limit, share, rec.uid))
         for p, start in rec.pids.items():
             pids[p] = job.id
             starts[p] = start
+        launcher = None
         if rec.launcher_pid is not None and rec.launcher_start is not None:
             launchers[rec.launcher_pid] = (rec.launcher_start, job.id)
+            launcher = (rec.launcher_pid, rec.launcher_start)
         if rec.slurm_job is not None:
             slurm[rec.slurm_job] = job.id
-    return Known(limits, pids, starts, launchers, slurm)
+        jobs[job.id] = JobProcs(rec.uid, dict(rec.pids), launcher)
+    return Known(limits, pids, starts, launchers, slurm, jobs, reserve,
+                 dict(hooked) if hooked is not None else None)
 
 
 class Record:
     """The violations the watch found: into their jobs' records (the job
     table), the processes in no job (the newest), the totals per kind, the
-    log."""
+    log; the jobs it ended (their gates closed, their users' cooldown)."""
 
     def __init__(self) -> None:
         self.strays: list[dict[str, Any]] = []
         self.totals: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.cooldown = Cooldown()
 
-    def apply(self, res: Result, table: JobTable, now: float) -> None:
+    def apply(self, res: Result, table: JobTable, now: float,
+              close: Callable[[Any, str], None] | None = None) -> None:
         killed = {v.key for v in res.killed}
         for v in res.new:
             self.totals[v.kind] = self.totals.get(v.kind, 0) + 1
-            done = "killed" if v.key in killed else "reported"
+            done = ("ended" if v.job_id in res.ended else
+                    "killed" if v.key in killed else "reported")
             entry = record(v, done, now)
             if not table.note_violation(v.job_id, entry):
                 self.strays.append(entry)
@@ -197,10 +417,23 @@ class Record:
         for v in res.killed:
             if v.key not in fresh:
                 log.debug("violation (%s): pid %d killed again", v.kind, v.pid)
+        for job_id, v in res.ended.items():
+            job = table.find(job_id)
+            if job is None:
+                continue
+            why = v.describe()
+            if v.key not in fresh:      # seen before, acted on now
+                table.note_violation(job_id, record(v, "ended", now))
+            if close is not None:
+                close(job, why)
+            self.cooldown.note(job.rec.uid, now)
+            log.warning("job %s (%s) of %s ended for a %s violation: every process of it "
+                        "is killed and its gate closed", job_id, job.rec.name, job.rec.user,
+                        v.kind)
 
 
 def record(v: Violation, action: str, at: float) -> dict[str, Any]:
     """A violation as `ps --json` shows it."""
     return {"kind": v.kind, "pid": v.pid, "gpu_uuid": v.uuid, "job": v.job_id,
             "value": v.value, "limit": v.limit, "time": at, "action": action,
-            "detail": v.describe()}
+            "scope": v.scope, "detail": v.describe()}

@@ -124,6 +124,14 @@ class Demo:
             _stop(p)
         if self.daemon is not None:
             _stop(self.daemon)
+        # A region's shared memory outlives its files: what a daemon that
+        # stopped before its jobs ended left goes too.
+        from vgpuctl.system.region import Region
+
+        jobs = Path(self.env["VGPU_RUNTIME_DIR"]) / "jobs"
+        if jobs.is_dir():
+            for p in jobs.iterdir():
+                Region.discard(p)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- steps -------------------------------------------------------------------

@@ -4,9 +4,11 @@ Each row is one interval [t0, t1) of one job on one GPU with its
 GPU-seconds, GiB-hours and peak bytes. The daemon writes through ``flush``
 and ``maybe_flush``; reports read through ``read_usage``; ``prune`` keeps
 the table to ``retention_days``. A table that is not what SCHEMA makes (a
-corrupt or foreign one) is a StateError at ``create_schema``, and a write
-that fails (a full disk) is a StateError too: the accountant keeps the rows
-and the next flush writes them.
+corrupt or foreign one) is a StateError at ``create_schema``; the daemon
+then keeps it aside under another name (``set_aside``) and accounts afresh
+in a new one, rather than not at all. A write that fails (a full disk) is a
+StateError too: the accountant keeps the rows and the next flush writes
+them.
 """
 
 from __future__ import annotations
@@ -47,6 +49,21 @@ def create_schema(conn: sqlite3.Connection) -> None:
         raise StateError(f"the usage table is unusable: {e}") from None
     if have != COLUMNS:
         raise StateError(f"the usage table is not vgpuctl's: columns {', '.join(have)}")
+
+
+def set_aside(conn: sqlite3.Connection, now: float) -> str:
+    """Rename an unusable usage table (and drop its indexes) so that
+    create_schema can make a new one; the name it is kept under.
+    StateError when even that fails (the database file itself is damaged)."""
+    name = f"usage_unreadable_{int(now)}"
+    try:
+        with conn:
+            conn.execute("DROP INDEX IF EXISTS usage_job")
+            conn.execute("DROP INDEX IF EXISTS usage_t1")
+            conn.execute(f'ALTER TABLE usage RENAME TO "{name}"')
+    except sqlite3.Error as e:
+        raise StateError(f"the usage table can't be set aside: {e}") from None
+    return name
 
 
 def write_rows(conn: sqlite3.Connection, rows: Sequence[RowWrite]) -> list[int]:

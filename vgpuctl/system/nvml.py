@@ -67,6 +67,12 @@ class Nvml:
                     name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
                     minor=minor))
 
+    @property
+    def module(self) -> Any:
+        """The initialised pynvml module (for a reader of its own, such as
+        the violation watch's utilization sampler)."""
+        return self._nv
+
     def devices(self) -> list[GpuStats]:
         """The GPUs as found at start (index, uuid, name, total)."""
         return list(self._static)

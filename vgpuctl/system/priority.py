@@ -1,18 +1,15 @@
 """Priority classes in a job's region (region.h): the class fields of its
-limits, written here, and its signal file, read here. The signal is the
-job's own file (its hook writes it): it is read with one bounded ``pread``,
-never mapped (a file its owner truncates would kill a mapping's reader), and
-a short read is no reading."""
+limits, written here, and its signal, read here. The signal is the job's
+own System V segment (made by the daemon with the region, written by the
+job's hook): it is copied whole into our memory and checked, and a wrong
+magic is no reading."""
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from vgpuctl.system.region import SIGNAL_FILE, Region, const, ffi
+from vgpuctl.system.region import Region, const, ffi
 
 
 @dataclass(frozen=True)
@@ -20,7 +17,8 @@ class ClassFields:
     """What the daemon writes into one device's limits for the classes."""
     priority: int = 1                   # VGPU_PRIORITY_*
     hold: int = 0                       # VGPU_HOLD_* bits
-    holders: tuple[tuple[str, int, int], ...] = ()   # (job id, device, class rank)
+    # (job id, device, class rank, its signal's segment id)
+    holders: tuple[tuple[str, int, int, int], ...] = ()
     budget_ns: int = 0
     holdoff_ns: int = 0
     launch_cost_ns: int = 0
@@ -37,11 +35,12 @@ def write_class(region: Region, i: int, c: ClassFields) -> None:
         dev.holders_gen += 1 if dev.holders_gen % 2 == 0 else 2
         id_len = const("VGPU_JOB_ID_LEN")
         for k in range(const("VGPU_MAX_HOLDERS")):
-            job_id, d, rank = c.holders[k] if k < n else ("", 0, 0)
+            job_id, d, rank, sid = c.holders[k] if k < n else ("", 0, 0, -1)
             raw = job_id.encode()[: id_len - 1]
             f.memmove(dev.holders[k].job_id, raw + b"\0" * (id_len - len(raw)), id_len)
             dev.holders[k].dev = d
             dev.holders[k].priority = rank
+            dev.holders[k].signal_id = sid
         dev.nholders = n
         dev.holders_gen += 1
     dev.priority = c.priority
@@ -59,7 +58,8 @@ def read_class(region: Region, i: int) -> ClassFields:
     return ClassFields(
         priority=int(dev.priority), hold=int(dev.hold),
         holders=tuple((f.string(dev.holders[k].job_id).decode(), int(dev.holders[k].dev),
-                       int(dev.holders[k].priority)) for k in range(n)),
+                       int(dev.holders[k].priority), int(dev.holders[k].signal_id))
+                      for k in range(n)),
         budget_ns=int(dev.budget_ns), holdoff_ns=int(dev.holdoff_ns),
         launch_cost_ns=int(dev.launch_cost_ns))
 
@@ -71,35 +71,22 @@ class SignalDev:
     launches: int
 
 
-def read_signal(job_dir: Path | str, ndevices: int) -> list[SignalDev] | None:
-    """A job's signal, per device (at most ndevices); None when it can't be
-    read whole (no file, truncated, not a regular file, another layout)."""
+def read_signal(region: Region, ndevices: int) -> list[SignalDev] | None:
+    """A job's signal, per device (at most ndevices); None when it is not
+    attached or holds no signal of this layout (its owner overwrote it)."""
     f = ffi()
-    size = f.sizeof("struct vgpu_signal")
-    try:
-        fd = os.open(Path(job_dir) / SIGNAL_FILE,
-                     os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.pread(fd, size, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) != size:
+    data = region.signal_bytes()
+    if data is None:
         return None
     buf = f.new("struct vgpu_signal *")
-    f.memmove(buf, data, size)
-    if buf.magic != const("VGPU_REGION_MAGIC") or buf.version != const("VGPU_REGION_VERSION"):
+    f.memmove(buf, data, len(data))
+    if buf.magic != const("VGPU_SIGNAL_MAGIC") or buf.version != const("VGPU_REGION_VERSION"):
         return None
     n = min(ndevices, const("VGPU_MAX_DEVICES"))
     return [SignalDev(int(buf.dev[k].last_launch_ns), int(buf.dev[k].busy_until_ns),
                       int(buf.dev[k].launches)) for k in range(n)]
 
 
-def signal_launches(job_dir: Path | str, ndevices: int) -> Sequence[int] | None:
-    sig = read_signal(job_dir, ndevices)
+def signal_launches(region: Region, ndevices: int) -> Sequence[int] | None:
+    sig = read_signal(region, ndevices)
     return None if sig is None else [s.launches for s in sig]

@@ -2,26 +2,49 @@
 the hook is compiled with (libvgpu/include/vgpu/region.h), so the two sides
 cannot drift.
 
-Two files per job directory:
-  limits  written here (the daemon) only; mode 0644; the job maps it read-only
-  usage   written by the hook with atomics; owned by the job's user, mode 0600
+The region's three structs live in System V shared memory, one segment
+each, created by the daemon; the job's directory holds only the daemon's
+small files:
 
-The usage file is the job's to write, truncate or fill with anything: the
-daemon never maps it (a truncated map kills the reader with SIGBUS). It reads
-it with bounded ``pread`` calls of a fixed size into its own memory and
-validates what it got: a short read, a wrong magic or a counter out of any
-physically possible range raises `BadRegion`, which is that job's problem
-(the daemon flags it and closes its gate), never the daemon's. See
-docs/security.md, "The usage region".
+  region      "vgpu-region VERSION LIMITS_ID USAGE_ID SIGNAL_ID": the three
+              segments (the daemon's file, mode 0644)
+  checkpoint  the daemon's record of the hook's counters (mode 0600)
+
+and the segments:
+
+  limits  written here (the daemon) only; owned by the daemon's user, mode
+          0644: the job attaches it read-only
+  usage   written by the hook with atomics; owned by the job's user, mode
+          0600; the daemon attaches it read-only
+  signal  written by the hook (when the job last launched, until when its
+          work should keep the GPU): owned by the job's user, mode 0644; the
+          hooks of jobs of a lower class on its GPU attach it read-only,
+          the daemon reads its launch counts (vgpuctl.system.priority)
+
+Why segments and not files: a segment has the size it was created with for
+good. The job's user can write its usage, not truncate it, grow it, or fill
+a filesystem through it, and the daemon allocates and touches every page
+before anyone attaches, so no access through an attachment can fault for
+want of space (a file mapped from a filesystem that someone filled raises
+SIGBUS at the first store into a page it never had). The kernel records
+who created a segment (``shm_perm.cuid``), which no one else can set: the
+hook uses only segments the daemon's user created. Nothing of a region is
+a file a job's user can write.
+
+The usage is still the job's to write with anything: the daemon copies it
+into its own memory and validates what it got: a wrong magic or a counter
+out of any physically possible range raises `BadRegion`, which is that
+job's problem (the daemon flags it and closes its gate), never the
+daemon's. See docs/security.md, "The usage region".
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
-import mmap
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +53,8 @@ import cffi
 
 from vgpuctl.system import native
 
-LIMITS_FILE = "limits"
-USAGE_FILE = "usage"
-# The job's signal to the jobs of lower classes on its GPUs (the job's own
-# file, readable by all: vgpuctl.system.priority).
-SIGNAL_FILE = "signal"
+REGION_FILE = "region"
+REGION_TAG = "vgpu-region"
 # The daemon's checkpoint of the hook's counters (owner-only: the daemon's).
 CHECKPOINT_FILE = "checkpoint"
 
@@ -45,8 +65,141 @@ MAX_COUNT = 1 << 53
 
 
 class BadRegion(ValueError):
-    """A job's usage region holds what the hook never writes (truncated,
-    wrong magic, a counter out of range): the job tampered with it."""
+    """A job's usage region holds what the hook never writes (wrong magic, a
+    counter out of range): the job tampered with it."""
+
+
+# -- System V shared memory, through libc --------------------------------------------
+IPC_PRIVATE = 0
+IPC_CREAT = 0o1000
+IPC_EXCL = 0o2000
+IPC_RMID = 0
+IPC_SET = 1
+IPC_STAT = 2
+SHM_RDONLY = 0o10000
+
+
+class IpcPerm(ctypes.Structure):
+    """struct ipc_perm on 64-bit Linux (x86_64 and aarch64 lay it out alike;
+    tests/sim/test_region_segments.py checks it against the C headers)."""
+    _fields_ = [("key", ctypes.c_int32), ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
+                ("cuid", ctypes.c_uint32), ("cgid", ctypes.c_uint32),
+                ("mode", ctypes.c_uint32),           # a 16-bit mode and its padding
+                ("seq", ctypes.c_uint16), ("pad2", ctypes.c_uint16),
+                ("reserved1", ctypes.c_ulong), ("reserved2", ctypes.c_ulong)]
+
+
+class ShmidDs(ctypes.Structure):
+    """struct shmid_ds on 64-bit Linux."""
+    _fields_ = [("perm", IpcPerm), ("segsz", ctypes.c_size_t), ("atime", ctypes.c_long),
+                ("dtime", ctypes.c_long), ("ctime", ctypes.c_long),
+                ("cpid", ctypes.c_int32), ("lpid", ctypes.c_int32),
+                ("nattch", ctypes.c_ulong), ("reserved4", ctypes.c_ulong),
+                ("reserved5", ctypes.c_ulong)]
+
+
+_libc: Any = None
+
+
+def _lib() -> Any:
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+        lib.shmget.restype = ctypes.c_int
+        lib.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        lib.shmat.restype = ctypes.c_void_p
+        lib.shmdt.argtypes = [ctypes.c_void_p]
+        lib.shmdt.restype = ctypes.c_int
+        lib.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ShmidDs)]
+        lib.shmctl.restype = ctypes.c_int
+        _libc = lib
+    return _libc
+
+
+def _oserror(what: str) -> OSError:
+    e = ctypes.get_errno()
+    return OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def shm_create(size: int, owner_uid: int | None, mode: int) -> int:
+    """A new private segment of size bytes, every page allocated and zero;
+    its owner set to owner_uid (None: ours) and its mode to mode. OSError
+    (ENOSPC: the kernel's segment limit, ENOMEM) when it can't be made."""
+    lib = _lib()
+    sid = lib.shmget(IPC_PRIVATE, size, IPC_CREAT | IPC_EXCL | 0o600)
+    if sid < 0:
+        e = ctypes.get_errno()
+        if e == errno.ENOSPC:
+            raise OSError(e, f"no System V shared memory segment left to make ({_holders()})")
+        raise _oserror("shmget")
+    try:
+        ds = shm_stat(sid)
+        if owner_uid is not None:
+            ds.perm.uid = owner_uid
+        ds.perm.mode = mode
+        if lib.shmctl(sid, IPC_SET, ctypes.byref(ds)) != 0:
+            raise _oserror("shmctl(IPC_SET)")
+        addr = shm_attach(sid, writable=True)
+        try:
+            ctypes.memset(addr, 0, size)     # every page allocated now, not at a store
+        finally:
+            lib.shmdt(ctypes.c_void_p(addr))
+    except BaseException:
+        shm_remove(sid)
+        raise
+    return sid
+
+
+def _holders() -> str:
+    """Who holds the node's System V segments: the kernel's limit, and the
+    user with the most (one user can make them all, and none is left for
+    the daemon: the operator should know whom to ask)."""
+    count: dict[int, int] = {}
+    try:
+        with open("/proc/sysvipc/shm") as f:
+            next(f)
+            for line in f:
+                col = line.split()
+                count[int(col[7])] = count.get(int(col[7]), 0) + 1
+        with open("/proc/sys/kernel/shmmni") as f:
+            limit = f.read().strip()
+    except (OSError, ValueError, IndexError, StopIteration):
+        return "kernel.shmmni"
+    if not count:
+        return f"kernel.shmmni is {limit}"
+    uid, n = max(count.items(), key=lambda kv: kv[1])
+    try:
+        import pwd
+
+        who = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        who = f"uid {uid}"
+    return f"kernel.shmmni is {limit}; {who} holds {n} of the {sum(count.values())} there are"
+
+
+def shm_stat(sid: int) -> ShmidDs:
+    ds = ShmidDs()
+    if _lib().shmctl(sid, IPC_STAT, ctypes.byref(ds)) != 0:
+        raise _oserror(f"segment {sid}")
+    return ds
+
+
+def shm_attach(sid: int, writable: bool) -> int:
+    addr = _lib().shmat(sid, None, 0 if writable else SHM_RDONLY)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        raise _oserror(f"segment {sid}")
+    return int(addr)
+
+
+def shm_detach(addr: int) -> None:
+    _lib().shmdt(ctypes.c_void_p(addr))
+
+
+def shm_remove(sid: int) -> None:
+    """Mark a segment for removal (it goes when the last process detaches);
+    nothing when it is already gone or not ours to remove."""
+    _lib().shmctl(sid, IPC_RMID, None)
 
 
 def _cdef_source(text: str) -> str:
@@ -144,100 +297,213 @@ def _device_usage(d: Any) -> DeviceUsage:
                        oom_refusals=_count(d.oom_refusals))
 
 
-def _map(path: Path, size: int, writable: bool) -> mmap.mmap:
-    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+_SLOTS: tuple[int, int, int, int] | None = None
+
+
+def _slot_layout() -> tuple[int, int, int, int]:
+    """(offset of the slots, a slot's size, offset of its start time, how
+    many), from region.h."""
+    global _SLOTS
+    if _SLOTS is None:
+        f = ffi()
+        assert f.offsetof("struct vgpu_proc_slot", "pid") == 0
+        size = f.sizeof("struct vgpu_proc_slot")
+        assert size % 4 == 0
+        _SLOTS = (f.offsetof("struct vgpu_usage", "procs"), size,
+                  f.offsetof("struct vgpu_proc_slot", "start_time"), const("VGPU_MAX_PROCS"))
+    return _SLOTS
+
+
+def read_ids(path: Path) -> tuple[int, int, int]:
+    """The (limits, usage, signal) segment ids a job directory's region file
+    names; ValueError when it names none (OSError when it can't be read)."""
+    fd = os.open(path / REGION_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        text = os.read(fd, 128).decode("ascii", "replace")
     finally:
         os.close(fd)
+    m = re.fullmatch(rf"{REGION_TAG} (\d+) (\d+) (\d+) (\d+)\n?", text)
+    if m is None:
+        raise ValueError(f"{path}: not a vgpu region")
+    if int(m.group(1)) != const("VGPU_REGION_VERSION"):
+        raise ValueError(f"{path}: region layout version {m.group(1)}, expected "
+                         f"{const('VGPU_REGION_VERSION')}")
+    return int(m.group(2)), int(m.group(3)), int(m.group(4))
+
+
+def _sizes() -> tuple[int, int, int]:
+    f = ffi()
+    return (f.sizeof("struct vgpu_limits"), f.sizeof("struct vgpu_usage"),
+            f.sizeof("struct vgpu_signal"))
+
+
+def _own_segment(sid: int, size: int) -> bool:
+    """Whether segment sid exists, was made by this process's user and holds
+    size bytes or more: one of our regions' (a stale id may name another's)."""
+    try:
+        ds = shm_stat(sid)
+    except OSError:
+        return False
+    return ds.perm.cuid == os.geteuid() and ds.segsz >= size
 
 
 class Region:
     """One job's region. Create with Region.create (daemon), or open an
     existing one with Region.open."""
 
-    def __init__(self, path: Path, limits_map: mmap.mmap, usage_fd: int | None) -> None:
+    def __init__(self, path: Path, ids: tuple[int, int, int], limits_addr: int,
+                 usage_addr: int | None, usage_writable: bool = False,
+                 limits_writable: bool = False, signal_addr: int | None = None) -> None:
         f = ffi()
         self.path = path
-        self._lmap = limits_map
-        self._ufd = usage_fd
-        self.limits = f.cast("struct vgpu_limits *", f.from_buffer(limits_map))
+        self._lwritable = limits_writable
+        self.limits_id, self.usage_id, self.signal_id = ids
+        self._laddr: int | None = limits_addr
+        self._uaddr = usage_addr
+        self._uwritable = usage_writable
+        self._saddr = signal_addr
+        self.limits = f.cast("struct vgpu_limits *", limits_addr)
 
     @property
     def usage_readable(self) -> bool:
-        return self._ufd is not None
+        return self._uaddr is not None
 
     # -- creation and opening ------------------------------------------------
     @classmethod
     def create(cls, path: Path | str, job_id: str, owner_uid: int,
                devices: list[DeviceLimit]) -> Region:
-        """Create the two files (atomically: written under temporary names,
-        then renamed) and return the region, writable."""
+        """Make the job's three segments (every page allocated), fill them, and
+        name them in the directory's region file (written under a temporary
+        name, then renamed): the region, its limits writable. OSError when a
+        segment or the file can't be made (no space): nothing is left."""
         f = ffi()
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        lsize = f.sizeof("struct vgpu_limits")
-        usize = f.sizeof("struct vgpu_usage")
-        ssize = f.sizeof("struct vgpu_signal")
         max_dev = const("VGPU_MAX_DEVICES")
         if len(devices) > max_dev:
             raise ValueError(f"at most {max_dev} devices per job")
-        for name, size, mode in ((LIMITS_FILE, lsize, 0o644), (USAGE_FILE, usize, 0o600),
-                                 (SIGNAL_FILE, ssize, 0o644)):
-            tmp = path / f".{name}.tmp"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
-            try:
-                os.ftruncate(fd, size)
-                os.fchmod(fd, mode)
-                if name in (USAGE_FILE, SIGNAL_FILE):
-                    head = f.new("struct vgpu_usage *")
-                    head.magic = const("VGPU_REGION_MAGIC")
+        lsize, usize, ssize = _sizes()
+        made: list[int] = []
+        reg: Region | None = None
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            lid = shm_create(lsize, None, 0o644)
+            made.append(lid)
+            owner = owner_uid if os.geteuid() == 0 else None
+            uid = shm_create(usize, owner, 0o600)
+            made.append(uid)
+            sid = shm_create(ssize, owner, 0o644)
+            made.append(sid)
+            for seg, struct, magic in ((uid, "struct vgpu_usage *", "VGPU_REGION_MAGIC"),
+                                       (sid, "struct vgpu_signal *", "VGPU_SIGNAL_MAGIC")):
+                addr = shm_attach(seg, writable=True)
+                try:
+                    head = f.cast(struct, addr)
                     head.version = const("VGPU_REGION_VERSION")
-                    os.pwrite(fd, bytes(f.buffer(head, f.offsetof("struct vgpu_usage", "dev"))),
-                              0)
-                    if os.geteuid() == 0 and owner_uid != 0:
-                        os.fchown(fd, owner_uid, -1)
+                    head.magic = const(magic)
+                finally:
+                    shm_detach(addr)
+            reg = cls(path, (lid, uid, sid), shm_attach(lid, writable=True),
+                      shm_attach(uid, writable=False), limits_writable=True,
+                      signal_addr=shm_attach(sid, writable=False))
+            lim = reg.limits
+            lim.version = const("VGPU_REGION_VERSION")
+            jid = job_id.encode()[: const("VGPU_JOB_ID_LEN") - 1]
+            f.memmove(lim.job_id, jid, len(jid))
+            lim.owner_uid = owner_uid
+            reg.set_devices(devices)
+            lim.magic = const("VGPU_REGION_MAGIC")
+            tmp = path / f".{REGION_FILE}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644)
+            try:
+                text = (f"{REGION_TAG} {const('VGPU_REGION_VERSION')} {lid} {uid} "
+                        f"{sid}\n").encode()
+                if os.write(fd, text) != len(text):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fchmod(fd, 0o644)
             finally:
                 os.close(fd)
-        lmap = _map(path / f".{LIMITS_FILE}.tmp", lsize, True)
-        ufd = os.open(path / f".{USAGE_FILE}.tmp", os.O_RDONLY | os.O_CLOEXEC)
-        reg = cls(path, lmap, ufd)
-        lim = reg.limits
-        lim.version = const("VGPU_REGION_VERSION")
-        jid = job_id.encode()[: const("VGPU_JOB_ID_LEN") - 1]
-        f.memmove(lim.job_id, jid, len(jid))
-        lim.owner_uid = owner_uid
-        reg.set_devices(devices)
-        lim.magic = const("VGPU_REGION_MAGIC")
-        os.rename(path / f".{USAGE_FILE}.tmp", path / USAGE_FILE)
-        os.rename(path / f".{SIGNAL_FILE}.tmp", path / SIGNAL_FILE)
-        os.rename(path / f".{LIMITS_FILE}.tmp", path / LIMITS_FILE)
+            os.rename(tmp, path / REGION_FILE)
+        except BaseException:
+            if reg is not None:
+                reg.close()
+            for sid in made:
+                shm_remove(sid)
+            try:
+                os.unlink(path / f".{REGION_FILE}.tmp")
+            except OSError:
+                pass
+            raise
         return reg
 
     @classmethod
-    def open(cls, path: Path | str, writable_limits: bool = False) -> Region:
+    def open(cls, path: Path | str, writable_limits: bool = False,
+             writable_usage: bool = False) -> Region:
+        """The region of a job directory. Its usage and signal are attached
+        read-only (writable_usage: read-write, as the job's user may: for
+        tests), or not at all where this user may not (usage_readable is
+        then False). OSError or ValueError when it is not a region (any
+        more)."""
         f = ffi()
         path = Path(path)
-        lmap = _map(path / LIMITS_FILE, f.sizeof("struct vgpu_limits"), writable_limits)
+        lid, uid, sid = read_ids(path)
+        ds = shm_stat(lid)
+        if ds.segsz < f.sizeof("struct vgpu_limits"):
+            raise ValueError(f"{path}: the limits segment {lid} is too small")
+        laddr = shm_attach(lid, writable=writable_limits)
         try:
-            ufd: int | None = os.open(path / USAGE_FILE,
-                                      os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+            uaddr: int | None = shm_attach(uid, writable=writable_usage)
+            if shm_stat(uid).segsz < f.sizeof("struct vgpu_usage"):
+                shm_detach(uaddr)
+                raise ValueError(f"{path}: the usage segment {uid} is too small")
         except PermissionError:
-            ufd = None
-        except OSError:
-            lmap.close()
+            uaddr = None
+        except BaseException:
+            shm_detach(laddr)
             raise
-        reg = cls(path, lmap, ufd)
-        if reg.limits.magic != const("VGPU_REGION_MAGIC"):
-            raise ValueError(f"{path}: not a vgpu region")
-        if reg.limits.version != const("VGPU_REGION_VERSION"):
-            raise ValueError(f"{path}: region layout version {reg.limits.version}, "
-                             f"expected {const('VGPU_REGION_VERSION')}")
+        saddr: int | None = None
+        try:
+            if shm_stat(sid).segsz == f.sizeof("struct vgpu_signal"):
+                saddr = shm_attach(sid, writable=writable_usage)
+        except OSError:
+            saddr = None
+        reg = cls(path, (lid, uid, sid), laddr, uaddr, writable_usage, writable_limits,
+                  signal_addr=saddr)
+        try:
+            if reg.limits.magic != const("VGPU_REGION_MAGIC"):
+                raise ValueError(f"{path}: not a vgpu region")
+            if reg.limits.version != const("VGPU_REGION_VERSION"):
+                raise ValueError(f"{path}: region layout version {reg.limits.version}, "
+                                 f"expected {const('VGPU_REGION_VERSION')}")
+        except BaseException:
+            reg.close()
+            raise
         return reg
 
+    @staticmethod
+    def discard(path: Path | str) -> None:
+        """Remove what a job directory holds (its segments, when this user
+        made them, and its files), the region open or not."""
+        path = Path(path)
+        try:
+            ids = read_ids(path)
+        except (OSError, ValueError):
+            ids = None
+        if ids is not None:
+            for sid, size in zip(ids, _sizes(), strict=True):
+                if _own_segment(sid, size):
+                    shm_remove(sid)
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
     # -- limits (daemon side) -------------------------------------------------
+    def _writable(self) -> None:
+        if not self._lwritable or self._laddr is None:
+            raise PermissionError(f"{self.path}: the limits segment is not attached writable")
+
     def set_devices(self, devices: list[DeviceLimit]) -> None:
+        self._writable()
         f = ffi()
         lim = self.limits
         for i, d in enumerate(devices):
@@ -264,6 +530,7 @@ class Region:
 
     def update_device(self, i: int, **changes: Any) -> None:
         """Change some fields of device i's limits live."""
+        self._writable()
         d = self.device(i)
         for k, v in changes.items():
             if not hasattr(d, k):
@@ -289,23 +556,13 @@ class Region:
         return ffi().string(self.limits.job_id).decode()
 
     # -- usage (written by the hook: untrusted) ---------------------------------
-    def _pread(self, offset: int, size: int) -> bytes:
-        """Exactly ``size`` bytes of the usage file at ``offset``, copied into
-        the daemon's memory; BadRegion when the file is shorter (truncated)
-        or not a regular file."""
-        if self._ufd is None:
-            raise PermissionError(f"{self.path / USAGE_FILE}: not readable")
-        try:
-            st = os.fstat(self._ufd)
-            if not stat.S_ISREG(st.st_mode):
-                raise BadRegion("the usage file is not a regular file")
-            data = os.pread(self._ufd, size, offset)
-        except OSError as e:
-            raise BadRegion(f"the usage file can't be read: {e.strerror}") from None
-        if len(data) != size:
-            raise BadRegion(f"the usage file is truncated ({st.st_size} bytes, "
-                            f"{ffi().sizeof('struct vgpu_usage')} expected)")
-        return data
+    def _copy(self, offset: int, size: int) -> bytes:
+        """size bytes of the usage segment at offset, copied into the
+        daemon's memory (the segment can neither shrink nor move: the copy
+        is all there is to check)."""
+        if self._uaddr is None:
+            raise PermissionError(f"{self.path}: the usage segment is not readable")
+        return ctypes.string_at(self._uaddr + offset, size)
 
     def _read(self, end_field: str | None = None) -> Any:
         """The usage struct up to ``end_field`` (everything when None), as a
@@ -314,17 +571,43 @@ class Region:
         size = (f.offsetof("struct vgpu_usage", end_field) if end_field
                 else f.sizeof("struct vgpu_usage"))
         buf = f.new("struct vgpu_usage *")
-        f.memmove(buf, self._pread(0, size), size)
+        f.memmove(buf, self._copy(0, size), size)
         if buf.magic != const("VGPU_REGION_MAGIC") or buf.version != const("VGPU_REGION_VERSION"):
-            raise BadRegion("the usage file's header was overwritten")
+            raise BadRegion("the usage segment's header was overwritten")
         return buf
+
+    def poke_usage(self, offset: int, data: bytes) -> None:
+        """Write data into the usage segment at offset, as the hook (or
+        anything the job's user runs) can: for tests and benchmarks of a
+        region opened with writable_usage."""
+        if self._uaddr is None or not self._uwritable:
+            raise PermissionError(f"{self.path}: the usage segment is not attached writable")
+        if offset < 0 or offset + len(data) > ffi().sizeof("struct vgpu_usage"):
+            raise ValueError("outside the usage struct")
+        ctypes.memmove(self._uaddr + offset, data, len(data))
+
+    def signal_bytes(self) -> bytes | None:
+        """The job's signal (struct vgpu_signal), copied into our memory;
+        None when it is not attached. The job writes it: callers check it."""
+        if self._saddr is None:
+            return None
+        return ctypes.string_at(self._saddr, ffi().sizeof("struct vgpu_signal"))
+
+    def poke_signal(self, offset: int, data: bytes) -> None:
+        """Write data into the signal segment at offset, as the job's user
+        can: for tests of a region opened with writable_usage."""
+        if self._saddr is None or not self._uwritable:
+            raise PermissionError(f"{self.path}: the signal segment is not attached writable")
+        if offset < 0 or offset + len(data) > ffi().sizeof("struct vgpu_signal"):
+            raise ValueError("outside the signal struct")
+        ctypes.memmove(self._saddr + offset, data, len(data))
 
     def _ndevices(self) -> int:
         return min(int(self.limits.ndevices), const("VGPU_MAX_DEVICES"))
 
     def read_devices(self) -> list[DeviceUsage]:
         """The job-wide counters of each of the job's GPUs, validated: one
-        bounded read of the header and device counters (cheap enough for
+        bounded copy of the header and device counters (cheap enough for
         every job on every tick)."""
         u = self._read("procs")
         return [_device_usage(u.dev[i]) for i in range(self._ndevices())]
@@ -346,26 +629,21 @@ class Region:
         return Usage(devs, procs)
 
     def slot_pids(self) -> list[tuple[int, int]]:
-        """(pid, start_time) of every claimed process slot: one bounded read
-        of the slots (cheap enough to call for every job on every pass).
-        Anything may be written there: callers check each pid's owner."""
-        if self._ufd is None:
+        """(pid, start_time) of every claimed process slot, read in place
+        (cheap enough to call for every job on every tick: the pids are the
+        only thing read of a free slot). Anything may be written there:
+        callers check each pid's owner."""
+        if self._uaddr is None:
             return []
-        f = ffi()
-        base = f.offsetof("struct vgpu_usage", "procs")
-        size = f.sizeof("struct vgpu_proc_slot")
-        off_start = f.offsetof("struct vgpu_proc_slot", "start_time")
-        n = const("VGPU_MAX_PROCS")
-        data = self._pread(base, n * size)
-        # Every slot's pid in one strided view (pid is the slot's first field).
-        assert f.offsetof("struct vgpu_proc_slot", "pid") == 0 and size % 4 == 0
-        mv = memoryview(data)
-        pids = mv.cast("i")[::size // 4].tolist()
+        base, size, off_start, n = _slot_layout()
+        raw = (ctypes.c_char * (n * size)).from_address(self._uaddr + base)
+        mv = memoryview(raw).cast("B")
+        pids = mv.cast("i")[::size // 4].tolist()    # pid is the slot's first field
         out = []
         for i, pid in enumerate(pids):
             if pid > 0:
                 at = i * size + off_start
-                out.append((pid, int.from_bytes(data[at:at + 8], "little")))
+                out.append((pid, int.from_bytes(mv[at:at + 8], "little")))
         return out
 
     # -- the daemon's checkpoint -------------------------------------------------
@@ -400,20 +678,22 @@ class Region:
         return out
 
     def close(self) -> None:
+        """Detach the segments (they stay: the job's processes use them)."""
         self.limits = None
-        if self._lmap is not None:
-            try:
-                self._lmap.close()
-            except BufferError:
-                pass
-        if self._ufd is not None:
-            os.close(self._ufd)
-            self._ufd = None
+        for attr in ("_laddr", "_uaddr", "_saddr"):
+            addr = getattr(self, attr)
+            if addr is not None:
+                shm_detach(addr)
+                setattr(self, attr, None)
 
     def remove(self) -> None:
-        """Delete the region's files and directory."""
+        """Delete the region: its segments (gone once the last process that
+        uses them detaches), its files and its directory."""
         self.close()
-        for name in (LIMITS_FILE, USAGE_FILE, SIGNAL_FILE, CHECKPOINT_FILE):
+        shm_remove(self.limits_id)
+        shm_remove(self.usage_id)
+        shm_remove(self.signal_id)
+        for name in (REGION_FILE, CHECKPOINT_FILE):
             try:
                 os.unlink(self.path / name)
             except FileNotFoundError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from vgpuctl.core.sizes import parse_size
@@ -58,7 +58,7 @@ def context_cost(env: MutableMapping[str, str] | None = None) -> int:
         return 300 << 20
 
 
-def active(env: MutableMapping[str, str] | None = None) -> bool:
+def active(env: Mapping[str, str] | None = None) -> bool:
     """True when VGPU_SIM selects the simulated GPU."""
     return bool((env if env is not None else os.environ).get("VGPU_SIM"))
 

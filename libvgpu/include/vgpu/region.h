@@ -3,11 +3,13 @@
  * (libvgpu.so) and the Python daemon (vgpuctl/system/region.py reads this very file
  * through cffi, so the two sides cannot drift).
  *
- * A job's region is three files in the job's directory:
+ * A job's region is three System V shared memory segments, created (every
+ * page allocated) by the daemon, and named by the daemon's file
+ * <job directory>/region ("vgpu-region VERSION LIMITS_ID USAGE_ID SIGNAL_ID"):
  *
  *   limits  struct vgpu_limits   written by the daemon only. Owned by the
- *                                daemon's user, mode 0644: the job maps it
- *                                read-only and cannot raise its own limits
+ *                                daemon's user, mode 0644: the job attaches
+ *                                it read-only and cannot raise its own limits
  *                                (nor its class).
  *   usage   struct vgpu_usage    written by the hook with atomic builtins,
  *                                owned by the job's user, mode 0600.
@@ -15,11 +17,13 @@
  *                                launched and how long its launched work
  *                                should take. Owned by the job's user, mode
  *                                0644: the hooks of jobs of a lower class on
- *                                the same GPU read it (never map it: its
- *                                owner may truncate it), but only of jobs the
- *                                daemon named in their limits (holders).
+ *                                the same GPU attach it read-only, but only
+ *                                the segments the daemon named in their
+ *                                limits (holders) and made itself.
  *
- * The job's environment carries VGPU_REGION=<job directory>.
+ * A segment keeps its size for good: no one can truncate or grow it, and no
+ * store into it needs space on a filesystem. The job's environment carries
+ * VGPU_REGION=<job directory>.
  *
  * Rules for this file (cffi parses it after dropping preprocessor lines
  * other than simple integer #defines):
@@ -35,6 +39,7 @@
 #include <stdint.h>
 
 #define VGPU_REGION_MAGIC 0x55504756
+#define VGPU_SIGNAL_MAGIC 0x4c474953
 #define VGPU_REGION_VERSION 2
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 128
@@ -64,11 +69,13 @@
 #define VGPU_TOKEN_SCALE 1000
 
 /* A job of a higher class on the same GPU, whose signal a held job reads:
- * <the jobs directory>/<job_id>/signal, its dev[dev]. */
+ * the segment signal_id (the daemon made it: shm_perm.cuid), its dev[dev]. */
 struct vgpu_holder {
     char job_id[VGPU_JOB_ID_LEN];  /* digits; "" = unused */
     uint32_t dev;              /* this GPU's index in that job's region */
     uint32_t priority;         /* its class */
+    int32_t signal_id;         /* its signal's System V segment; -1: none */
+    uint32_t pad0;
 };
 
 /* Written by the daemon only. */
@@ -139,7 +146,7 @@ struct vgpu_usage {
     struct vgpu_proc_slot procs[VGPU_MAX_PROCS];
 };
 
-/* Written by the job's hook (its own file; readable by all). */
+/* Written by the job's hook (its own segment; readable by all). */
 struct vgpu_signal_dev {
     uint64_t last_launch_ns;   /* CLOCK_MONOTONIC of its last launch */
     uint64_t busy_until_ns;    /* when the work it launched should be done (each
@@ -149,7 +156,8 @@ struct vgpu_signal_dev {
 };
 
 struct vgpu_signal {
-    uint32_t magic;            /* VGPU_REGION_MAGIC */
+    uint32_t magic;            /* VGPU_SIGNAL_MAGIC (not a region's: a segment
+                                  id reused for another struct is told apart) */
     uint32_t version;          /* VGPU_REGION_VERSION */
     uint64_t pad0;
     struct vgpu_signal_dev dev[VGPU_MAX_DEVICES];

@@ -74,7 +74,7 @@ def top(interval: float, iterations: int | None, socket_path: str | None) -> Non
     from vgpuctl.cli import render
     from vgpuctl.cli.view import fetch, stamp
 
-    data = fetch(socket_path)       # no daemon at the start: one line, exit 3
+    data: dict[str, Any] | None = fetch(socket_path)   # no daemon at the start: exit 3
     console = render.console()
     try:
         with Keys(enabled=render.is_tty()) as keys:

@@ -1,0 +1,105 @@
+"""The region lives in System V shared memory: the layout of struct
+shmid_ds that vgpuctl/system/region.py declares for ctypes is the C
+library's, and a segment is what the daemon promises (its size for good,
+every page allocated, the owner and modes it sets)."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from pathlib import Path
+
+from vgpuctl.system import region as R
+
+PROBE = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/shm.h>
+int main(void) {
+    printf("%zu %zu %zu %zu %zu %zu %zu %zu\n", sizeof(struct shmid_ds),
+           offsetof(struct shmid_ds, shm_perm.uid), offsetof(struct shmid_ds, shm_perm.cuid),
+           offsetof(struct shmid_ds, shm_perm.mode), offsetof(struct shmid_ds, shm_segsz),
+           offsetof(struct shmid_ds, shm_cpid), offsetof(struct shmid_ds, shm_nattch),
+           sizeof(((struct shmid_ds *)0)->shm_perm.mode));
+    return 0;
+}
+"""
+
+
+def test_shmid_ds_is_the_c_librarys(tmp_path: Path):
+    src = tmp_path / "probe.c"
+    src.write_text(PROBE)
+    exe = tmp_path / "probe"
+    subprocess.run(["gcc", "-o", str(exe), str(src)], check=True, capture_output=True)
+    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
+                                          check=True).stdout.split()]
+    perm = R.ShmidDs.perm.offset
+    ours = [ctypes.sizeof(R.ShmidDs), perm + R.IpcPerm.uid.offset,
+            perm + R.IpcPerm.cuid.offset, perm + R.IpcPerm.mode.offset,
+            R.ShmidDs.segsz.offset, R.ShmidDs.cpid.offset, R.ShmidDs.nattch.offset]
+    assert got[:7] == ours
+    assert got[7] in (2, 4)      # a 16-bit mode with padding, or 32 bits: little-endian alike
+
+
+def test_a_segment_has_every_page_allocated_and_the_mode_asked():
+    """(System V has no call that changes a segment's size.)"""
+    sid = R.shm_create(54288, None, 0o600)
+    try:
+        ds = R.shm_stat(sid)
+        assert ds.segsz == 54288 and ds.perm.mode & 0o777 == 0o600
+        # Resident: the daemon touched every page before anyone attaches.
+        line = next(ln.split() for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+                    if int(ln.split()[1]) == sid)
+        assert int(line[14]) >= 54288          # rss
+    finally:
+        R.shm_remove(sid)
+
+
+def test_no_segment_left_is_one_error_that_names_who_holds_them(tmp_path: Path):
+    """Any user may make System V segments up to kernel.shmmni, and the
+    kernel caps no user's share: when none is left, making a region fails
+    with an error that says who holds them (for the operator). Run in an
+    IPC namespace of its own, with a limit of 8."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for an IPC namespace")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        msg = "?"
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x08000000) != 0:          # CLONE_NEWIPC
+                msg = "skip: no IPC namespace"
+            else:
+                Path("/proc/sys/kernel/shmmni").write_text("8")
+                child = os.fork()
+                if child == 0:                          # nobody takes every segment
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    while R._lib().shmget(0, 1, 0o1000 | 0o600) >= 0:
+                        pass
+                    os._exit(0)
+                os.waitpid(child, 0)
+                try:
+                    R.Region.create(tmp_path / "job", "1", 0, [])
+                    msg = "made"
+                except OSError as e:
+                    msg = str(e)
+        except BaseException as e:
+            msg = f"error: {e}"
+        finally:
+            os.write(w, msg.encode())
+            os._exit(0)
+    os.close(w)
+    msg = os.read(r, 4096).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    if msg.startswith("skip:"):
+        pytest.skip(msg)
+    assert "no System V shared memory segment left" in msg, msg
+    assert "kernel.shmmni is 8; nobody holds 8" in msg, msg
+    assert not (tmp_path / "job" / "region").exists()

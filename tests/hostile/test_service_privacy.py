@@ -1,0 +1,83 @@
+"""What `ps` and `status` give other users (issue 20): every user read every
+job's command line and working directory (its arguments, paths, tokens
+passed on the command line). Now another user sees a job's id, name, user,
+GPU, limits and usage, not its command or directory, unless the operator
+sets public_commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.daemon import needs_native, wait_for
+from support.hostile import in_child_as_nobody
+
+from vgpuctl.client.connection import Client
+
+pytestmark = needs_native
+
+SECRET = ["python3", "train.py", "--token", "hunter2"]
+
+
+def _ps_as_nobody(socket) -> dict:
+    def go():
+        with Client.connect(Path(socket)) as cl:
+            return cl.call("ps", all=True)
+    return in_child_as_nobody(go)
+
+
+@pytest.mark.parametrize("public", [False, True])
+def test_other_users_see_a_jobs_limits_and_usage_not_its_command(daemon_factory, public):
+    d = daemon_factory(config=f"public_commands = {str(public).lower()}\n")
+    with d.client() as c:
+        job = c.call("run", command=SECRET, cwd="/home/alice/secret-project", mem=1 << 30,
+                     core=30)["job"]
+    mine = _ps_as_nobody(d.socket)
+    seen = next(j for j in mine["jobs"] if j["id"] == job["id"])
+    assert (seen["user"], seen["mem_limit"], seen["core"], seen["gpu"]) == (
+        "root", 1 << 30, 30, job["gpu"])
+    if public:
+        assert seen["command"] == SECRET and seen["cwd"] == "/home/alice/secret-project"
+    else:
+        assert seen["command"] is None and seen["cwd"] is None
+        assert "hunter2" not in str(mine) and "secret-project" not in str(mine)
+    # Its owner (here root, also the operator) sees everything.
+    own = d.job(job["id"])
+    assert own["command"] == SECRET and own["cwd"] == "/home/alice/secret-project"
+    # Ended jobs the same (`ps --all`).
+    d.call("exited", job=job["id"], code=0)
+    wait_for(lambda: d.jobs() == [], what="the job to end")
+    ended = next(j for j in _ps_as_nobody(d.socket)["jobs"] if j["id"] == job["id"])
+    assert (ended["command"] is None) is not public
+
+
+def test_a_user_sees_their_own_jobs_command(daemon_factory):
+    d = daemon_factory()
+
+    def go():
+        with Client.connect(Path(d.socket)) as cl:
+            r = cl.call("run", command=SECRET, cwd="/", mem=1 << 30)
+            return cl.call("ps", job=r["job"]["id"])["jobs"][0]
+    seen = in_child_as_nobody(go)
+    assert seen["command"] == SECRET and seen["user"] != "root"
+    # ... and the table shows it, not a blank, to them; to root too.
+    assert SECRET[-1] in d.cli("ps").stdout
+
+
+def test_a_command_line_full_of_escapes_acts_on_no_terminal(daemon_factory):
+    """A job's user puts terminal escape sequences (set the window title,
+    clear the screen, a carriage return and a fake row) in its command and
+    directory; whoever reads `ps` in CSV gets them written as escapes, and
+    one line per job."""
+    d = daemon_factory(config="public_commands = true\n")
+    evil = ["sh", "-c", "\x1b]0;pwned\x07\x1b[2J\rok\nfake,row"]
+    with d.client() as c:
+        c.call("run", command=evil, cwd="/tmp/\x1b[31mred", mem=1 << 30)
+    for fields in ("id,command,cwd", None):
+        args = ["ps", "--format", "csv"] + (["--fields", fields] if fields else [])
+        out = d.cli(*args).stdout
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out, repr(out)
+        assert len(out.splitlines()) == 2, repr(out)       # the header and one row
+    out = d.cli("ps", "--format", "csv", "--fields", "command,cwd").stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\rok\\nfake,row" in out
+    assert "/tmp/\\x1b[31mred" in out
