@@ -155,6 +155,7 @@ struct play {
     struct vgpu_sim_sched sc;
     uint64_t slice, sw;
     uint64_t pend[VGPU_SIM_MAX_PROCS];   /* each slot's pending kernel time */
+    uint64_t loaded[(VGPU_SIM_MAX_PROCS + 63) / 64];  /* slots pend[] may be set for */
     int npend;                           /* slots with some */
     int check_alive;                     /* drop the pending work of dead slots */
     int dev;
@@ -172,20 +173,32 @@ static void drop_pending(struct play *p, int slot)
     p->npend--;
 }
 
-/* The next slot after `after` (round robin) with pending work, -1 if none. */
+/* The next slot after `after` (round robin) with pending work, -1 if none:
+ * among the slots loaded, not all of them (this runs at every launch that
+ * finds the device idle). */
 static int pick_next(struct play *p, int after)
 {
-    for (int k = 1; k <= VGPU_SIM_MAX_PROCS; k++) {
-        int i = (after + k + VGPU_SIM_MAX_PROCS) % VGPU_SIM_MAX_PROCS;
-        if (p->pend[i] == 0)
-            continue;
-        if (p->check_alive && !sim_slot_alive(i)) {
-            drop_pending(p, i);
-            continue;
+    for (;;) {
+        int best = -1, bestd = VGPU_SIM_MAX_PROCS;
+        for (int w = 0; w < (VGPU_SIM_MAX_PROCS + 63) / 64; w++) {
+            uint64_t bits = p->loaded[w];
+            while (bits) {
+                int i = w * 64 + __builtin_ctzll(bits);
+                bits &= bits - 1;
+                if (p->pend[i] == 0)
+                    continue;
+                int d = ((i - after - 1) % VGPU_SIM_MAX_PROCS + VGPU_SIM_MAX_PROCS) %
+                        VGPU_SIM_MAX_PROCS;
+                if (d < bestd) {
+                    bestd = d;
+                    best = i;
+                }
+            }
         }
-        return i;
+        if (best < 0 || !p->check_alive || sim_slot_alive(best))
+            return best;
+        drop_pending(p, best);
     }
-    return -1;
 }
 
 /* Play the timeline from p->sc.played_ns up to `to`, calling run for every
@@ -262,7 +275,16 @@ static void load(struct play *p, struct vgpu_sim_state *s, int dev, int check_al
     p->check_alive = check_alive;
     p->dev = dev;
     p->stop = 0;
-    memset(p->pend, 0, sizeof p->pend);
+    /* pend[] is zero but where the last load set it (cheaper than clearing
+     * it all: a look at the timeline is made at every launch) */
+    for (int w = 0; w < (VGPU_SIM_MAX_PROCS + 63) / 64; w++) {
+        uint64_t bits = p->loaded[w];
+        while (bits) {
+            p->pend[w * 64 + __builtin_ctzll(bits)] = 0;
+            bits &= bits - 1;
+        }
+        p->loaded[w] = sc->pending[w];
+    }
     for (int w = 0; w < (VGPU_SIM_MAX_PROCS + 63) / 64; w++) {
         uint64_t bits = sc->pending[w];
         while (bits) {
