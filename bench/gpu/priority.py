@@ -19,7 +19,8 @@ Runs: the client alone; each trainer alone; client and trainer as two jobs
 of one class (plain sharing); client --priority high and trainer --priority
 low. Then `--arrivals` jobs of class high, each one request of one 100 us
 kernel, started one after another on a GPU a low trainer of 1 ms kernels
-fills (the device time to the end of that kernel, less 100 us); and a hard
+fills (the host's time from its launch to the end of that kernel, less 100
+us: a GPU stamps an event only once the context runs); and a hard
 --core 20 job next to a neighbour with no --core, both saturating (its
 kernels completed against alone).
 
@@ -139,23 +140,30 @@ def main(argv: list[str] | None = None) -> int:
                              cls["idle_kept"]))
         tp = C.start(job(d, [*TRAINERS["1ms"], "--seconds", "600"], "t-arrival",
                          "--priority", "low"), env)
-        waits = []
+        waits, device = [], []
         try:
             time.sleep(3.0)
             for i in range(args.arrivals):
                 r = C.run(job(d, ["--request", "1", "--kernel-us", "100", "--count", "1"],
                               f"a{i}", "--priority", "high"), env, 120)
                 j = r.json or {}
-                if r.rc == 0 and j.get("first_ms"):
-                    waits.append(j["first_ms"][0] - 0.1)
+                if r.rc == 0 and j.get("latency_ms"):
+                    # the host's time from the launch to the wait's return, less the
+                    # kernel: a GPU stamps the request's first event only once its
+                    # context runs, so events would hide the wait for a slice
+                    waits.append(j["latency_ms"][0] - 0.1)
+                    device.append(j["first_ms"][0] - 0.1)
                 time.sleep(0.3)
         finally:
             C.stop(tp)
         figs["arrival_waits_ms"] = waits
+        figs["arrival_device_waits_ms"] = device
         res.add(C.judged("arrival", "a high job's first kernel runs within 2 ms of its launch "
-                         "on a GPU a low trainer fills (p99; device events)",
+                         "on a GPU a low trainer fills (p99; the host's time to its end, "
+                         "less the kernel)",
                          bool(waits) and pct(waits, 99) <= 2.0,
-                         {"p50": pct(waits, 50), "p99": pct(waits, 99), "n": len(waits)}))
+                         {"p50": pct(waits, 50), "p99": pct(waits, 99), "n": len(waits),
+                          "device_p50": pct(device, 50), "device_p99": pct(device, 99)}))
         solo = figs["1ms_alone_rate"]
         b = C.start(job(d, [*TRAINERS["1ms"], "--seconds", f"{S + 10:g}"], "greedy"), env)
         try:
