@@ -47,7 +47,7 @@ suite.
 
     python bench/priority.py [--seconds 10] [--only plain,1ms,arrival,promise]
                              [--timeslice-us 2000] [--switch-us 25]
-                             [--budget-us 1000] [--holdoff-ms 100]
+                             [--budget-us 1000] [--holdoff-ms 100] [--arrivals 40]
 """
 
 from __future__ import annotations
@@ -397,6 +397,7 @@ def main() -> int:
     ap.add_argument("--switch-us", type=int, default=25)
     ap.add_argument("--budget-us", type=int, default=1000)
     ap.add_argument("--holdoff-ms", type=int, default=100)
+    ap.add_argument("--arrivals", type=int, default=40, help="high jobs started per trainer")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out is None:
@@ -456,7 +457,7 @@ def main() -> int:
         if not only or "arrival" in only:
             for tr in (TRAINERS[1], TRAINERS[2]):
                 n += 1
-                a = arrival(d, rec, n, tr, 20)
+                a = arrival(d, rec, n, tr, args.arrivals)
                 out["arrival"].append(a)
                 print(f"arrival next to low {tr.name}: first kernel after p50 {a['p50']:.2f} "
                       f"p99 {a['p99']:.2f} max {a['max']:.2f} ms", flush=True)
