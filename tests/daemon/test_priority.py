@@ -104,6 +104,23 @@ def test_classes_and_promises_show_in_ps_status_and_refusals(daemon):
         assert r.returncode == 0 and "60%" in r.stdout, r.stdout
         r = daemon.cli("ps", "--fields", "id,priority,promised", "--format", "csv")
         assert f"{j['id']},high,true" in r.stdout.replace(" ", ""), r.stdout
+        # a share changed live is a promise too
+        q = daemon.popen("run", "--gpu", "0", "--mem", "1G", "--core", "30", "--name", "n",
+                         "--", "sleep", "60")
+        jn = job_named(daemon, "n")
+        r = daemon.cli("set", jn["id"], "--core", "50")
+        assert r.returncode == 6 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert "60% of its 100% is promised to other jobs" in r.stderr
+        assert daemon.job(jn["id"])["core"] == 30
+        # lowered to low, the high job's share is a cap, no promise: room is made
+        r = daemon.cli("set", j["id"], "--priority", "low")
+        assert r.returncode == 0, r.stderr
+        assert daemon.job(j["id"])["promised"] is False
+        assert daemon.call("ps")["gpus"][0]["core_promised"] == 30
+        r = daemon.cli("set", jn["id"], "--core", "50")
+        assert r.returncode == 0, r.stderr
+        q.kill()
+        q.wait()
     finally:
         p.kill()
         p.wait()
