@@ -331,6 +331,22 @@ def read_ids(path: Path) -> tuple[int, int, int]:
     return int(m.group(2)), int(m.group(3)), int(m.group(4))
 
 
+def _any_ids(path: Path) -> list[int]:
+    """The segment ids a region file of any layout names (a region of an
+    earlier layout, left by a daemon before an upgrade); none when there is
+    no such file."""
+    try:
+        fd = os.open(path / REGION_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        text = os.read(fd, 128).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+    m = re.fullmatch(rf"{REGION_TAG} \d+((?: \d+)+)\n?", text)
+    return [int(x) for x in m.group(1).split()] if m else []
+
+
 def _sizes() -> tuple[int, int, int]:
     f = ffi()
     return (f.sizeof("struct vgpu_limits"), f.sizeof("struct vgpu_usage"),
@@ -486,13 +502,12 @@ class Region:
         made them, and its files), the region open or not."""
         path = Path(path)
         try:
-            ids = read_ids(path)
+            named = list(zip(read_ids(path), _sizes(), strict=True))
         except (OSError, ValueError):
-            ids = None
-        if ids is not None:
-            for sid, size in zip(ids, _sizes(), strict=True):
-                if _own_segment(sid, size):
-                    shm_remove(sid)
+            named = [(sid, 1) for sid in _any_ids(path)]
+        for sid, size in named:
+            if _own_segment(sid, size):
+                shm_remove(sid)
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
