@@ -13,6 +13,7 @@ from vgpuctl.core.placement import (
     check_resize,
     check_user_limits,
     place,
+    place_many,
     resolve_gpu,
 )
 from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
@@ -140,3 +141,68 @@ def test_a_promise_can_grow_only_within_what_is_left():
     check_core(GPUS, jobs, "2", GPUS[0].uuid, 30)               # its own 20 does not count
     with pytest.raises(AdmissionRefused, match="70% of its 100% is promised"):
         check_core(GPUS, jobs, "2", GPUS[0].uuid, 31)
+
+
+# -- several GPUs ----------------------------------------------------------------
+GPUS4 = [Gpu(i, f"GPU-{i}{i}{i}{i}0000-0000", "Sim GPU", 16 * G) for i in range(4)]
+
+
+def test_gpus_n_takes_the_n_emptiest_gpus_given_in_index_order():
+    jobs = [Commitment("1", GPUS4[0].uuid, 10 * G), Commitment("2", GPUS4[2].uuid, 2 * G)]
+    where = place_many(GPUS4, jobs, 4 * G, count=2)
+    assert [p.gpu.index for p in where] == [1, 3]
+    assert all(p.mem == 4 * G for p in where)
+    assert [p.gpu.index for p in place_many(GPUS4, jobs, 4 * G, count=3)] == [1, 2, 3]
+
+
+def test_gpu_a_b_pins_those_gpus_in_the_order_given():
+    where = place_many(GPUS4, [], G, pin="3,GPU-1111")
+    assert [p.gpu.index for p in where] == [3, 1]
+
+
+def test_several_gpus_are_placed_all_or_none():
+    jobs = [Commitment("1", GPUS[1].uuid, 15 * G)]
+    with pytest.raises(AdmissionRefused) as e:
+        place_many(GPUS, jobs, 2 * G, count=2)
+    assert "GPU 1" in str(e.value) and "on each of 2 GPUs" in str(e.value)
+    with pytest.raises(AdmissionRefused) as e:
+        place_many(GPUS, jobs, 2 * G, pin="0,1")
+    assert "GPU 1" in str(e.value) and "GPU 0 " not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, error, text", [
+    ({"count": 3}, AdmissionRefused, "--gpus 3: there are 2 GPUs here"),
+    ({"count": 0}, UsageError, "at least one GPU"),
+    ({"count": 2, "pin": "0,1"}, UsageError, "--gpus and --gpu"),
+    ({"pin": "0,0"}, UsageError, "named twice"),
+    ({"pin": "1,GPU-bbbb"}, UsageError, "named twice"),
+    ({"pin": "0,"}, UsageError, "separated by commas"),
+    ({"pin": "0,7"}, NotFound, "no GPU 7"),
+])
+def test_requests_for_several_gpus_that_cannot_be_placed(kw, error, text):
+    with pytest.raises(error) as e:
+        place_many(GPUS, [], G, **kw)
+    assert text in str(e.value)
+
+
+def test_one_gpu_is_placed_as_before():
+    jobs = [Commitment("1", GPUS[0].uuid, 10 * G)]
+    assert [p.gpu.index for p in place_many(GPUS, jobs, G)] == [1]
+    assert [p.gpu.index for p in place_many(GPUS, jobs, G, pin="0")] == [0]
+
+
+def test_a_promise_is_counted_on_each_of_several_gpus():
+    """A job on several GPUs is promised its share on each: GPUs whose
+    compute is promised away are passed over, and a pin to one of them is
+    refused, saying what each has left."""
+    jobs = [Commitment("1", GPUS4[0].uuid, G, 80), Commitment("2", GPUS4[2].uuid, G, 50)]
+    where = place_many(GPUS4, jobs, G, count=2, core=30)
+    assert [p.gpu.index for p in where] == [1, 3]        # GPU 0 has 20 % left
+    assert [p.gpu.index for p in place_many(GPUS4, jobs, G, count=3, core=30)] == [1, 2, 3]
+    with pytest.raises(AdmissionRefused) as e:
+        place_many(GPUS4, jobs, G, pin="0,1", core=30)
+    assert "no room for 1G and 30% of the compute on each of GPUs 0,1" in str(e.value)
+    assert "GPU 0" in str(e.value) and "20% of its compute unpromised" in str(e.value)
+    with pytest.raises(AdmissionRefused, match="on each of 4 GPUs"):
+        place_many(GPUS4, jobs, G, count=4, core=30)
+    assert len(place_many(GPUS4, jobs, G, count=4, core=0)) == 4     # no promise: fits

@@ -51,7 +51,7 @@ class Gates:
             pids = frozenset(rec.pids) | ({rec.launcher_pid} if rec.launcher_pid else set())
             for i, uuid in enumerate(job.uuids()):
                 u = usage[i] if i < len(usage) else DeviceUsage()
-                out.append(Input(job.id, i, uuid, pids, rec.core_share, rec.policy, u,
+                out.append(Input(job.id, i, uuid, pids, rec.gpu_core_share(i), rec.policy, u,
                                  promised(rec)))
         return out
 
@@ -71,7 +71,7 @@ class Gates:
                 job.target[inp.uuid] = target
             if job.rec.region_error is not None:
                 gate = CLOSED
-            elif job.rec.core_share >= 100 and job.rec.policy == "hard" and (
+            elif job.rec.gpu_core_share(inp.index) >= 100 and job.rec.policy == "hard" and (
                     inp.promised or not g.throttle):
                 # a hard share of 100 % is no gate, unless it is no promise
                 # and promised jobs beside it need their shares

@@ -56,6 +56,13 @@ class LiveJob:
         return self.rec.uuids
 
 
+def commitments(jobs: Iterable[LiveJob]) -> list[placement.Commitment]:
+    """Each job's memory limit, and its promised share (0: none), on each of
+    its GPUs."""
+    return [placement.Commitment(j.id, u, mem, core if promised(j.rec) else 0)
+            for j in jobs for u, (mem, core) in j.rec.limits_by_uuid().items()]
+
+
 class JobTable:
     """The daemon's live jobs, by id, and their records in the store."""
 
@@ -110,13 +117,12 @@ class JobTable:
     def commitments(self) -> list[placement.Commitment]:
         """Each live job's memory limit, and its promised share, on each of its
         GPUs."""
-        return [placement.Commitment(j.id, u, j.rec.mem_limit,
-                                     j.rec.core_share if promised(j.rec) else 0)
-                for j in self._jobs.values() for u in j.uuids()]
+        return commitments(self._jobs.values())
 
     def held_by(self, uid: int) -> int:
         """The memory limits a user's live jobs hold, per GPU summed."""
-        return sum(j.rec.mem_limit * max(1, len(j.rec.gpus)) for j in self.of_user(uid))
+        return sum(sum(m for m, _ in j.rec.limits_by_uuid().values()) or j.rec.mem_limit
+                   for j in self.of_user(uid))
 
     def unended(self) -> list[JobRecord]:
         """The records of the jobs the store has not seen end (at start: the
@@ -147,10 +153,11 @@ class JobTable:
         promised from then on."""
         rec = job.rec
         changes: dict[str, Any] = {}
+        rec.set_limits(mem, core)          # one limit, one share, on every GPU
         if mem is not None:
-            rec.mem_limit = changes["mem_limit"] = mem
+            changes["mem_limit"] = mem
         if core is not None:
-            rec.core_share = changes["core_share"] = core
+            changes["core_share"] = core
             rec.core_promised = True
         if policy is not None:
             rec.policy = policy
@@ -161,7 +168,8 @@ class JobTable:
         shown = dict(changes)
         if priority is not None:
             rec.priority = shown["priority"] = priority
-        self.save(job, ["mem_limit", "core_share", "policy", "priority", "core_promised"])
+        self.save(job, ["mem_limit", "core_share", "policy", "gpus", "priority",
+                        "core_promised"])
         return shown
 
     def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:

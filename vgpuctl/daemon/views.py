@@ -17,24 +17,24 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import GpuView, JobRecord, JobView, Live, job_view, promised
-from vgpuctl.daemon.jobs import LiveJob
+from vgpuctl.core.job import GpuLive, GpuView, JobRecord, JobView, Live, job_view
+from vgpuctl.daemon.jobs import LiveJob, commitments
 from vgpuctl.system.nvml import GpuStats
 
 
 def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView:
-    """A live job's view: its record, its last trusted counters, NVML's
-    memory for its processes, its measured share (on its first GPU)."""
+    """A live job's view: its record, and on each of its GPUs its last
+    trusted counters, NVML's memory for its processes, its measured share."""
     rec = job.rec
-    uuid = rec.uuids[0] if rec.uuids else None
-    st = stats.get(uuid) if uuid is not None else None
-    mem_nvml = None
-    if st is not None and st.memory_used is not None and uuid is not None:
-        mem_nvml = job.held.get(uuid, 0)
-    live = Live(usage=job.usage[0] if job.usage else None, mem_nvml=mem_nvml,
-                measured=job.measured.get(uuid) if uuid is not None else None,
-                violations=tuple(job.violations))
-    return job_view(rec, live, now)
+    per_gpu = []
+    for i, uuid in enumerate(rec.uuids):
+        st = stats.get(uuid)
+        mem_nvml = None
+        if st is not None and st.memory_used is not None:
+            mem_nvml = job.held.get(uuid, 0)
+        per_gpu.append(GpuLive(usage=job.usage[i] if i < len(job.usage) else None,
+                               mem_nvml=mem_nvml, measured=job.measured.get(uuid)))
+    return job_view(rec, Live(gpus=tuple(per_gpu), violations=tuple(job.violations)), now)
 
 
 def viewer(uid: int, admin: bool, public: bool) -> Callable[[JobView], JobView]:
@@ -55,11 +55,9 @@ def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) 
 def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
          jobs: Iterable[LiveJob]) -> list[GpuView]:
     jobs = list(jobs)
-    commitments = [placement.Commitment(j.id, u, j.rec.mem_limit,
-                                        j.rec.core_share if promised(j.rec) else 0)
-                   for j in jobs for u in j.uuids()]
-    used = placement.committed(commitments)
-    cores = placement.promised(commitments)
+    cm = commitments(jobs)
+    used = placement.committed(cm)
+    cores = placement.promised(cm)
     out = []
     for g in gpus:
         st = stats.get(g.uuid)

@@ -100,6 +100,12 @@ static uint64_t us_from_env(const char *name, uint64_t def, uint64_t lo, uint64_
     return def * 1000ull;
 }
 
+int sim_peer_access(void)
+{
+    const char *s = getenv("VGPU_SIM_PEER");
+    return !(s && strcmp(s, "0") == 0);
+}
+
 /* VGPU_SIM_UTIL_IDLE: average (default) or skip; anything else is said once
  * on stderr and read as the default. */
 static uint32_t util_idle_from_env(int *given)
