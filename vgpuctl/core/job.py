@@ -63,6 +63,8 @@ class JobRecord:
     slurm_account: str | None = None
     slurm_shards: int | None = None
     region_error: str | None = None     # why its usage region was found tampered with
+    priority: str = "normal"            # low | normal | high
+    core_promised: bool = False         # its share counts in its GPU's compute (--core given)
     suspended_s: float = 0.0            # seconds it was suspended, suspensions that ended
     suspended_at: float | None = None   # when its current suspension began
     suspend_reason: str | None = None   # SUSPEND_REASONS, while suspended
@@ -168,6 +170,8 @@ class JobView:
     core: int = _f("int", "compute share target on each of its GPUs, percent")
     core_measured: float | None = _f("share", "measured compute share, 0..1 (mean of its GPUs)")
     policy: str = _f("text", "hard or soft")
+    priority: str = _f("text", "low, normal or high")
+    promised: bool = _f("bool", "its share is promised (counted in its GPU's compute)", False)
     gated_launches: int | None = _f("int", "launches that waited at the compute gate")
     throttled_s: float | None = _f("seconds", "seconds spent waiting at the gate")
     per_gpu: list[dict[str, Any]] = _f(
@@ -207,6 +211,8 @@ class GpuView:
     utilization: int | None = _f("int", "percent busy, NVML's last sample")
     committed: int = _f("bytes", "sum of the limits of its jobs (suspended ones aside)", 0)
     capacity: int = _f("bytes", "what the limits may sum to", 0)
+    core_promised: int = _f("int", "compute promised to its normal and high jobs, percent", 0)
+    core_capacity: int = _f("int", "what the promises may sum to, percent", 100)
     jobs: int = _f("int", "jobs on it (suspended ones aside)", 0)
     drained: bool = _f("bool", "drained: no job is placed or resumed on it", False)
     minor: int | None = _f("int", "its device file's minor number")
@@ -253,6 +259,13 @@ class Live:
     violations: tuple[dict[str, Any], ...] = ()
 
 
+def promised(rec: JobRecord) -> bool:
+    """Whether a job's share is a promise its GPU's compute counts: one it
+    asked for (--core, a Slurm job's shards), in a class that may be
+    promised one (normal or high; low is best effort)."""
+    return rec.core_promised and rec.priority != "low"
+
+
 def _total(values: list[Any]) -> Any:
     """The sum of the known values, None when none is known."""
     known = [v for v in values if v is not None]
@@ -297,7 +310,7 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
         oom_refusals=_total([p["oom_refusals"] for p in per_gpu]),
         core=rec.core_share,
         core_measured=sum(measured) / len(measured) if measured else None,
-        policy=rec.policy,
+        policy=rec.policy, priority=rec.priority, promised=promised(rec),
         gated_launches=_total([p["gated_launches"] for p in per_gpu]),
         throttled_s=throttled, per_gpu=per_gpu,
         created=rec.created, started=rec.started, ended=rec.ended,

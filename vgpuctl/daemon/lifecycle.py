@@ -391,12 +391,15 @@ class Daemon:
             # every GPU, with jobs or not: NVML's periods followed while idle
             # make a new job's first window one period (its first cost)
             jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
-                                    created=self._created(i.job_id))
+                                    i.promised, created=self._created(i.job_id))
                   for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
                                                [g.uuid for g in sup.gpus])
             if inputs:
                 sup.gates.apply(inputs, gates)
+                sup.priority.observe(self.governor.windows, self.governor.wall_s())
+        if inputs:
+            sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
                                          sup.config.on_violation, time.time())
         sup.record_violations(res)

@@ -35,6 +35,7 @@ from typing import Any
 
 from vgpuctl import __version__
 from vgpuctl.core import placement
+from vgpuctl.core import priority as prio
 from vgpuctl.core import protocol as P
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
@@ -45,6 +46,7 @@ from vgpuctl.daemon import violations as watch
 from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.jobs import JobTable, LiveJob
+from vgpuctl.daemon.priority import Priorities
 from vgpuctl.daemon.slurm import SlurmJobs
 from vgpuctl.daemon.suspend import Suspender
 from vgpuctl.daemon.tracking import Tracker
@@ -97,6 +99,8 @@ class Supervisor:
         self.slurm = SlurmJobs(lambda: self.config, self.admission, self.table, self.stats)
         self.tracker = Tracker(self.table, self.trust, lambda: self.config)
         self.gates = Gates(self.table, self.trust)
+        self.priority = Priorities(self.table, lambda: self.config)
+        self.table.on_end.append(lambda job: self.priority.refresh())
         # Who hears that a job was suspended (the accountant closes its rows).
         self.on_suspend: list[Callable[[LiveJob, float], None]] = []
         self.suspender = Suspender(lambda: self.config, self.gpus, self.table, self.tracker,
@@ -238,6 +242,7 @@ class Supervisor:
         if not self.is_admin(peer):
             self._check_cooldown(peer.uid)
         job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req)
+        self.priority.refresh()     # its neighbours heed it (or it them) from now on
         env, prepend = self.admission.job_env(job)
         return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
 
@@ -320,18 +325,29 @@ class Supervisor:
         if rec.slurm_job is not None and not self.is_admin(peer):
             raise PermissionDenied(f"job {job.id} is Slurm job {rec.slurm_job}'s: its "
                                    "limits are its shards, only root may change them")
-        if req.mem is None and req.core is None and req.policy is None:
-            raise UsageError("nothing to change: give --mem, --core or --policy")
-        if not self.is_admin(peer):
+        if (req.mem is None and req.core is None and req.policy is None
+                and req.priority is None):
+            raise UsageError("nothing to change: give --mem, --core, --policy or --priority")
+        admin = self.is_admin(peer)
+        if not admin:
             limits = self.config.limits_for(rec.user, rec.uid)
             placement.check_user_limits(limits, rec.user, req.mem, req.core)
             if req.mem is not None and req.mem > rec.mem_limit:
                 placement.check_user_total(limits, rec.user, self.table.held_by(rec.uid),
                                            (req.mem - rec.mem_limit) * max(1, len(rec.gpus)),
                                            self.admission.node_capacity())
+        if req.priority is not None:
+            # a user may lower their job's class, only root may raise it
+            prio.check_change(rec.priority, req.priority, job.id, admin)
         if req.mem is not None and req.mem > rec.mem_limit:
             self.admission.check_resize(job, req.mem)
-        changes = self.table.change_limits(job, req.mem, req.core, req.policy)
+        cls = req.priority or rec.priority
+        core = req.core if req.core is not None else (rec.core_share if rec.core_promised
+                                                      else None)
+        if core is not None and prio.promises(cls):
+            self.admission.check_core(job, core)
+        changes = self.table.change_limits(job, req.mem, req.core, req.policy, req.priority)
+        self.priority.refresh()
         warnings = []
         usage = self.trust.read(job) if req.mem is not None else []
         used = max(u.used for u in usage) if usage else None
@@ -400,6 +416,7 @@ class Supervisor:
         if peer.uid != 0 and not (self.is_admin(peer) and req.uid == peer.uid):
             raise PermissionDenied("only root may register a Slurm job (from its Prolog)")
         job, existing = self.slurm.register(req)
+        self.priority.refresh()
         return P.ok(job=self.view(job), existing=existing)
 
     def op_slurm_attach(self, peer: Peer, req: P.SlurmAttach) -> dict[str, Any]:

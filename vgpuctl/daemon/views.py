@@ -18,7 +18,7 @@ from typing import Any
 from vgpuctl.core import placement
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import GpuLive, GpuView, JobRecord, JobView, Live, job_view
-from vgpuctl.daemon.jobs import LiveJob
+from vgpuctl.daemon.jobs import LiveJob, commitments
 from vgpuctl.system.nvml import GpuStats
 
 
@@ -56,8 +56,9 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
          jobs: Iterable[LiveJob], drained: Container[str] = ()) -> list[GpuView]:
     """The GPUs as every output shows them: a suspended job is on none."""
     jobs = [j for j in jobs if not j.rec.suspended]
-    used = placement.committed(placement.Commitment(j.id, u, mem)
-                               for j in jobs for u, (mem, _) in j.rec.limits_by_uuid().items())
+    cm = commitments(jobs)
+    used = placement.committed(cm)
+    cores = placement.promised(cm)
     out = []
     for g in gpus:
         st = stats.get(g.uuid)
@@ -67,6 +68,8 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             utilization=st.utilization if st else None,
             committed=used.get(g.uuid, 0),
             capacity=placement.capacity(g, config.reserve, config.oversubscribe),
+            core_promised=cores.get(g.uuid, 0),
+            core_capacity=placement.core_capacity(config.core_oversubscribe),
             jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
             minor=st.minor if st else None,
             slurm=config.slurm.controls(g.index),

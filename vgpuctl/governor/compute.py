@@ -43,6 +43,7 @@ class JobDevice:
     core_share: int             # percent 1..100
     policy: str                 # "hard" | "soft"
     launches: int               # region usage.dev[i].launches (cumulative)
+    promised: bool = True       # its share is a promise (asked for; normal or high)
     created: float | None = None  # wall time the job's region was made, gated
                                   # (initial_gate), with no launch counted yet
 
@@ -116,6 +117,8 @@ class ComputeGovernor:
         self._states: dict[tuple[str, str], _State] = {}
         self._capacity: dict[str, ctl.Capacity] = {}
         self._scale = _token_scale()
+        # each GPU's NVML window read this tick (None: none new)
+        self.windows: dict[str, Window | None] = {}
 
     def close(self) -> None:
         if self._owns_nvml and self._nvml is not None:
@@ -129,6 +132,10 @@ class ComputeGovernor:
         """NVML's sample period on this GPU: how far measured shares trail
         the work."""
         return self._sampler.period_s(uuid)
+
+    def wall_s(self) -> float:
+        """The clock NVML's windows are on (seconds)."""
+        return self._clock_us() / 1e6
 
     def last_shares(self, uuid: str) -> dict[int, float]:
         """Each pid's share of this GPU in the newest NVML window."""
@@ -146,8 +153,10 @@ class ComputeGovernor:
         for j in jobs:
             by_gpu.setdefault(j.uuid, []).append(j)
         out: dict[tuple[str, str], Gate] = {}
+        self.windows = {}
         for uuid, group in by_gpu.items():
             window = self._sampler.read(uuid)
+            self.windows[uuid] = window
             out.update(self._tick_gpu(group, window, now, wall_s))
         gang(out)
         watched = set(gpus)
@@ -173,7 +182,7 @@ class ComputeGovernor:
             util = sum(window.busy_s.values()) / window.duration_s
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
                              window.duration_s)
-        targets = ctl.effective_targets([c for c, _ in seen], capacity.value)
+        targets = ctl.class_targets([c for c, _ in seen], capacity.value)
         room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
                               [c.key for c, _ in seen if self._states[c.key].loop.catching_up])
         gates: dict[tuple[str, str], Gate] = {}
@@ -253,7 +262,8 @@ class ComputeGovernor:
             active=now - st.last_active <= IDLE_S,
             # the bucket held it back, it runs ungated, or it uses its share
             wants_more=(loop.rate is None or loop.backlogged
-                        or st.measured >= 0.9 * min(share, loop.target or share)))
+                        or st.measured >= 0.9 * min(share, loop.target or share)),
+            promised=j.promised)
         obs = ctl.Observation(target=share, dt=dt, launches=float(launched), measured=measured,
                               busy_s=busy, window_launches=window_launches, window_s=window_s,
                               measured_low=measured_low)

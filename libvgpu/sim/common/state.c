@@ -81,6 +81,25 @@ static uint64_t sample_ns_from_env(int *given)
     return (uint64_t)SIM_DEFAULT_SAMPLE_MS * 1000000ull;
 }
 
+/* A time setting in microseconds from the environment (lo..hi), or def;
+ * anything else is said once on stderr and read as the default. */
+static uint64_t us_from_env(const char *name, uint64_t def, uint64_t lo, uint64_t hi, int *given)
+{
+    const char *s = getenv(name);
+    *given = 0;
+    if (!s || !*s)
+        return def * 1000ull;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (*end == '\0' && v >= (long long)lo && v <= (long long)hi) {
+        *given = 1;
+        return (uint64_t)v * 1000ull;
+    }
+    fprintf(stderr, "vgpu-sim: %s=%s: expected microseconds from %llu to %llu; using %llu\n",
+            name, s, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)def);
+    return def * 1000ull;
+}
+
 int sim_peer_access(void)
 {
     const char *s = getenv("VGPU_SIM_PEER");
@@ -300,6 +319,12 @@ int sim_proc_slot(int32_t pid)
     return -1;
 }
 
+int sim_slot_alive(int i)
+{
+    struct vgpu_sim_state *s = g_state;
+    return is_self(i) || proc_alive(&s->procs[i], i);
+}
+
 int sim_live_processes(void)
 {
     return live_processes(g_state);
@@ -410,8 +435,9 @@ void sim_unlock(void)
 /* ---- creating and mapping the file ---- */
 
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
-                       uint64_t sample_ns, uint32_t util_idle, uint64_t ckpt_rate,
-                       uint32_t ckpt_flags, const char *driver, int32_t cuda)
+                       uint64_t sample_ns, uint32_t util_idle, uint64_t slice_ns,
+                       uint64_t switch_ns, uint64_t ckpt_rate, uint32_t ckpt_flags,
+                       const char *driver, int32_t cuda)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -420,6 +446,8 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     s->memory = memory;
     s->sample_ns = sample_ns;
     s->util_idle = util_idle;
+    s->slice_ns = slice_ns;
+    s->switch_ns = switch_ns;
     s->ckpt_rate = ckpt_rate;
     s->ckpt_flags = ckpt_flags;
     snprintf(s->driver, sizeof s->driver, "%s", driver);
@@ -438,8 +466,10 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     for (uint32_t d = 0; d < VGPU_SIM_MAX_DEVICES; d++) {
         struct vgpu_sim_device *dev = &s->dev[d];
         dev->total = d < count ? memory : 0;
-        dev->used = dev->busy_until_ns = dev->busy_ns = dev->kernels = 0;
+        dev->used = dev->busy_ns = dev->kernels = dev->runs = 0;
         dev->fail_allocs = 0;
+        memset(&dev->sched, 0, sizeof dev->sched);
+        dev->sched.cur = dev->sched.next = -1;
         memset(dev->periods, 0, sizeof dev->periods);
     }
     for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++)
@@ -510,6 +540,11 @@ static struct vgpu_sim_state *open_state(int as_is)
     char driver[32];
     int32_t cuda;
     driver_from_env(driver, &cuda, &driver_given);
+    int slice_given, switch_given;
+    uint64_t slice_ns = us_from_env("VGPU_SIM_TIMESLICE_US", SIM_DEFAULT_TIMESLICE_US, 100,
+                                    1000000, &slice_given);
+    uint64_t switch_ns = us_from_env("VGPU_SIM_SWITCH_US", SIM_DEFAULT_SWITCH_US, 0, 10000,
+                                     &switch_given);
     mode_t mode = getenv("VGPU_SIM_STATE") && *getenv("VGPU_SIM_STATE") ? 0666 : 0600;
 
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -537,11 +572,13 @@ static struct vgpu_sim_state *open_state(int as_is)
             return NULL;
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
-            init_state(s, count, memory, sample_ns, util_idle, ckpt_rate, ckpt_flags,
-                       driver, cuda);
+            init_state(s, count, memory, sample_ns, util_idle, slice_ns, switch_ns, ckpt_rate,
+                       ckpt_flags, driver, cuda);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
                               (sample_given && s->sample_ns != sample_ns) ||
                               (idle_given && s->util_idle != util_idle) ||
+                              (slice_given && s->slice_ns != slice_ns) ||
+                              (switch_given && s->switch_ns != switch_ns) ||
                               (ckpt_given && (s->ckpt_rate != ckpt_rate ||
                                               s->ckpt_flags != ckpt_flags)) ||
                               (driver_given && strcmp(s->driver, driver) != 0))) {

@@ -19,13 +19,14 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 5
+#define VGPU_SIM_LAYOUT 6
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
 #define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
 #define VGPU_SIM_TAG_LEN 64
-#define VGPU_SIM_RING 65536        /* executed kernels remembered per device */
+#define VGPU_SIM_RING 65536        /* runs of processes remembered per device */
 #define VGPU_SIM_PERIODS 64        /* utilization sample periods kept */
+#define VGPU_SIM_RUNS 8            /* a process's last runs on a device, remembered */
 /* Processes per sample period: as many as can hold a slot, so that every
  * process that runs a kernel has its busy time recorded however many share
  * the device. */
@@ -37,12 +38,33 @@
 #define VGPU_SIM_UTIL_IDLE_AVERAGE 0
 #define VGPU_SIM_UTIL_IDLE_SKIP 1
 
-/* One executed kernel on a device's timeline (CLOCK_MONOTONIC ns). */
+/* One stretch of a device's timeline during which one process's kernels
+ * ran (CLOCK_MONOTONIC ns); a kernel preempted at the end of a time slice
+ * spans several. */
 struct vgpu_sim_kernel {
     int32_t pid;
     uint32_t pad;
     uint64_t start_ns;
     uint64_t end_ns;
+};
+
+/* One run of a process on a device: from start_ns to end_ns its kernels
+ * ran, taking its executed kernel time from done_ns to done_ns + (end_ns -
+ * start_ns). A kernel completes when done_ns passes its mark. */
+struct vgpu_sim_run_rec {
+    uint64_t start_ns;
+    uint64_t end_ns;
+    uint64_t done_ns;
+};
+
+/* A process's work on one device (its context's queue, as the device's
+ * scheduler sees it). */
+struct vgpu_sim_queue {
+    uint64_t submitted_ns;   /* kernel time it has submitted, in all */
+    uint64_t done_ns;        /* ...and the part the device has executed */
+    uint32_t nruns;          /* runs recorded (ring slot = nruns % VGPU_SIM_RUNS) */
+    uint32_t pad;
+    struct vgpu_sim_run_rec runs[VGPU_SIM_RUNS];
 };
 
 /* Busy time per process within one utilization sample period. */
@@ -57,13 +79,27 @@ struct vgpu_sim_period {
     } e[VGPU_SIM_PERIOD_PIDS];
 };
 
+/* The device's scheduler: processes with pending kernels take turns in time
+ * slices (see account.c). The timeline is played up to played_ns. */
+struct vgpu_sim_sched {
+    uint64_t played_ns;      /* the timeline is decided up to here */
+    int32_t cur;             /* process slot holding the device, -1: none */
+    int32_t next;            /* slot being switched to, -1: no switch under way */
+    uint64_t slice_end_ns;   /* end of cur's time slice; 0: none started */
+    uint64_t switch_end_ns;  /* end of the context switch under way */
+    uint64_t switches;       /* context switches since the state was created */
+    uint64_t pending[(VGPU_SIM_MAX_PROCS + 63) / 64]; /* slots that may have pending
+                                                         kernels (a bit each) */
+};
+
 struct vgpu_sim_device {
     uint64_t total;          /* bytes */
     uint64_t used;           /* bytes held by live processes, contexts included */
-    uint64_t busy_until_ns;  /* end of the last kernel reserved on the timeline */
     uint64_t busy_ns;        /* kernel time executed since the state was created */
-    uint64_t kernels;        /* kernels executed; ring slot = kernels % VGPU_SIM_RING */
+    uint64_t kernels;        /* kernels submitted since the state was created */
+    uint64_t runs;           /* runs recorded; ring slot = runs % VGPU_SIM_RING */
     int64_t fail_allocs;     /* fault injection: fail this many next allocations */
+    struct vgpu_sim_sched sched;
     struct vgpu_sim_period periods[VGPU_SIM_PERIODS];
     struct vgpu_sim_kernel ring[VGPU_SIM_RING];
 };
@@ -106,6 +142,7 @@ struct vgpu_sim_proc {
     uint64_t peak[VGPU_SIM_MAX_DEVICES];
     uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
     uint32_t contexts[VGPU_SIM_MAX_DEVICES];
+    struct vgpu_sim_queue queue[VGPU_SIM_MAX_DEVICES];
     struct vgpu_sim_ckpt ckpt;
 };
 
@@ -133,6 +170,8 @@ struct vgpu_sim_state {
     uint64_t sample_ns;      /* utilization sample period */
     uint32_t util_idle;      /* VGPU_SIM_UTIL_IDLE_AVERAGE or _SKIP */
     uint32_t ckpt_flags;     /* VGPU_SIM_CKPT_F_* (VGPU_SIM_CKPT_PAIRS, _REFUSED) */
+    uint64_t slice_ns;       /* time slice between processes (VGPU_SIM_TIMESLICE_US) */
+    uint64_t switch_ns;      /* what a switch between processes costs (VGPU_SIM_SWITCH_US) */
     uint64_t ckpt_rate;      /* checkpoint and restore copy rate, bytes/s
                                 (VGPU_SIM_CKPT_RATE) */
     char driver[32];         /* the driver version reported (VGPU_SIM_DRIVER) */

@@ -48,6 +48,7 @@ unsigned int nvml_recent_util(int dev)
     struct vgpu_sim_state *s = sim_state();
     uint64_t busy = 0;
     sim_lock(0);
+    sim_timeline_catch_up(dev);
     const struct vgpu_sim_period *per = last_period(s, dev);
     for (uint32_t i = 0; per && i < per->n; i++)
         busy += per->e[i].busy_ns;
@@ -98,6 +99,7 @@ static unsigned int collect_util(int dev, unsigned long long last_seen, struct u
     unsigned int n = 0;
     uint64_t window = 0; /* published periods newer than last_seen */
     sim_lock(0);
+    sim_timeline_catch_up(dev);
     uint64_t now = sim_now_ns();
     uint64_t pub_idx = now > SIM_SAMPLE_LAG_NS ? (now - SIM_SAMPLE_LAG_NS) / P : 0;
     uint64_t first = pub_idx > VGPU_SIM_PERIODS / 2 ? pub_idx - VGPU_SIM_PERIODS / 2 : 0;

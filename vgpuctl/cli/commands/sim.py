@@ -52,7 +52,8 @@ def stats(as_json: bool) -> None:
         click.echo(json.dumps(st.to_json()))
         return
     click.echo(f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms, "
-               f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}")
+               f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}, "
+               f"time slice {st.timeslice_us} us, switch {st.switch_us} us")
     if st.nvml_error_count:
         left = "until cleared" if st.nvml_error_count < 0 else f"{st.nvml_error_count} more"
         click.echo(f"fault: NVML calls return {st.nvml_error} ({left})")
