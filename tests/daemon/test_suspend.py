@@ -461,3 +461,92 @@ def test_a_job_on_two_gpus_is_suspended_whole_and_resumes_on_them(daemon, jobs):
     ok(daemon.cli("resume", j.id))
     assert used(daemon) == before and daemon.job(j.id)["gpus"] == [0, 1]
     assert j.check()["same"] is True
+
+
+# ---- memory preemption (docs/suspend.md, "Memory preemption") -------------------------
+
+def _burn(*args: str) -> list[str]:
+    from vgpuctl.system import native
+    return [str(native.burn_program()), *args]
+
+
+def test_a_high_job_takes_a_low_jobs_memory_and_the_low_job_comes_back(daemon_factory, jobs):
+    daemon = daemon_factory("1x16G")
+    low = jobs(daemon, "--priority", "low", "--mem", "10G", "--gpu", "0", size=G)
+    held = used(daemon)[0]
+    # 10G more does not fit beside it (16G less the 512M reserve): only by its memory
+    res = daemon.cli("run", "--priority", "high", "--mem", "10G", "--gpu", "0", "--",
+                     *_burn("--alloc", "9G", "--kernel-us", "100", "--count", "10"),
+                     timeout=120)
+    assert res.returncode == 0, res.stderr                  # admitted, and it ran
+    assert json.loads(res.stdout.strip().splitlines()[-1])["kernels"] == 10
+    assert f"job(s) {low.id} of class low on GPU 0 were suspended" in res.stderr
+    # the high job has ended: the low one resumes by itself, every byte intact
+    wait_for(lambda: daemon.job(low.id)["state"] == "running", 30, "the low job to resume")
+    view = daemon.job(low.id)
+    assert view["suspended_s"] > 0 and view["gpu"] == 0
+    assert low.check() == {"same": True, "uuid": uuids(daemon)[0]}
+    assert used(daemon)[0] == held
+
+
+def test_a_preempted_job_resumes_at_once_where_another_gpu_has_room(daemon, jobs):
+    low = jobs(daemon, "--priority", "low", "--mem", "10G", "--gpu", "0", size=G)
+    p = daemon.popen("run", "--priority", "high", "--mem", "10G", "--gpu", "0", "--",
+                     "sleep", "600", stdin=subprocess.DEVNULL)
+    try:
+        # GPU 1 has room: the low job goes on there while the high one runs
+        wait_for(lambda: daemon.job(low.id)["gpu"] == 1 and
+                 daemon.job(low.id)["state"] == "running", 30, "the low job on GPU 1")
+        assert low.check() == {"same": True, "uuid": uuids(daemon)[1]}
+        assert daemon.job(low.id)["suspended_s"] > 0
+    finally:
+        p.kill()
+        p.wait(30)
+        daemon.cleanup_jobs()
+
+
+def test_the_fewest_low_jobs_are_suspended(daemon, jobs):
+    a = jobs(daemon, "--priority", "low", "--mem", "6G", "--gpu", "0", size=16 * M)
+    b = jobs(daemon, "--priority", "low", "--mem", "6G", "--gpu", "0", size=16 * M)
+    p = daemon.popen("run", "--priority", "normal", "--mem", "8G", "--gpu", "0", "--",
+                     "sleep", "600", stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(j["name"] == "sleep" and j["state"] == "running"
+                             for j in daemon.jobs()), 60, "the normal job running")
+        states = {daemon.job(a.id)["state"], daemon.job(b.id)["state"]}
+        assert states == {"running", "suspended"}     # one of the two was enough
+        victim = a if daemon.job(a.id)["state"] == "suspended" else b
+        assert victim is b                           # the newest of equals
+        assert daemon.job(b.id)["suspend_reason"] == "preempted"
+    finally:
+        p.kill()
+        p.wait(30)
+        daemon.cleanup_jobs()
+
+
+def test_preemption_switched_off_refuses_as_before(daemon_factory, jobs):
+    d = daemon_factory(config="[priority]\npreempt = false\n")
+    low = jobs(d, "--priority", "low", "--mem", "10G", "--gpu", "0", size=16 * M)
+    res = d.cli("run", "--priority", "high", "--mem", "10G", "--gpu", "0", "--", "true")
+    assert res.returncode == 6 and "no room for 10G" in res.stderr, res
+    assert d.job(low.id)["state"] == "running"
+
+
+def test_a_job_low_jobs_cant_make_room_for_is_refused_and_suspends_none(daemon, jobs):
+    low = jobs(daemon, "--priority", "low", "--mem", "2G", "--gpu", "0", size=16 * M)
+    normal = daemon.popen("run", "--mem", "9G", "--gpu", "0", "--", "sleep", "600",
+                          stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(j["name"] == "sleep" for j in daemon.jobs()), 60, "the job")
+        res = daemon.cli("run", "--priority", "high", "--mem", "8G", "--gpu", "0", "--",
+                         "true")
+        assert res.returncode == 6 and "no room for 8G" in res.stderr, res
+        assert daemon.job(low.id)["state"] == "running"
+        # a low job never preempts
+        res = daemon.cli("run", "--priority", "low", "--mem", "8G", "--gpu", "0", "--", "true")
+        assert res.returncode == 6
+        assert daemon.job(low.id)["state"] == "running"
+    finally:
+        normal.kill()
+        normal.wait(30)
+        daemon.cleanup_jobs()

@@ -73,6 +73,8 @@ class PriorityConfig:
     budget_us: int = 1000              # GPU time a lower class keeps in flight while
                                        # a higher one is active
     holdoff_ms: int = 100              # a job counts as active this long after it launched
+    preempt: bool = True               # a normal or high job that fits only by taking low
+                                       # jobs' memory suspends them (docs/suspend.md)
 
 
 @dataclass(frozen=True)
@@ -290,6 +292,7 @@ def _priority(source: str, v: Any) -> PriorityConfig:
         "high_groups": _names,
         "budget_us": lambda s, k, x: _int(s, k, x, 50, 100_000),
         "holdoff_ms": lambda s, k, x: _int(s, k, x, 1, 10_000),
+        "preempt": _bool,
     }
     values: dict[str, Any] = {}
     for k, val in v.items():

@@ -15,7 +15,7 @@ import logging
 import os
 import pwd
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from vgpuctl.core import placement, priority
@@ -119,8 +119,12 @@ class Admission:
                              pc.high_groups)
 
     # -- run ------------------------------------------------------------------------------
-    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run) -> tuple[LiveJob, list[str]]:
-        """Admit a `vgpuctl run`: the live job and what to warn its user of."""
+    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run,
+            make_room: Collection[str] = (), on: str | None = None
+            ) -> tuple[LiveJob, list[str]]:
+        """Admit a `vgpuctl run`: the live job and what to warn its user of.
+        make_room: jobs about to be suspended for it (preemption): their
+        limits don't count; on: the GPU (its UUID) they free."""
         cfg = self._config()
         user = user_name(uid)
         mem = req.mem if req.mem is not None else cfg.default_mem
@@ -142,8 +146,10 @@ class Admission:
         # A share asked for is a promise on each of its GPUs (a low job's is a
         # cap only).
         promise = core if req.core is not None and priority.promises(cls) else 0
-        where = placement.place_many(self.run_gpus(req.gpu), self._table.commitments(), mem,
-                                     count=req.gpus, pin=req.gpu, reserve=cfg.reserve,
+        where = placement.place_many(self.run_gpus(req.gpu),
+                                     [c for c in self._table.commitments()
+                                      if c.job_id not in make_room], mem,
+                                     count=req.gpus, pin=on or req.gpu, reserve=cfg.reserve,
                                      oversubscribe=cfg.oversubscribe, core=promise,
                                      core_oversubscribe=cfg.core_oversubscribe)
         self._check_rate(limits, uid, user)

@@ -187,6 +187,7 @@ class Supervisor:
         self._authorize(peer, job, "suspend")
         async with self.suspender.lock:
             out = await self.suspender.suspend(job, "asked")
+        self.priority.refresh()
         return P.ok(job=self.view(job), outcome=out.wire())
 
     async def op_resume(self, peer: Peer, req: P.Resume) -> dict[str, Any]:
@@ -194,6 +195,7 @@ class Supervisor:
         self._authorize(peer, job, "resume")
         async with self.suspender.lock:
             out = await self.suspender.resume(job, req.gpu)
+        self.priority.refresh()
         return P.ok(job=self.view(job), outcome=out.wire())
 
     async def op_drain(self, peer: Peer, req: P.Drain) -> dict[str, Any]:
@@ -208,6 +210,7 @@ class Supervisor:
                 outcomes = await self.suspender.drain(req.gpu)
         if req.undo:
             outcomes = await self.suspender.resume_waiting()
+        self.priority.refresh()
         return P.ok(gpu=g.index, drained=not req.undo,
                     jobs=[o.wire() for o in outcomes])
 
@@ -237,6 +240,72 @@ class Supervisor:
                 "config_file": None if self.paths.config is None else str(self.paths.config),
                 "slurm": {"shard_size": self.config.slurm.shard_size,
                           "allow_run": self.config.slurm.allow_run}}
+
+    async def handle_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
+        """The reply to a `run`: admitted as it is when it fits; else, when
+        the job is normal or high, of one GPU, and preemption is on, suspend
+        the fewest low jobs that make room and admit it (docs/suspend.md).
+        Never raises."""
+        reply = self.handle(peer, req)
+        err = reply.get("error") if not reply.get("ok") else None
+        if (err is None or err.get("code") != "admission" or err.get("retry")
+                or not self.config.priority.preempt
+                or (req.priority or self.config.priority.default) == "low"
+                or (req.gpus or 1) > 1 or (req.gpu is not None and "," in req.gpu)):
+            return reply
+        try:
+            return await self.op_run_preempting(peer, req) or reply
+        except VgpuError as e:
+            return P.error(P.error_code(e), str(e))
+        except Exception as e:  # a bug: answer, log one line per burst, keep serving
+            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
+            self.failures.hit(f"run/{type(e).__name__}",
+                              f"run of pid {peer.pid} (uid {peer.uid}): {what}")
+            log.debug("request %r failed", req, exc_info=True)
+            return P.error("internal", f"internal error: {what}")
+
+    async def op_run_preempting(self, peer: Peer, req: P.Run) -> dict[str, Any] | None:
+        """Admit the job by suspending low jobs for it; None when no GPU can
+        be made to fit (the refusal stands)."""
+        cfg = self.config
+        mem = req.mem if req.mem is not None else cfg.default_mem
+        if mem is None:
+            return None
+        async with self.suspender.lock:
+            plan = self.suspender.preemption_plan(self.admission.run_gpus(req.gpu), mem)
+            if plan is None:
+                return None
+            gpu, victims = plan
+            ids = [v.id for v in victims]
+            # Admitted first, on the room they hold: nothing else can take it
+            # while they are suspended.
+            if not self.is_admin(peer):
+                self._check_cooldown(peer.uid)
+            job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req,
+                                               make_room=ids, on=gpu.uuid)
+            done: list[LiveJob] = []
+            try:
+                for v in victims:
+                    await self.suspender.suspend(v, "preempted")
+                    done.append(v)
+            except VgpuError as e:
+                for v in done:
+                    try:
+                        await self.suspender.resume(v)
+                    except VgpuError as e2:
+                        log.warning("job %s, preempted for nothing, stays suspended: %s",
+                                    v.id, e2)
+                self.table.end(job)
+                raise AdmissionRefused(
+                    f"no room for {format_size(mem)} on GPU {gpu.index} unless its low jobs "
+                    f"{', '.join(ids)} are suspended, and that failed: {e}") from None
+        self.priority.refresh()
+        log.info("job %s admitted on GPU %d by suspending low job(s) %s", job.id, gpu.index,
+                 ", ".join(ids))
+        warnings.append(f"job(s) {', '.join(ids)} of class low on GPU {gpu.index} were "
+                        "suspended to make room; they resume by themselves when room returns")
+        env, prepend = self.admission.job_env(job)
+        return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
 
     def op_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
         if not self.is_admin(peer):

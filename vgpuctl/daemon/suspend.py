@@ -331,6 +331,49 @@ class Suspender:
         log.info("GPU %d undrained", g.index)
         return g
 
+    # -- preemption ---------------------------------------------------------------------
+    def preemptible(self, job: LiveJob) -> bool:
+        """A running job of class low, on one GPU, that nothing of it keeps
+        from being suspended (as far as its region says)."""
+        rec = job.rec
+        if rec.state != RUNNING or rec.priority != "low" or len(rec.uuids) != 1:
+            return False
+        if job.region is None:
+            return False
+        try:
+            usage = job.region.read_usage()
+        except (OSError, ValueError):
+            return False
+        return not any(p.features for p in usage.procs)
+
+    def preemption_plan(self, gpus: list[placement.Gpu], mem: int
+                        ) -> tuple[placement.Gpu, list[LiveJob]] | None:
+        """Where a job of mem bytes fits by suspending the fewest preemptible
+        jobs, and which: among the GPUs given (not drained), the one that
+        needs the fewest, then frees the least past what is needed; None
+        when no GPU can be made to fit."""
+        cfg = self._config()
+        used = placement.committed(self._table.commitments())
+        best: tuple[tuple[int, int], placement.Gpu, list[LiveJob]] | None = None
+        for g in gpus:
+            if g.uuid in self.drained:
+                continue
+            short = used.get(g.uuid, 0) + mem - placement.capacity(g, cfg.reserve,
+                                                                    cfg.oversubscribe)
+            if short <= 0:
+                continue            # it fits as it is: no one need be suspended
+            cands = {j.id: j for j in self._table
+                     if g.uuid in j.uuids() and self.preemptible(j)}
+            ids = rules.victims([rules.Candidate(j.id, j.rec.mem_limit, j.rec.start)
+                                 for j in cands.values()], short)
+            if ids is None:
+                continue
+            freed = sum(cands[i].rec.mem_limit for i in ids)
+            key = (len(ids), freed - short)
+            if best is None or key < best[0]:
+                best = (key, g, [cands[i] for i in ids])
+        return None if best is None else (best[1], best[2])
+
     # -- the jobs that wait for room ------------------------------------------------------
     def waiting(self) -> list[LiveJob]:
         """Suspended jobs that resume by themselves (preempted, drained), the
