@@ -435,6 +435,7 @@ int vgpu_private_add_device(const char *uuid)
 static void clear_slot(struct vgpu_proc_slot *s)
 {
     s->start_time = 0;
+    __atomic_store_n(&s->features, 0, __ATOMIC_RELAXED);
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         __atomic_store_n(&s->used[d], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->ctx_bytes[d], 0, __ATOMIC_RELAXED);

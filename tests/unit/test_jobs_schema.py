@@ -40,7 +40,7 @@ def test_a_schema_1_database_gains_the_slurm_columns(tmp_path):
     assert got is not None
     assert (got.slurm_job, got.slurm_partition, got.slurm_account, got.slurm_shards) == (
         "42", "gpu", "physics", 4)
-    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     store.close()
 
 
@@ -70,5 +70,25 @@ def test_a_schema_2_database_gains_the_priority_columns(tmp_path):
     rec.priority = "low"
     store.update_job(rec, ["priority"])
     assert store.get_job(rec.id).priority == "low"
-    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    store.close()
+
+
+def test_a_schema_2_database_gains_the_suspend_columns(tmp_path):
+    """Jobs from before suspend were never suspended; a suspension's fields
+    are written and read back."""
+    db = tmp_path / "vgpu.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(SCHEMA_1)
+    conn.close()
+    store = Store.open(db)
+    old = store.get_job("1")
+    assert old is not None and (old.suspended_s, old.suspended_at, old.suspensions) == (
+        0.0, None, 0)
+    old.state, old.suspended_at, old.suspend_reason, old.suspensions = (
+        "suspended", 5.0, "asked", 1)
+    store.update_job(old, ["state", "suspended_at", "suspend_reason", "suspensions"])
+    got = store.get_job("1")
+    assert got is not None and got.suspended and got.suspended_for(7.5) == 2.5
+    assert got.suspend_reason == "asked"
     store.close()

@@ -73,6 +73,8 @@ class PriorityConfig:
     budget_us: int = 1000              # GPU time a lower class keeps in flight while
                                        # a higher one is active
     holdoff_ms: int = 100              # a job counts as active this long after it launched
+    preempt: bool = True               # a normal or high job that fits only by taking low
+                                       # jobs' memory suspends them (docs/suspend.md)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class Config:
     # Whether every user sees every job's command line and directory in
     # `ps`/`status` (else only its owner and root do).
     public_commands: bool = False
+    # How long suspending a job waits for its work in flight before giving up
+    # (the driver's lock timeout; docs/suspend.md).
+    suspend_lock_timeout_s: int = 10
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
 
@@ -287,6 +292,7 @@ def _priority(source: str, v: Any) -> PriorityConfig:
         "high_groups": _names,
         "budget_us": lambda s, k, x: _int(s, k, x, 50, 100_000),
         "holdoff_ms": lambda s, k, x: _int(s, k, x, 1, 10_000),
+        "preempt": _bool,
     }
     values: dict[str, Any] = {}
     for k, val in v.items():
@@ -314,6 +320,8 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "cooldown_s": lambda s, k, v: ("cooldown_s", _int(s, k, v, 0, 30 * 86_400)),
     "cooldown_after": lambda s, k, v: ("cooldown_after", _int(s, k, v, 1, 1000)),
     "public_commands": lambda s, k, v: ("public_commands", _bool(s, k, v)),
+    "suspend_lock_timeout_s": lambda s, k, v: ("suspend_lock_timeout_s",
+                                               _int(s, k, v, 1, 3600)),
 }
 
 

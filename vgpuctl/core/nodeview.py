@@ -267,6 +267,8 @@ def _time(j: Record) -> str:
     if state == "starting":
         return "starting"
     text = duration(j.get("runtime_s"))
+    if state == "suspended":
+        return text + " suspended"
     if state == "ended":
         code, sig = j.get("exit_code"), j.get("exit_signal")
         text += " ended" + (f" sig {sig}" if sig else f" ({code})" if code is not None else "")

@@ -48,6 +48,7 @@ ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
     "state": errors.StateError,
     "missing": errors.MissingComponent,
     "conflict": errors.DaemonConflict,
+    "checkpoint": errors.CheckpointError,
     "internal": errors.VgpuError,
 }
 
@@ -112,6 +113,23 @@ class Reload(NamedTuple):
     pass
 
 
+class Suspend(NamedTuple):
+    """Suspend a job: its processes checkpointed, its GPU memory given back."""
+    job: str
+
+
+class Resume(NamedTuple):
+    """Resume a suspended job, on the GPU named (a move) or where it fits."""
+    job: str
+    gpu: str | None = None
+
+
+class Drain(NamedTuple):
+    """Move every job off a GPU (root); undo: place jobs there again."""
+    gpu: str
+    undo: bool = False
+
+
 class SlurmRegister(NamedTuple):
     """Root's Prolog: fence a Slurm job's shards for its user (idempotent)."""
     slurm_job: str
@@ -142,8 +160,12 @@ class SlurmRelease(NamedTuple):
     slurm_job: str
 
 
-Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | SlurmRegister
-           | SlurmAttach | SlurmRelease)
+Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | Suspend | Resume
+           | Drain | SlurmRegister | SlurmAttach | SlurmRelease)
+
+# The requests the daemon answers after driver calls that take a while
+# (docs/daemon.md): served off the event loop's thread.
+SLOW = (Suspend, Resume, Drain)
 
 # -- field checks -----------------------------------------------------------
 
@@ -265,6 +287,9 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
                   "policy": (_policy, False), "priority": (_priority, False)}),
     "kill": (Kill, {"job": (_job, True), "signal": (_int(1, 64), False)}),
     "reload": (Reload, {}),
+    "suspend": (Suspend, {"job": (_job, True)}),
+    "resume": (Resume, {"job": (_job, True), "gpu": (_str(128, controls=False), False)}),
+    "drain": (Drain, {"gpu": (_str(128, controls=False), True), "undo": (_bool, False)}),
     "slurm_register": (SlurmRegister, {
         "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),

@@ -15,7 +15,7 @@ import logging
 import os
 import pwd
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from vgpuctl.core import placement, priority
@@ -76,6 +76,7 @@ class Admission:
         self._sim_prepend = dict(sim_prepend or {})
         self.context_mem = context_mem    # what one CUDA context takes, about
         self._rate = placement.AdmissionRate()
+        self.drained: set[str] = set()    # GPU uuids nothing is placed on (vgpuctl drain)
         self._refusals: dict[int, tuple[float, int]] = {}   # uid -> (logged at, since)
 
     # -- a user's maxima and caps ------------------------------------------------------
@@ -118,8 +119,12 @@ class Admission:
                              pc.high_groups)
 
     # -- run ------------------------------------------------------------------------------
-    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run) -> tuple[LiveJob, list[str]]:
-        """Admit a `vgpuctl run`: the live job and what to warn its user of."""
+    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run,
+            make_room: Collection[str] = (), on: str | None = None
+            ) -> tuple[LiveJob, list[str]]:
+        """Admit a `vgpuctl run`: the live job and what to warn its user of.
+        make_room: jobs about to be suspended for it (preemption): their
+        limits don't count; on: the GPU (its UUID) they free."""
         cfg = self._config()
         user = user_name(uid)
         mem = req.mem if req.mem is not None else cfg.default_mem
@@ -141,8 +146,10 @@ class Admission:
         # A share asked for is a promise on each of its GPUs (a low job's is a
         # cap only).
         promise = core if req.core is not None and priority.promises(cls) else 0
-        where = placement.place_many(self.run_gpus(req.gpu), self._table.commitments(), mem,
-                                     count=req.gpus, pin=req.gpu, reserve=cfg.reserve,
+        where = placement.place_many(self.run_gpus(req.gpu),
+                                     [c for c in self._table.commitments()
+                                      if c.job_id not in make_room], mem,
+                                     count=req.gpus, pin=on or req.gpu, reserve=cfg.reserve,
                                      oversubscribe=cfg.oversubscribe, core=promise,
                                      core_oversubscribe=cfg.core_oversubscribe)
         self._check_rate(limits, uid, user)
@@ -169,8 +176,13 @@ class Admission:
         """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
         ([slurm] gpus), unless [slurm] allow_run."""
         sc = self._config().slurm
+        if pin is not None:
+            for g in placement.resolve_gpus(self.gpus, pin):
+                if g.uuid in self.drained:
+                    raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
+                                           f"{g.index} takes it back)")
         if sc.allow_run:
-            return self.gpus
+            return self._undrained(self.gpus)
         how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
                "in the daemon's configuration")
         if pin is not None:
@@ -180,7 +192,14 @@ class Admission:
         gpus = [g for g in self.gpus if not sc.controls(g.index)]
         if not gpus and self.gpus:
             raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
-        return gpus
+        return self._undrained(gpus)
+
+    def _undrained(self, gpus: list[placement.Gpu]) -> list[placement.Gpu]:
+        out = [g for g in gpus if g.uuid not in self.drained]
+        if gpus and not out:
+            raise AdmissionRefused("every GPU a job may use here is drained (vgpuctl drain "
+                                   "--undo GPU takes one back)")
+        return out
 
     def create(self, rec: JobRecord) -> LiveJob:
         """Record an admitted job, create its region, and make it live. The

@@ -44,7 +44,7 @@ class Gates:
         job's counters once (a job found tampering is flagged then)."""
         out = []
         for job in self._table:
-            if job.region is None:
+            if job.region is None or job.rec.suspended:   # a suspended job runs nothing
                 continue
             usage = self._trust.read(job)
             rec = job.rec

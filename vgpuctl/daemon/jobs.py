@@ -47,6 +47,7 @@ class LiveJob:
     stopped: str | None = None      # why the violation watch ended it (its gate closed)
     held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
     peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
+    suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
 
     @property
     def id(self) -> str:
@@ -116,8 +117,8 @@ class JobTable:
 
     def commitments(self) -> list[placement.Commitment]:
         """Each live job's memory limit, and its promised share, on each of its
-        GPUs."""
-        return commitments(self._jobs.values())
+        GPUs: a suspended job holds none."""
+        return commitments(j for j in self._jobs.values() if not j.rec.suspended)
 
     def held_by(self, uid: int) -> int:
         """The memory limits a user's live jobs hold, per GPU summed."""

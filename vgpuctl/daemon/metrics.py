@@ -22,8 +22,11 @@ Metrics (one ``vgpu_`` prefix, base units, ratios 0 to 1):
     vgpu_job_throttled_seconds_total{...}              counter
     vgpu_job_gpu_seconds_total{...}                    counter (when accounted)
     vgpu_job_violations_total{...}                     counter (on its first GPU's series)
+    vgpu_job_suspended{...}                            gauge (1 while suspended)
+    vgpu_job_suspended_seconds_total{...}              counter
     vgpu_violations_total{kind}                        counter (memory, compute, no_job)
-    vgpu_jobs_running                                  gauge
+    vgpu_jobs_running                                  gauge (suspended ones aside)
+    vgpu_jobs_suspended                                gauge
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class JobMetrics:
     gpu_seconds: float | None = None  # since the job started, when accounted
     violations: int = 0         # violations found since the job started
     priority: int = 1           # 0 low, 1 normal, 2 high
+    suspended: bool = False     # its processes are checkpointed (docs/suspend.md)
+    suspended_seconds: float = 0.0  # in all, since the job started
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Snapshot:
     gpus: Sequence[GpuMetrics] = ()
     jobs: Sequence[JobMetrics] = ()
     jobs_running: int | None = None  # None: the distinct job ids in jobs
+    jobs_suspended: int = 0
     violations: Mapping[str, int] = field(default_factory=dict)  # kind -> found since start
 
 
@@ -120,9 +126,13 @@ def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
                      throttled_seconds=g.get("throttled_s") or 0.0,
                      gpu_seconds=gpu_seconds(v.id, g.get("uuid") or ""),
                      violations=count if i == 0 else 0,
-                     priority=PRIORITY_VALUES.get(v.priority, 1))
+                     priority=PRIORITY_VALUES.get(v.priority, 1),
+                     suspended=v.state == "suspended",
+                     suspended_seconds=(v.suspended_s or 0.0) if i == 0 else 0.0)
           for v, count in jobs for i, g in enumerate(v.per_gpu)]
-    return Snapshot(gpus=gs, jobs=js, jobs_running=len(jobs), violations=dict(violations))
+    suspended = sum(1 for v, _ in jobs if v.state == "suspended")
+    return Snapshot(gpus=gs, jobs=js, jobs_running=len(jobs) - suspended,
+                    jobs_suspended=suspended, violations=dict(violations))
 
 
 def available() -> bool:
@@ -200,8 +210,16 @@ class Collector:
         j_prio = GaugeMetricFamily(PREFIX + "job_priority",
                                    "The job's priority class: 0 low, 1 normal, 2 high",
                                    labels=jlabels)
+        j_susp = GaugeMetricFamily(PREFIX + "job_suspended",
+                                   "1 while the job is suspended (its processes "
+                                   "checkpointed, no GPU memory held)", labels=jlabels)
+        j_susp_s = CounterMetricFamily(PREFIX + "job_suspended_seconds",
+                                       "Time the job was suspended (not billed)",
+                                       labels=jlabels)
         for j in snap.jobs:
             lv = [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid]
+            j_susp.add_metric(lv, 1.0 if j.suspended else 0.0)
+            j_susp_s.add_metric(lv, max(0.0, float(j.suspended_seconds)))
             j_viol.add_metric(lv, float(j.violations))
             j_prio.add_metric(lv, float(j.priority))
             j_used.add_metric(lv, float(j.memory_used))
@@ -211,7 +229,8 @@ class Collector:
             j_thr.add_metric(lv, max(0.0, float(j.throttled_seconds)))
             if j.gpu_seconds is not None:
                 j_gs.add_metric(lv, max(0.0, float(j.gpu_seconds)))
-        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol, j_prio)
+        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol, j_prio, j_susp,
+                    j_susp_s)
         viol = CounterMetricFamily(PREFIX + "violations",
                                    "Violations found by kind: memory, compute, no_job "
                                    "(a GPU process in no job)", labels=["kind"])
@@ -224,6 +243,9 @@ class Collector:
         jr = GaugeMetricFamily(PREFIX + "jobs_running", "Jobs running on this node")
         jr.add_metric([], float(running))
         yield jr
+        js = GaugeMetricFamily(PREFIX + "jobs_suspended", "Jobs suspended on this node")
+        js.add_metric([], float(snap.jobs_suspended))
+        yield js
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -69,8 +69,8 @@ class Priorities:
         by_gpu: dict[str, list[prio.Member]] = {}
         jobs: dict[str, LiveJob] = {}
         for job in self._table:
-            if job.region is None or job.rec.region_error is not None:
-                continue
+            if job.region is None or job.rec.region_error is not None or job.rec.suspended:
+                continue            # (a suspended job is on no GPU: none heeds it)
             jobs[job.id] = job
             for i, uuid in enumerate(job.uuids()):
                 by_gpu.setdefault(uuid, []).append(

@@ -11,7 +11,7 @@ and root (the daemon's user) see, unless the operator sets
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -53,8 +53,9 @@ def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) 
 
 
 def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
-         jobs: Iterable[LiveJob]) -> list[GpuView]:
-    jobs = list(jobs)
+         jobs: Iterable[LiveJob], drained: Container[str] = ()) -> list[GpuView]:
+    """The GPUs as every output shows them: a suspended job is on none."""
+    jobs = [j for j in jobs if not j.rec.suspended]
     cm = commitments(jobs)
     used = placement.committed(cm)
     cores = placement.promised(cm)
@@ -71,5 +72,6 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             core_capacity=placement.core_capacity(config.core_oversubscribe),
             jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
             minor=st.minor if st else None,
-            slurm=config.slurm.controls(g.index)))
+            slurm=config.slurm.controls(g.index),
+            drained=g.uuid in drained))
     return out

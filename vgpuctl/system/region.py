@@ -261,6 +261,7 @@ class ProcUsage:
     launches: list[int]
     allocs: int
     get_proc_calls: int
+    features: int = 0           # VGPU_FEATURE_* bits: what can't be checkpointed
 
 
 @dataclass
@@ -640,7 +641,8 @@ class Region:
                     used=[_bytes(s.used[j], "slot used") for j in range(n)],
                     ctx_bytes=[_bytes(s.ctx_bytes[j], "slot ctx_bytes") for j in range(n)],
                     launches=[_count(s.launches[j]) for j in range(n)],
-                    allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls)))
+                    allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls),
+                    features=int(s.features)))
         return Usage(devs, procs)
 
     def slot_pids(self) -> list[tuple[int, int]]:

@@ -125,10 +125,17 @@ struct vgpu_dev_usage {
     uint64_t pad0;
 };
 
+/* vgpu_proc_slot.features: what the process used that the driver can't
+ * checkpoint (R570): the daemon does not suspend a job one of whose
+ * processes has any of these. Set by the hook, never cleared while the
+ * process lives. */
+#define VGPU_FEATURE_MANAGED 1   /* cuMemAllocManaged (unified memory) */
+#define VGPU_FEATURE_IPC 2       /* cuIpcGetMemHandle / cuIpcOpenMemHandle */
+
 /* One per process of the job. A slot is claimed by CAS on pid (0 = free). */
 struct vgpu_proc_slot {
     int32_t pid;
-    uint32_t pad0;
+    uint32_t features;         /* VGPU_FEATURE_* bits */
     uint64_t start_time;       /* /proc/<pid>/stat starttime (clock ticks),
                                   tells a reused pid from the original */
     uint64_t used[VGPU_MAX_DEVICES];      /* bytes this process reserved */

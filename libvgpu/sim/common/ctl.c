@@ -92,6 +92,10 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
     put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\"",
         s->count, (unsigned long long)s->memory, (unsigned long long)(s->sample_ns / 1000000),
         s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average");
+    put(&o, ", \"checkpoint\": {\"rate\": %llu, \"pairs\": \"%s\", \"refused\": \"%s\"}",
+        (unsigned long long)s->ckpt_rate,
+        s->ckpt_flags & VGPU_SIM_CKPT_F_PAIRS_ALL ? "all" : "checkpointed",
+        s->ckpt_flags & VGPU_SIM_CKPT_F_REFUSED_LOCKED ? "locked" : "failed");
     put(&o, ", \"timeslice_us\": %llu, \"switch_us\": %llu",
         (unsigned long long)(s->slice_ns / 1000), (unsigned long long)(s->switch_ns / 1000));
     put(&o, ", \"faults\": {\"nvml_error\": %d, \"nvml_error_count\": %lld}", s->nvml_error,
@@ -114,7 +118,9 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         const struct vgpu_sim_proc *p = &s->procs[i];
         if (!p->pid)
             continue;
-        put(&o, "%s{\"pid\": %d, \"tag\": ", first ? "" : ", ", p->pid);
+        static const char *const ckpt_state[] = {"running", "locked", "checkpointed", "failed"};
+        put(&o, "%s{\"pid\": %d, \"checkpoint\": \"%s\", \"tag\": ", first ? "" : ", ",
+            p->pid, p->ckpt.state < 4 ? ckpt_state[p->ckpt.state] : "?");
         if (p->tag >= 0 && p->tag < VGPU_SIM_MAX_TAGS)
             put_string(&o, s->tags[p->tag].name);
         else
@@ -123,11 +129,12 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         for (uint32_t d = 0; d < s->count; d++) {
             const struct vgpu_sim_queue *q = &p->queue[d];
             put(&o, "%s{\"index\": %u, \"used\": %llu, \"peak\": %llu, \"busy_ns\": %llu, "
-                    "\"contexts\": %u, \"queued_ns\": %llu}",
+                    "\"contexts\": %u, \"queued_ns\": %llu, \"held\": %llu}",
                 d ? ", " : "", d, (unsigned long long)p->used[d], (unsigned long long)p->peak[d],
                 (unsigned long long)p->busy_ns[d], p->contexts[d],
                 (unsigned long long)(q->submitted_ns > q->done_ns
-                                         ? q->submitted_ns - q->done_ns : 0));
+                                         ? q->submitted_ns - q->done_ns : 0),
+                (unsigned long long)p->ckpt.held[d]);
         }
         put(&o, "]}");
         first = 0;

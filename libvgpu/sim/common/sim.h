@@ -37,6 +37,7 @@
 #define SIM_GRANULARITY (2ull << 20) /* allocation granularity: 2 MiB */
 #define SIM_DEFAULT_MEMORY (16ull << 30)
 #define SIM_DEFAULT_CTX_MEM (300ull << 20)
+#define SIM_DEFAULT_CKPT_RATE (20ull << 30) /* checkpoint copies: bytes/s */
 #define SIM_DEFAULT_SAMPLE_MS 167 /* 1/6 s: the fastest period NVML documents */
 /* Time slicing between processes (contexts) on one device, as a GPU without
  * MPS does: the slice, and what switching the device to another process
@@ -68,6 +69,18 @@ void sim_unlock(void);
 int sim_self_slot(void);
 
 uint64_t sim_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* The slot of the live process pid, or -1. Needs the lock. */
+int sim_proc_slot(int32_t pid);
+
+/* The driver this simulated machine has (VGPU_SIM_DRIVER, default
+ * SIM_DRIVER_VERSION) and the CUDA version it supports (cuDriverGetVersion,
+ * NVML; cuGetProcAddress knows no entry point newer). */
+const char *sim_driver_version(void);
+int sim_cuda_version(void);
+/* The CUDA version of a driver version ("570.86.10": 12080); 0 when the
+ * simulator can't be that driver (before R525, after R580). */
+int sim_cuda_of_driver(const char *driver);
 
 /* VGPU_SIM_STATE, or /dev/shm/vgpu-sim-<uid>. */
 const char *sim_state_path(char *buf, size_t len);
@@ -118,6 +131,17 @@ void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 uint64_t sim_submit_kernel(int dev, uint64_t ns);
 int sim_kernel_done(int dev, uint64_t mark, uint64_t *at);
 void sim_timeline_catch_up(int dev);
+
+/* ---- ckpt.c: a checkpointed process's device memory ---- */
+
+/* Checkpoint: what process slot `slot` holds on every GPU (memory and
+ * contexts) is given back to the GPUs and kept in its held[] and
+ * held_ctx[]. Returns the bytes held. */
+uint64_t sim_ckpt_release(int slot);
+/* Restore: put what slot holds back on the GPUs, held[d] going to GPU
+ * map[d]. Returns 0, or -1 (nothing changed) when some GPU lacks the room;
+ * *bytes gets the bytes restored. */
+int sim_ckpt_restore(int slot, const int map[VGPU_SIM_MAX_DEVICES], uint64_t *bytes);
 
 /* ---- ctl.c: fault injection, and control functions for vgpuctl ---- */
 

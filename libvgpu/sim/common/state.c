@@ -123,6 +123,87 @@ static uint32_t util_idle_from_env(int *given)
     return VGPU_SIM_UTIL_IDLE_AVERAGE;
 }
 
+/* The checkpoint settings: VGPU_SIM_CKPT_RATE (a size per second, default
+ * SIM_DEFAULT_CKPT_RATE), VGPU_SIM_CKPT_PAIRS (checkpointed | all) and
+ * VGPU_SIM_CKPT_REFUSED (failed | locked). A value not understood is said
+ * once on stderr and read as the default. *given: any was set. */
+static void ckpt_from_env(uint64_t *rate, uint32_t *flags, int *given)
+{
+    *rate = SIM_DEFAULT_CKPT_RATE;
+    *flags = 0;
+    *given = 0;
+    const char *s = getenv("VGPU_SIM_CKPT_RATE");
+    if (s && *s) {
+        uint64_t v;
+        if (vgpu_parse_size(s, &v) == 0 && v >= (1ull << 20)) {
+            *rate = v;
+            *given = 1;
+        } else {
+            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_RATE=%s: expected a size per second, "
+                    "at least 1M; using the default\n", s);
+        }
+    }
+    s = getenv("VGPU_SIM_CKPT_PAIRS");
+    if (s && *s) {
+        if (strcmp(s, "all") == 0 || strcmp(s, "checkpointed") == 0) {
+            *flags |= s[0] == 'a' ? VGPU_SIM_CKPT_F_PAIRS_ALL : 0;
+            *given = 1;
+        } else {
+            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_PAIRS=%s: expected checkpointed or all; "
+                    "using checkpointed\n", s);
+        }
+    }
+    s = getenv("VGPU_SIM_CKPT_REFUSED");
+    if (s && *s) {
+        if (strcmp(s, "failed") == 0 || strcmp(s, "locked") == 0) {
+            *flags |= s[0] == 'l' ? VGPU_SIM_CKPT_F_REFUSED_LOCKED : 0;
+            *given = 1;
+        } else {
+            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_REFUSED=%s: expected failed or locked; "
+                    "using failed\n", s);
+        }
+    }
+}
+
+int sim_cuda_of_driver(const char *driver)
+{
+    /* each branch and the CUDA version it brought */
+    static const struct { int branch, cuda; } k[] = {
+        {525, 12000}, {530, 12010}, {535, 12020}, {545, 12030}, {550, 12040},
+        {555, 12050}, {560, 12060}, {565, 12070}, {570, 12080}, {575, 12090}, {580, 13000},
+    };
+    char *end;
+    long branch = strtol(driver, &end, 10);
+    if (end == driver || (*end != '\0' && *end != '.') || strlen(driver) >= 32)
+        return 0;
+    int cuda = 0;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (branch >= k[i].branch && branch < k[i].branch + 5)
+            cuda = k[i].cuda;
+    return cuda;
+}
+
+/* VGPU_SIM_DRIVER: a driver version from R525 to R580 (default
+ * SIM_DRIVER_VERSION); anything else is said once and read as the default. */
+static void driver_from_env(char *driver, int32_t *cuda, int *given)
+{
+    const char *s = getenv("VGPU_SIM_DRIVER");
+    *given = 0;
+    snprintf(driver, 32, "%s", SIM_DRIVER_VERSION);
+    *cuda = SIM_CUDA_VERSION;
+    if (!s || !*s)
+        return;
+    int c = sim_cuda_of_driver(s);
+    if (!c) {
+        fprintf(stderr, "vgpu-sim: VGPU_SIM_DRIVER=%s: expected a driver version from 525 to "
+                "580, such as 570.86.10; using %s\n", s, SIM_DRIVER_VERSION);
+        return;
+    }
+    snprintf(driver, 32, "%s", s);
+    *cuda = c;
+    *given = 1;
+}
+
 const char *sim_state_path(char *buf, size_t len)
 {
     const char *p = getenv("VGPU_SIM_STATE");
@@ -227,6 +308,15 @@ static int live_processes(struct vgpu_sim_state *s)
         if (s->procs[i].pid && !is_self(i) && proc_alive(&s->procs[i], i))
             n++;
     return n;
+}
+
+int sim_proc_slot(int32_t pid)
+{
+    struct vgpu_sim_state *s = g_state;
+    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++)
+        if (s->procs[i].pid == pid && pid > 0 && (is_self(i) || proc_alive(&s->procs[i], i)))
+            return i;
+    return -1;
 }
 
 int sim_slot_alive(int i)
@@ -346,7 +436,8 @@ void sim_unlock(void)
 
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
                        uint64_t sample_ns, uint32_t util_idle, uint64_t slice_ns,
-                       uint64_t switch_ns)
+                       uint64_t switch_ns, uint64_t ckpt_rate, uint32_t ckpt_flags,
+                       const char *driver, int32_t cuda)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -357,6 +448,10 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     s->util_idle = util_idle;
     s->slice_ns = slice_ns;
     s->switch_ns = switch_ns;
+    s->ckpt_rate = ckpt_rate;
+    s->ckpt_flags = ckpt_flags;
+    snprintf(s->driver, sizeof s->driver, "%s", driver);
+    s->cuda_version = cuda;
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     uint64_t mono = sim_now_ns();
@@ -437,6 +532,14 @@ static struct vgpu_sim_state *open_state(int as_is)
     uint64_t sample_ns = sample_ns_from_env(&sample_given);
     int idle_given;
     uint32_t util_idle = util_idle_from_env(&idle_given);
+    int ckpt_given;
+    uint64_t ckpt_rate;
+    uint32_t ckpt_flags;
+    ckpt_from_env(&ckpt_rate, &ckpt_flags, &ckpt_given);
+    int driver_given;
+    char driver[32];
+    int32_t cuda;
+    driver_from_env(driver, &cuda, &driver_given);
     int slice_given, switch_given;
     uint64_t slice_ns = us_from_env("VGPU_SIM_TIMESLICE_US", SIM_DEFAULT_TIMESLICE_US, 100,
                                     1000000, &slice_given);
@@ -469,12 +572,16 @@ static struct vgpu_sim_state *open_state(int as_is)
             return NULL;
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
-            init_state(s, count, memory, sample_ns, util_idle, slice_ns, switch_ns);
+            init_state(s, count, memory, sample_ns, util_idle, slice_ns, switch_ns, ckpt_rate,
+                       ckpt_flags, driver, cuda);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
                               (sample_given && s->sample_ns != sample_ns) ||
                               (idle_given && s->util_idle != util_idle) ||
                               (slice_given && s->slice_ns != slice_ns) ||
-                              (switch_given && s->switch_ns != switch_ns))) {
+                              (switch_given && s->switch_ns != switch_ns) ||
+                              (ckpt_given && (s->ckpt_rate != ckpt_rate ||
+                                              s->ckpt_flags != ckpt_flags)) ||
+                              (driver_given && strcmp(s->driver, driver) != 0))) {
             /* Another configuration: replace it unless someone uses it. */
             lock_state(s);
             int busy = live_processes(s);
@@ -564,4 +671,18 @@ void sim_device_uuid_string(int index, char *out, size_t len)
 void sim_device_bus_id(int index, char *out, size_t len, int nvml_form)
 {
     snprintf(out, len, nvml_form ? "%08X:%02X:00.0" : "%04X:%02X:00.0", 0, index + 1);
+}
+
+/* ---- the driver ---- */
+
+const char *sim_driver_version(void)
+{
+    struct vgpu_sim_state *s = sim_state();
+    return s && s->driver[0] ? s->driver : SIM_DRIVER_VERSION;
+}
+
+int sim_cuda_version(void)
+{
+    struct vgpu_sim_state *s = sim_state();
+    return s && s->cuda_version ? s->cuda_version : SIM_CUDA_VERSION;
 }

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 4
+#define VGPU_SIM_LAYOUT 6
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
 #define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
@@ -104,6 +104,34 @@ struct vgpu_sim_device {
     struct vgpu_sim_kernel ring[VGPU_SIM_RING];
 };
 
+/* CUprocessState, as cuCheckpointProcessGetState reports it */
+#define VGPU_SIM_CKPT_RUNNING 0
+#define VGPU_SIM_CKPT_LOCKED 1
+#define VGPU_SIM_CKPT_CHECKPOINTED 2
+#define VGPU_SIM_CKPT_FAILED 3
+
+/* What the driver's checkpoint API asks of a process (cuda/checkpoint.c):
+ * a controlling process posts a request (op, arguments) and bumps `req`;
+ * the process's restore thread answers (result) and bumps `ans`. Both are
+ * futex words; one controller at a time (`caller`). The process writes
+ * state, tid and held[]. */
+struct vgpu_sim_ckpt {
+    uint32_t req;            /* requests posted (futex) */
+    uint32_t ans;            /* requests answered (futex) */
+    int32_t caller;          /* pid of the controller whose request is open, 0: none */
+    int32_t op;              /* VGPU_SIM_CKPT_OP_* (checkpoint.c) */
+    int32_t result;          /* CUresult of the last answer */
+    uint32_t state;          /* VGPU_SIM_CKPT_* */
+    int32_t tid;             /* the process's restore thread; 0: it has none */
+    uint32_t timeout_ms;     /* lock: 0 waits for ever */
+    uint32_t npairs;         /* restore: UUID pairs in pairs[] */
+    uint32_t pad;
+    unsigned char pairs[VGPU_SIM_MAX_DEVICES][2][16]; /* restore: old, new UUID */
+    uint64_t held[VGPU_SIM_MAX_DEVICES];      /* checkpointed: device memory it held
+                                                 per GPU, now in host memory */
+    uint32_t held_ctx[VGPU_SIM_MAX_DEVICES];  /* ...and its contexts there */
+};
+
 struct vgpu_sim_proc {
     int32_t pid;             /* 0: free slot */
     int32_t tag;             /* index into tags[], -1: none */
@@ -115,6 +143,7 @@ struct vgpu_sim_proc {
     uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
     uint32_t contexts[VGPU_SIM_MAX_DEVICES];
     struct vgpu_sim_queue queue[VGPU_SIM_MAX_DEVICES];
+    struct vgpu_sim_ckpt ckpt;
 };
 
 /* Per VGPU_SIM_TAG: what all processes carrying the tag hold, and their peak:
@@ -126,6 +155,12 @@ struct vgpu_sim_tag {
     uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
 };
 
+/* vgpu_sim_state.ckpt_flags */
+#define VGPU_SIM_CKPT_F_PAIRS_ALL 1  /* restore pairs must list every GPU, not only
+                                        the checkpointed ones */
+#define VGPU_SIM_CKPT_F_REFUSED_LOCKED 2 /* a refused checkpoint leaves the process
+                                            LOCKED, not FAILED */
+
 struct vgpu_sim_state {
     uint32_t magic;
     uint32_t layout;
@@ -134,9 +169,14 @@ struct vgpu_sim_state {
     uint64_t memory;         /* bytes per GPU */
     uint64_t sample_ns;      /* utilization sample period */
     uint32_t util_idle;      /* VGPU_SIM_UTIL_IDLE_AVERAGE or _SKIP */
-    uint32_t pad0;
+    uint32_t ckpt_flags;     /* VGPU_SIM_CKPT_F_* (VGPU_SIM_CKPT_PAIRS, _REFUSED) */
     uint64_t slice_ns;       /* time slice between processes (VGPU_SIM_TIMESLICE_US) */
     uint64_t switch_ns;      /* what a switch between processes costs (VGPU_SIM_SWITCH_US) */
+    uint64_t ckpt_rate;      /* checkpoint and restore copy rate, bytes/s
+                                (VGPU_SIM_CKPT_RATE) */
+    char driver[32];         /* the driver version reported (VGPU_SIM_DRIVER) */
+    int32_t cuda_version;    /* ...and the CUDA version it supports (13000) */
+    uint32_t pad1;
     int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
     union {
         pthread_mutex_t lock;

@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include "exec.h"
+#include "gate.h"
+#include "init.h"
 
 #define QUEUE_MAX 1024 /* launches queued before a launch blocks, as the driver's */
 
@@ -184,6 +186,7 @@ static void setup(void)
 /* Queue op; returns its sequence number. */
 static uint64_t enqueue(CUcontext ctx, CUstream s, struct op *op)
 {
+    GATE_BRACKET;
     pthread_once(&q_once, setup);
     pthread_mutex_lock(&q_lock);
     if (!q_worker) {
@@ -228,7 +231,7 @@ static struct op *new_op(int kind)
 uint64_t exec_kernel(CUcontext ctx, CUstream s, uint64_t ns)
 {
     struct op *op = new_op(OP_KERNEL);
-    op->phys = ctx->phys;
+    op->phys = cu_phys[ctx->ordinal];
     op->ns = ns;
     return enqueue(ctx, s, op);
 }
@@ -258,6 +261,7 @@ int exec_done(uint64_t seq)
 
 void exec_wait(uint64_t seq)
 {
+    GATE_BRACKET;
     pthread_mutex_lock(&q_lock);
     while (q_completed < seq)
         pthread_cond_wait(&q_done, &q_lock);
@@ -282,4 +286,12 @@ void exec_event_del(CUevent e)
     pthread_mutex_lock(&q_lock); /* the worker may be stamping it */
     cu_obj_del(e, sizeof *e);
     pthread_mutex_unlock(&q_lock);
+}
+
+int exec_idle(void)
+{
+    pthread_mutex_lock(&q_lock);
+    int idle = q_completed == q_submitted;
+    pthread_mutex_unlock(&q_lock);
+    return idle;
 }
