@@ -154,12 +154,16 @@ class Supervisor:
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log one line per burst, keep serving
-            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
-            op = P.op_name(req)
-            self.failures.hit(f"{op}/{type(e).__name__}",
-                              f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
-            log.debug("request %r failed", req, exc_info=True)
-            return P.error("internal", f"internal error: {what}")
+            return self._internal_error(peer, req, e)
+
+    def _internal_error(self, peer: Peer, req: P.Request, e: Exception) -> dict[str, Any]:
+        """A request that failed of a bug: one log line per burst, an answer."""
+        what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
+        op = P.op_name(req)
+        self.failures.hit(f"{op}/{type(e).__name__}",
+                          f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
+        log.debug("request %r failed", req, exc_info=True)
+        return P.error("internal", f"internal error: {what}")
 
     async def handle_slow(self, peer: Peer, req: P.Request) -> dict[str, Any]:
         """The reply to a request of P.SLOW (suspend, resume, drain): the
@@ -175,12 +179,7 @@ class Supervisor:
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log one line per burst, keep serving
-            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
-            op = P.op_name(req)
-            self.failures.hit(f"{op}/{type(e).__name__}",
-                              f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
-            log.debug("request %r failed", req, exc_info=True)
-            return P.error("internal", f"internal error: {what}")
+            return self._internal_error(peer, req, e)
 
     async def op_suspend(self, peer: Peer, req: P.Suspend) -> dict[str, Any]:
         job = self.table.get(req.job)
