@@ -257,11 +257,7 @@ class Supervisor:
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log one line per burst, keep serving
-            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
-            self.failures.hit(f"run/{type(e).__name__}",
-                              f"run of pid {peer.pid} (uid {peer.uid}): {what}")
-            log.debug("request %r failed", req, exc_info=True)
-            return P.error("internal", f"internal error: {what}")
+            return self._internal_error(peer, req, e)
 
     async def op_run_preempting(self, peer: Peer, req: P.Run) -> dict[str, Any] | None:
         """Admit the job by suspending low jobs for it; None when no GPU can
