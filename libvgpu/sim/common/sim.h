@@ -91,6 +91,9 @@ int sim_live_processes(void);
 /* Whether process slot i belongs to a live process (this one included).
  * Needs the lock. */
 int sim_slot_alive(int i);
+/* /proc/<pid>/stat's start time (field 22, clock ticks), which tells a
+ * reused pid apart; 0 if the process is gone. */
+uint64_t sim_proc_start_time(int pid);
 
 /* Parse "2x16G" (count x size per GPU, the size as vgpu/size.h reads it);
  * 0 on success. */

@@ -244,6 +244,13 @@ static int proc_stat(pid_t pid, char *state, uint64_t *start)
     return 0;
 }
 
+uint64_t sim_proc_start_time(int pid)
+{
+    char st;
+    uint64_t start;
+    return proc_stat((pid_t)pid, &st, &start) < 0 ? 0 : start;
+}
+
 /* 1 if slot i's lock is held, 0 if free, -1 if that cannot be told. */
 static int slot_locked(int i)
 {

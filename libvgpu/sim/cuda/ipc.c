@@ -65,30 +65,6 @@ struct opened {
 static struct opened *g_opened;
 static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* /proc/<pid>/stat field 22 (start time in clock ticks), 0 if gone. */
-static uint64_t start_time(int pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    unsigned long long st = 0;
-    /* after ") ": state is field 3; start time is field 22 */
-    if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                      "%*d %*d %llu", &st) != 1)
-        return 0;
-    return st;
-}
-
 VGPU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
 {
     CUcontext ctx;
@@ -105,7 +81,7 @@ VGPU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
         return CUDA_ERROR_MAP_FAILED;
     struct ipc_mem h = {
         .magic = IPC_MAGIC, .version = IPC_VERSION, .pid = (int32_t)getpid(), .fd = fd,
-        .start_time = start_time((int)getpid()), .base = a.base, .size = a.mapped,
+        .start_time = sim_proc_start_time((int)getpid()), .base = a.base, .size = a.mapped,
         .phys = a.phys,
     };
     memset(handle, 0, sizeof *handle);
@@ -166,7 +142,7 @@ VGPU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle ha
         return CUDA_ERROR_INVALID_CONTEXT; /* a process can't open its own */
     if (h.phys < 0 || h.phys >= VGPU_SIM_MAX_DEVICES)
         return CUDA_ERROR_INVALID_VALUE;
-    if (start_time(h.pid) != h.start_time)
+    if (sim_proc_start_time(h.pid) != h.start_time)
         return CUDA_ERROR_INVALID_HANDLE; /* the exporter is gone */
     pthread_mutex_lock(&g_ipc_lock);
     for (struct opened **pp = &g_opened; *pp;) {

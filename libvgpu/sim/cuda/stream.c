@@ -645,27 +645,6 @@ static CUresult ipc_queue_wait(CUcontext ctx, CUstream s, struct ipc_event_page 
     return ipc_queue(ctx, s, p, gen, ipc_await);
 }
 
-/* /proc/<pid>/stat's start time (field 22), 0 if the process is gone. */
-static uint64_t proc_start_time(int pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *q = strrchr(buf, ')');
-    unsigned long long st = 0;
-    if (!q || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d "
-                            "%*d %*d %*d %llu", &st) != 1)
-        return 0;
-    return st;
-}
-
 VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
 {
     if (!cu_initialized)
@@ -691,7 +670,7 @@ VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
     if (p->fd < 0)
         return CUDA_ERROR_INVALID_VALUE; /* an event opened from another process */
     struct ipc_event_handle h = {.magic = IPC_EVENT_MAGIC, .pid = (int32_t)getpid(),
-                                 .fd = p->fd, .start_time = proc_start_time((int)getpid())};
+                                 .fd = p->fd, .start_time = sim_proc_start_time((int)getpid())};
     memset(handle, 0, sizeof *handle);
     memcpy(handle, &h, sizeof h);
     return CUDA_SUCCESS;
@@ -711,7 +690,7 @@ VGPU_EXPORT CUresult cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle handle)
         return CUDA_ERROR_INVALID_VALUE;
     if (h.pid == (int32_t)getpid())
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (proc_start_time(h.pid) != h.start_time)
+    if (sim_proc_start_time(h.pid) != h.start_time)
         return CUDA_ERROR_INVALID_HANDLE;
     char path[64], link[128];
     snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
