@@ -18,7 +18,8 @@ match NVML's pids with its own (another pid namespace) tells the jobs apart
 by their memory.
 
 Prints one JSON line: the settings, `cycles`, `busy_s` (the bursts' lengths
-timed by events), `seconds` (the go to the end of the last cycle), `busy_pct`
+timed by events), `seconds` (the go to the end of the last cycle, its idle part
+counted whole), `busy_pct`
 (= busy_s / seconds), `first_launch` and `last_end` (host time.time()), and
 `bursts`, one [host start, host end, event ms] per cycle.
 """
@@ -151,7 +152,9 @@ def main() -> None:
             now = time.time()
     while pending:
         now = wait_oldest()
-    seconds = now - go
+    # To the end of the last cycle: a run that stops inside a cycle's idle
+    # part (--seconds not a whole number of cycles) still ran its duty.
+    seconds = max(now, due) - go
     job_util.emit({
         "duty": args.duty, "cycle_ms": args.cycle_ms, "kernel_ms": args.kernel_ms,
         "kernels_per_cycle": len(kernels), "blocks": blocks, "alloc_mib": args.alloc_mib,
