@@ -3,7 +3,7 @@
  *
  *   vgpu-burn [--device N] --kernel-us US (--seconds S | --count K)
  *             [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]
- *             [--on-ms MS --off-ms MS]
+ *             [--on-ms MS --off-ms MS] [--graph K]
  *
  * Driver API only, reached as the CUDA runtime reaches it: dlopen
  * ("libcuda.so.1"), then every entry point through cuGetProcAddress. The
@@ -17,6 +17,10 @@
  * PCT % of the period, waits for them, and sleeps to the period's end.
  * --on-ms/--off-ms alternate in wall time: launch for ON ms, wait for the
  * kernels, sleep OFF ms (on a shared GPU it gets less than ON/(ON+OFF)).
+ * --graph K captures K kernels into a CUDA graph (stream capture) and
+ * launches the graph instead: one cuGraphLaunch runs K kernels, as
+ * frameworks replay captured steps; --inflight then counts graphs, and
+ * "kernels" still counts kernels.
  *
  * Prints one line of JSON: kernels (completed), seconds (wall time from the
  * first launch to the last completion), rate (kernels per second),
@@ -83,7 +87,14 @@ static struct {
     CUresult (*LaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                              unsigned int, unsigned int, unsigned int, CUstream, void **,
                              void **);
+    CUresult (*StreamBeginCapture)(CUstream, int);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
 } cu;
+
+/* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: only this thread's calls are checked */
+#define CAPTURE_MODE_THREAD_LOCAL 1
 
 static const char *g_prog = "vgpu-burn";
 
@@ -118,6 +129,10 @@ static int load_driver(const char **missing)
         {"cuEventRecord", (void **)&cu.EventRecord},
         {"cuEventSynchronize", (void **)&cu.EventSynchronize},
         {"cuLaunchKernel", (void **)&cu.LaunchKernel},
+        {"cuStreamBeginCapture", (void **)&cu.StreamBeginCapture},
+        {"cuStreamEndCapture", (void **)&cu.StreamEndCapture},
+        {"cuGraphInstantiateWithFlags", (void **)&cu.GraphInstantiate},
+        {"cuGraphLaunch", (void **)&cu.GraphLaunch},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         CUdriverProcAddressQueryResult st;
@@ -143,6 +158,7 @@ struct opts {
     double duty;      /* percent; 0: no pause */
     double period_ms;
     double on_ms, off_ms;  /* wall-time on/off; 0: none */
+    int graph;             /* kernels per graph launch; 0: plain launches */
 };
 
 static void usage_error(const char *fmt, const char *arg)
@@ -151,7 +167,7 @@ static void usage_error(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: %s [--device N] --kernel-us US (--seconds S | --count K)"
                     " [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]"
-                    " [--on-ms MS --off-ms MS]\n", g_prog);
+                    " [--on-ms MS --off-ms MS] [--graph K]\n", g_prog);
     exit(2);
 }
 
@@ -183,7 +199,7 @@ static struct opts parse_args(int argc, char **argv)
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             printf("usage: %s [--device N] --kernel-us US (--seconds S | --count K)"
                    " [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]"
-                   " [--on-ms MS --off-ms MS]\n", g_prog);
+                   " [--on-ms MS --off-ms MS] [--graph K]\n", g_prog);
             exit(0);
         } else if (strcmp(a, "--device") == 0) {
             double d = parse_number(a, v, 0);
@@ -212,6 +228,11 @@ static struct opts parse_args(int argc, char **argv)
             o.on_ms = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--off-ms") == 0) {
             o.off_ms = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--graph") == 0) {
+            double k = parse_number(a, v, 1);
+            if (k != (int)k || k > 1024)
+                usage_error("%s needs a whole number from 1 to 1024", a);
+            o.graph = (int)k;
         } else if (strcmp(a, "--inflight") == 0) {
             double k = parse_number(a, v, 1);
             if (k != (int)k || k > 1024)
@@ -260,9 +281,9 @@ static void report(const char *call, CUresult rc)
         g_elapsed = now_s() - g_start;
     double rate = g_elapsed > 0 ? (double)g_done / g_elapsed : 0;
     printf("{\"kernels\": %lld, \"seconds\": %.6f, \"rate\": %.3f, \"kernel_us\": %g, "
-           "\"device\": %d, \"pid\": %d, \"inflight\": %d, \"alloc\": %llu",
+           "\"device\": %d, \"pid\": %d, \"inflight\": %d, \"alloc\": %llu, \"graph\": %d",
            g_done, g_elapsed, rate, g_o.kernel_us, g_o.device, (int)getpid(), g_o.inflight,
-           g_o.alloc);
+           g_o.alloc, g_o.graph);
     if (call) {
         const char *name = NULL;
         if (!cu.GetErrorName || cu.GetErrorName(rc, &name) != CUDA_SUCCESS || !name)
@@ -327,6 +348,18 @@ int main(int argc, char **argv)
 
     unsigned long long ns = (unsigned long long)(g_o.kernel_us * 1000.0 + 0.5);
     void *args[] = {&ns};
+    /* --graph: the K kernels captured once, launched as one graph */
+    CUgraphExec exec = NULL;
+    int per_launch = g_o.graph > 0 ? g_o.graph : 1;
+    if (g_o.graph > 0) {
+        CUgraph graph;
+        CHECK("cuStreamBeginCapture",
+              cu.StreamBeginCapture(stream, CAPTURE_MODE_THREAD_LOCAL));
+        for (int i = 0; i < g_o.graph; i++)
+            CHECK("cuLaunchKernel", cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+        CHECK("cuStreamEndCapture", cu.StreamEndCapture(stream, &graph));
+        CHECK("cuGraphInstantiateWithFlags", cu.GraphInstantiate(&exec, graph, 0));
+    }
     long long launched = 0;
     g_start = now_s();
     double deadline = g_start + g_o.seconds;
@@ -361,19 +394,22 @@ int main(int argc, char **argv)
             in_period = 0;
             continue;
         }
-        in_period++;
+        in_period += per_launch;
         int slot = (int)(launched % g_o.inflight);
         if (launched >= g_o.inflight) {
-            /* at most `inflight` kernels queued: wait for the oldest */
+            /* at most `inflight` launches queued: wait for the oldest */
             CHECK("cuEventSynchronize", cu.EventSynchronize(ev[slot]));
-            g_done++;
+            g_done += per_launch;
         }
-        CHECK("cuLaunchKernel", cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+        if (exec)
+            CHECK("cuGraphLaunch", cu.GraphLaunch(exec, stream));
+        else
+            CHECK("cuLaunchKernel", cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
         CHECK("cuEventRecord", cu.EventRecord(ev[slot], stream));
         launched++;
     }
     CHECK("cuStreamSynchronize", cu.StreamSynchronize(stream));
-    g_done = launched;
+    g_done = launched * per_launch;
     g_elapsed = now_s() - g_start;
     report(NULL, CUDA_SUCCESS);
     return 0;

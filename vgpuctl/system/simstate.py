@@ -71,6 +71,7 @@ class SimStats:
     processes: list[ProcessStats]
     tags: list[TagStats]
     util_idle: str = "average"  # VGPU_SIM_UTIL_IDLE: idle periods averaged in or skipped
+    util_procs: str = "last"    # VGPU_SIM_UTIL_PROCS: which processes a period names
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -94,6 +95,7 @@ def parse_stats(text: str) -> SimStats:
                    for p in d["processes"]],
         tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
         util_idle=d.get("util_idle", "average"),
+        util_procs=d.get("util_procs", "each"),
     )
 
 

@@ -87,9 +87,13 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
     sim_lock(1);
     put(&o, "{\"path\": ");
     put_string(&o, sim_state_path(path, sizeof path));
-    put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\"",
+    put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\", "
+            "\"util_procs\": \"%s\"",
         s->count, (unsigned long long)s->memory, (unsigned long long)(s->sample_ns / 1000000),
-        s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average");
+        s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average",
+        s->util_procs == VGPU_SIM_UTIL_PROCS_EACH      ? "each"
+        : s->util_procs == VGPU_SIM_UTIL_PROCS_BUSIEST ? "busiest"
+                                                       : "last");
     put(&o, ", \"faults\": {\"nvml_error\": %d, \"nvml_error_count\": %lld}", s->nvml_error,
         (long long)s->nvml_error_count);
     put(&o, ", \"devices\": [");

@@ -71,6 +71,9 @@ const char *sim_state_path(char *buf, size_t len);
  * lock. */
 int sim_live_processes(void);
 
+/* pid is alive and holds a context or memory on device dev. Needs the lock. */
+int sim_proc_on_device(int dev, int32_t pid);
+
 /* Parse "2x16G" (count x size per GPU, the size as vgpu/size.h reads it);
  * 0 on success. */
 int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);

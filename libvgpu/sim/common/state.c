@@ -98,6 +98,25 @@ static uint32_t util_idle_from_env(int *given)
     return VGPU_SIM_UTIL_IDLE_AVERAGE;
 }
 
+/* VGPU_SIM_UTIL_PROCS: last (default), busiest or each; anything else is
+ * said once on stderr and read as the default. */
+static uint32_t util_procs_from_env(int *given)
+{
+    static const char *const names[] = {"last", "busiest", "each"};
+    const char *s = getenv("VGPU_SIM_UTIL_PROCS");
+    *given = 0;
+    if (!s || !*s)
+        return VGPU_SIM_UTIL_PROCS_LAST;
+    for (uint32_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *given = 1;
+            return i;
+        }
+    fprintf(stderr, "vgpu-sim: VGPU_SIM_UTIL_PROCS=%s: expected last, busiest or each; "
+                    "using last\n", s);
+    return VGPU_SIM_UTIL_PROCS_LAST;
+}
+
 const char *sim_state_path(char *buf, size_t len)
 {
     const char *p = getenv("VGPU_SIM_STATE");
@@ -192,6 +211,17 @@ static void reclaim_dead(struct vgpu_sim_state *s)
         if (p->pid && !is_self(i) && !proc_alive(p, i))
             release_slot(s, p);
     }
+}
+
+int sim_proc_on_device(int dev, int32_t pid)
+{
+    struct vgpu_sim_state *s = sim_state();
+    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
+        const struct vgpu_sim_proc *p = &s->procs[i];
+        if (p->pid == pid)
+            return (p->contexts[dev] || p->used[dev]) && (is_self(i) || proc_alive(p, i));
+    }
+    return 0;
 }
 
 /* Live processes using the state, this one aside. */
@@ -314,7 +344,7 @@ void sim_unlock(void)
 /* ---- creating and mapping the file ---- */
 
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
-                       uint64_t sample_ns, uint32_t util_idle)
+                       uint64_t sample_ns, uint32_t util_idle, uint32_t util_procs)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -323,6 +353,7 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     s->memory = memory;
     s->sample_ns = sample_ns;
     s->util_idle = util_idle;
+    s->util_procs = util_procs;
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     uint64_t mono = sim_now_ns();
@@ -401,6 +432,8 @@ static struct vgpu_sim_state *open_state(int as_is)
     uint64_t sample_ns = sample_ns_from_env(&sample_given);
     int idle_given;
     uint32_t util_idle = util_idle_from_env(&idle_given);
+    int procs_given;
+    uint32_t util_procs = util_procs_from_env(&procs_given);
     mode_t mode = getenv("VGPU_SIM_STATE") && *getenv("VGPU_SIM_STATE") ? 0666 : 0600;
 
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -428,10 +461,11 @@ static struct vgpu_sim_state *open_state(int as_is)
             return NULL;
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
-            init_state(s, count, memory, sample_ns, util_idle);
+            init_state(s, count, memory, sample_ns, util_idle, util_procs);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
                               (sample_given && s->sample_ns != sample_ns) ||
-                              (idle_given && s->util_idle != util_idle))) {
+                              (idle_given && s->util_idle != util_idle) ||
+                              (procs_given && s->util_procs != util_procs))) {
             /* Another configuration: replace it unless someone uses it. */
             lock_state(s);
             int busy = live_processes(s);
