@@ -51,7 +51,7 @@ class World:
     NVMLError = NVMLError
 
     def __init__(self, jobs: list[Job], capacity: float = 1.0, period_us: int = PERIOD_FAST_US,
-                 idle: str = "average") -> None:
+                 idle: str = "average", procs: str = "each") -> None:
         self.jobs = jobs
         # what the GPU can fill when several processes take turns; when
         # asked for more, the jobs with the longest kernels win the race
@@ -59,6 +59,7 @@ class World:
         self.capacity = capacity
         self.period_us = period_us
         self.idle = idle
+        self.procs = procs
         self.now_us = T0
         self.gpus: dict[str, UtilBuffer] = {}
         self.fail = 0
@@ -101,7 +102,8 @@ class World:
                     left -= got[id(j)]
             else:
                 got = {id(j): a / total for j, a in zip(here, asks, strict=True)}
-            buf = self.gpus.setdefault(uuid, UtilBuffer(self.period_us, self.idle))
+            buf = self.gpus.setdefault(uuid, UtilBuffer(self.period_us, self.idle,
+                                                        procs=self.procs))
             start_us = self.now_us - TICK * 1e6
             for j in here:
                 share = got[id(j)]
@@ -163,6 +165,14 @@ def settled(period_us: int) -> int:
     return 20 if period_us == PERIOD_FAST_US else 60
 
 
+def probed(period_us: int, jobs: int) -> int:
+    """Ticks after which jobs started together on a GPU whose NVML names one
+    process a period have each been probed (run alone for a period) and are
+    at their shares: the period learnt, then a probe a job, each up to two
+    periods long and three periods apart."""
+    return settled(period_us) + int(jobs * 6 * period_us / 1e6 / TICK)
+
+
 def test_hard_100_is_never_gated() -> None:
     w = World([Job("1", 101, 100, "hard")])
     gov = governor(w)
@@ -203,6 +213,58 @@ def test_two_hard_jobs(period_us: int, idle: str) -> None:
     run(w, governor(w), n + 20)
     assert mean(a.got[n:]) == pytest.approx(0.30, abs=0.01)
     assert mean(b.got[n:]) == pytest.approx(0.60, abs=0.01)
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_two_hard_jobs_when_nvml_names_one_process_a_period(period_us: int, idle: str) -> None:
+    """An H100 names one process a sample period, with the whole device's
+    utilization (here always the busiest, 60 %): the governor once took that
+    for the 60 % job's own share and 0 for the 30 % job's, and showed them;
+    the device's busy time is split by what the jobs' gates account."""
+    a, b = Job("1", 101, 30), Job("2", 102, 60)
+    w = World([a, b], period_us=period_us, idle=idle, procs="busiest")
+    n = probed(period_us, 2)
+    gates = run(w, governor(w), n + 40)
+    assert mean(a.got[n:]) == pytest.approx(0.30, abs=0.01)
+    assert mean(b.got[n:]) == pytest.approx(0.60, abs=0.01)
+    # what `ps` shows of each (the gate's measured share)
+    assert gates[("1", "GPU-0")].measured == pytest.approx(0.30, abs=0.02)
+    assert gates[("2", "GPU-0")].measured == pytest.approx(0.60, abs=0.02)
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_jobs_of_other_kernels_started_together_are_probed(period_us: int, idle: str) -> None:
+    """NVML names one process a period, and three jobs of 50 us, 500 us and
+    5 ms kernels start together: no window says what any of them costs, so
+    the governor holds all but one for a sample period, for each of them in
+    turn, and learns each's cost (docs/compute.md, probes)."""
+    a = Job("1", 101, 20, cost_s=50e-6)
+    b = Job("2", 102, 30, cost_s=500e-6)
+    c = Job("3", 103, 50, cost_s=5e-3)
+    w = World([a, b, c], period_us=period_us, idle=idle, procs="busiest")
+    n = probed(period_us, 3)
+    run(w, governor(w), n + 60)
+    for j in (a, b, c):
+        assert mean(j.got[n:]) == pytest.approx(j.share / 100, abs=0.015), j.job_id
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_a_job_joining_one_of_other_kernels_gets_its_cost_from_the_rest(period_us: int,
+                                                                        idle: str) -> None:
+    """NVML names one process a period; a 60 % job of 5 ms kernels joins a
+    30 % job of 1 ms kernels that ran alone first (its busy time then its
+    own): the newcomer's cost is what the device ran beyond the first's."""
+    a = Job("1", 101, 30)
+    b = Job("2", 102, 60, cost_s=5e-3, busy=False)
+    w = World([a, b], period_us=period_us, idle=idle, procs="busiest")
+    gov = governor(w)
+    n = settled(period_us)
+    run(w, gov, n)
+    b.busy = True
+    m = len(a.got) + settled(period_us) + 10
+    run(w, gov, m - len(a.got) + 40)
+    assert mean(a.got[m:]) == pytest.approx(0.30, abs=0.015)
+    assert mean(b.got[m:]) == pytest.approx(0.60, abs=0.015)
 
 
 @pytest.mark.parametrize(("period_us", "idle"), NVMLS)
@@ -400,3 +462,41 @@ def test_gate_writes_that_land_late_are_never_taken_for_tampering(cost_s: float,
                 if ledgers:
                     ledgers[j.job_id].wrote(now, now, trust.Gate(g.throttle, g.refill_rate,
                                                                  g.bucket_size))
+
+
+@pytest.mark.parametrize("procs", ["busiest", "each"])
+def test_the_violation_watch_and_the_bills_take_the_split_not_nvmls_names(procs: str) -> None:
+    """The daemon's violation watch reads NVML itself and splits each window
+    as the governor does: two honest hooked jobs at 30/60, while NVML names
+    the 60 % one with the whole GPU's time every period, are never taken for
+    an overrun over a minute, and each is billed its own GPU time."""
+    from vgpuctl.core.violations import JobLimits
+    from vgpuctl.daemon.violations import Known, Watch
+    from vgpuctl.governor.sampler import Sampler
+    from vgpuctl.system.nvml import GpuStats
+
+    # pids no Linux process can have (above the kernel's 2^22 limit)
+    a, b = Job("1", 5_000_101, 30), Job("2", 5_000_102, 60)
+    w = World([a, b], procs=procs)
+    gov = governor(w)
+    read = Sampler(w, w.clock_us).read
+    watch = Watch(lambda: [GpuStats(0, "GPU-0", "sim", 16 << 30,
+                                    processes={a.pid: 1 << 30, b.pid: 1 << 30})],
+                  lambda u: gov.attribute(u, read(u)), processes=gov.note_processes)
+    known = Known([JobLimits("1", "GPU-0", 2 << 30, 0.3, 1000),
+                   JobLimits("2", "GPU-0", 2 << 30, 0.6, 1000)],
+                  {a.pid: "1", b.pid: "2"}, {}, {}, hooked={a.pid: 0, b.pid: 0})
+    billed = {"1": 0.0, "2": 0.0}
+    found = []
+    n = settled(PERIOD_FAST_US)
+    for i in range(600):
+        run(w, gov, 1)
+        res = watch.check(known, "kill", w.now_us / 1e6)
+        found += res.found
+        if i >= n:
+            for (job, _), s in res.busy.items():
+                billed[job] += s
+    assert found == []
+    ran = {j.job_id: sum(j.got[n + 1:]) * TICK for j in (a, b)}
+    for job in billed:
+        assert billed[job] == pytest.approx(ran[job], rel=0.05), (billed, ran)

@@ -198,9 +198,16 @@ class Daemon:
         self.sup = sup
         self._start_compute(loop)
         # The watch reads NVML's per-process utilization with a sampler of
-        # its own (NVML answers each reader from its own last-seen time).
-        self.watch = Watch(nvml.snapshot, Sampler(nvml.module).read
-                           if self.governor is not None else None)
+        # its own (NVML answers each reader from its own last-seen time),
+        # each window's busy time attributed as the governor does (where
+        # NVML names one process a sample period, by the jobs' hooks).
+        gov = self.governor
+        if gov is not None:
+            read = Sampler(nvml.module).read
+            self.watch = Watch(nvml.snapshot, lambda u: gov.attribute(u, read(u)),
+                               processes=gov.note_processes)
+        else:
+            self.watch = Watch(nvml.snapshot, None)
         self._start_accounting(store)
         sup.on_config = self._config_changed
         sup.table.on_end.append(lambda job: self._job_ended(job.id))

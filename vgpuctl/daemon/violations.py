@@ -109,14 +109,18 @@ class Result:
 
 
 Utilization = Callable[[str], Any]   # uuid -> a sampler Window (or None)
+# (the pids that loaded the hook, or None; per GPU the pids on it without it)
+Processes = Callable[[frozenset[int] | None, dict[str, frozenset[int]]], None]
 
 
 class Watch:
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
                  utilization: Utilization | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 processes: Processes | None = None) -> None:
         self._snapshot = snapshot
         self._utilization = utilization
+        self._processes = processes
         self._clock = clock
         self._checker = Checker()
         # pid -> (its start time, its job, when NVML last listed it)
@@ -130,6 +134,13 @@ class Watch:
         stats = self._snapshot()
         mono = self._clock()
         memory = {s.uuid: dict(s.processes) for s in stats}
+        if self._processes is not None:
+            # Whose a window's busy time is, where NVML names one process a
+            # sample period, depends on which processes loaded the hook.
+            hooked = frozenset(known.hooked) if known.hooked is not None else None
+            self._processes(hooked, {s.uuid: frozenset(p for p in s.processes
+                                                       if hooked is None or p not in hooked)
+                                     for s in stats})
         windows = self._windows(stats)
         owner: dict[tuple[str, int], str | None] = {}
         jobs = {lim.job_id for lim in known.limits}
