@@ -4,7 +4,12 @@ well it holds two training loops to their shares.
   1  time per training step of a small CNN (two convolutions and a linear
      layer, SGD), bare and under ``vgpuctl run --core 100``: the CPU-side
      overhead of the hook and the simulator. Kernels take the simulator's
-     default time, so the step is bound by the host.
+     default time, so the step is bound by the host, and a host's noise is
+     of the order of the overhead: ``--pairs`` (20) interleaved pairs of runs
+     (bare then gated, gated then bare, in turn), the median of their ratios
+     and its 95 % confidence interval (distribution-free, from the order
+     statistics). One unpaired run says nothing: three back-to-back ones on
+     a 2-core host gave +2.4 %, -6.4 % and +2.9 %.
   2  two training loops at ``--core 30`` and ``--core 60`` (hard) on one GPU,
      each share measured from the simulator's own timeline (busy time per
      ``VGPU_SIM_TAG``) over ``--seconds`` (10) after ``--settle`` (5) seconds.
@@ -15,7 +20,7 @@ Prints a table and writes bench/results/frameworks.json. Not part of the test
 suite's pass/fail (tests/frameworks checks the shares within 3 points).
 Needs torch (``.ci/run`` installs the pinned version).
 
-    python bench/frameworks.py [--seconds 10] [--settle 5] [--steps-s 8]
+    python bench/frameworks.py [--seconds 10] [--settle 5] [--steps-s 3] [--pairs 20]
     python bench/frameworks.py --loop SECONDS    # the training loop itself
 """
 
@@ -91,15 +96,60 @@ def last_json(text: str) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {}
 
 
-def step_time(env: dict[str, str], harness: DaemonHarness, seconds: float) -> dict[str, Any]:
-    bare = subprocess.run(loop_cmd(seconds), env=env, capture_output=True, text=True,
-                          timeout=seconds + 120, check=True)
-    gated = subprocess.run([*VGPUCTL, "run", "--mem", "4G", "--core", "100", "--",
-                            *loop_cmd(seconds)], env=harness.env, capture_output=True,
-                           text=True, timeout=seconds + 120, check=True)
-    b, g = last_json(bare.stdout), last_json(gated.stdout)
-    return {"bare": b, "vgpuctl_core_100": g,
-            "overhead_pct": round((g["ms_per_step"] / b["ms_per_step"] - 1) * 100, 1)}
+def one_run(env: dict[str, str], harness: DaemonHarness, seconds: float,
+            gated: bool) -> dict[str, Any]:
+    cmd = loop_cmd(seconds)
+    if gated:
+        cmd = [*VGPUCTL, "run", "--mem", "4G", "--core", "100", "--", *cmd]
+    r = subprocess.run(cmd, env=harness.env if gated else env, capture_output=True, text=True,
+                       timeout=seconds + 120, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"the {'gated' if gated else 'bare'} loop failed ({r.returncode}): "
+                           f"{r.stderr[-2000:]}")
+    return last_json(r.stdout)
+
+
+def median_ci(xs: list[float]) -> tuple[float, float, float]:
+    """The median and a distribution-free 95 % confidence interval for it:
+    the order statistics whose ranks hold the median with 95 % probability
+    (binomial, p = 1/2)."""
+    from math import comb
+
+    ys = sorted(xs)
+    n = len(ys)
+    mid = (ys[(n - 1) // 2] + ys[n // 2]) / 2
+    # the largest rank r with P(Binomial(n, 1/2) <= r - 1) <= 2.5 %: the
+    # interval [x_(r), x_(n-r+1)] then holds the median with >= 95 %
+    r, acc = 0, 0.0
+    while r < n:
+        nxt = acc + comb(n, r) / 2 ** n
+        if nxt > 0.025:
+            break
+        acc, r = nxt, r + 1
+    if r == 0:                 # too few runs for 95 %: the whole range
+        return mid, ys[0], ys[-1]
+    return mid, ys[r - 1], ys[n - r]
+
+
+def step_time(env: dict[str, str], harness: DaemonHarness, seconds: float,
+              pairs: int) -> dict[str, Any]:
+    """`pairs` pairs of runs, bare and gated, their order alternating: each
+    pair's ratio of ms per step, the median of the ratios and its 95 % CI."""
+    runs = []
+    for i in range(pairs):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got = {g: one_run(env, harness, seconds, g) for g in order}
+        b, g = got[False], got[True]
+        runs.append({"bare_ms": b["ms_per_step"], "gated_ms": g["ms_per_step"],
+                     "ratio": g["ms_per_step"] / b["ms_per_step"], "gated_first": order[0]})
+        print(f"pair {i + 1}/{pairs}: bare {b['ms_per_step']} ms, gated {g['ms_per_step']} ms",
+              file=sys.stderr)
+    mid, lo, hi = median_ci([r["ratio"] for r in runs])
+    return {"pairs": runs, "seconds_each": seconds,
+            "overhead_pct": round((mid - 1) * 100, 2),
+            "ci95_pct": [round((lo - 1) * 100, 2), round((hi - 1) * 100, 2)],
+            "bare_ms_median": median_ci([r["bare_ms"] for r in runs])[0],
+            "gated_ms_median": median_ci([r["gated_ms"] for r in runs])[0]}
 
 
 # ---- 2: two loops held to 30 % and 60 % -------------------------------------------
@@ -148,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loop", type=float, help="run the training loop for this many seconds")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=5.0)
-    ap.add_argument("--steps-s", type=float, default=8.0, help="seconds of each step-time run")
+    ap.add_argument("--steps-s", type=float, default=3.0, help="seconds of each step-time run")
+    ap.add_argument("--pairs", type=int, default=20, help="interleaved pairs of step-time runs")
+    ap.add_argument("--only", choices=("steps", "shares"), default=None)
     ap.add_argument("--out", default=str(HERE / "results" / "frameworks.json"))
     args = ap.parse_args(argv)
     if args.loop is not None:
@@ -163,23 +215,31 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(sim.child_env(dict(os.environ)))
         t0 = time.monotonic()
         load_before = [round(x, 2) for x in os.getloadavg()]
-        (tmp / "steps").mkdir()
-        harness = DaemonHarness(tmp / "steps", env)
-        try:
-            steps = step_time(env, harness, args.steps_s)
-        finally:
-            harness.close()
-        (tmp / "shares").mkdir()
-        shares = two_loops(env, tmp, args.settle, args.seconds)
-    table = "\n".join([
-        f"{'measure':<40} {'value':>12}",
-        f"{'ms per step, bare':<40} {steps['bare']['ms_per_step']:>12}",
-        f"{'ms per step, vgpuctl run --core 100':<40} "
-        f"{steps['vgpuctl_core_100']['ms_per_step']:>12}",
-        f"{'overhead %':<40} {steps['overhead_pct']:>12}",
-        *(f"{f'share of --core {core} hard (%)':<40} {shares['shares_pct'][tag]:>12}"
-          for tag, core in SHARES),
-    ])
+        steps: dict[str, Any] = {}
+        shares: dict[str, Any] = {}
+        if args.only in (None, "steps"):
+            (tmp / "steps").mkdir()
+            harness = DaemonHarness(tmp / "steps", env)
+            try:
+                steps = step_time(env, harness, args.steps_s, args.pairs)
+            finally:
+                harness.close()
+        if args.only in (None, "shares"):
+            (tmp / "shares").mkdir()
+            shares = two_loops(env, tmp, args.settle, args.seconds)
+    lines = [f"{'measure':<44} {'value':>14}"]
+    if steps:
+        lo, hi = steps["ci95_pct"]
+        lines += [f"{'ms per step, bare (median)':<44} {steps['bare_ms_median']:>14.3f}",
+                  f"{'ms per step, vgpuctl run --core 100 (median)':<44} "
+                  f"{steps['gated_ms_median']:>14.3f}",
+                  f"{'overhead %, median of ' + str(len(steps['pairs'])) + ' pairs':<44} "
+                  f"{steps['overhead_pct']:>14}",
+                  f"{'95 % confidence interval (%)':<44} {f'{lo} to {hi}':>14}"]
+    if shares:
+        lines += [f"{f'share of --core {core} hard (%)':<44} {shares['shares_pct'][tag]:>14}"
+                  for tag, core in SHARES]
+    table = "\n".join(lines)
     print(table)
     out = {
         "benchmark": "frameworks",

@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=3.0, help="percentage points")
     ap.add_argument("--kernel-us", type=float, default=1000.0, help="vgpu-burn's kernel")
     ap.add_argument("--size", type=int, default=8192, help="matmul size (bf16)")
-    ap.add_argument("--graph-k", type=int, default=4, help="matmuls (graph) or kernels (burngraph) per graph launch")
+    ap.add_argument("--graph-k", type=int, default=4,
+                    help="matmuls (graph) or kernels (burngraph) per graph launch")
     ap.add_argument("--mem", default="4G", help="each job's memory limit")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]

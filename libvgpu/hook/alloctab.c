@@ -74,6 +74,12 @@ static int grow(struct shard *sh)
 int vgpu_track(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
                  struct vgpu_alloc *old)
 {
+    return vgpu_track_aux(kind, key, size, dev, ctx, 0, old);
+}
+
+int vgpu_track_aux(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
+                   uint64_t aux, struct vgpu_alloc *old)
+{
     uint64_t h = hash_of(kind, key);
     struct shard *sh = shard_of(h);
     int replaced = 0;
@@ -94,6 +100,9 @@ int vgpu_track(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ct
     e->ctx = ctx;
     e->dev = dev;
     e->kind = kind;
+    e->refs = 1;
+    e->maps = 0;
+    e->aux = aux;
     pthread_mutex_unlock(&sh->lock);
     return replaced;
 }
@@ -112,6 +121,32 @@ static void erase_at(struct shard *sh, uint32_t i)
     }
     sh->e[i].kind = VGPU_K_EMPTY;
     sh->n--;
+}
+
+int vgpu_handle_adjust(uint64_t handle, int dr, int dm, struct vgpu_alloc *out)
+{
+    uint64_t h = hash_of(VGPU_K_HANDLE, handle);
+    struct shard *sh = shard_of(h);
+    int r = -1;
+    pthread_mutex_lock(&sh->lock);
+    if (sh->cap != 0) {
+        struct vgpu_alloc *e = slot_for(sh, VGPU_K_HANDLE, handle, h);
+        if (e->kind != VGPU_K_EMPTY) {
+            /* never below 0: a release or unmap the driver refuses is
+             * settled by the caller */
+            e->refs = (dr < 0 && e->refs < (uint32_t)-dr) ? 0 : e->refs + (uint32_t)dr;
+            e->maps = (dm < 0 && e->maps < (uint32_t)-dm) ? 0 : e->maps + (uint32_t)dm;
+            r = 0;
+            if (e->refs == 0 && e->maps == 0) {
+                if (out)
+                    *out = *e;
+                erase_at(sh, (uint32_t)(e - sh->e));
+                r = 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&sh->lock);
+    return r;
 }
 
 int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out)
@@ -140,7 +175,8 @@ void vgpu_untrack_ctx(CUcontext ctx, uint64_t per_dev[VGPU_MAX_DEVICES])
         pthread_mutex_lock(&sh->lock);
         for (uint32_t i = 0; i < sh->cap;) {
             struct vgpu_alloc *e = &sh->e[i];
-            if (e->kind != VGPU_K_EMPTY && e->ctx == ctx && e->kind != VGPU_K_HANDLE) {
+            if (e->kind != VGPU_K_EMPTY && e->ctx == ctx && e->kind != VGPU_K_HANDLE &&
+                e->kind != VGPU_K_MAP) {
                 if (e->dev >= 0 && e->dev < VGPU_MAX_DEVICES)
                     per_dev[e->dev] += e->size;
                 erase_at(sh, i);   /* i now holds the next candidate */

@@ -7,6 +7,7 @@
  *   devmap.c     CUDA ordinal / NVML handle -> device of the region
  *   reserve.c    the job's memory count: reserve, give back, dead slots
  *   alloctab.c   the process's allocations and what each reserved
+ *   vmm.c        VMM handles: charged until released and unmapped
  *   memory.c     allocating entry points, their frees, memory info
  *   context.c    contexts: measured, reserved, given back
  *   launch.c     the launch gate (token bucket)
@@ -193,22 +194,34 @@ void vgpu_pool_forget(CUmemoryPool pool);
 void vgpu_release_slot_memory(struct vgpu_proc_slot *slot);
 uint64_t vgpu_nvml_process_used(const char *uuid);   /* nvml.c */
 
-enum { VGPU_K_EMPTY = 0, VGPU_K_PTR, VGPU_K_HANDLE, VGPU_K_ARRAY, VGPU_K_MIPMAP };
+enum { VGPU_K_EMPTY = 0, VGPU_K_PTR, VGPU_K_HANDLE, VGPU_K_ARRAY, VGPU_K_MIPMAP,
+       VGPU_K_MAP /* a mapping of a handle: reserves nothing (vmm.c) */ };
 
 struct vgpu_alloc {
     uint64_t key;      /* device pointer, or handle */
-    uint64_t size;     /* bytes reserved for it */
+    uint64_t size;     /* bytes reserved for it (a mapping: bytes mapped) */
     CUcontext ctx;     /* made in; NULL for cuMemCreate handles */
     int32_t dev;       /* region device */
     uint32_t kind;     /* VGPU_K_* */
+    uint32_t refs;     /* a handle: the process's references (cuMemCreate,
+                          cuMemRetainAllocationHandle) not yet released */
+    uint32_t maps;     /* a handle: its mappings not yet unmapped */
+    uint64_t aux;      /* a mapping: its handle */
 };
 
 /* Remember an allocation: 0, or 1 when the key was there already (its free
  * went another way; the old entry is in *old), or -1 (no host memory). */
 int vgpu_track(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
                struct vgpu_alloc *old);
+/* The same, with the entry's aux (a mapping's handle). */
+int vgpu_track_aux(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
+                   uint64_t aux, struct vgpu_alloc *old);
 /* Take an allocation out of the table; 1 if it was there. */
 int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out);
+/* A handle's references and mappings change by dr and dm: 1 when both are
+ * then 0 (its entry taken out, into *out), 0 when it stays, -1 when the
+ * handle is not ours (an import). */
+int vgpu_handle_adjust(uint64_t handle, int dr, int dm, struct vgpu_alloc *out);
 /* Take out every allocation made in ctx, adding their sizes per device. */
 void vgpu_untrack_ctx(CUcontext ctx, uint64_t per_dev[VGPU_MAX_DEVICES]);
 void vgpu_alloctab_atfork_child(void);

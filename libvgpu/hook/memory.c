@@ -239,10 +239,6 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return r;
 }
 
-CUresult hook_cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    PLAIN_FREE(cuMemRelease, (handle), VGPU_K_HANDLE, handle);
-}
 
 /* ---- arrays ------------------------------------------------------------------- */
 static uint64_t format_bytes(CUarray_format f)

@@ -9,8 +9,12 @@
  *   - an allocation from a pool reserves only what the pool lacks (the size
  *     less the pool's spare reserve), calls the driver, then settles the
  *     pool's charge on the reserve the driver reports;
- *   - a free, a trim, a new release threshold or the pool's destruction
- *     settle it again (the driver may have given memory back).
+ *   - a free, a trim, a new release threshold, the pool's destruction and
+ *     every explicit synchronisation settle it again (the driver may have
+ *     given memory back: it gives a pool's spare reserve beyond its release
+ *     threshold back at the next cuCtx/cuStream/cuEventSynchronize, as
+ *     NVIDIA documents). With no pool in use a synchronisation costs one
+ *     atomic load here.
  *
  * The table of pools is small and guarded by a mutex: pool allocations
  * already cost two attribute queries.
@@ -141,5 +145,43 @@ CUresult hook_cuMemPoolDestroy(CUmemoryPool pool)
     CUresult r = REAL(cuMemPoolDestroy)(pool);
     if (r == CUDA_SUCCESS)
         vgpu_pool_forget(pool);
+    return r;
+}
+
+/* ---- synchronisations: the driver may have given a pool's reserve back ---- */
+
+CUresult hook_cuCtxSynchronize(void)
+{
+    ENTER(cuCtxSynchronize, ());
+    CU_PROLOGUE(cuCtxSynchronize, ());
+    CUresult r = REAL(cuCtxSynchronize)();
+    vgpu_pool_settle_all();
+    return r;
+}
+
+CUresult hook_cuStreamSynchronize(CUstream h)
+{
+    ENTER(cuStreamSynchronize, (h));
+    CU_PROLOGUE(cuStreamSynchronize, (h));
+    CUresult r = REAL(cuStreamSynchronize)(h);
+    vgpu_pool_settle_all();
+    return r;
+}
+
+CUresult hook_cuStreamSynchronize_ptsz(CUstream h)
+{
+    ENTER(cuStreamSynchronize_ptsz, (h));
+    CU_PROLOGUE(cuStreamSynchronize_ptsz, (h));
+    CUresult r = REAL(cuStreamSynchronize_ptsz)(h);
+    vgpu_pool_settle_all();
+    return r;
+}
+
+CUresult hook_cuEventSynchronize(CUevent e)
+{
+    ENTER(cuEventSynchronize, (e));
+    CU_PROLOGUE(cuEventSynchronize, (e));
+    CUresult r = REAL(cuEventSynchronize)(e);
+    vgpu_pool_settle_all();
     return r;
 }

@@ -22,6 +22,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -68,6 +69,18 @@
     X(cuMemCreate, cuMemCreate, 0, \
       (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
     X(cuMemRelease, cuMemRelease, 0, (CUmemGenericAllocationHandle)) \
+    X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 0, \
+      (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)) \
+    X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 0, \
+      (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType)) \
+    X(cuDeviceGetCount, cuDeviceGetCount, 0, (int *)) \
+    X(cuMemAddressReserve, cuMemAddressReserve, 0, \
+      (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)) \
+    X(cuMemMap, cuMemMap, 0, \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
+    X(cuMemUnmap, cuMemUnmap, 0, (CUdeviceptr, size_t)) \
+    X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 0, \
+      (CUmemGenericAllocationHandle *, void *)) \
     X(cuArrayCreate, cuArrayCreate_v2, 0, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *)) \
     X(cuArray3DCreate, cuArray3DCreate_v2, 0, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *)) \
     X(cuArrayDestroy, cuArrayDestroy, 0, (CUarray)) \
@@ -214,10 +227,11 @@ static size_t parse_size(const char *s)
 
 #define MAXH 4096
 static struct {
-    int kind; /* 1 ptr, 2 vmm handle, 3 array */
+    int kind; /* 1 ptr, 2 vmm handle, 3 array, 4 mapping */
     unsigned long long v;
 } h[MAXH];
 static int nh;
+static size_t h_size[MAXH];    /* a mapping's size */
 static int g_ordinal;
 static CUcontext g_made[64];
 static int n_made;
@@ -422,6 +436,64 @@ int main(int argc, char **argv)
             rc = p_cuMemCreate(&hd, parse_size(a1), &prop, 0);
             printf("create %d %d\n", rc, rc ? -1 : keep(2, hd));
             i += 1;
+        } else if (!strcmp(c, "createfd") || !strcmp(c, "createhost")) {
+            /* createfd SIZE: cuMemCreate on the current device, exportable
+             * as a POSIX fd; createhost SIZE: in host memory (NUMA node 0) */
+            CUmemAllocationProp prop;
+            memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            if (!strcmp(c, "createfd")) {
+                prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                prop.location.id = g_ordinal;
+                prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            } else {
+                prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+                prop.location.id = 0;
+            }
+            CUmemGenericAllocationHandle hd = 0;
+            rc = p_cuMemCreate(&hd, parse_size(a1), &prop, 0);
+            printf("%s %d %d\n", c, rc, rc ? -1 : keep(2, hd));
+            i += 1;
+        } else if (!strcmp(c, "export")) { /* export K: its POSIX fd */
+            int fd = -1;
+            rc = p_cuMemExportToShareableHandle(&fd, h[atoi(a1)].v,
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            printf("export %d %d\n", rc, rc ? -1 : fd);
+            i += 1;
+        } else if (!strcmp(c, "import")) { /* import PID FD: another process's fd */
+            char path[64];
+            snprintf(path, sizeof path, "/proc/%s/fd/%s", a1, a2);
+            int fd = open(path, O_RDWR);
+            CUmemGenericAllocationHandle hd = 0;
+            rc = fd < 0 ? CUDA_ERROR_INVALID_VALUE
+                        : p_cuMemImportFromShareableHandle(&hd, (void *)(intptr_t)fd,
+                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            printf("import %d %d\n", rc, rc ? -1 : keep(2, hd));
+            i += 2;
+        } else if (!strcmp(c, "map")) { /* map K SIZE: handle K at a new address */
+            CUdeviceptr va = 0;
+            size_t n = parse_size(a2);
+            rc = p_cuMemAddressReserve(&va, n, 0, 0, 0);
+            if (!rc)
+                rc = p_cuMemMap(va, n, 0, h[atoi(a1)].v, 0);
+            int k = rc ? -1 : keep(4, va);
+            if (k >= 0)
+                h_size[k] = n;
+            printf("map %d %d\n", rc, k);
+            i += 2;
+        } else if (!strcmp(c, "unmap")) { /* unmap M: the mapping M */
+            int k = atoi(a1);
+            printf("unmap %d\n", p_cuMemUnmap(h[k].v, h_size[k]));
+            i += 1;
+        } else if (!strcmp(c, "retain")) { /* retain M: the handle mapped at M */
+            CUmemGenericAllocationHandle hd = 0;
+            rc = p_cuMemRetainAllocationHandle(&hd, (void *)(uintptr_t)h[atoi(a1)].v);
+            printf("retain %d %d\n", rc, rc ? -1 : keep(2, hd));
+            i += 1;
+        } else if (!strcmp(c, "count")) {
+            int n = 0;
+            rc = p_cuDeviceGetCount(&n);
+            printf("count %d %d\n", rc, n);
         } else if (!strcmp(c, "memrelease")) {
             printf("memrelease %d\n", p_cuMemRelease(h[atoi(a1)].v));
             i += 1;

@@ -95,8 +95,9 @@ def test_run_places_creates_the_region_and_returns_the_env(tmp_path):
     assert r["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
     reg = Region.open(env["VGPU_REGION"])
     d = reg.device(0)
+    # gated from the start (the governor's cautious first rate)
     assert (d.uuid, d.mem_limit, d.core_share, d.throttle) == (DEVICES[0].uuid, 4 * G, 30,
-                                                               False)
+                                                               True)
     assert oct(os.stat(Path(env["VGPU_REGION"]) / "region").st_mode & 0o777) == "0o644"
     assert oct(shm_stat(reg.limits_id).perm.mode & 0o777) == "0o644"
     assert oct(shm_stat(reg.usage_id).perm.mode & 0o777) == "0o600"
@@ -287,6 +288,27 @@ def test_core_100_hard_gets_no_gate(tmp_path, procs):
     assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
 
 
+def test_a_new_region_is_gated_from_its_first_launch(tmp_path):
+    """A job's region is made gated, at the governor's cautious first rate
+    for its share (no job runs unpaced until the first tick), and its
+    launch ledger starts from that gate; a hard 100 % job has none."""
+    from vgpuctl.governor.compute import initial_gate
+
+    sup = make(tmp_path)
+    r = run(sup, mem=G, core=30)
+    jid = r["job"]["id"]
+    d = Region.open(r["env"]["VGPU_REGION"]).device(0)
+    want = initial_gate(30, "hard")
+    assert want.throttle and want.refill_rate > 0
+    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, want.refill_rate,
+                                                          want.bucket_size)
+    ledger = sup.table.find(jid).ledgers[0]
+    assert (ledger.gate.throttle, ledger.gate.refill_rate, ledger.gate.bucket_size) == \
+        (True, want.refill_rate, want.bucket_size)
+    full = run(sup, mem=G, core=100, policy="hard")
+    assert Region.open(full["env"]["VGPU_REGION"]).device(0).throttle is False
+
+
 def test_job_env_puts_the_hook_and_libraries_first_once():
     from vgpuctl.client.launch import job_env
 
@@ -380,13 +402,45 @@ def test_a_refused_registration_fails_the_jobs_tasks_with_the_reason(tmp_path):
         register(sup, shards=17)
     with pytest.raises(P.errors.AdmissionRefused, match="refused Slurm job 77: 17 shards"):
         call(sup, ME, "slurm_attach", slurm_job="77")
-    with pytest.raises(P.errors.AdmissionRefused, match="on 2 GPUs"):
+    with pytest.raises(P.errors.AdmissionRefused, match="on 2 GPUs .* does not say how many"):
         register(sup, slurm_job="79", gpus=[0, 1])
     with pytest.raises(P.errors.NotFound, match="not registered"):
         call(sup, ME, "slurm_attach", slurm_job="80")
     call(sup, ME, "slurm_release", slurm_job="77")      # the Epilog forgets the refusal
     with pytest.raises(P.errors.NotFound, match="not registered"):
         call(sup, ME, "slurm_attach", slurm_job="77")
+
+
+def test_shards_on_two_gpus_are_fenced_on_each_by_its_own_count(tmp_path):
+    """12 shards on GPU 0 and 4 on GPU 1: 12G and 75 % there, 4G and 25 %
+    here, one job; its --vgpu-core lowers the share on each GPU."""
+    sup = make(tmp_path, Config(reserve=0, slurm=SlurmConfig(gpus="all")))
+    job = register(sup, gpus=[0, 1], shards=16, gpu_shards=[12, 4])["job"]
+    assert (job["gpus"], job["mem_limit"], job["core"], job["slurm_shards"]) == (
+        [0, 1], 12 * G, 75, 16)
+    assert [(g["index"], g["mem_limit"], g["core"]) for g in job["per_gpu"]] == [
+        (0, 12 * G, 75), (1, 4 * G, 25)]
+    assert job["mem_limit_total"] == 16 * G
+    region = Region.open(Path(sup.table.get(job["id"]).rec.region))
+    assert [(region.device(i).mem_limit, region.device(i).core_share) for i in (0, 1)] == [
+        (12 * G, 75), (4 * G, 25)]
+    a = call(sup, ME, "slurm_attach", slurm_job="77")
+    assert a["env"]["CUDA_VISIBLE_DEVICES"] == f"{DEVICES[0].uuid},{DEVICES[1].uuid}"
+    # admission counts each GPU's own limit
+    gpus = {g["index"]: g["committed"] for g in call(sup, ME, "ps")["gpus"]}
+    assert gpus == {0: 12 * G, 1: 4 * G}
+    asked = register(sup, slurm_job="78", gpus=[1, 0], shards=3, gpu_shards=[2, 1],
+                     ask_core=10)["job"]
+    assert [(g["index"], g["mem_limit"], g["core"]) for g in asked["per_gpu"]] == [
+        (0, G, 6), (1, 2 * G, 10)]
+    with pytest.raises(P.errors.AdmissionRefused, match="no room for 5G: GPU 0"):
+        register(sup, slurm_job="79", gpus=[0, 1], shards=7, gpu_shards=[5, 2])
+    assert [g["committed"] for g in call(sup, ME, "ps")["gpus"]] == [13 * G, 6 * G]
+    with pytest.raises(P.errors.UsageError, match="do not add up"):
+        register(sup, slurm_job="80", gpus=[0, 1], shards=7, gpu_shards=[1, 2])
+    # root's set gives every GPU one limit
+    changed = call(sup, ME, "set", job=job["id"], mem=2 * G)["job"]
+    assert [g["mem_limit"] for g in changed["per_gpu"]] == [2 * G, 2 * G]
 
 
 def test_plain_runs_keep_off_slurms_gpus_unless_allowed(tmp_path):

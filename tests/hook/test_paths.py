@@ -70,14 +70,16 @@ LOOKUPS = [
     ("cuDevicePrimaryCtxRelease", 10000, 0, "cuDevicePrimaryCtxRelease"),
     ("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2"),
     ("cuDeviceGetCount", 12080, 0, "cuDeviceGetCount"),            # not wrapped
-    ("cuStreamSynchronize", 12080, 2, "cuStreamSynchronize_ptsz"),  # not wrapped
+    ("cuStreamQuery", 12080, 2, "cuStreamQuery_ptsz"),              # not wrapped
+    ("cuStreamSynchronize", 12080, 2, "cuStreamSynchronize_ptsz"),  # pools settle after it
     ("cuNoSuchFunction", 12080, 0, None),
 ]
 WRAPPED = {"cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuLaunchKernel",
            "cuLaunchKernel_ptsz", "cuLaunchKernelEx_ptsz", "cuGraphLaunch_ptsz",
            "cuMemAllocAsync_ptsz", "cuMemFreeAsync", "cuCtxCreate_v2", "cuCtxCreate_v3",
            "cuCtxCreate_v4", "cuDeviceTotalMem", "cuDeviceTotalMem_v2",
-           "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"}
+           "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2",
+           "cuStreamSynchronize_ptsz"}
 
 
 def _lookup_run(program, env):

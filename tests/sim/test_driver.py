@@ -369,3 +369,144 @@ def test_a_reset_destroys_the_primary_context(sim_env):
     assert out == {"state": 0, "in_it": "CUDA_ERROR_CONTEXT_IS_DESTROYED", "same_handle": True,
                    "given_back": 64, "releases": ["CUDA_SUCCESS", "CUDA_SUCCESS",
                                                   "CUDA_ERROR_INVALID_CONTEXT"], "after": 0}
+
+
+def test_pointer_attributes_answer_each_attribute_it_can(sim_env):
+    """cuPointerGetAttributes on device memory answers every attribute it
+    is asked for: the host address, which device memory has none of, reads
+    NULL instead of failing the whole call (what CuPy's and PyTorch's
+    hand-over of arrays asks); an unknown pointer reads as no allocation."""
+    out = run_py(sim_env, SETUP, """
+        A = cu.CUpointer_attribute
+        attrs = [A.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, A.CU_POINTER_ATTRIBUTE_HOST_POINTER,
+                 A.CU_POINTER_ATTRIBUTE_DEVICE_POINTER, A.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                 A.CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE]
+        p = ck(cu.cuMemAlloc(4096))
+        r = cu.cuPointerGetAttributes(len(attrs), attrs, p)
+        stray = cu.cuPointerGetAttributes(len(attrs), attrs, 4096)
+        out({"rc": err(r), "values": [int(v) for v in r[1]], "p": int(p),
+             "stray": err(stray), "stray_ordinal": int(stray[1][3]),
+             "single_host": err(cu.cuPointerGetAttribute(A.CU_POINTER_ATTRIBUTE_HOST_POINTER, p))})
+    """)
+    assert out["rc"] == "CUDA_SUCCESS"
+    assert out["values"] == [2, 0, out["p"], 0, 1]   # CU_MEMORYTYPE_DEVICE, NULL, ...
+    assert out["stray"] == "CUDA_SUCCESS" and out["stray_ordinal"] == -2
+    assert out["single_host"] == "CUDA_ERROR_INVALID_VALUE"
+
+
+# A module's variables, as nvcc and NVRTC write them: a __constant__ array
+# and a __device__ float with initial values.
+GLOBALS_PTX = rb"""
+.version 8.0
+.target sm_90
+.address_size 64
+.const .align 4 .b8 cval[16] = {1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4};
+.global .align 4 .f32 dval = 0f40200000;
+.global .align 8 .u64 table[3] = {7, 8};
+.extern .global .align 4 .u32 elsewhere;
+.visible .entry k(.param .u64 o)
+{
+    ret;
+}
+"""
+GLOBALS_CU = rb"""
+__constant__ int cval[4] = {1, 2, 3, 4};
+__device__ float dval = 2.5f;
+extern "C" __global__ void k(int *o) { o[0] = cval[0] + (int)dval; }
+"""
+
+
+def test_module_globals_of_ptx_and_cubin(sim_env):
+    """cuModuleGetGlobal finds the __constant__ and __device__ variables a
+    PTX or cubin module declares, at their size and holding their initial
+    values (RawModule.get_global in CuPy); one declared elsewhere or never
+    declared: CUDA_ERROR_NOT_FOUND."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    out = run_py(sim_env, SETUP, f"""
+        from cuda.bindings import nvrtc
+        e, prog = nvrtc.nvrtcCreateProgram({GLOBALS_CU!r}, b"k.cu", 0, [], [])
+        compiled = nvrtc.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=sm_90"])[0]
+        if compiled != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise SystemExit(f"NVRTC: {{compiled!r}}")
+        n = nvrtc.nvrtcGetCUBINSize(prog)[1]
+        cubin = b" " * n
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        res = {{}}
+        for kind, image in (("ptx", {GLOBALS_PTX!r}), ("cubin", cubin)):
+            m = ck(cu.cuModuleLoadData(image))
+            r = {{}}
+            for name in (b"cval", b"dval"):
+                ptr, size = ck(cu.cuModuleGetGlobal(m, name))
+                buf = bytearray(size)
+                ck(cu.cuMemcpyDtoH(buf, ptr, size))
+                r[name.decode()] = buf.hex()
+            r["missing"] = err(cu.cuModuleGetGlobal(m, b"nothing"))
+            if kind == "ptx":
+                ptr, size = ck(cu.cuModuleGetGlobal(m, b"table"))
+                buf = bytearray(size)
+                ck(cu.cuMemcpyDtoH(buf, ptr, size))
+                r["table"] = buf.hex()
+                r["extern"] = err(cu.cuModuleGetGlobal(m, b"elsewhere"))
+            res[kind] = r
+        out(res)
+    """, timeout=120)
+    values = {"cval": "01000000020000000300000004000000", "dval": "00002040",
+              "missing": "CUDA_ERROR_NOT_FOUND"}
+    assert out["cubin"] == values
+    assert out["ptx"] == {**values, "table": "07" + "00" * 7 + "08" + "00" * 15,
+                          "extern": "CUDA_ERROR_NOT_FOUND"}
+
+
+def test_entry_points_cuda_13_looks_up(sim_env):
+    """A sample of what CUDA 13.0's runtime looks up and the simulator
+    lacked (each was cudaErrorCallRequiresNewerDriver): stream attributes
+    kept and read back, a stream's device, a texture object made over device
+    memory, a batch of copies, advice on managed memory, profiler calls; and
+    graphics interop answering as on a device without it."""
+    out = run_py(sim_env, SETUP, """
+        s = ck(cu.cuStreamCreate(1))
+        A = cu.CUstreamAttrID
+        v = cu.CUstreamAttrValue()
+        v.priority = -3
+        ck(cu.cuStreamSetAttribute(s, A.CU_LAUNCH_ATTRIBUTE_PRIORITY, v))
+        res = {"priority": ck(cu.cuStreamGetAttribute(s, A.CU_LAUNCH_ATTRIBUTE_PRIORITY)).priority,
+               "stream_priority": ck(cu.cuStreamGetPriority(s)),
+               "sync_policy": int(ck(cu.cuStreamGetAttribute(
+                   s, A.CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY)).syncPolicy),
+               "device": int(ck(cu.cuStreamGetDevice(s)))}
+        p, q = ck(cu.cuMemAlloc(4096)), ck(cu.cuMemAlloc(4096))
+        rd = cu.CUDA_RESOURCE_DESC()
+        rd.resType = cu.CUresourcetype.CU_RESOURCE_TYPE_LINEAR
+        rd.res.linear.devPtr = p
+        rd.res.linear.format = cu.CUarray_format.CU_AD_FORMAT_FLOAT
+        rd.res.linear.numChannels = 1
+        rd.res.linear.sizeInBytes = 4096
+        tex = ck(cu.cuTexObjectCreate(rd, cu.CUDA_TEXTURE_DESC(), None))
+        back = ck(cu.cuTexObjectGetResourceDesc(tex))
+        res["texture"] = [int(back.res.linear.devPtr) == int(p), back.res.linear.sizeInBytes]
+        ck(cu.cuTexObjectDestroy(tex))
+        res["destroyed"] = err(cu.cuTexObjectDestroy(tex))
+        ck(cu.cuMemcpyHtoD(p, b"batch!", 6))
+        attr = cu.CUmemcpyAttributes()
+        attr.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+        ck(cu.cuMemcpyBatchAsync([q], [p], [6], 1, [attr], [0], 1, s))
+        buf = bytearray(6); ck(cu.cuMemcpyDtoH(buf, q, 6))
+        res["batch"] = bytes(buf).decode()
+        m = ck(cu.cuMemAllocManaged(4096, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL))
+        loc = cu.CUmemLocation()
+        loc.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        loc.id = 0
+        res["advise"] = err(cu.cuMemAdvise(m, 4096,
+            cu.CUmem_advise.CU_MEM_ADVISE_SET_READ_MOSTLY, loc))
+        res["advise_device_memory"] = err(cu.cuMemAdvise(p, 4096,
+            cu.CUmem_advise.CU_MEM_ADVISE_SET_READ_MOSTLY, loc))
+        res["profiler"] = [err(cu.cuProfilerStart()), err(cu.cuProfilerStop())]
+        res["graphics"] = err(cu.cuGraphicsUnregisterResource(0))
+        out(res)
+    """)
+    assert out == {"priority": -3, "stream_priority": -3, "sync_policy": 1, "device": 0,
+                   "texture": [True, 4096], "destroyed": "CUDA_ERROR_INVALID_VALUE",
+                   "batch": "batch!", "advise": "CUDA_SUCCESS",
+                   "advise_device_memory": "CUDA_ERROR_INVALID_VALUE",
+                   "profiler": ["CUDA_SUCCESS", "CUDA_SUCCESS"],
+                   "graphics": "CUDA_ERROR_NOT_SUPPORTED"}

@@ -442,3 +442,49 @@ def test_injected_nvml_errors(sim_env):
     """)
     lost = 15  # NVML_ERROR_GPU_IS_LOST
     assert out == {"twice": [lost, lost, 2], "always": [lost] * 3, "cleared": [2]}
+
+
+def test_device_samples_cover_idle_periods(sim_env, burn_program):
+    """nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES) answers an idle GPU with
+    one zero sample per published period (as an H100 does: its whole buffer
+    of zeros), stamped on the grid the per-process entries use, only those
+    newer than lastSeenTimeStamp; a busy period reads its busy time; what the
+    simulator does not sample is NVML_ERROR_NOT_SUPPORTED."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    out = run_py(sim_env, UTIL, """
+        def samples(last_seen, kind=N.NVML_GPU_UTILIZATION_SAMPLES):
+            try:
+                vt, ss = N.nvmlDeviceGetSamples(h, kind, last_seen)
+            except N.NVMLError as e:
+                return e.value
+            return [vt, [[s.timeStamp, s.sampleValue.uiVal] for s in ss]]
+        idle = wait_for(lambda: (lambda r: r if isinstance(r, list) and len(r[1]) >= 5
+                                 else None)(samples(0)), what="five idle samples")
+        newest = idle[1][-1][0]
+        out({"idle": idle, "newer": samples(newest - 1), "future": samples(newest + 10**9),
+             "power": samples(0, N.NVML_TOTAL_POWER_SAMPLES),
+             "memory": samples(0, N.NVML_MEMORY_UTILIZATION_SAMPLES)})
+    """)
+    vt, idle = out["idle"]
+    assert vt == 1                                        # NVML_VALUE_TYPE_UNSIGNED_INT
+    stamps = [t for t, _ in idle]
+    assert all(v == 0 for _, v in idle)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert all(g in (99_999, 100_000, 100_001) for g in gaps)
+    assert out["newer"][1] == [idle[-1]] or out["newer"][1][0] == idle[-1]
+    assert out["future"] == 6                             # NVML_ERROR_NOT_FOUND
+    assert out["power"] == 3                              # NVML_ERROR_NOT_SUPPORTED
+    assert out["memory"][1] and all(v == 0 for _, v in out["memory"][1])
+
+    (busy,) = procs = _burners(sim_env, burn_program, 1, 1000)
+    try:
+        out = run_py(sim_env, f"BUSY = {busy.pid}\n", UTIL, """
+            first = wait_for(lambda: util(0), what="an entry for the busy process")
+            ts = max(t for _, t, _ in first)
+            vt, ss = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+            out({"ts": ts, "samples": [[s.timeStamp, s.sampleValue.uiVal] for s in ss]})
+        """)
+    finally:
+        _stop(procs)
+    by_ts = dict(out["samples"])
+    assert by_ts.get(out["ts"], 0) > 0, out               # the same period, on the same grid

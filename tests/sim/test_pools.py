@@ -1,7 +1,8 @@
 """Stream-ordered memory pools keep what their allocations free, as the
 driver's do: up to the release threshold (0 by default, so everything goes
-back at once), or all of it with the threshold at its maximum, as PyTorch's
-cudaMallocAsync backend sets it, until cuMemPoolTrimTo."""
+back at the next synchronisation), or all of it with the threshold at its
+maximum, as PyTorch's cudaMallocAsync backend sets it, until cuMemPoolTrimTo;
+and small allocations share the chunks of reserve the pool grows by."""
 
 from __future__ import annotations
 
@@ -55,3 +56,35 @@ def test_a_pool_keeps_freed_memory_up_to_its_threshold(sim):
     assert res["freed"] == [free0 - GiB, GiB, 0]
     assert res["again"] == [free0 - GiB, GiB, GiB]
     assert res["trimmed"] == [free0, 0, 0]
+
+
+# Small allocations from the default pool: the reserve in whole chunks that
+# they share, the bytes in use as the allocations' sizes; what a free leaves
+# goes back at the next synchronisation, not at the free.
+SMALL_SNIPPET = """
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+pool = ck(cu.cuDeviceGetDefaultMemPool(0))
+A = cu.CUmemPool_attribute
+def state():
+    return [int(ck(cu.cuMemPoolGetAttribute(pool, A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT))),
+            int(ck(cu.cuMemPoolGetAttribute(pool, A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)))]
+s0 = cu.CUstream(0)
+ps = [ck(cu.cuMemAllocAsync(n, s0)) for n in (1024, 2048, 512)]
+res = {"three": state()}
+for p in ps:
+    ck(cu.cuMemFreeAsync(p, s0))
+res["freed"] = state()
+ck(cu.cuStreamSynchronize(s0))
+res["synced"] = state()
+out(res)
+"""
+
+
+def test_small_allocations_share_the_pools_reserve(sim):
+    """Three allocations of 1, 2 and 0.5 KiB take one 2 MiB chunk of reserve,
+    not a granule each, and use their own sizes; freed, the reserve stays
+    until the stream is synchronised (as CuPy's MemoryAsyncPool tests
+    expect of the driver)."""
+    res = run_py(sim.env, SMALL_SNIPPET)
+    assert res == {"three": [2 << 20, 3584], "freed": [2 << 20, 0], "synced": [0, 0]}

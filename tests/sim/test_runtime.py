@@ -188,3 +188,45 @@ def test_context_local_storage_destructors_run_when_the_context_dies(sim):
     assert res["get_absent"] == 400      # CUDA_ERROR_INVALID_HANDLE: no such key
     assert res["put"] == 0 and res["get"] == [0, 1234]
     assert res["died_before"] == [] and res["died_after"] == [1234]
+
+
+CUPY_LIBRARIES = r"""
+import cupy as cp
+res = {}
+a = cp.ones((512, 256), dtype=cp.float16)
+b = cp.ones((256, 128), dtype=cp.float16)
+res["fp16_matmul"] = list((a @ b).shape)           # cuBLAS -> cuBLASLt's heuristic
+x = cp.ones(1024, dtype=cp.complex64)
+res["fft"] = list(cp.fft.fft(x).shape)             # cuFFT: a plan and its kernel
+res["rfft2"] = list(cp.fft.rfft2(cp.ones((64, 64), dtype=cp.float32)).shape)
+cp.cuda.Device().synchronize()
+out(res)
+"""
+
+
+def test_cupy_half_precision_matmul_and_fft_run(sim):
+    """CuPy's fp16 matmul reaches cuBLASLt's algorithm heuristic, which asks
+    the driver for a private table (26dc3417-...) and calls into it without
+    checking the answer (it crashed when the table was refused); cuFFT's
+    plans need the ToolsModule table and the LZ4-compressed PTX of its
+    kernels read (CUFFT_INTERNAL_ERROR without)."""
+    pytest.importorskip("cupy")
+    res = run_py(sim.env, CUPY_LIBRARIES, timeout=180)
+    assert res == {"fp16_matmul": [512, 128], "fft": [1024], "rfft2": [64, 33]}
+
+
+def test_cudart_13_finds_every_entry_point_it_looks_up(sim):
+    """CUDA 13.0's runtime looks up about 350 driver entry points at its
+    start; every one exists (implemented, or answering as the driver does
+    for a feature the device lacks), so no runtime call fails with
+    cudaErrorCallRequiresNewerDriver for want of one. The one name not found
+    is the runtime's own probe of an empty name."""
+    lib = _cudart(CUDART_13)
+    env = dict(sim.env, VGPU_SIM_DARKAPI_LOG="1")
+    code = (f"lib = ctypes.CDLL({str(lib)!r}); n = ctypes.c_int()\n"
+            "out(lib.cudaGetDeviceCount(ctypes.byref(n)))\n")
+    res = subprocess.run([sys.executable, "-c", script(code)], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    missing = [ln for ln in res.stderr.splitlines() if "procaddr:" in ln]
+    assert missing and all("procaddr:  (0) not found" in ln for ln in missing), missing

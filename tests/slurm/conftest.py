@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,27 @@ reconcile_s = 1
 """
 
 _why = available()
+
+# Debian's Slurm 22.05 can't give a job shards on two GPUs (such a job pends
+# forever; 23.11 allows it with MULTIPLE_SHARING_GRES_PJ, and 23.11.2 writes
+# each GPU's count in `scontrol show job -d`). The Prolog's scontrol is this
+# one: Slurm's own answer, except that for a job named spread-A-B (its
+# shards: A+B, on one GPU) the node's GRES reads as 23.11.2 writes A shards
+# on GPU 0 and B on GPU 1. Every other job's answer is Slurm's, untouched.
+SCONTROL_SHIM = """\
+#!{python}
+import re, subprocess, sys
+r = subprocess.run(["{real}", *sys.argv[1:]], capture_output=True, text=True)
+out = r.stdout
+m = re.search(r"JobName=spread-(\\d+)-(\\d+)\\b", out)
+if m and sys.argv[1:3] == ["show", "job"]:
+    a, b = int(m[1]), int(m[2])
+    out = re.sub(r"GRES=shard:\\d+\\(IDX:[^)]*\\)",
+                 f"GRES=shard:{{a + b}}({{a}}/{shards},{{b}}/{shards})", out)
+sys.stdout.write(out)
+sys.stderr.write(r.stderr)
+sys.exit(r.returncode)
+"""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -52,7 +74,13 @@ def node() -> Iterator[tuple[Cluster, Daemon]]:
     built = daemon.cli("slurm", "build-spank", "-o", str(spank))
     if built.returncode != 0 and os.environ.get("VGPU_REQUIRE_SLURM"):
         raise AssertionError(f"the SPANK plugin did not build: {built.stderr}")
-    cluster = Cluster(base / "slurm", {"VGPU_SOCKET": str(daemon.socket)},
+    shim = base / "bin"
+    shim.mkdir(mode=0o755)
+    (shim / "scontrol").write_text(SCONTROL_SHIM.format(
+        python=sys.executable, real=shutil.which("scontrol"), shards=16))
+    (shim / "scontrol").chmod(0o755)
+    cluster = Cluster(base / "slurm", {"VGPU_SOCKET": str(daemon.socket),
+                                       "PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"},
                       spank=spank if built.returncode == 0 else None)
     daemon.env["SLURM_CONF"] = str(cluster.conf)    # for its squeue
     try:

@@ -118,10 +118,11 @@ def test_no_windup_when_host_bound() -> None:
 
 
 def test_no_windup_before_the_first_cost_estimate() -> None:
-    # 10 ms kernels under the 1 ms first guess: the job runs far above its
-    # target until a window with its launches gives a cost (with a 1 s NVML
-    # period, two seconds). Those measurements say nothing of the PI's error.
-    plant = Plant(10e-3)
+    # 20 ms kernels, four times the 5 ms a start is cautious for: the job
+    # runs far above its target until a window with its launches gives a
+    # cost (with a 1 s NVML period, two seconds). Those measurements say
+    # nothing of the PI's error.
+    plant = Plant(20e-3)
     loop = ctl.ShareLoop()
     cmd = ctl.step(loop, ctl.Observation(0.3, DT, 0.0))
     for _ in range(20):

@@ -24,7 +24,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 # docs/cli.md's "type" column, by the model's kind of field.
 DOC_TYPES = {"text": "string", "int": "int", "bytes": "int", "share": "float",
              "seconds": "float", "time": "float", "list": "[int]", "argv": "[string]",
-             "bool": "bool", "violations": "[object]"}
+             "bool": "bool", "violations": "[object]", "names": "[string]",
+             "per_gpu": "[object]"}
 
 
 def doc_table(heading: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ from vgpuctl.core.placement import (
     check_resize,
     check_user_limits,
     place,
+    place_many,
     resolve_gpu,
 )
 from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
@@ -114,3 +115,51 @@ def test_user_limits():
     with pytest.raises(AdmissionRefused, match="at most 50%"):
         check_user_limits(lim, "alice", G, 51)
     check_user_limits(UserLimits(), "bob", 100 * G, 100)
+
+
+# -- several GPUs ----------------------------------------------------------------
+GPUS4 = [Gpu(i, f"GPU-{i}{i}{i}{i}0000-0000", "Sim GPU", 16 * G) for i in range(4)]
+
+
+def test_gpus_n_takes_the_n_emptiest_gpus_given_in_index_order():
+    jobs = [Commitment("1", GPUS4[0].uuid, 10 * G), Commitment("2", GPUS4[2].uuid, 2 * G)]
+    where = place_many(GPUS4, jobs, 4 * G, count=2)
+    assert [p.gpu.index for p in where] == [1, 3]
+    assert all(p.mem == 4 * G for p in where)
+    assert [p.gpu.index for p in place_many(GPUS4, jobs, 4 * G, count=3)] == [1, 2, 3]
+
+
+def test_gpu_a_b_pins_those_gpus_in_the_order_given():
+    where = place_many(GPUS4, [], G, pin="3,GPU-1111")
+    assert [p.gpu.index for p in where] == [3, 1]
+
+
+def test_several_gpus_are_placed_all_or_none():
+    jobs = [Commitment("1", GPUS[1].uuid, 15 * G)]
+    with pytest.raises(AdmissionRefused) as e:
+        place_many(GPUS, jobs, 2 * G, count=2)
+    assert "GPU 1" in str(e.value) and "on each of 2 GPUs" in str(e.value)
+    with pytest.raises(AdmissionRefused) as e:
+        place_many(GPUS, jobs, 2 * G, pin="0,1")
+    assert "GPU 1" in str(e.value) and "GPU 0 " not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, error, text", [
+    ({"count": 3}, AdmissionRefused, "--gpus 3: there are 2 GPUs here"),
+    ({"count": 0}, UsageError, "at least one GPU"),
+    ({"count": 2, "pin": "0,1"}, UsageError, "--gpus and --gpu"),
+    ({"pin": "0,0"}, UsageError, "named twice"),
+    ({"pin": "1,GPU-bbbb"}, UsageError, "named twice"),
+    ({"pin": "0,"}, UsageError, "separated by commas"),
+    ({"pin": "0,7"}, NotFound, "no GPU 7"),
+])
+def test_requests_for_several_gpus_that_cannot_be_placed(kw, error, text):
+    with pytest.raises(error) as e:
+        place_many(GPUS, [], G, **kw)
+    assert text in str(e.value)
+
+
+def test_one_gpu_is_placed_as_before():
+    jobs = [Commitment("1", GPUS[0].uuid, 10 * G)]
+    assert [p.gpu.index for p in place_many(GPUS, jobs, G)] == [1]
+    assert [p.gpu.index for p in place_many(GPUS, jobs, G, pin="0")] == [0]

@@ -288,3 +288,90 @@ def test_period_is_learnt_from_sample_spacing(period_us: int) -> None:
         nvml.period(k, {7: 50})
         s.read("GPU-a")
     assert s.period_s("GPU-a") == pytest.approx(period_us / 1e6)
+
+
+# ---- following idle periods (the compute governor's sampler) --------------------
+
+def follow(nvml: FakeNvml, offset_us: int = 0) -> Sampler:
+    """The governor's sampler; offset_us: how far this host's clock is ahead
+    of NVML's timestamps."""
+    return Sampler(nvml, clock_us=lambda: nvml.now_us + offset_us, follow_idle=True)
+
+
+def tick(nvml: FakeNvml, s: Sampler, t_us: int, lag_us: int = 0,
+         busy: dict[int, float] | None = None) -> object:
+    """100 ms of the GPU up to t_us (pids busy at these shares), periods
+    published lag_us after they end, then one read, as the daemon's tick."""
+    for pid, share in (busy or {}).items():
+        nvml.buf.run(pid, t_us - 100_000, t_us, share)
+    nvml.now_us = t_us
+    nvml.buf.publish(t_us - lag_us)
+    return s.read("GPU-a")
+
+
+@pytest.mark.parametrize("idle", IDLE_TREATMENTS)
+@pytest.mark.parametrize("period_us", PERIODS)
+@pytest.mark.parametrize("phase_us", [0, 30_000, 70_000])
+def test_after_idle_periods_the_first_window_is_one_period(period_us: int, idle: str,
+                                                           phase_us: int) -> None:
+    """A process ran, the GPU was idle for a while (the daemon reading it
+    every 100 ms, NVML publishing 25 ms after a period ends), then a new
+    process runs: the first window holding it covers one period, not all
+    since the last entry, and gives its busy time exactly (a new job's first
+    cost is taken from it). Without following the idle periods that window
+    was coarse (several periods in one read), its busy time only bounded."""
+    nvml = FakeNvml(period_us, idle)
+    s = follow(nvml)
+    t = T0 + phase_us
+    s.read("GPU-a")
+    for _ in range(60):                          # a job runs 6 s...
+        t += 100_000
+        tick(nvml, s, t, 25_000, {1: 0.5})
+    for _ in range(25):                          # ...the GPU idle for 2.5 s
+        t += 100_000
+        tick(nvml, s, t, 25_000)
+    start = t
+    got = None
+    for _ in range(2 * period_us // 100_000 + 3):
+        t += 100_000
+        w = tick(nvml, s, t, 25_000, {2: 0.3})
+        if w is not None and w.busy_s.get(2):
+            got = w
+            break
+    assert got is not None
+    assert not got.coarse, got
+    assert got.end_us - got.start_us == pytest.approx(period_us, abs=1)
+    k = (got.end_us - T0) // period_us - 1
+    assert got.busy_s[2] == pytest.approx(nvml.buf.truth(2, [k]), abs=0.005 * period_us / 1e6)
+    assert got.start_us < start + period_us      # its first period, not a later one
+
+
+@pytest.mark.parametrize("offset_us", [0, 40_000, -40_000])
+@pytest.mark.parametrize("lag_us", [0, 25_000, 140_000, 400_000])
+def test_following_idle_periods_loses_no_busy_time(lag_us: int, offset_us: int) -> None:
+    """Whatever NVML's publishing lag (up to a few hundred ms, as seen on
+    real GPUs) and however far this host's clock is from NVML's timestamps,
+    following idle periods never moves lastSeenTimeStamp past a period not
+    yet published: every busy second NVML recorded is in some window."""
+    rng = random.Random(lag_us + offset_us)
+    P = PERIOD_FAST_US
+    nvml = FakeNvml(P, "average")
+    s = follow(nvml, offset_us)
+    t = T0
+    s.read("GPU-a")
+    got = 0.0
+    for n in range(400):                         # bursts and idle stretches
+        t += 100_000
+        busy = {1: rng.choice([0.2, 0.5, 0.9])} if (n // 13) % 2 == 0 else {}
+        w = tick(nvml, s, t, lag_us, busy)
+        if w is not None:
+            got += w.busy_s.get(1, 0.0)
+    for _ in range(40):                          # the last periods published
+        t += 100_000
+        w = tick(nvml, s, t, lag_us)
+        if w is not None:
+            got += w.busy_s.get(1, 0.0)
+    truth = nvml.buf.truth(1, range(0, (t - lag_us - T0) // P))
+    periods = (t - T0) // P
+    assert got == pytest.approx(truth, abs=0.005 * periods * P / 1e6 + 1e-9)
+

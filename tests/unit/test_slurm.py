@@ -33,7 +33,7 @@ def test_a_prolog_reads_its_nodes_shards_and_gpu_from_scontrol():
     job = S.parse_job(SHOW_JOB, "vm")
     assert job == S.SlurmJob(job_id="1", name="train", partition="gpu", account="physics",
                              command="/home/alice/train.sh --epochs 3",
-                             work_dir="/home/alice", shards=4, gpus=(1,))
+                             work_dir="/home/alice", shards=4, gpus=(1,), gpu_shards=(4,))
 
 
 def test_a_job_without_shards_on_this_node_has_none():
@@ -51,6 +51,24 @@ def test_a_multi_node_job_counts_the_line_that_names_this_node():
         "     Nodes=gpu03 CPU_IDs=0 Mem=0 GRES=shard:6(IDX:0)")
     assert (S.parse_job(text, "gpu02").shards, S.parse_job(text, "gpu02").gpus) == (2, (0, 1))
     assert (S.parse_job(text, "gpu03").shards, S.parse_job(text, "gpu03").gpus) == (6, (0,))
+
+
+def test_shards_on_several_gpus_are_read_per_gpu_where_slurm_says_so():
+    """Slurm 23.11.2 and later (MULTIPLE_SHARING_GRES_PJ) write each GPU's
+    allocated/available shards, in gres.conf's order; earlier ones only the
+    GPUs' indices, which say the count only for shards on one GPU."""
+    new = SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=shard:20(0/16,16/16,4/16)")
+    job = S.parse_job(new, "vm")
+    assert (job.shards, job.gpus, job.gpu_shards) == (20, (1, 2), (16, 4))
+    typed = SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=gpu:h100:0,shard:h100:12(8/15,4/15)")
+    assert S.parse_job(typed, "vm").gpu_shards == (8, 4)
+    old = SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=shard:20(IDX:0-1)")
+    job = S.parse_job(old, "vm")
+    assert (job.shards, job.gpus, job.gpu_shards) == (20, (0, 1), ())
+    with pytest.raises(UsageError, match="do not add up"):
+        S.parse_job(SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=shard:20(8/16,4/16)"), "vm")
+    with pytest.raises(UsageError, match="unexpected shard counts"):
+        S.parse_job(SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=shard:4(4/x)"), "vm")
 
 
 def test_scontrol_output_without_a_job_is_an_error():

@@ -27,6 +27,21 @@ def core(text: str | None) -> int | None:
     return int(t)
 
 
+def gpus(text: str | None, gpu: str | None = None) -> int | None:
+    """--gpus N: how many GPUs (1 or more; not with --gpu)."""
+    if text is None:
+        return None
+    t = text.strip()
+    if not t.isdigit() or int(t) > 1024:
+        raise UsageError(f"--gpus: {text!r} is not a number of GPUs")
+    if int(t) < 1:
+        raise UsageError(f"--gpus {t}: a job needs at least one GPU")
+    if gpu is not None:
+        raise UsageError("--gpus and --gpu: give one (--gpus N picks N GPUs, "
+                         "--gpu A,B names them)")
+    return int(t)
+
+
 def policy(text: str | None) -> str | None:
     if text is None:
         return None

@@ -25,7 +25,7 @@ Say = Callable[[str], None]
 
 def run_job(*, command: list[str], mem: int | None, core: int | None, policy: str | None,
             gpu: str | None, name: str | None, socket_path: str | None, verbose: bool,
-            note: Say, warn: Say, quiet: bool = False) -> int:
+            note: Say, warn: Say, quiet: bool = False, gpus: int | None = None) -> int:
     """Admit and run command; returns its exit code (128+N for signal N).
     note tells the user what was done for them (a daemon started, the job's
     id and GPU; nothing when quiet), warn what the daemon warns of (a limit
@@ -37,6 +37,8 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
         raise UsageError("--name: 1 to 64 characters")
     fields = {"command": list(command), "cwd": current_dir(), "name": name,
               "mem": mem, "core": core, "policy": policy, "gpu": gpu}
+    if gpus is not None:            # a daemon before several GPUs refuses the field
+        fields["gpus"] = gpus
     from vgpuctl.client import connection as client
 
     cl, started = client.connect_or_start(socket_path, note=warn)
@@ -69,9 +71,16 @@ def current_dir() -> str:
 def job_line(job: Mapping[str, Any]) -> str:
     """What `run` says of the job it started: its id (for `set`, `kill`) and
     its GPU, with the UUID short."""
-    uuid = str(job.get("gpu_uuid") or "")
-    short = uuid[:12] if uuid.startswith("GPU-") else uuid[:8]
-    return f"job {job['id']} on GPU {job['gpu']} ({short})"
+    indices = job.get("gpus") or [job["gpu"]]
+    uuids = job.get("gpu_uuids") or [job.get("gpu_uuid")]
+    shorts = []
+    for u in uuids:
+        uuid = str(u or "")
+        shorts.append(uuid[:12] if uuid.startswith("GPU-") else uuid[:8])
+    if len(indices) == 1:
+        return f"job {job['id']} on GPU {indices[0]} ({shorts[0]})"
+    return (f"job {job['id']} on GPUs {','.join(str(i) for i in indices)} "
+            f"({', '.join(shorts)})")
 
 
 # Forwarded to the command. A signal the kernel sent to the whole foreground

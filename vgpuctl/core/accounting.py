@@ -227,6 +227,10 @@ class Accountant:
                 pk = max(pk, o.peak)
         return gs, gh, pk
 
+    def gpu_seconds(self, job_id: str, gpu_uuid: str) -> float:
+        """GPU-seconds the job used on one of its GPUs since it started."""
+        return self._total.get((job_id, gpu_uuid), 0.0)
+
     def seed(self, recorded: Mapping[tuple[str, str], float]) -> None:
         """At start, before the first sample: the GPU-seconds already
         recorded per (job, GPU) for re-adopted jobs, so ``gpu_seconds``

@@ -66,7 +66,16 @@ class Gains:
     min_span_launches: float = 3.0  # launched/allowed is taken over steps that allow at
                                     # least this many launches (a 1 % job of 1 ms kernels
                                     # may launch once in a step, or not at all)
-    initial_cost_s: float = 1e-3    # assumed GPU time per launch before any measurement
+    initial_cost_s: float = 5e-3    # assumed GPU time per launch before any measurement: a
+                                    # new job starts at target / this, at or below its share
+                                    # for kernels up to this long (docs/compute.md, start-up)
+    start_min_rate: float = 10.0    # ...but at least this many launches/s (a 1 % job of 1 ms
+                                    # kernels), so that NVML sees a small share start
+    catch_up_s: float = 0.4         # by this long after its first launch a new job has made
+                                    # up what its cautious start left it short of its share
+    catch_up_periods: float = 2.4   # ...or this many of NVML's sample periods, if longer
+                                    # (1 s periods: the first cost comes after a second)
+    catch_up_min_s: float = 0.1     # ...spread over at least this long
     resolution: float = 0.01        # smallest share NVML reports (1 %)
     min_rate: float = 1.0           # launches/s never below this (the job can make progress)
     settle_steps: int = 2           # measurements the PI ignores after a rate jump
@@ -92,6 +101,9 @@ class Observation:
     measured_low  a lower bound of the share when the window only bounds it
                (NVML averaged several sample periods in one read): measured
                is then an upper bound, and the PI acts only where both agree
+    owed_cap   the most the making up of the job's start may add this step
+               (None: what it is owed): the GPU's room no share claims, its
+               part of it (start_room)
     """
 
     target: float
@@ -102,6 +114,7 @@ class Observation:
     window_launches: float | None = None
     window_s: float | None = None
     measured_low: float | None = None
+    owed_cap: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,11 @@ class ShareLoop:
     used: float | None = None       # last span: launched / allowed
     span_launches: float = 0.0      # launches since `used` was last taken...
     span_allowed: float = 0.0       # ...and what the bucket allowed meanwhile
+    life_s: float | None = None     # seconds since the job's first launch (None: none yet)...
+    life_launches: float = 0.0      # ...and its launches since
+    catching_up: bool = True        # its start may still be made up (catch_up_s)
+    owing: bool = False             # last step it was making up its start
+    window_s: float | None = None   # the shortest measurement window seen
 
     @property
     def cost(self) -> float | None:
@@ -161,12 +179,15 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     if obs.busy_s is not None and obs.window_launches is not None:
         window_s = obs.window_s if obs.window_s is not None else obs.dt
         busy_s = obs.busy_s
-        if busy_s <= 0.0 and obs.window_launches > 0.0:
+        if busy_s <= 0.0 and obs.window_launches >= 1.0:
             # Launches too short for NVML to report (it counts whole percents
             # of a period): the cost is below that resolution. Take half of it,
             # so the rate grows until the job shows up in the samples.
             busy_s = 0.5 * gains.resolution * window_s
-        loop.observe_cost(busy_s, obs.window_launches, window_s, gains)
+        if busy_s > 0.0 or obs.window_launches >= 1.0:
+            # (not a window that holds less than one launch and nothing
+            # seen: the edge of the job's start, which says nothing)
+            loop.observe_cost(busy_s, obs.window_launches, window_s, gains)
 
     # Did the bucket limit the job, or did it launch less than allowed? Over
     # a span of steps that allowed a few launches: one step of a job that
@@ -184,6 +205,7 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     else:
         loop.span_launches = loop.span_allowed = 0.0
         backlogged = False
+    track_life(loop, obs, prev_rate, used, gains)
     # Over the measurement window (steadier than one step): did the job use
     # most of what it was allowed? Only then may the PI push its rate up.
     window_used = used
@@ -215,12 +237,20 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     # A measurement is good to 1/2 % (whole percents): for small targets that
     # is a large part of the target, so the PI moves less on each one.
     fine = min(1.0, target / gains.coarse_share)
+    # What a cautious start left the job short of, made up now; meanwhile
+    # the windows show the making up, nothing for the PI to remember.
+    owed = start_owed(loop, target, gains)
+    if obs.owed_cap is not None:
+        owed = min(owed, max(0.0, obs.owed_cap))
+    if loop.owing and owed <= 0.0:
+        loop.settle = max(loop.settle, gains.settle_steps)   # the windows still show it
+    loop.owing = owed > 0.0
     if obs.measured is not None:
         raw = _certain_error(target, obs.measured, obs.measured_low)
         if loop.settle > 0:
             # The window still shows the rate before the last jump.
             loop.settle -= 1
-        elif guessed:
+        elif guessed or owed > 0.0:
             pass
         elif raw < 0.0 or may_push_up:
             # Anti-windup: a job below its target that did not use what it
@@ -232,10 +262,12 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
         limit = gains.integral_limit * max(target, 0.05)
         loop.integral = min(max(loop.integral, -min(limit, 0.8 * target)), limit)
 
-    commanded = target + loop.integral + gains.kp * fine * error
+    commanded = target + loop.integral + gains.kp * fine * error + owed
     commanded = min(max(commanded, 0.2 * target), 1.0)
-    cost = loop.cost if loop.cost is not None else gains.initial_cost_s
-    rate = max(commanded / cost, gains.min_rate)
+    if loop.cost is not None:
+        rate = max(commanded / loop.cost, gains.min_rate)
+    else:
+        rate = start_rate(commanded, gains)
     # A jump of the rate (new target, first cost estimate, soft capacity
     # lent or taken back): the next windows still show the old rate.
     if prev_rate is None or abs(rate - prev_rate) > gains.rate_jump * prev_rate:
@@ -243,6 +275,78 @@ def step(loop: ShareLoop, obs: Observation, gains: Gains | None = None) -> Comma
     loop.rate = rate
     loop.commanded = commanded
     return Command(throttle=True, rate=rate, bucket=max(1.0, rate * gains.bucket_s))
+
+
+# ---- a job's start (docs/compute.md, start-up) ----------------------------------
+
+def start_rate(target: float, gains: Gains) -> float:
+    """The cautious rate a job starts at, before any cost estimate."""
+    return max(target / gains.initial_cost_s, gains.min_rate, gains.start_min_rate)
+
+
+def track_life(loop: ShareLoop, obs: Observation, prev_rate: float | None,
+               used: float | None, gains: Gains) -> None:
+    """Count the seconds and launches since the job's first launch, and end
+    its catching up once it does not use what it is allowed (it was not
+    short of its share for want of a rate then, and must not burst later)."""
+    if loop.life_s is None:
+        if obs.launches <= 0.0:
+            return
+        # the first launches came within this step: at the gate's rate, the
+        # time they took (a burst of the bucket aside), never more than dt
+        rate = prev_rate or start_rate(obs.target, gains)   # the region's first gate
+        active = min(obs.dt, max(0.0, (obs.launches - 1.0) / rate))
+        loop.life_s = active
+        loop.life_launches = obs.launches
+        return
+    loop.life_s += obs.dt
+    loop.life_launches += obs.launches
+    if used is not None and used < gains.pi_usage_ratio:
+        loop.catching_up = False
+    if obs.window_s:   # the shortest window seen: NVML's period (a late read spans more)
+        loop.window_s = min(loop.window_s or obs.window_s, obs.window_s)
+    if loop.life_s > catch_up_by(loop, gains):
+        loop.catching_up = False
+
+
+def start_owed(loop: ShareLoop, target: float, gains: Gains) -> float:
+    """The share to add this step so that, by catch_up_s after its first
+    launch, a new job has what its cautious start (initial_cost_s) left it
+    short of: the GPU time its share gives over its life so far, less what
+    its launches took at the estimated cost, spread over what is left of
+    catch_up_s (at least catch_up_min_s). Recomputed every step from the
+    totals, so a better cost estimate corrects it, and never negative: a
+    start above the share is not paid back (the windows after it would show
+    the job below its share)."""
+    if not loop.catching_up or loop.life_s is None or loop.cost is None:
+        return 0.0
+    owed_s = target * loop.life_s - loop.cost * loop.life_launches
+    left = catch_up_by(loop, gains) - loop.life_s
+    return max(0.0, owed_s / max(gains.catch_up_min_s, left))
+
+
+def start_room(claims: Iterable[Claim], targets: dict[Hashable, float], capacity: float,
+               making_up: Iterable[Hashable]) -> dict[Hashable, float]:
+    """What each job that may still be making up its start (making_up) may
+    add for it this step: the GPU's room that no active job's share claims
+    (capacity less each one's share, or its target if lower: what a soft job
+    borrows is not claimed), in proportion to their shares. Several jobs that
+    start together on a full GPU would otherwise make up at each other's
+    expense, the one with the longest kernels winning the race for the
+    device (docs/compute.md, start-up)."""
+    claims = list(claims)
+    claimed = sum(min(c.share, targets.get(c.key, c.share)) for c in claims if c.active)
+    room = max(0.0, capacity - claimed)
+    owing = set(making_up)
+    total = sum(c.share for c in claims if c.key in owing)
+    return {c.key: room * c.share / total for c in claims if c.key in owing and total > 0}
+
+
+def catch_up_by(loop: ShareLoop, gains: Gains) -> float:
+    """How long after its first launch a job's start is made up by:
+    catch_up_s, or catch_up_periods of NVML's sample period if that is
+    longer (the first cost can't come before the first period closes)."""
+    return max(gains.catch_up_s, gains.catch_up_periods * (loop.window_s or 0.0))
 
 
 def _certain_error(target: float, measured: float, low: float | None) -> float:

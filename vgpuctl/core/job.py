@@ -33,9 +33,11 @@ class JobRecord:
     user: str
     command: list[str]
     cwd: str
-    gpus: list[dict[str, Any]]      # [{"index": int, "uuid": str}], in placement order
-    mem_limit: int                  # bytes, per GPU
-    core_share: int                 # percent
+    gpus: list[dict[str, Any]]      # [{"index": int, "uuid": str}], in placement order;
+                                    # a GPU whose limits differ from the job's (a Slurm
+                                    # job's shards) also has "mem_limit" and "core_share"
+    mem_limit: int                  # bytes, on each GPU (the largest where they differ)
+    core_share: int                 # percent, on each GPU (the largest where they differ)
     policy: str                     # hard | soft
     created: float                  # Unix time
     state: str = STARTING
@@ -64,6 +66,41 @@ class JobRecord:
     def uuids(self) -> list[str]:
         """The UUIDs of its GPUs, in placement order."""
         return [str(g.get("uuid")) for g in self.gpus if isinstance(g, dict)]
+
+    @property
+    def indices(self) -> list[int | None]:
+        """The NVML indices of its GPUs, in placement order."""
+        return [g.get("index") for g in self.gpus if isinstance(g, dict)]
+
+    def gpu_mem_limit(self, i: int) -> int:
+        """The memory limit on its i-th GPU (placement order)."""
+        g = self.gpus[i] if 0 <= i < len(self.gpus) else {}
+        v = g.get("mem_limit") if isinstance(g, dict) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) else self.mem_limit
+
+    def gpu_core_share(self, i: int) -> int:
+        """The compute share on its i-th GPU (placement order)."""
+        g = self.gpus[i] if 0 <= i < len(self.gpus) else {}
+        v = g.get("core_share") if isinstance(g, dict) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) else self.core_share
+
+    def limits_by_uuid(self) -> dict[str, tuple[int, int]]:
+        """Each GPU's (memory limit, core share), by UUID."""
+        return {u: (self.gpu_mem_limit(i), self.gpu_core_share(i))
+                for i, u in enumerate(self.uuids)}
+
+    def set_limits(self, mem: int | None = None, core: int | None = None) -> None:
+        """One memory limit, or one share, on every GPU (`vgpuctl set`)."""
+        for g in self.gpus:
+            if isinstance(g, dict):
+                if mem is not None:
+                    g.pop("mem_limit", None)
+                if core is not None:
+                    g.pop("core_share", None)
+        if mem is not None:
+            self.mem_limit = mem
+        if core is not None:
+            self.core_share = core
 
     @property
     def start(self) -> float:
@@ -96,19 +133,24 @@ class JobView:
     uid: int = _f("int", "user id")
     state: str = _f("text", "starting, running or ended")
     pids: list[int] = _f("list", "its live processes")
-    gpu: int | None = _f("int", "GPU index")
-    gpu_uuid: str | None = _f("text", "GPU UUID")
-    mem_limit: int = _f("bytes", "memory limit")
-    mem_used: int | None = _f("bytes", "memory it holds (the hook's count)")
-    mem_peak: int | None = _f("bytes", "highest mem_used")
-    mem_nvml: int | None = _f("bytes", "memory NVML reports for its processes")
-    over_limit: bool = _f("bool", "mem_nvml above mem_limit", False)
+    gpu: int | None = _f("int", "GPU index (its first GPU's)")
+    gpu_uuid: str | None = _f("text", "GPU UUID (its first GPU's)")
+    gpus: list[int] = _f("list", "the indices of its GPUs, in placement order")
+    gpu_uuids: list[str] = _f("names", "the UUIDs of its GPUs, in placement order")
+    mem_limit: int = _f("bytes", "memory limit on each of its GPUs")
+    mem_limit_total: int = _f("bytes", "the memory limits of all its GPUs", 0)
+    mem_used: int | None = _f("bytes", "memory it holds, all its GPUs (the hook's count)")
+    mem_peak: int | None = _f("bytes", "highest memory it held, added up over its GPUs")
+    mem_nvml: int | None = _f("bytes", "memory NVML reports for its processes, all its GPUs")
+    over_limit: bool = _f("bool", "NVML's memory above the limit on one of its GPUs", False)
     oom_refusals: int | None = _f("int", "allocations refused for the limit")
-    core: int = _f("int", "compute share target, percent")
-    core_measured: float | None = _f("share", "measured compute share, 0..1")
+    core: int = _f("int", "compute share target on each of its GPUs, percent")
+    core_measured: float | None = _f("share", "measured compute share, 0..1 (mean of its GPUs)")
     policy: str = _f("text", "hard or soft")
     gated_launches: int | None = _f("int", "launches that waited at the compute gate")
     throttled_s: float | None = _f("seconds", "seconds spent waiting at the gate")
+    per_gpu: list[dict[str, Any]] = _f(
+        "per_gpu", "each of its GPUs: index, uuid, its limits and usage there")
     created: float | None = _f("time", "when it was admitted")
     started: float | None = _f("time", "when its command started")
     ended: float | None = _f("time", "when it ended")
@@ -170,36 +212,69 @@ class DeviceUsage:
 
 
 @dataclass(frozen=True)
-class Live:
-    """What only exists while a job runs, for its view: the hook's last
-    trusted counters of its first GPU, NVML's memory for its processes and
-    its measured share there, the violations caught."""
+class GpuLive:
+    """What is known of a running job on one of its GPUs: the hook's last
+    trusted counters, NVML's memory for its processes, its measured share."""
     usage: DeviceUsage | None = None
     mem_nvml: int | None = None
     measured: float | None = None
+
+
+@dataclass(frozen=True)
+class Live:
+    """What only exists while a job runs, for its view: each of its GPUs'
+    (in placement order), and the violations caught."""
+    gpus: tuple[GpuLive, ...] = ()
     violations: tuple[dict[str, Any], ...] = ()
 
 
+def _total(values: list[Any]) -> Any:
+    """The sum of the known values, None when none is known."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
 def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
-    """The view of a job: its record, and what is known of it live."""
+    """The view of a job: its record, and what is known of it live. Its
+    usage is added up over its GPUs (its measured share averaged), and
+    each GPU's is in per_gpu."""
     gpu = rec.gpus[0] if rec.gpus else {"index": None, "uuid": None}
     active = rec.active
-    u = live.usage if active else None
     end = rec.ended if rec.ended is not None else now
-    mem_nvml = live.mem_nvml if active else None
+    per_gpu = []
+    for i, g in enumerate(rec.gpus):
+        gl = live.gpus[i] if active and i < len(live.gpus) else GpuLive()
+        u = gl.usage
+        limit = rec.gpu_mem_limit(i)
+        per_gpu.append({
+            "index": g.get("index"), "uuid": g.get("uuid"), "mem_limit": limit,
+            "core": rec.gpu_core_share(i),
+            "mem_used": None if u is None else u.used,
+            "mem_peak": None if u is None else u.peak, "mem_nvml": gl.mem_nvml,
+            "over_limit": bool(gl.mem_nvml is not None and gl.mem_nvml > limit),
+            "oom_refusals": None if u is None else u.oom_refusals,
+            "core_measured": gl.measured,
+            "gated_launches": None if u is None else u.launches,
+            "throttled_s": None if u is None else u.throttled_ns / 1e9})
+    measured = [p["core_measured"] for p in per_gpu if p["core_measured"] is not None]
+    throttled = _total([p["throttled_s"] for p in per_gpu])
     return JobView(
         id=rec.id, name=rec.name, user=rec.user, uid=rec.uid, state=rec.state,
         pids=sorted(rec.pids) if active else [],
         gpu=gpu.get("index"), gpu_uuid=gpu.get("uuid"),
+        gpus=[p["index"] for p in per_gpu], gpu_uuids=[p["uuid"] for p in per_gpu],
         mem_limit=rec.mem_limit,
-        mem_used=None if u is None else u.used, mem_peak=None if u is None else u.peak,
-        mem_nvml=mem_nvml,
-        over_limit=bool(mem_nvml is not None and mem_nvml > rec.mem_limit),
-        oom_refusals=None if u is None else u.oom_refusals,
-        core=rec.core_share, core_measured=live.measured if active else None,
+        mem_limit_total=sum(p["mem_limit"] for p in per_gpu) or rec.mem_limit,
+        mem_used=_total([p["mem_used"] for p in per_gpu]),
+        mem_peak=_total([p["mem_peak"] for p in per_gpu]),
+        mem_nvml=_total([p["mem_nvml"] for p in per_gpu]),
+        over_limit=any(p["over_limit"] for p in per_gpu),
+        oom_refusals=_total([p["oom_refusals"] for p in per_gpu]),
+        core=rec.core_share,
+        core_measured=sum(measured) / len(measured) if measured else None,
         policy=rec.policy,
-        gated_launches=None if u is None else u.launches,
-        throttled_s=None if u is None else u.throttled_ns / 1e9,
+        gated_launches=_total([p["gated_launches"] for p in per_gpu]),
+        throttled_s=throttled, per_gpu=per_gpu,
         created=rec.created, started=rec.started, ended=rec.ended,
         runtime_s=max(0.0, end - rec.start),
         command=list(rec.command), cwd=rec.cwd,

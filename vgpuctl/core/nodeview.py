@@ -106,7 +106,8 @@ def filter_jobs(jobs: Sequence[Record], *, user: str | None = None,
         if user is not None and user != str(j.get("user")) and \
                 not (user.isdigit() and str(j.get("uid")) == user):
             continue
-        if gpu_uuid is not None and j.get("gpu_uuid") != gpu_uuid:
+        if gpu_uuid is not None and gpu_uuid not in (j.get("gpu_uuids")
+                                                     or [j.get("gpu_uuid")]):
             continue
         if name is not None and not match_name(str(j.get("name", "")), name):
             continue
@@ -236,6 +237,19 @@ def _core(j: Record) -> str:
     return text + (" soft" if j.get("policy") == "soft" else "")
 
 
+def _gpus(j: Record) -> str:
+    """A job's GPUs: its indices, comma-separated (``0,1``)."""
+    indices = j.get("gpus") or ([] if j.get("gpu") is None else [j["gpu"]])
+    return ",".join(str(i) for i in indices) or "-"
+
+
+def _limit(j: Record) -> Any:
+    """What a job's memory is held against in the table: its limits on all
+    its GPUs (its memory used is all its GPUs' too)."""
+    total = j.get("mem_limit_total")
+    return total if isinstance(total, int) and total > 0 else j.get("mem_limit")
+
+
 def _time(j: Record) -> str:
     state = j.get("state")
     if state == "starting":
@@ -261,8 +275,8 @@ def job_table(jobs: Sequence[Record], units: str = "human") -> Table:
             Cell(str(j.get("id", ""))), Cell(str(j.get("name", ""))),
             Cell(str(j.get("user", ""))),
             Cell(_pids(pids), short=_pids(pids, 1)),
-            Cell("-" if j.get("gpu") is None else str(j["gpu"])),
-            Cell(_pair(j.get("mem_used"), j.get("mem_limit"), units),
+            Cell(_gpus(j)),
+            Cell(_pair(j.get("mem_used"), _limit(j), units),
                  style="bold red" if j.get("over_limit") else ""),
             Cell(_core(j)), Cell(_time(j)),
             Cell(command_text(argv), short=short_command(command_text(argv))),

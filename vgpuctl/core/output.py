@@ -40,7 +40,8 @@ class Field(NamedTuple):
     kind of its value, what it means, and for a number its unit and digits
     (CSV). ``header`` is its CSV name where that differs from ``name``."""
     name: str
-    kind: str = "text"   # text, int, bytes, share, seconds, time, list, argv, bool, violations
+    kind: str = "text"   # text, int, bytes, share, seconds, time, list (of numbers),
+    #                      names (a list of strings), argv, bool, violations, per_gpu
     help: str = ""
     unit: str = ""       # the unit of a number that is not bytes ("s", "%", "GiB*h")
     digits: int | None = None
@@ -121,18 +122,29 @@ def cell(v: Any, f: Field, units: str, tz: tzinfo | None = None) -> str:
         return size_text(v, units)
     if kind == "bool":
         return "true" if v else "false"
-    if kind == "list":
+    if kind in ("list", "names"):
         return " ".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
     if kind == "argv":
         return command_text(v)
     if kind == "violations" and isinstance(v, list):     # kind:pid, newest last
         return " ".join(f"{x.get('kind')}:{x.get('pid')}" for x in v if isinstance(x, dict))
+    if kind == "per_gpu" and isinstance(v, list):   # index:used/limit:measured per GPU
+        return " ".join(_gpu_cell(x, units) for x in v if isinstance(x, dict))
     if kind == "time" and isinstance(v, (int, float)):
         return iso_time(v, tz)
     digits = f.digits if f.digits is not None else _DIGITS.get(kind)
     if digits is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+def _gpu_cell(g: dict[str, Any], units: str) -> str:
+    """One GPU of a job's per_gpu: ``0:1.5G/2G:30%`` (its index, the memory
+    it holds there over its limit, its measured share; ``-`` for unknown)."""
+    meas = g.get("core_measured")
+    share = f"{100 * meas:.0f}%" if isinstance(meas, (int, float)) else "-"
+    return (f"{g.get('index')}:{size_text(g.get('mem_used'), units) or '-'}"
+            f"/{size_text(g.get('mem_limit'), units) or '-'}:{share}")
 
 
 def csv_text(head: Sequence[str] | None, rows: Iterable[Sequence[str]]) -> str:

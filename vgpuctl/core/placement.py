@@ -126,6 +126,83 @@ def place(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int, *,
     return best
 
 
+def resolve_gpus(gpus: Sequence[Gpu], spec: str) -> list[Gpu]:
+    """The GPUs a ``--gpu A,B`` names, in its order (each as resolve_gpu
+    reads it); a GPU named twice, under any of its names, is a UsageError."""
+    names = [s.strip() for s in spec.split(",")]
+    if not any(names) or (len(names) > 1 and not all(names)):
+        raise UsageError(f"--gpu {spec.strip()!r}: expected GPUs separated by commas "
+                         "(0,1 or UUID prefixes)")
+    out: list[Gpu] = []
+    for name in names:
+        g = resolve_gpu(gpus, name)
+        if g in out:
+            raise UsageError(f"--gpu {spec.strip()}: GPU {g.index} ({g.uuid}) is named twice")
+        out.append(g)
+    return out
+
+
+def check_count(count: int, gpus: Sequence[Gpu]) -> None:
+    """A ``--gpus N`` that can never be placed here: N below 1 is a
+    UsageError, N beyond the GPUs there are AdmissionRefused."""
+    if count < 1:
+        raise UsageError(f"--gpus {count}: a job needs at least one GPU")
+    if count > len(gpus):
+        have = "no GPU" if not gpus else f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''}"
+        raise AdmissionRefused(f"--gpus {count}: there {'is' if len(gpus) == 1 else 'are'} "
+                               f"{have} here for it ({_gpu_list(gpus)})")
+
+
+def place_many(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int, *,
+               count: int | None = None, pin: str | None = None, reserve: int = 0,
+               oversubscribe: float = 1.0) -> list[Placement]:
+    """Place a job of ``mem`` bytes on each of several GPUs, all or none:
+    the GPUs ``pin`` names (``0,1``, in its order), or ``count`` GPUs
+    chosen as `place` chooses one (most uncommitted memory first, ties by
+    the lowest index) and given in index order. AdmissionRefused names what
+    every GPU considered has left when fewer fit than asked for."""
+    if mem <= 0:
+        raise UsageError("the memory limit must be positive")
+    if count is not None and pin is not None:
+        raise UsageError("--gpus and --gpu: give one (--gpus N picks N GPUs, "
+                         "--gpu A,B names them)")
+    if pin is None:
+        n = 1 if count is None else count
+        check_count(n, gpus)
+        if n == 1:
+            return [place(gpus, commitments, mem, reserve=reserve,
+                          oversubscribe=oversubscribe)]
+        candidates = list(gpus)
+    else:
+        if not gpus:
+            raise AdmissionRefused("no GPUs on this node")
+        candidates = resolve_gpus(gpus, pin)
+        n = len(candidates)
+    used = committed(commitments)
+    fits = []
+    for g in candidates:
+        cap = capacity(g, reserve, oversubscribe)
+        have = used.get(g.uuid, 0)
+        if have + mem <= cap:
+            fits.append(Placement(g, cap, have, mem))
+    if pin is not None:
+        if len(fits) < n:
+            full = [p.gpu for p in fits]
+            raise AdmissionRefused(
+                f"no room for {format_size(mem)} on each of GPUs "
+                f"{','.join(str(g.index) for g in candidates)}: "
+                + _left_text([g for g in candidates if g not in full], used, reserve,
+                             oversubscribe))
+        return fits
+    if len(fits) < n:
+        raise AdmissionRefused(
+            f"no room for {format_size(mem)} on each of {n} GPUs ({len(fits)} "
+            f"ha{'s' if len(fits) == 1 else 've'} it): "
+            + _left_text(candidates, used, reserve, oversubscribe))
+    fits.sort(key=lambda p: (-(p.capacity - p.committed), p.gpu.index))
+    return sorted(fits[:n], key=lambda p: p.gpu.index)
+
+
 def check_resize(gpus: Sequence[Gpu], commitments: Iterable[Commitment], job_id: str,
                  uuid: str, new_mem: int, *, reserve: int = 0,
                  oversubscribe: float = 1.0) -> None:

@@ -74,7 +74,8 @@ class Run(NamedTuple):
     mem: int | None = None        # bytes; None: the daemon's default_mem
     core: int | None = None       # percent 1..100; None: 100
     policy: str | None = None     # "hard" | "soft"; None: the daemon's default
-    gpu: str | None = None        # index, UUID or UUID prefix; None: placed
+    gpu: str | None = None        # GPUs by index, UUID or UUID prefix, "0,1"; None: placed
+    gpus: int | None = None       # how many GPUs to place it on (not with gpu); None: 1
 
 
 class Started(NamedTuple):
@@ -123,6 +124,8 @@ class SlurmRegister(NamedTuple):
     core: int | None = None       # None: shards / shards per GPU
     policy: str | None = None     # None: the daemon's default
     ask_core: int | None = None   # the job's own wish (--vgpu-core): at most the above
+    gpu_shards: list[int] | None = None   # shards on each of gpus, same order (None:
+                                          # unknown, which only one GPU's shards may be)
 
 
 class SlurmAttach(NamedTuple):
@@ -224,6 +227,14 @@ def _gpu_indices(name: str, v: Any) -> Any:
     return v
 
 
+def _shard_counts(name: str, v: Any) -> Any:
+    if (not isinstance(v, list) or not 1 <= len(v) <= 64
+            or any(isinstance(i, bool) or not isinstance(i, int) or not 1 <= i <= 1 << 20
+                   for i in v)):
+        raise errors.RequestInvalid(f"{name}: expected a list of 1 to 64 shard counts")
+    return v
+
+
 _MEM = _int(1, 1 << 60)
 _CORE = _int(1, 100)
 _NAME = _str(MAX_NAME, controls=False)
@@ -234,7 +245,8 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "run": (Run, {"command": (_command, True), "cwd": (_str(), True),
                   "name": (_NAME, False), "mem": (_MEM, False),
                   "core": (_CORE, False), "policy": (_policy, False),
-                  "gpu": (_str(128, controls=False), False)}),
+                  "gpu": (_str(2048, controls=False), False),
+                  "gpus": (_int(0, 1024), False)}),
     "started": (Started, {"job": (_job, True), "pid": (_int(1, 1 << 31), True)}),
     "exited": (Exited, {"job": (_job, True), "code": (_int(0, 255), False),
                         "signal": (_int(1, 128), False)}),
@@ -249,7 +261,7 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
         "name": (_NAME, False), "partition": (_NAME, False),
         "account": (_NAME, False), "command": (_str(), False),
         "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
-        "ask_core": (_CORE, False)}),
+        "ask_core": (_CORE, False), "gpu_shards": (_shard_counts, False)}),
     "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
                                    "pid": (_int(1, 1 << 31), False)}),
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),

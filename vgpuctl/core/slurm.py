@@ -1,9 +1,13 @@
 """Slurm's `gres/shard` as vgpuctl limits: pure functions, no I/O.
 
 - ``parse_job(text, node)``: what ``scontrol show job -d ID`` says of a job
-  on one node (its shards, the GPU they are on, partition, account). A
-  Prolog has no shard count in its environment, so it asks scontrol; the
-  text form is used because Debian's 22.05 scontrol has no ``--json``.
+  on one node (its shards, the GPUs they are on and how many on each,
+  partition, account). A Prolog has no shard count in its environment, so
+  it asks scontrol; the text form is used because Debian's 22.05 scontrol
+  has no ``--json``. Slurm 23.11.2 and later write each GPU's count
+  (``GRES=shard:20(16/16,4/16)``: allocated/available, one item per GPU in
+  gres.conf's order); earlier versions only which GPUs (``(IDX:0)``), which
+  says the count only for shards on one GPU.
 - ``shards_per_gpu`` / ``shard_limits``: a GPU of capacity C carries
   ``floor(C / shard_size)`` shards; a job of N shards gets ``N * shard_size``
   of memory and ``N / shards_per_gpu`` of the compute time.
@@ -41,6 +45,9 @@ class SlurmJob:
     work_dir: str = ""
     shards: int | None = None        # shards on this node; None: no shards here
     gpus: tuple[int, ...] = ()       # Slurm's GPU indices the shards are on
+    # shards on each of gpus, in the same order; () when scontrol does not
+    # say (Slurm before 23.11.2, shards on several GPUs)
+    gpu_shards: tuple[int, ...] = ()
 
 
 def _value(text: str, key: str) -> str | None:
@@ -97,24 +104,49 @@ def parse_job(text: str, node: str) -> SlurmJob:
         raise UsageError("scontrol's output names no job (JobId=)")
     shards = None
     gpus: tuple[int, ...] = ()
+    counts: dict[int, int] = {}
     for line in text.splitlines():
         nodes = _value(line, "Nodes")
         gres = _value(line, "GRES")
         if nodes is None or gres is None or node not in expand_hostlist(nodes):
             continue
         for item in _gres_items(gres):
-            m = re.fullmatch(r"shard(?::[^:(]+)?:(\d+)(?:\(IDX:([^)]*)\))?", item)
+            m = re.fullmatch(r"shard(?::[^:(]+)?:(\d+)(?:\(([^)]*)\))?", item)
             if m is None:
                 continue
             shards = (shards or 0) + int(m.group(1))
-            if m.group(2):
-                gpus += _indices(m.group(2))
+            where_text = m.group(2) or ""
+            if where_text.startswith("IDX:"):
+                gpus += _indices(where_text[4:])
+            elif where_text:
+                for i, c in _per_gpu(where_text):
+                    gpus += (i,)
+                    counts[i] = counts.get(i, 0) + c
+    where = tuple(sorted(set(gpus)))
+    if counts and sum(counts.values()) != shards:
+        raise UsageError(f"scontrol's shards per GPU ({counts}) do not add up to {shards}")
+    if not counts and len(where) == 1 and shards is not None:
+        counts = {where[0]: shards}
     cmd_m = re.search(r"(?:^|\s)Command=(.*)$", text, re.M)
     return SlurmJob(job_id=job_id, name=_value(text, "JobName") or "",
                     partition=_value(text, "Partition"), account=_value(text, "Account"),
                     command=(cmd_m.group(1).strip() if cmd_m else ""),
                     work_dir=_value(text, "WorkDir") or "",
-                    shards=shards, gpus=tuple(sorted(set(gpus))))
+                    shards=shards, gpus=where,
+                    gpu_shards=tuple(counts[i] for i in where) if counts else ())
+
+
+def _per_gpu(spec: str) -> list[tuple[int, int]]:
+    """``16/16,4/16,0/16`` (Slurm 23.11.2+: allocated/available on each GPU,
+    in gres.conf's order) -> [(0, 16), (1, 4)]: the GPUs with shards."""
+    out = []
+    for i, part in enumerate(spec.split(",")):
+        got, _, avail = part.partition("/")
+        if not got.isdigit() or not avail.isdigit():
+            raise UsageError(f"unexpected shard counts {spec!r} in scontrol's output")
+        if int(got):
+            out.append((i, int(got)))
+    return out
 
 
 def shards_per_gpu(capacity: int, shard_size: int) -> int:

@@ -26,6 +26,7 @@ from vgpuctl.daemon import tracking
 from vgpuctl.daemon.jobs import POLICY_CODES, JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import AdmissionBusy, AdmissionRefused, StateError, UsageError
+from vgpuctl.governor.compute import initial_gate
 from vgpuctl.system.region import DeviceLimit, Region
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -103,10 +104,17 @@ class Admission:
         core = req.core if req.core is not None else 100
         policy = req.policy or cfg.default_policy
         limits = cfg.limits_for(user, uid, admin)
-        self.check_user(limits, uid, user, mem, core)
-        where = placement.place(self.run_gpus(req.gpu), self._table.commitments(), mem,
-                                pin=req.gpu, reserve=cfg.reserve,
-                                oversubscribe=cfg.oversubscribe)
+        if req.gpus is not None and req.gpu is not None:
+            raise UsageError("--gpus and --gpu: give one (--gpus N picks N GPUs, "
+                             "--gpu A,B names them)")
+        if req.gpus is not None and req.gpus < 1:
+            placement.check_count(req.gpus, self.gpus)
+        count = req.gpus if req.gpus is not None else (
+            len(req.gpu.split(",")) if req.gpu is not None else 1)
+        self.check_user(limits, uid, user, mem, core, count)
+        where = placement.place_many(self.run_gpus(req.gpu), self._table.commitments(), mem,
+                                     count=req.gpus, pin=req.gpu, reserve=cfg.reserve,
+                                     oversubscribe=cfg.oversubscribe)
         self._check_rate(limits, uid, user)
         # The command's name stands for a job's name: one line, nothing a
         # terminal acts on (a name the user gives is checked at the edge).
@@ -114,13 +122,15 @@ class Admission:
             os.path.basename(req.command[0]) or req.command[0])[:P.MAX_NAME]
         rec = JobRecord(name=name, uid=uid, user=user,
                         command=P.stored_command(req.command),
-                        cwd=req.cwd, gpus=[{"index": where.gpu.index, "uuid": where.gpu.uuid}],
+                        cwd=req.cwd,
+                        gpus=[{"index": p.gpu.index, "uuid": p.gpu.uuid} for p in where],
                         mem_limit=mem, core_share=core, policy=policy, created=self._clock(),
                         state=STARTING, launcher_pid=peer_pid,
                         launcher_start=tracking.start_time(peer_pid))
         job = self.create(rec)
-        log.info("job %s (%s) of %s admitted on GPU %d: mem %s, core %d%%, %s", rec.id, name,
-                 user, where.gpu.index, format_size(mem), core, policy)
+        log.info("job %s (%s) of %s admitted on GPU %s: mem %s, core %d%%, %s", rec.id, name,
+                 user, ",".join(str(p.gpu.index) for p in where), format_size(mem), core,
+                 policy)
         small = placement.context_warning(mem, self.context_mem)
         return job, [small] if small else []
 
@@ -133,25 +143,34 @@ class Admission:
         how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
                "in the daemon's configuration")
         if pin is not None:
-            g = placement.resolve_gpu(self.gpus, pin)
-            if sc.controls(g.index):
-                raise AdmissionRefused(f"GPU {g.index} is Slurm's ([slurm] gpus): {how}")
+            for g in placement.resolve_gpus(self.gpus, pin):
+                if sc.controls(g.index):
+                    raise AdmissionRefused(f"GPU {g.index} is Slurm's ([slurm] gpus): {how}")
         gpus = [g for g in self.gpus if not sc.controls(g.index)]
         if not gpus and self.gpus:
             raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
         return gpus
 
     def create(self, rec: JobRecord) -> LiveJob:
-        """Record an admitted job, create its region, and make it live."""
+        """Record an admitted job, create its region, and make it live. The
+        region holds the job's first gate (the governor's cautious start,
+        docs/compute.md), which its ledger takes from it."""
         self._hook_library()            # NativeMissing before anything is admitted
         self._table.insert(rec)
         job_dir = self._table.jobs_dir / rec.id
         try:
             if job_dir.exists():       # left by a database that was deleted
                 Region.discard(job_dir)
+            limits = rec.limits_by_uuid()
+            # one pace on all its GPUs from the start, as the governor gates
+            # a job on several (its smallest share's)
+            gate = initial_gate(min((c for _, c in limits.values()), default=rec.core_share),
+                                rec.policy)
             region = Region.create(job_dir, rec.id, rec.uid, [DeviceLimit(
-                uuid=u, mem_limit=rec.mem_limit, core_share=rec.core_share,
-                policy=POLICY_CODES[rec.policy]) for u in rec.uuids])
+                uuid=u, mem_limit=mem, core_share=core, policy=POLICY_CODES[rec.policy],
+                throttle=gate.throttle, refill_rate=gate.refill_rate,
+                bucket_size=gate.bucket_size)
+                for u, (mem, core) in limits.items()])
         except (OSError, ValueError) as e:
             rec.state, rec.ended = ENDED, self._clock()
             self._table.save(rec)

@@ -50,7 +50,7 @@ class Gates:
             pids = frozenset(rec.pids) | ({rec.launcher_pid} if rec.launcher_pid else set())
             for i, uuid in enumerate(job.uuids()):
                 u = usage[i] if i < len(usage) else DeviceUsage()
-                out.append(Input(job.id, i, uuid, pids, rec.core_share, rec.policy, u))
+                out.append(Input(job.id, i, uuid, pids, rec.gpu_core_share(i), rec.policy, u))
         return out
 
     def apply(self, inputs: list[Input], gates: Mapping[tuple[str, str], Any]) -> None:
@@ -69,7 +69,7 @@ class Gates:
                 job.target[inp.uuid] = target
             if job.rec.region_error is not None:
                 gate = CLOSED
-            elif job.rec.core_share >= 100 and job.rec.policy == "hard":
+            elif job.rec.gpu_core_share(inp.index) >= 100 and job.rec.policy == "hard":
                 gate = OPEN
             else:
                 gate = Gate(bool(g.throttle), int(g.refill_rate), int(g.bucket_size))

@@ -108,12 +108,14 @@ class JobTable:
         return [j for j in self._jobs.values() if j.rec.uid == uid]
 
     def commitments(self) -> list[placement.Commitment]:
-        return [placement.Commitment(j.id, u, j.rec.mem_limit)
-                for j in self._jobs.values() for u in j.uuids()]
+        return [placement.Commitment(j.id, u, mem)
+                for j in self._jobs.values()
+                for u, (mem, _) in j.rec.limits_by_uuid().items()]
 
     def held_by(self, uid: int) -> int:
         """The memory limits a user's live jobs hold, per GPU summed."""
-        return sum(j.rec.mem_limit * max(1, len(j.rec.gpus)) for j in self.of_user(uid))
+        return sum(sum(m for m, _ in j.rec.limits_by_uuid().values()) or j.rec.mem_limit
+                   for j in self.of_user(uid))
 
     def unended(self) -> list[JobRecord]:
         """The records of the jobs the store has not seen end (at start: the
@@ -142,17 +144,18 @@ class JobTable:
         fields changed, as the region has them."""
         rec = job.rec
         changes: dict[str, Any] = {}
+        rec.set_limits(mem, core)          # one limit, one share, on every GPU
         if mem is not None:
-            rec.mem_limit = changes["mem_limit"] = mem
+            changes["mem_limit"] = mem
         if core is not None:
-            rec.core_share = changes["core_share"] = core
+            changes["core_share"] = core
         if policy is not None:
             rec.policy = policy
             changes["policy"] = POLICY_CODES[policy]
         if job.region is not None:
             for i in range(len(rec.gpus)):
                 job.region.update_device(i, **changes)
-        self.save(job, ["mem_limit", "core_share", "policy"])
+        self.save(job, ["mem_limit", "core_share", "policy", "gpus"])
         return changes
 
     def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:

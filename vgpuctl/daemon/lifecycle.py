@@ -387,11 +387,16 @@ class Daemon:
         sup = self.sup
         inputs = sup.gates.inputs()
         now = time.monotonic()
-        if self.governor is not None and inputs:
-            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches)
+        if self.governor is not None:
+            # every GPU, with jobs or not: NVML's periods followed while idle
+            # make a new job's first window one period (its first cost)
+            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
+                                    created=self._created(i.job_id))
                   for i in inputs]
-            gates = await loop.run_in_executor(None, self.governor.tick, jd, now)
-            sup.gates.apply(inputs, gates)
+            gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
+                                               [g.uuid for g in sup.gpus])
+            if inputs:
+                sup.gates.apply(inputs, gates)
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
                                          sup.config.on_violation, time.time())
         sup.record_violations(res)
@@ -419,7 +424,13 @@ class Daemon:
             self._last_metrics = wall
             acc = self.accountant
             self.metrics_box.set(sup.metrics_snapshot(
-                (lambda j: acc.totals(j)[0]) if acc is not None else (lambda j: None)))
+                acc.gpu_seconds if acc is not None else (lambda j, u: None)))
+
+    def _created(self, job_id: str) -> float | None:
+        """When a job's region was made (gated from then on: its launch
+        history starts there, for the governor's first cost estimate)."""
+        job = self.sup.table.find(job_id)
+        return job.rec.created if job is not None else None
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()

@@ -11,13 +11,15 @@ Metrics (one ``vgpu_`` prefix, base units, ratios 0 to 1):
     vgpu_gpu_memory_used_bytes{gpu,uuid,name}          gauge
     vgpu_gpu_memory_total_bytes{gpu,uuid,name}         gauge
     vgpu_gpu_utilization_ratio{gpu,uuid,name}          gauge (when sampled)
+    A job has one series per GPU it holds (gpu, uuid); ``sum by (job)``
+    gives its totals.
     vgpu_job_memory_used_bytes{job,name,user,gpu,uuid}   gauge
     vgpu_job_memory_limit_bytes{job,name,user,gpu,uuid}  gauge
     vgpu_job_compute_share_target_ratio{...}           gauge
     vgpu_job_compute_share_measured_ratio{...}         gauge
     vgpu_job_throttled_seconds_total{...}              counter
     vgpu_job_gpu_seconds_total{...}                    counter (when accounted)
-    vgpu_job_violations_total{...}                     counter
+    vgpu_job_violations_total{...}                     counter (on its first GPU's series)
     vgpu_violations_total{kind}                        counter (memory, compute, no_job)
     vgpu_jobs_running                                  gauge
 """
@@ -93,23 +95,27 @@ class SnapshotBox:
 
 
 def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
-             gpu_seconds: Callable[[str], float | None],
+             gpu_seconds: Callable[[str, str], float | None],
              violations: Mapping[str, int]) -> Snapshot:
     """A snapshot from the model's views (vgpuctl.core.job): the GPUs, and
-    each live job with the count of its violations; gpu_seconds(job id) is
-    what accounting has of it (None: no accounting)."""
+    each live job on each of its GPUs with the count of its violations;
+    gpu_seconds(job id, GPU UUID) is what accounting has of it there
+    (None: no accounting). A job's totals are the sums over its GPUs'
+    series (``sum by (job)``)."""
     gs = [GpuMetrics(uuid=g.uuid, index=g.index, name=g.name,
                      memory_used=g.memory_used or 0, memory_total=g.memory_total,
                      utilization=None if g.utilization is None else g.utilization / 100)
           for g in gpus]
-    js = [JobMetrics(job_id=v.id, gpu_uuid=v.gpu_uuid or "", gpu_index=v.gpu or 0,
-                     name=v.name, user=v.user, memory_used=v.mem_used or 0,
-                     memory_limit=v.mem_limit, share_target=v.core / 100,
-                     share_measured=v.core_measured or 0.0,
-                     throttled_seconds=v.throttled_s or 0.0, gpu_seconds=gpu_seconds(v.id),
-                     violations=count)
-          for v, count in jobs]
-    return Snapshot(gpus=gs, jobs=js, jobs_running=len(js), violations=dict(violations))
+    js = [JobMetrics(job_id=v.id, gpu_uuid=g.get("uuid") or "", gpu_index=g.get("index") or 0,
+                     name=v.name, user=v.user, memory_used=g.get("mem_used") or 0,
+                     memory_limit=g.get("mem_limit") or 0,
+                     share_target=(g.get("core") or 0) / 100,
+                     share_measured=g.get("core_measured") or 0.0,
+                     throttled_seconds=g.get("throttled_s") or 0.0,
+                     gpu_seconds=gpu_seconds(v.id, g.get("uuid") or ""),
+                     violations=count if i == 0 else 0)
+          for v, count in jobs for i, g in enumerate(v.per_gpu)]
+    return Snapshot(gpus=gs, jobs=js, jobs_running=len(jobs), violations=dict(violations))
 
 
 def available() -> bool:

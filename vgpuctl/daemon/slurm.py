@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from vgpuctl.core import placement, slurm
 from vgpuctl.core import protocol as P
@@ -71,36 +72,67 @@ class SlurmJobs:
 
     def _register(self, req: P.SlurmRegister) -> LiveJob:
         cfg = self._config()
-        where = sorted(set(req.gpus))
-        if len(where) != 1:
-            raise AdmissionRefused(
-                f"Slurm job {req.slurm_job} has shards on {len(where)} GPUs of this node "
-                f"({', '.join(map(str, where))}): vgpuctl fences a job on one GPU")
-        gpu = self.gpu(where[0])
+        counts = self.shards_on_gpus(req)
         size = cfg.slurm.shard_size
-        per_gpu = slurm.shards_per_gpu(
-            placement.capacity(gpu, cfg.reserve, cfg.oversubscribe), size)
-        mem, core = slurm.shard_limits(req.shards, per_gpu, size)
-        core = req.core or core
-        if req.ask_core is not None:         # a job may take less than its share, not more
-            core = min(core, req.ask_core)
         policy = req.policy or cfg.default_policy
-        placement.place(self._admission.gpus, self._table.commitments(), mem, pin=gpu.uuid,
-                        reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
+        placed = []
+        for index, shards in counts:
+            gpu = self.gpu(index)
+            per_gpu = slurm.shards_per_gpu(
+                placement.capacity(gpu, cfg.reserve, cfg.oversubscribe), size)
+            mem, core = slurm.shard_limits(shards, per_gpu, size)
+            core = req.core or core
+            if req.ask_core is not None:     # a job may take less than its share, not more
+                core = min(core, req.ask_core)
+            # nothing is committed before the job is created: each GPU alone
+            placement.place(self._admission.gpus, self._table.commitments(), mem,
+                            pin=gpu.uuid, reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
+            placed.append((gpu, mem, core))
+        mem = max(m for _, m, _ in placed)
+        core = max(c for _, _, c in placed)
+        gpus = []
+        for gpu, m, c in placed:
+            entry: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid}
+            if m != mem:
+                entry["mem_limit"] = m
+            if c != core:
+                entry["core_share"] = c
+            gpus.append(entry)
         now = self._table.clock()
         rec = JobRecord(name=req.name or f"slurm-{req.slurm_job}", uid=req.uid,
                         user=user_name(req.uid),
                         command=[req.command or f"slurm job {req.slurm_job}"],
-                        cwd=req.cwd or "/", gpus=[{"index": gpu.index, "uuid": gpu.uuid}],
+                        cwd=req.cwd or "/", gpus=gpus,
                         mem_limit=mem, core_share=core, policy=policy, created=now,
                         state=RUNNING, started=now, slurm_job=req.slurm_job,
                         slurm_partition=req.partition, slurm_account=req.account,
                         slurm_shards=req.shards)
         job = self._admission.create(rec)
-        log.info("job %s: Slurm job %s of %s registered on GPU %d: %d shards, mem %s, "
-                 "core %d%%, %s", rec.id, req.slurm_job, rec.user, gpu.index, req.shards,
-                 format_size(mem), core, policy)
+        log.info("job %s: Slurm job %s of %s registered on GPU %s: %d shards (%s), "
+                 "%s", rec.id, req.slurm_job, rec.user,
+                 ",".join(str(g.index) for g, _, _ in placed), req.shards,
+                 "; ".join(f"GPU {g.index}: mem {format_size(m)}, core {c}%"
+                           for g, m, c in placed), policy)
         return job
+
+    @staticmethod
+    def shards_on_gpus(req: P.SlurmRegister) -> list[tuple[int, int]]:
+        """(Slurm's GPU index, shards there) for each GPU of the job, in
+        index order. Shards on several GPUs need each GPU's count (Slurm
+        23.11.2 and later say it); without it they are refused."""
+        where = sorted(set(req.gpus))
+        if len(where) == 1:
+            return [(where[0], req.shards)]
+        if req.gpu_shards is None or len(req.gpu_shards) != len(req.gpus) \
+                or len(where) != len(req.gpus):
+            raise AdmissionRefused(
+                f"Slurm job {req.slurm_job} has shards on {len(where)} GPUs of this node "
+                f"({', '.join(map(str, where))}) and scontrol does not say how many on each "
+                "(Slurm 23.11.2 and later do): vgpuctl can't fence it")
+        if sum(req.gpu_shards) != req.shards:
+            raise UsageError(f"Slurm job {req.slurm_job}: shards per GPU "
+                             f"{req.gpu_shards} do not add up to {req.shards}")
+        return sorted(zip(req.gpus, req.gpu_shards, strict=True))
 
     def attached(self, slurm_job: str, uid: int, admin: bool) -> LiveJob:
         """The live job a task of a Slurm job joins; NotFound, or the reason

@@ -262,7 +262,7 @@ class Supervisor:
         changes = self.table.change_limits(job, req.mem, req.core, req.policy)
         warnings = []
         usage = self.trust.read(job) if req.mem is not None else []
-        used = usage[0].used if usage else None
+        used = max(u.used for u in usage) if usage else None
         if req.mem is not None and used is not None and used > req.mem:
             warnings.append(
                 f"job {rec.id} holds {format_size(used)}, more than its new limit of "
@@ -377,7 +377,7 @@ class Supervisor:
             job.peak_debt = max(job.peak_debt, res.debts.get(job.id, 0.0))
         self.violations.apply(res, self.table, self.clock(), self.trust.stop)
 
-    def metrics_snapshot(self, gpu_seconds: Callable[[str], float | None]) -> Any:
+    def metrics_snapshot(self, gpu_seconds: Callable[[str, str], float | None]) -> Any:
         now = self.clock()
         jobs = [(views.live_job(j, self.stats, now), j.violation_count) for j in self.table]
         return metrics.snapshot(views.gpus(self.gpus, self.stats, self.config, self.table),

@@ -81,7 +81,8 @@ class Trust:
                             throttled_ns=d.throttled_ns, oom_refusals=d.oom_refusals)
                 for d in raw[:len(uuids)]]
         totals = [self._totals.get(u, MAX_BYTES) for u in uuids[:len(devs)]]
-        why = check_counters(devs, totals, [job.rec.mem_limit] * len(devs))
+        why = check_counters(devs, totals,
+                             [job.rec.gpu_mem_limit(i) for i in range(len(devs))])
         if why is None:
             why = self._overrun(job, devs, uuids, t0, t1)
         if why is not None:

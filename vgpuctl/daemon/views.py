@@ -17,24 +17,24 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import GpuView, JobRecord, JobView, Live, job_view
+from vgpuctl.core.job import GpuLive, GpuView, JobRecord, JobView, Live, job_view
 from vgpuctl.daemon.jobs import LiveJob
 from vgpuctl.system.nvml import GpuStats
 
 
 def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView:
-    """A live job's view: its record, its last trusted counters, NVML's
-    memory for its processes, its measured share (on its first GPU)."""
+    """A live job's view: its record, and on each of its GPUs its last
+    trusted counters, NVML's memory for its processes, its measured share."""
     rec = job.rec
-    uuid = rec.uuids[0] if rec.uuids else None
-    st = stats.get(uuid) if uuid is not None else None
-    mem_nvml = None
-    if st is not None and st.memory_used is not None and uuid is not None:
-        mem_nvml = job.held.get(uuid, 0)
-    live = Live(usage=job.usage[0] if job.usage else None, mem_nvml=mem_nvml,
-                measured=job.measured.get(uuid) if uuid is not None else None,
-                violations=tuple(job.violations))
-    return job_view(rec, live, now)
+    per_gpu = []
+    for i, uuid in enumerate(rec.uuids):
+        st = stats.get(uuid)
+        mem_nvml = None
+        if st is not None and st.memory_used is not None:
+            mem_nvml = job.held.get(uuid, 0)
+        per_gpu.append(GpuLive(usage=job.usage[i] if i < len(job.usage) else None,
+                               mem_nvml=mem_nvml, measured=job.measured.get(uuid)))
+    return job_view(rec, Live(gpus=tuple(per_gpu), violations=tuple(job.violations)), now)
 
 
 def viewer(uid: int, admin: bool, public: bool) -> Callable[[JobView], JobView]:
@@ -55,8 +55,8 @@ def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) 
 def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
          jobs: Iterable[LiveJob]) -> list[GpuView]:
     jobs = list(jobs)
-    used = placement.committed(placement.Commitment(j.id, u, j.rec.mem_limit)
-                               for j in jobs for u in j.uuids())
+    used = placement.committed(placement.Commitment(j.id, u, mem)
+                               for j in jobs for u, (mem, _) in j.rec.limits_by_uuid().items())
     out = []
     for g in gpus:
         st = stats.get(g.uuid)

@@ -384,9 +384,9 @@ def known(table: JobTable, reserve: int = 0,
     limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
     for job in table:
         rec = job.rec
-        for u in job.uuids():
-            share = max(rec.core_share / 100, job.target.get(u, 0.0))
-            limits.append(JobLimits(job.id, u, rec.mem_limit, share, rec.uid))
+        for u, (mem, core) in rec.limits_by_uuid().items():
+            share = max(core / 100, job.target.get(u, 0.0))
+            limits.append(JobLimits(job.id, u, mem, share, rec.uid))
         for p, start in rec.pids.items():
             pids[p] = job.id
             starts[p] = start

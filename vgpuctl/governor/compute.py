@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +31,9 @@ IDLE_S = 0.3
 # write: no process launches faster than this (a launch costs microseconds of
 # driver time), so more in a tick is a lie and is clamped.
 MAX_LAUNCH_RATE = 2_000_000
+# A job first seen this soon after its region was made has its history
+# start at the region's making (_start_history).
+START_HISTORY_S = 1.0
 # Evidence for a job's cost: each window whose busy time was its own counts
 # in proportion to the job's share of it, fully from OWN_SHARE (NVML's whole
 # percents are then a small part of it); certainty 1 - e^(-2 x evidence).
@@ -55,6 +58,7 @@ PROBE_AFTER = 3.0       # periods a job is gated before it may be probed
 MAX_PROBED = 4
 
 
+
 @dataclass
 class JobDevice:
     """One job on one GPU at this tick."""
@@ -65,6 +69,8 @@ class JobDevice:
     core_share: int             # percent 1..100
     policy: str                 # "hard" | "soft"
     launches: int               # region usage.dev[i].launches (cumulative)
+    created: float | None = None  # wall time the job's region was made, gated
+                                  # (initial_gate), with no launch counted yet
 
 
 @dataclass
@@ -99,6 +105,22 @@ class _State:
     held_end: float = 0.0       # ...when the last hold ended
 
 
+def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
+                 scale: int | None = None) -> Gate:
+    """The gate a new job's region is made with, before the governor has
+    seen it: its share at the cautious rate the governor starts it at
+    (controller.step before a cost estimate), so that it is paced from its
+    first launch; no gate for a hard 100 %. docs/compute.md, start-up."""
+    gains = gains or ctl.Gains()
+    scale = scale or _token_scale()
+    share = min(max(core_share, 1), 100) / 100.0
+    if share >= ctl.FULL:
+        return Gate(False, 0, 0, 0.0, share)
+    cmd = ctl.step(ctl.ShareLoop(), ctl.Observation(target=share, dt=0.0, launches=0.0), gains)
+    return Gate(True, ctl.to_tokens(cmd.rate, scale), ctl.to_tokens(cmd.bucket, scale), 0.0,
+                share)
+
+
 def _token_scale() -> int:
     try:
         from vgpuctl.system.region import const
@@ -124,7 +146,7 @@ class ComputeGovernor:
             nvml = _open_nvml()
         self._nvml = nvml
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
-        self._sampler = Sampler(nvml, self._clock_us)
+        self._sampler = Sampler(nvml, self._clock_us, follow_idle=True)
         self._states: dict[tuple[str, str], _State] = {}
         self._capacity: dict[str, ctl.Capacity] = {}
         self._scale = _token_scale()
@@ -256,9 +278,13 @@ class ComputeGovernor:
             low = {p: b * f for p, b in res.busy.items()}
         return replace(window, busy_s=res.busy, low_s=low), res.own
 
-    def tick(self, jobs: list[JobDevice], now: float) -> dict[tuple[str, str], Gate]:
+    def tick(self, jobs: list[JobDevice], now: float,
+             gpus: Iterable[str] = ()) -> dict[tuple[str, str], Gate]:
         """One control step for every (job, GPU); returns the gate of each,
-        keyed by (job_id, uuid)."""
+        keyed by (job_id, uuid). ``gpus``: the node's GPUs, read also while
+        no job runs on them, so that NVML's first window holding a new job's
+        launches is one sample period, not all since the last job (its first
+        cost comes from it: docs/compute.md, start-up)."""
         wall_s = self._clock_us() / 1e6
         by_gpu: dict[str, list[JobDevice]] = {}
         for j in jobs:
@@ -269,18 +295,24 @@ class ComputeGovernor:
             for j in group:
                 self._states.setdefault((j.job_id, j.uuid), _State()).pids = j.pids
             out.update(self._tick_gpu(group, window, now, wall_s))
+        gang(out)
+        watched = set(gpus)
+        for uuid in watched - by_gpu.keys():
+            self._sampler.read(uuid)        # only to keep its baseline current
         live = set(out)
         for key in [k for k in self._states if k not in live]:
             del self._states[key]
         for uuid in list(self._capacity):
             if uuid not in by_gpu:
-                self._sampler.forget(uuid)
                 self._capacity.pop(uuid, None)
                 self._per_process.pop(uuid, None)
                 self._grid.pop(uuid, None)
                 self._one.pop(uuid, None)
                 self._miss.pop(uuid, None)
                 self._next_probe.pop(uuid, None)
+        for uuid in self._sampler.gpus():
+            if uuid not in by_gpu and uuid not in watched:
+                self._sampler.forget(uuid)
         return out
 
     def _tick_gpu(self, group: list[JobDevice], window: Window | None, now: float,
@@ -301,12 +333,14 @@ class ComputeGovernor:
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
                              window.duration_s)
         targets = ctl.effective_targets([c for c, _ in seen], capacity.value)
+        room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
+                              [c.key for c, _ in seen if self._states[c.key].loop.catching_up])
         gates: dict[tuple[str, str], Gate] = {}
         for claim, o in seen:
             key = claim.key
             st = self._states[key]
             target = targets[key]
-            cmd = ctl.step(st.loop, replace(o, target=target), self.gains)
+            cmd = ctl.step(st.loop, replace(o, target=target, owed_cap=room.get(key)), self.gains)
             if cmd.throttle:
                 rate = min(ctl.to_tokens(cmd.rate, self._scale), 2**62)
                 bucket = min(ctl.to_tokens(cmd.bucket, self._scale), 2**62)
@@ -381,14 +415,19 @@ class ComputeGovernor:
         # The region's counter is the job's to write: a step back (or the
         # first look) counts nothing, a step beyond any possible rate counts
         # that rate.
-        if st.last_launches is None or j.launches < st.last_launches:
+        if st.last_launches is None:
+            launched = _first_launches(j, wall_s)
+        elif j.launches < st.last_launches:
             launched = 0
         else:
             launched = min(j.launches - st.last_launches, int(MAX_LAUNCH_RATE * dt) + 1)
+        first = st.last_launches is None
         st.last_launches = j.launches
         st.last_now = now
         st.count += launched
-        if st.loop.rate is not None:     # gated since the last tick
+        if first:
+            _start_history(st, j, wall_s)
+        elif st.loop.rate is not None:     # gated since the last tick
             st.history.add(wall_s, st.count)
 
         measured = measured_low = busy = window_launches = window_s = None
@@ -449,6 +488,61 @@ class ComputeGovernor:
         return (claim.active and obs.measured is not None and loop.rate is not None
                 and loop.target is not None and obs.measured < 0.98 * loop.target
                 and not loop.backlogged)
+
+
+def gang(gates: dict[tuple[str, str], Gate]) -> None:
+    """One decision for all the GPUs of a job (in place): a job on several
+    GPUs is gated on each at the same rate, the lowest its GPUs' loops ask
+    for, with the same bucket; ungated only where every one of its GPUs
+    would be. Its ranks launch the same kernels between collectives, and a
+    rank that runs ahead of the others spins in the next collective, busy
+    to NVML without doing anything: gated apart, the rank ahead shows more
+    than its share, its rate is cut, it falls behind, and the others spin
+    in turn, until all crawl (docs/compute.md, "Jobs on several GPUs").
+    Each GPU's loop keeps its own rate: the launches a lower gate held back
+    are then launches it allowed and the job did not use, which stops its
+    PI from pushing up while another GPU holds the job."""
+    by_job: dict[str, list[tuple[str, str]]] = {}
+    for key in gates:
+        by_job.setdefault(key[0], []).append(key)
+    for keys in by_job.values():
+        if len(keys) < 2:
+            continue
+        gated = [gates[k] for k in keys if gates[k].throttle]
+        if not gated:
+            continue
+        rate = min(g.refill_rate for g in gated)
+        bucket = min(g.bucket_size for g in gated)
+        for k in keys:
+            gates[k] = replace(gates[k], throttle=True, refill_rate=rate, bucket_size=bucket)
+
+
+def _fresh(j: JobDevice, wall_s: float) -> bool:
+    """The job's region was made moments ago (gated, initial_gate), not left
+    by a previous daemon: everything its counter holds was launched since."""
+    return j.created is not None and 0.0 < wall_s - j.created <= START_HISTORY_S
+
+
+def _first_launches(j: JobDevice, wall_s: float) -> int:
+    """What a job seen for the first time launched before: its launches
+    since its fresh region was made (its life has begun), else none known."""
+    if not _fresh(j, wall_s):
+        return 0
+    return max(0, min(j.launches, int(MAX_LAUNCH_RATE * (wall_s - j.created)) + 1))
+
+
+def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
+    """A job seen for the first time: its launch history starts now, so that
+    the first NVML window holding its launches gives its first cost (it is
+    gated from its region's creation, initial_gate, so the region counts
+    every launch). Launches already counted came after its creation: the
+    history starts there, at none, and was none before."""
+    if _fresh(j, wall_s):
+        # none before it either: a window that began before the region was
+        # made (the GPU's periods are not the job's) holds only these
+        st.history.add(j.created - START_HISTORY_S, 0.0)
+        st.history.add(j.created, 0.0)
+    st.history.add(wall_s, st.count)
 
 
 def _pooled_costs(states: dict[str, _State]) -> dict[str, float]:

@@ -29,6 +29,21 @@ to whom is the caller's business (unknown pids are simply never asked for).
 NVML errors other than NOT_FOUND are logged and the GPU's window is skipped
 (the caller keeps its last values): the daemon never dies of a sampling
 error.
+
+A sampler that **follows idle periods** (the compute governor's) also moves
+``lastSeenTimeStamp`` on while nothing runs. A read that finds nothing newer
+says that every period published by then was idle; published are those
+that ended before the read, less the time NVML takes to publish a period,
+which is learnt (the longest a new timestamp was seen missing at a read
+after it, plus a margin; nothing is followed before a few new timestamps
+were seen). lastSeenTimeStamp goes to the middle of the period after the
+newest of them, on the grid of the periods' timestamps (the middle: a grid
+extrapolated from the last entry drifts a little, and the periods an entry
+then covers are still told without doubt). The first period a process runs
+in after the GPU was idle is then a window of one period, exact (a new job's
+first cost is taken from it), not one of all the periods since the last
+entry, which is coarse. Such a window is the periods its entries cover; the
+idle time before it is in no window, or in an idle one.
 """
 
 from __future__ import annotations
@@ -60,6 +75,13 @@ _COARSE_PERIODS = 1.5
 # was idle: report a window of zeros rather than nothing.
 _IDLE_PERIODS = 3
 _IDLE_MIN_US = 300_000
+# Following idle periods: the margin beyond the publishing lag learnt (at
+# least this, or this part of a period); the new timestamps seen before the
+# lag learnt is trusted; the longest a grid is extrapolated from an entry.
+_LAG_SAFETY_US = 20_000
+_LAG_SAFETY_PERIODS = 0.1
+_LAG_MIN_SEEN = 4
+_FOLLOW_MAX_US = 3_600_000_000
 
 
 @dataclass(frozen=True)
@@ -116,6 +138,14 @@ class _GpuState:
     last_sample_us: int | None = None           # newest real sample time
     gaps_us: deque[int] = field(default_factory=lambda: deque(maxlen=32))
     errors: int = 0
+    baseline: str = "stamp"                     # what last_seen_us is: an entry's
+                                                # "stamp", a "clock" reading, or
+                                                # "followed" (mid-period, on the grid)
+    window_end_us: int | None = None            # the newest window's end
+    last_read_us: int | None = None             # when NVML last answered
+    lags_us: deque[int] = field(default_factory=lambda: deque(maxlen=32))
+                                                # lower bounds of the publishing lag
+    new_stamps: int = 0                         # new timestamps seen (up to a few)
 
     @property
     def period_us(self) -> int | None:
@@ -136,11 +166,14 @@ class Sampler:
     ``nvml`` is the ``pynvml`` module or anything with the same three
     names (``nvmlDeviceGetHandleByUUID``, ``nvmlDeviceGetProcessUtilization``,
     ``NVMLError``); tests pass a fake. ``clock_us`` gives the current CPU time
-    in microseconds (NVML's timestamps are CPU time).
+    in microseconds (NVML's timestamps are CPU time). ``follow_idle``: move
+    lastSeenTimeStamp on over idle periods (the module docstring).
     """
 
-    def __init__(self, nvml: Any, clock_us: Callable[[], int] | None = None) -> None:
+    def __init__(self, nvml: Any, clock_us: Callable[[], int] | None = None,
+                 follow_idle: bool = False) -> None:
         self._nvml = nvml
+        self._follow_idle = follow_idle
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
         self._handles: dict[str, Any] = {}
         self._gpus: dict[str, _GpuState] = {}
@@ -152,6 +185,10 @@ class Sampler:
         st = self._gpus.get(uuid)
         p = st.period_us if st else None
         return (p if p is not None else _MAX_PERIOD_US) / 1e6
+
+    def gpus(self) -> list[str]:
+        """The GPUs read so far (and not forgotten)."""
+        return list(self._gpus)
 
     def forget(self, uuid: str) -> None:
         self._handles.pop(uuid, None)
@@ -222,13 +259,18 @@ class Sampler:
             if samples is None:
                 return None
             stamps = [int(s.timeStamp) for s in samples]
-            st.last_seen_us = max(stamps) if stamps else self._clock_us()
+            st.last_read_us = self._clock_us()
+            st.last_seen_us = max(stamps) if stamps else st.last_read_us
             st.last_sample_us = max(stamps) if stamps else None
+            st.baseline = "stamp" if stamps else "clock"
+            st.window_end_us = st.last_seen_us
             return None
 
+        read_us = self._clock_us()
         samples = self._query(uuid, st.last_seen_us)
         if samples is None:
             return None
+        prev_read, st.last_read_us = st.last_read_us, read_us
         newest: dict[int, tuple[int, float]] = {}    # pid -> (timeStamp, share)
         for s in samples:
             ts = int(s.timeStamp)
@@ -239,6 +281,8 @@ class Sampler:
                 continue
             newest[pid] = (ts, min(max(int(s.smUtil), 0), 100) / 100.0)
         if not newest:
+            if self._follow_idle:
+                self._follow(st, read_us)
             return self._idle_window(st)
 
         end = max(ts for ts, _ in newest.values())
@@ -246,18 +290,28 @@ class Sampler:
             gap = end - st.last_sample_us
             if _PERIOD_FLOOR_US <= gap <= _PERIOD_CEIL_US:
                 st.gaps_us.append(gap)
-        start = st.last_seen_us
-        d_us = end - start
+        if prev_read is not None and (st.last_sample_us is None or end > st.last_sample_us):
+            st.new_stamps = min(st.new_stamps + 1, _LAG_MIN_SEEN)
+            if prev_read > end:
+                # published after the previous read, which came after its end
+                st.lags_us.append(prev_read - end)
         period = st.period_us
+        start = st.last_seen_us
+        if st.baseline == "followed" and period is not None:
+            # the entries cover the periods that end after the baseline
+            start = end - max(1, round((end - start) / period + 0.5)) * period
+        d_us = end - start
         periods = d_us / (period if period is not None else _MIN_PERIOD_US)
         d = d_us / 1e6
         # Each entry is the pid's share averaged over the window: its busy
         # time is that share of the window.
         busy = {pid: share * d for pid, (_, share) in newest.items()}
         low: dict[int, float] | None = None
-        if periods > _COARSE_PERIODS:
+        if periods > _COARSE_PERIODS or (self._follow_idle and st.baseline == "clock"):
             # Several periods in one read: had NVML skipped the periods a pid
-            # ran nothing in, the share was over as little as one period.
+            # ran nothing in, the share was over as little as one period. (A
+            # baseline read off the clock says as little of the periods the
+            # entries cover, for a sampler that relies on them.)
             one = min(d, (period if period is not None else _MIN_PERIOD_US) / 1e6)
             low = {pid: share * one for pid, (_, share) in newest.items()}
         total = sum(busy.values())
@@ -268,9 +322,28 @@ class Sampler:
             busy = {pid: b * d / total for pid, b in busy.items()}
         st.last_seen_us = end
         st.last_sample_us = end
+        st.baseline = "stamp"
+        st.window_end_us = end
         win = Window(start, end, busy, low, round(periods, 3))
         self._last[uuid] = win
         return win
+
+    def _follow(self, st: _GpuState, now: int) -> None:
+        """Nothing newer than last seen: every period published by now was
+        idle. Move last seen to the middle of the period after the newest of
+        them (the module docstring)."""
+        period = st.period_us
+        if (period is None or st.last_sample_us is None or st.last_seen_us is None
+                or st.new_stamps < _LAG_MIN_SEEN
+                or not 0 < now - st.last_sample_us < _FOLLOW_MAX_US):
+            return
+        margin = max(st.lags_us, default=0) + max(_LAG_SAFETY_US,
+                                                  int(_LAG_SAFETY_PERIODS * period))
+        k = (now - margin - st.last_sample_us) // period
+        grid = st.last_sample_us + k * period + period // 2
+        if k >= 1 and grid > st.last_seen_us:
+            st.last_seen_us = grid
+            st.baseline = "followed"
 
     def _idle_window(self, st: _GpuState) -> Window | None:
         """Nothing newer: an idle GPU, or the current period is still open.
@@ -278,10 +351,20 @@ class Sampler:
         assert st.last_seen_us is not None
         now = self._clock_us()
         period = st.period_us if st.period_us is not None else _MAX_PERIOD_US
-        gap = now - st.last_seen_us
+        start = st.window_end_us if st.window_end_us is not None else st.last_seen_us
+        gap = now - start
         if 0 < gap < 3_600_000_000 and gap >= max(_IDLE_PERIODS * period, _IDLE_MIN_US):
-            end = now - period
-            win = Window(st.last_seen_us, end, {}, None, round((end - st.last_seen_us) / period, 3))
-            st.last_seen_us = end
-            return win
+            if st.baseline == "followed":
+                end = st.last_seen_us - period // 2     # the newest idle period's end
+            else:
+                end = now - period
+                if not self._follow_idle:
+                    st.last_seen_us = max(st.last_seen_us, end)
+                    st.baseline = "clock"
+                # (following, only _follow moves last seen: a period NVML
+                # publishes late is never skipped)
+            if end <= start:
+                return None
+            st.window_end_us = end
+            return Window(start, end, {}, None, round((end - start) / period, 3))
         return None

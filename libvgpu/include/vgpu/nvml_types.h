@@ -308,6 +308,26 @@ typedef union nvmlValue_st {
     unsigned short usVal;
 } nvmlValue_t;
 
+/* nvmlDeviceGetSamples: what is sampled, and one sample. */
+typedef enum nvmlSamplingType_enum {
+    NVML_TOTAL_POWER_SAMPLES = 0,
+    NVML_GPU_UTILIZATION_SAMPLES = 1,
+    NVML_MEMORY_UTILIZATION_SAMPLES = 2,
+    NVML_ENC_UTILIZATION_SAMPLES = 3,
+    NVML_DEC_UTILIZATION_SAMPLES = 4,
+    NVML_PROCESSOR_CLK_SAMPLES = 5,
+    NVML_MEMORY_CLK_SAMPLES = 6,
+    NVML_MODULE_POWER_SAMPLES = 7,
+    NVML_JPG_UTILIZATION_SAMPLES = 8,
+    NVML_OFA_UTILIZATION_SAMPLES = 9,
+    NVML_SAMPLINGTYPE_COUNT
+} nvmlSamplingType_t;
+
+typedef struct nvmlSample_st {
+    unsigned long long timeStamp; /* CPU time, microseconds */
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
 typedef struct nvmlFieldValue_st {
     unsigned int fieldId;
     unsigned int scopeId;

@@ -82,6 +82,9 @@ int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);
 void sim_device_uuid(int index, unsigned char out[16]);
 void sim_device_uuid_string(int index, char *out, size_t len); /* "GPU-..." */
 void sim_device_bus_id(int index, char *out, size_t len, int nvml_form);
+/* VGPU_SIM_PEER: whether the machine's GPUs reach each other's memory
+ * (peer access over PCIe); 1 unless set to 0. */
+int sim_peer_access(void);
 
 /* ---- account.c: memory and time on the shared devices ---- */
 

@@ -81,6 +81,12 @@ static uint64_t sample_ns_from_env(int *given)
     return (uint64_t)SIM_DEFAULT_SAMPLE_MS * 1000000ull;
 }
 
+int sim_peer_access(void)
+{
+    const char *s = getenv("VGPU_SIM_PEER");
+    return !(s && strcmp(s, "0") == 0);
+}
+
 /* VGPU_SIM_UTIL_IDLE: average (default) or skip; anything else is said once
  * on stderr and read as the default. */
 static uint32_t util_idle_from_env(int *given)

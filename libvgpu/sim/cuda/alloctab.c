@@ -7,6 +7,7 @@
  * (MAP_NORESERVE), so copies and memsets work on it; the table tells valid
  * pointers from bad ones. Device memory is charged in whole 2 MiB granules.
  */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,8 +128,64 @@ void mem_release(const struct alloc *a)
 {
     if (a->kind != ALLOC_REGISTERED && a->mapped)
         munmap((void *)a->base, a->mapped);
+    if (a->shared)
+        close(a->memfd);
     if (a->charged)
         sim_uncharge(a->phys, a->charged);
+}
+
+/* Copy the pages of [p, p + n) that were ever touched (the rest read as
+ * zeros either way) to the same offsets of fd. */
+static int copy_resident(const unsigned char *p, size_t n, int fd)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = n / pg;
+    unsigned char *vec = malloc(pages ? pages : 1);
+    if (!vec)
+        return -1;
+    int rc = mincore((void *)p, n, vec);
+    for (size_t i = 0; rc == 0 && i < pages; i++) {
+        if (!(vec[i] & 1))
+            continue;
+        const unsigned char *src = p + i * pg;
+        size_t off = 0;
+        while (off < pg) {
+            ssize_t w = pwrite(fd, src + off, pg - off, (off_t)(i * pg + off));
+            if (w <= 0) {
+                rc = -1;
+                break;
+            }
+            off += (size_t)w;
+        }
+    }
+    free(vec);
+    return rc;
+}
+
+int mem_share(uintptr_t base)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    size_t i = upper(base);
+    struct alloc *a = i > 0 && g_tab[i - 1].base == base ? &g_tab[i - 1] : NULL;
+    int fd = -1;
+    if (a && a->shared) {
+        fd = a->memfd;
+    } else if (a) {
+        fd = memfd_create("vgpu-sim-ipc", MFD_CLOEXEC);
+        if (fd >= 0 && (ftruncate(fd, (off_t)a->mapped) != 0 ||
+                        copy_resident((const unsigned char *)a->base, a->mapped, fd) != 0 ||
+                        mmap((void *)a->base, a->mapped, PROT_READ | PROT_WRITE,
+                             MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)) {
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0) {
+            a->shared = 1;
+            a->memfd = fd;
+        }
+    }
+    pthread_mutex_unlock(&g_mem_lock);
+    return fd;
 }
 
 void mem_set_pool(uintptr_t ptr, void *pool)

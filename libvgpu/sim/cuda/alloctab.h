@@ -22,6 +22,8 @@ enum alloc_kind {
     ALLOC_VA,         /* cuMemAddressReserve */
     ALLOC_GLOBAL,     /* a module's __device__ variable: part of its image */
     ALLOC_POOL,       /* from a memory pool: the pool's reserve is charged */
+    ALLOC_IPC,        /* another process's cuMemAlloc memory, opened here
+                         (cuIpcOpenMemHandle): charged to that process */
 };
 
 struct alloc {
@@ -34,6 +36,8 @@ struct alloc {
     unsigned int flags;
     CUcontext ctx;
     void *pool;           /* cuMemAllocFromPoolAsync: its pool */
+    int shared;           /* a memfd backs the mapping (exported for IPC)... */
+    int memfd;            /* ...this one */
 };
 
 /* Reserve device memory and address space; the error the driver gives. */
@@ -46,6 +50,10 @@ int mem_take(uintptr_t ptr, int kind, struct alloc *out);
 /* Unmap and uncharge an entry taken out of the table. */
 void mem_release(const struct alloc *a);
 void mem_set_pool(uintptr_t ptr, void *pool);
+
+/* Back the allocation starting at base with a memfd that other processes
+ * can map (its bytes kept, at the same address); the fd, or -1. */
+int mem_share(uintptr_t base);
 
 /* The allocation holding [p, p + len); 0 if none. Copies *a out. */
 int mem_find(uintptr_t p, size_t len, struct alloc *a);

@@ -508,7 +508,24 @@ VGPU_EXPORT CUresult cuCtxSynchronize(void)
     CUresult rc = cu_current(&c);
     if (rc)
         return rc;
+    /* a context in which a stream captures can't be synchronised: that
+     * invalidates its captures */
+    if (__atomic_load_n(&cu_captures, __ATOMIC_ACQUIRE)) {
+        int capturing = 0;
+        pthread_mutex_lock(&cu_capture_lock);
+        for (struct capture *k = cu_captures; k; k = k->next) {
+            if (k->ctx == c) {
+                k->invalidated = 1;
+                capturing = 1;
+            }
+        }
+        pthread_mutex_unlock(&cu_capture_lock);
+        if (capturing)
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
     exec_sync_ctx(c);
+    if (cu_on_sync)
+        cu_on_sync();
     return CUDA_SUCCESS;
 }
 
@@ -566,9 +583,10 @@ VGPU_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 }
 
 /* ---- peer access ----
- * Every simulated GPU can reach every other (cuDeviceCanAccessPeer says so):
- * enabling access from the current context to peer's device is remembered
- * per pair, as the driver refuses enabling it twice. */
+ * Every simulated GPU can reach every other unless VGPU_SIM_PEER=0
+ * (cuDeviceCanAccessPeer says which): enabling access from the current
+ * context to peer's device is remembered per pair, as the driver refuses
+ * enabling it twice. */
 
 static unsigned char g_peer[VGPU_SIM_MAX_DEVICES][VGPU_SIM_MAX_DEVICES];
 
@@ -592,6 +610,8 @@ VGPU_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
         return rc;
     if (flags)
         return CUDA_ERROR_INVALID_VALUE;
+    if (!cu_peer)
+        return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
     unsigned char *on = &g_peer[cur->ordinal][peer->ordinal];
     if (__atomic_exchange_n(on, 1, __ATOMIC_RELAXED))
         return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
@@ -608,4 +628,62 @@ VGPU_EXPORT CUresult cuCtxDisablePeerAccess(CUcontext peer)
     if (!__atomic_exchange_n(on, 0, __ATOMIC_RELAXED))
         return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
     return CUDA_SUCCESS;
+}
+
+/* ---- what CUDA 13's runtime also looks up ---- */
+
+/* CUDA 2.0's detach: a context made by cuCtxCreate is destroyed. */
+VGPU_EXPORT CUresult cuCtxDetach(CUcontext ctx)
+{
+    return cuCtxDestroy_v2(ctx);
+}
+
+/* Shared memory bank size: Hopper has 4-byte banks and ignores the setting
+ * (the driver accepts it). */
+VGPU_EXPORT CUresult cuCtxGetSharedMemConfig(int *config)
+{
+    CUcontext c;
+    CUresult rc = cu_current(&c);
+    if (rc)
+        return rc;
+    if (!config)
+        return CUDA_ERROR_INVALID_VALUE;
+    *config = 1; /* CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE */
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuCtxSetSharedMemConfig(int config)
+{
+    CUcontext c;
+    CUresult rc = cu_current(&c);
+    if (rc)
+        return rc;
+    return (config < 0 || config > 2) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* No L2 lines are persisting here: nothing to reset. */
+VGPU_EXPORT CUresult cuCtxResetPersistingL2Cache(void)
+{
+    CUcontext c;
+    return cu_current(&c);
+}
+
+/* No profiler is attached: starting and stopping it does nothing, as on the
+ * driver. */
+VGPU_EXPORT CUresult cuProfilerInitialize(const char *config, const char *out, int mode)
+{
+    (void)config, (void)out, (void)mode;
+    return cu_initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+VGPU_EXPORT CUresult cuProfilerStart(void)
+{
+    CUcontext c;
+    return cu_current(&c);
+}
+
+VGPU_EXPORT CUresult cuProfilerStop(void)
+{
+    CUcontext c;
+    return cu_current(&c);
 }

@@ -351,6 +351,71 @@ VGPU_ALIAS(cuMemcpy3D_v2, cuMemcpy3D_v2_ptds)
 VGPU_EXPORT CUresult cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D *c, CUstream s) { ASYNC(s, copy3d(c)); }
 VGPU_ALIAS(cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz)
 
+/* A copy between contexts: CUDA_MEMCPY3D_PEER is CUDA_MEMCPY3D with the
+ * source's and destination's contexts where the latter has reserved
+ * fields; the contexts don't matter here (one address space). */
+VGPU_EXPORT CUresult cuMemcpy3DPeer(const CUDA_MEMCPY3D *c) { SYNC(copy3d(c)); }
+VGPU_ALIAS(cuMemcpy3DPeer, cuMemcpy3DPeer_ptds)
+
+VGPU_EXPORT CUresult cuMemcpy3DPeerAsync(const CUDA_MEMCPY3D *c, CUstream s) { ASYNC(s, copy3d(c)); }
+VGPU_ALIAS(cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync_ptsz)
+
+/* ---- batches of copies (CUDA 12.8) ----
+ * Each copy as cuMemcpyAsync would do it; the attributes (access order,
+ * location hints) change nothing here, but each copy must be covered by one:
+ * attrsIdxs start at 0 and grow. CUDA 12.8's form also names the copy that
+ * failed (failIdx); 13.0's does not. */
+
+struct memcpy_attrs {
+    int src_access_order;
+    CUmemLocation src_hint, dst_hint;
+    unsigned int flags;
+};
+
+static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                      const struct memcpy_attrs *attrs, size_t *idx, size_t nattrs,
+                      size_t *fail, CUstream h)
+{
+    if (fail)
+        *fail = SIZE_MAX;
+    CUresult rc = async_begin(h);
+    if (rc)
+        return rc;
+    if (!count || !dsts || !srcs || !sizes || !attrs || !idx || !nattrs || nattrs > count ||
+        idx[0] != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < nattrs; i++) {
+        if ((i && idx[i] <= idx[i - 1]) || idx[i] >= count || attrs[i].src_access_order < 0 ||
+            attrs[i].src_access_order > 3)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (size_t i = 0; i < count; i++) {
+        rc = copy_any(dsts[i], srcs[i], sizes[i]);
+        if (rc) {
+            if (fail)
+                *fail = i;
+            return rc;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                        size_t count, struct memcpy_attrs *attrs, size_t *idx,
+                                        size_t nattrs, size_t *fail, CUstream h)
+{
+    return batch(dsts, srcs, sizes, count, attrs, idx, nattrs, fail, h);
+}
+VGPU_ALIAS(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz)
+
+VGPU_EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                           size_t count, struct memcpy_attrs *attrs,
+                                           size_t *idx, size_t nattrs, CUstream h)
+{
+    return batch(dsts, srcs, sizes, count, attrs, idx, nattrs, NULL, h);
+}
+VGPU_ALIAS(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz)
+
 /* Used by graph memcpy nodes. */
 CUresult cu_copy3d(const void *params)
 {

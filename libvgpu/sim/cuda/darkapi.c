@@ -234,6 +234,77 @@ static void *const k_tools_context[95] = {
     SLOT(TOOLS_CONTEXT, 93), SLOT(TOOLS_CONTEXT, 94),
 };
 
+/* ---- TOOLS_MODULE ----
+ * cuFFT loads the kernels it builds with cuModuleLoadData (fatbinaries of
+ * LZ4-compressed PTX, one kernel each) and gets each one's function through
+ * [7](ctx, module, fn, arg): fn(arg, f) is called for each function of the
+ * module, and cuFFT takes a result of 1 for success, as the count of
+ * functions visited (measured: it checks that the table has at least 8
+ * slots, then compares [7]'s result with 1; anything else is
+ * CUFFT_INTERNAL_ERROR). No other slot was seen called. */
+
+static int tools_module_functions(CUcontext ctx, CUmodule mod, void (*fn)(void *, CUfunction),
+                                  void *arg)
+{
+    (void)ctx;
+    if (!fn)
+        return 0;
+    int n = cu_module_functions(mod, fn, arg);
+    return n < 0 ? 0 : n;
+}
+
+UNIMPLEMENTED(TOOLS_MODULE, 1)
+UNIMPLEMENTED(TOOLS_MODULE, 2)
+UNIMPLEMENTED(TOOLS_MODULE, 3)
+UNIMPLEMENTED(TOOLS_MODULE, 4)
+UNIMPLEMENTED(TOOLS_MODULE, 5)
+UNIMPLEMENTED(TOOLS_MODULE, 6)
+UNIMPLEMENTED(TOOLS_MODULE, 8)
+UNIMPLEMENTED(TOOLS_MODULE, 9)
+UNIMPLEMENTED(TOOLS_MODULE, 10)
+UNIMPLEMENTED(TOOLS_MODULE, 11)
+UNIMPLEMENTED(TOOLS_MODULE, 12)
+UNIMPLEMENTED(TOOLS_MODULE, 13)
+UNIMPLEMENTED(TOOLS_MODULE, 14)
+UNIMPLEMENTED(TOOLS_MODULE, 15)
+
+/* 16 slots: what the driver serves is not known beyond [7]; a library that
+ * reads further gets stubs that refuse, never a slot past the end. */
+static void *const k_tools_module[16] = {
+    (void *)(16 * sizeof(void *)),
+    SLOT(TOOLS_MODULE, 1), SLOT(TOOLS_MODULE, 2), SLOT(TOOLS_MODULE, 3),
+    SLOT(TOOLS_MODULE, 4), SLOT(TOOLS_MODULE, 5), SLOT(TOOLS_MODULE, 6),
+    (void *)tools_module_functions,
+    SLOT(TOOLS_MODULE, 8), SLOT(TOOLS_MODULE, 9), SLOT(TOOLS_MODULE, 10),
+    SLOT(TOOLS_MODULE, 11), SLOT(TOOLS_MODULE, 12), SLOT(TOOLS_MODULE, 13),
+    SLOT(TOOLS_MODULE, 14), SLOT(TOOLS_MODULE, 15),
+};
+
+/* ---- the table cuBLASLt asks for as 26dc3417-0d80-4547-8726-c0f1e7dd8bca ----
+ * Not in any public description. cuBLASLt calls only [4], with two
+ * out-pointers first (a pointer and a value it zeroes before the call),
+ * while choosing a matmul algorithm (cublasLtMatmulAlgoGetHeuristic, from
+ * cublasGemmEx, gemm_and_bias, cuDNN's engine set-up), and goes its own way
+ * when [4] fails or leaves the pointer NULL (measured). It does not check the
+ * size header. What the real [4] answers is not known, so it refuses, as an
+ * unimplemented slot does: refusing the table instead is what cuBLASLt does
+ * NOT handle (it calls [4] of a NULL table). */
+
+UNIMPLEMENTED(CUBLASLT_26DC3417, 1)
+UNIMPLEMENTED(CUBLASLT_26DC3417, 2)
+UNIMPLEMENTED(CUBLASLT_26DC3417, 3)
+UNIMPLEMENTED(CUBLASLT_26DC3417, 4)
+UNIMPLEMENTED(CUBLASLT_26DC3417, 5)
+UNIMPLEMENTED(CUBLASLT_26DC3417, 6)
+UNIMPLEMENTED(CUBLASLT_26DC3417, 7)
+
+static void *const k_cublaslt_26dc3417[8] = {
+    (void *)(8 * sizeof(void *)),
+    SLOT(CUBLASLT_26DC3417, 1), SLOT(CUBLASLT_26DC3417, 2), SLOT(CUBLASLT_26DC3417, 3),
+    SLOT(CUBLASLT_26DC3417, 4), SLOT(CUBLASLT_26DC3417, 5), SLOT(CUBLASLT_26DC3417, 6),
+    SLOT(CUBLASLT_26DC3417, 7),
+};
+
 /* ---- CONTEXT_LOCAL_STORAGE_INTERFACE_V0301 (no size header) ----
  * The runtime's per-context state; read on every runtime call. A NULL
  * context is the current one; with none current: CUDA_ERROR_INVALID_CONTEXT. */
@@ -476,6 +547,12 @@ static const struct export_table k_tables[] = {
     {"CONTEXT_CHECKS",
      {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e},
      k_context_checks},
+    {"TOOLS_MODULE",
+     {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e},
+     k_tools_module},
+    {"CUBLASLT_26DC3417",
+     {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
+     k_cublaslt_26dc3417},
     {"INTEGRITY_CHECK",
      {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
      k_integrity_check},

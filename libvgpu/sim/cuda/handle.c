@@ -60,3 +60,7 @@ int cu_obj_is(const void *p, uint32_t magic)
 {
     return p && __atomic_load_n((const uint32_t *)p, __ATOMIC_ACQUIRE) == magic;
 }
+
+void (*volatile cu_on_sync)(void);
+pthread_mutex_t cu_capture_lock = PTHREAD_MUTEX_INITIALIZER;
+struct capture *cu_captures;

@@ -7,6 +7,7 @@
 #ifndef VGPU_SIM_CUDA_HANDLE_H
 #define VGPU_SIM_CUDA_HANDLE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,23 @@ struct CUctx_st {
     uint64_t mem;         /* device memory the context costs */
 };
 
+/* A capture sequence (stream.c, graph.c): the graph that stream capture
+ * records into, begun on one stream (its origin), which other streams join
+ * by waiting on an event recorded in it. All of it under cu_capture_lock. */
+struct capture {
+    CUgraph graph;
+    int own_graph;          /* made by cuStreamBeginCapture (not ...ToGraph) */
+    unsigned long long id;
+    int mode;               /* CU_STREAM_CAPTURE_MODE_* */
+    int invalidated;        /* an operation not permitted during capture */
+    CUcontext ctx;
+    CUstream origin;
+    CUstream *streams;      /* the streams in it, the origin included */
+    int members, streams_cap;
+    int blocking;           /* members that synchronise with the legacy stream */
+    struct capture *next;   /* the process's active sequences */
+};
+
 struct CUstream_st {
     uint32_t magic;
     CUcontext ctx;
@@ -52,11 +70,12 @@ struct CUstream_st {
     int priority;
     unsigned long long id;
     uint64_t last_seq;
-    /* stream capture (graph.c): the graph being recorded, or NULL */
-    CUgraph capture;
-    unsigned long long capture_id;
-    int capture_mode;
-    CUgraphNode capture_last; /* the node the next one depends on */
+    /* stream capture: the sequence this stream records into, or NULL, and
+     * the nodes the next captured one depends on */
+    struct capture *capture;
+    CUgraphNode *deps;
+    size_t ndeps, deps_cap;
+    unsigned char (*attrs)[64]; /* cuStreamSetAttribute's values, by id */
 };
 
 struct CUevent_st {
@@ -66,6 +85,15 @@ struct CUevent_st {
     int recorded;
     uint64_t seq;         /* the record operation */
     uint64_t time_ns;     /* when it executed */
+    /* last recorded in a capturing stream: that sequence (NULL: not) and
+     * the nodes it stands for */
+    struct capture *capture;
+    unsigned long long capture_id;
+    CUgraphNode *cap_deps;
+    size_t cap_ndeps;
+    /* an interprocess event (stream.c): the page its records and their
+     * completions are counted in, shared with other processes */
+    struct ipc_event_page *ipc;
 };
 
 struct vgpu_param {
@@ -89,6 +117,7 @@ struct CUfunc_st {
 };
 
 struct module_global;
+struct image_var;
 
 struct CUmod_st {
     uint32_t magic;
@@ -103,7 +132,20 @@ struct CUmod_st {
     int nextra;
     struct CUfunc_st **extra;
     struct module_global *globals; /* __device__ variables, made on first use */
+    struct image_var *vars;        /* the variables the image declares (image.h) */
+    int nvars;
 };
+
+/* What an explicit synchronisation (cuCtxSynchronize, cuStreamSynchronize,
+ * cuEventSynchronize) does besides waiting, once the work is done: set by
+ * vmm.c (pools give back their spare reserve), NULL until then. */
+extern void (*volatile cu_on_sync)(void);
+
+/* Guards every capture sequence and the capture fields of streams and
+ * events. */
+extern pthread_mutex_t cu_capture_lock;
+/* The process's active capture sequences (under cu_capture_lock). */
+extern struct capture *cu_captures;
 
 /* Handle objects: never returned to malloc, so a stale handle's magic can
  * always be read; a destroyed object's memory is reused for a new one. */

@@ -12,6 +12,7 @@
 int cu_initialized;
 int cu_count;
 int cu_phys[VGPU_SIM_MAX_DEVICES];
+int cu_peer = 1;
 pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult g_init_result = CUDA_ERROR_NOT_INITIALIZED;
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
@@ -81,6 +82,9 @@ static void do_init(void)
         return;
     }
     cu_count = visible_devices((int)s->count, cu_phys);
+    /* Whether a GPU can reach another's memory (peer access) is the
+     * machine's: NVLink or a PCIe switch that allows it, or not. */
+    cu_peer = sim_peer_access();
     g_init_result = cu_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     __atomic_store_n(&cu_initialized, g_init_result == CUDA_SUCCESS, __ATOMIC_RELEASE);
 }
@@ -106,6 +110,14 @@ CUresult cu_check_device(CUdevice dev)
     if (!__atomic_load_n(&cu_initialized, __ATOMIC_ACQUIRE))
         return CUDA_ERROR_NOT_INITIALIZED;
     return (dev < 0 || dev >= cu_count) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+int cu_ordinal_of(int phys)
+{
+    for (int i = 0; i < cu_count; i++)
+        if (cu_phys[i] == phys)
+            return i;
+    return -1;
 }
 
 VGPU_EXPORT CUresult cuDeviceGetCount(int *count)
@@ -321,6 +333,10 @@ VGPU_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
     return CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* Peer access: every GPU reaches every other, unless VGPU_SIM_PEER=0 (a
+ * machine whose GPUs can't: the driver then says no here, and refuses
+ * cuCtxEnablePeerAccess with CUDA_ERROR_PEER_ACCESS_UNSUPPORTED). A device
+ * is not its own peer. */
 VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
     CUresult rc = cu_check_device(dev);
@@ -330,20 +346,76 @@ VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer
         return rc;
     if (!can)
         return CUDA_ERROR_INVALID_VALUE;
-    *can = 0;
+    *can = cu_peer && dev != peer;
     return CUDA_SUCCESS;
 }
 
+/* CUdevice_P2PAttribute: 1 performance rank, 2 access supported, 3 native
+ * atomics (none: no NVLink here), 4 CUDA array access. */
 VGPU_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attr, CUdevice src, CUdevice dst)
 {
-    (void)attr;
     CUresult rc = cu_check_device(src);
     if (!rc)
         rc = cu_check_device(dst);
     if (rc)
         return rc;
-    if (!value || src == dst)
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (src == dst)
         return CUDA_ERROR_INVALID_DEVICE;
-    *value = 0;
+    switch (attr) {
+    case 1:
+    case 3:
+        *value = 0;
+        return CUDA_SUCCESS;
+    case 2:
+    case 4:
+        *value = cu_peer;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* The widest 1D texture over linear memory: 2^28 elements, whatever the
+ * format (an H100's). */
+VGPU_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
+                                                        unsigned int channels, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!width || format <= 0 || (channels != 1 && channels != 2 && channels != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    *width = (size_t)1 << 28;
     return CUDA_SUCCESS;
+}
+
+/* Atomic operations the device can do natively on host memory, or on a
+ * peer's over the link: none here (a PCIe board with no NVLink; the
+ * simulator's devices model no host or peer atomics). */
+static CUresult atomic_caps(unsigned int *caps, const int *ops, unsigned int count)
+{
+    if (!caps || (count && !ops))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned int i = 0; i < count; i++)
+        caps[i] = 0;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(unsigned int *caps, const int *ops,
+                                                       unsigned int count, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    return rc ? rc : atomic_caps(caps, ops, count);
+}
+
+VGPU_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(unsigned int *caps, const int *ops,
+                                                      unsigned int count, CUdevice src,
+                                                      CUdevice dst)
+{
+    CUresult rc = cu_check_device(src);
+    if (!rc)
+        rc = cu_check_device(dst);
+    return rc ? rc : atomic_caps(caps, ops, count);
 }

@@ -14,6 +14,10 @@ extern int cu_initialized;
 extern int cu_count;                       /* visible devices */
 extern int cu_phys[VGPU_SIM_MAX_DEVICES];  /* ordinal -> physical GPU */
 extern pthread_mutex_t cu_lock;            /* guards the process-local objects */
+extern int cu_peer;                        /* VGPU_SIM_PEER: GPUs reach each other */
+
+/* The ordinal of physical GPU phys in this process, or -1 (not visible). */
+int cu_ordinal_of(int phys);
 
 CUresult cu_check_device(CUdevice dev);    /* NOT_INITIALIZED / INVALID_DEVICE */
 

@@ -204,18 +204,42 @@ VGPU_EXPORT CUresult cuMemHostUnregister(void *p)
 
 /* ---- pointer attributes ---- */
 
+/* The size of what an attribute writes: a pointer, a size or an id (8), or
+ * an int or a boolean (4). */
+static size_t attribute_size(int attr)
+{
+    switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+    case 7: /* BUFFER_ID */
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+    case 14: /* ALLOWED_HANDLE_TYPES */
+    case 17: /* MEMPOOL_HANDLE */
+    case 18: /* MAPPING_SIZE */
+    case 19: /* MAPPING_BASE_ADDR */
+    case 20: /* MEMORY_BLOCK_ID */
+        return 8;
+    default:
+        return 4;
+    }
+}
+
+/* One attribute of the allocation at ptr. `lenient` is
+ * cuPointerGetAttributes: a pointer the driver does not know, and an
+ * attribute that does not apply to it (the host address of device memory),
+ * read as the attribute's empty value rather than fail the call. */
 static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int lenient)
 {
     struct alloc a;
     int found = mem_find(ptr, 1, &a);
+    if (attr < CU_POINTER_ATTRIBUTE_CONTEXT || attr > 21 || attr == 5 /* P2P_TOKENS */)
+        return CUDA_ERROR_INVALID_VALUE;
     if (!found) {
         if (!lenient)
             return CUDA_ERROR_INVALID_VALUE;
-        memset(data, 0, attr == CU_POINTER_ATTRIBUTE_CONTEXT ||
-                                attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER ||
-                                attr == CU_POINTER_ATTRIBUTE_HOST_POINTER ||
-                                attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
-                                attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE ? 8 : 4);
+        memset(data, 0, attribute_size(attr));
         if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)
             *(int *)data = -2;
         return CUDA_SUCCESS;
@@ -232,8 +256,12 @@ static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int len
         *(CUdeviceptr *)data = ptr;
         break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (!host && a.kind != ALLOC_MANAGED)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (!host && a.kind != ALLOC_MANAGED) {
+            if (!lenient)
+                return CUDA_ERROR_INVALID_VALUE;
+            *(void **)data = NULL;
+            break;
+        }
         *(void **)data = (void *)(uintptr_t)ptr;
         break;
     case 6: /* SYNC_MEMOPS */
@@ -254,11 +282,38 @@ static CUresult pointer_attribute(void *data, int attr, CUdeviceptr ptr, int len
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
         *(size_t *)data = a.size;
         break;
+    case 10: /* IS_LEGACY_CUDA_IPC_CAPABLE: cuMemAlloc's memory */
+        *(unsigned int *)data = a.kind == ALLOC_DEVICE;
+        break;
     case 13: /* MAPPED */
         *(unsigned int *)data = 1;
         break;
+    case 14: /* ALLOWED_HANDLE_TYPES (of cuMemCreate's handles; none here) */
+        *(unsigned long long *)data = 0;
+        break;
+    case 15: /* IS_GPU_DIRECT_RDMA_CAPABLE */
+        *(unsigned int *)data = 0;
+        break;
+    case 16: /* ACCESS_FLAGS: read and write */
+        *(unsigned int *)data = 3;
+        break;
+    case 17: /* MEMPOOL_HANDLE */
+        *(void **)data = a.pool;
+        break;
+    case 18: /* MAPPING_SIZE */
+        *(size_t *)data = a.size;
+        break;
+    case 19: /* MAPPING_BASE_ADDR */
+        *(CUdeviceptr *)data = a.base;
+        break;
+    case 20: /* MEMORY_BLOCK_ID */
+        *(unsigned long long *)data = a.base;
+        break;
+    case 21: /* IS_HW_DECOMPRESS_CAPABLE */
+        *(unsigned int *)data = 0;
+        break;
     default:
-        return lenient ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+        return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
 }
@@ -313,6 +368,148 @@ VGPU_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr ptr, size_t n, CUmemLocat
     return cuMemPrefetchAsync(ptr, n, dev, h);
 }
 VGPU_ALIAS(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz)
+
+/* Batches of prefetches and discards (CUDA 13): each range must be managed
+ * memory; there is nothing to move or to drop here. */
+static CUresult batch_ranges(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                             unsigned long long flags)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (flags || !count || !ptrs || !sizes)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        struct alloc a;
+        if (!sizes[i] || !mem_find(ptrs[i], sizes[i], &a) || a.kind != ALLOC_MANAGED)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult batch_locations(const CUmemLocation *locs, const size_t *idx, size_t n,
+                                size_t count)
+{
+    if (!n || !locs || !idx)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        if (idx[i] >= count || (i && idx[i] <= idx[i - 1]) || (i == 0 && idx[0] != 0))
+            return CUDA_ERROR_INVALID_VALUE;
+        if (locs[i].type == CU_MEM_LOCATION_TYPE_DEVICE &&
+            (locs[i].id < 0 || locs[i].id >= cu_count))
+            return CUDA_ERROR_INVALID_DEVICE;
+    }
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                             CUmemLocation *locs, size_t *idx, size_t nlocs,
+                                             unsigned long long flags, CUstream h)
+{
+    (void)h;
+    CUresult rc = batch_ranges(ptrs, sizes, count, flags);
+    return rc ? rc : batch_locations(locs, idx, nlocs, count);
+}
+VGPU_ALIAS(cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz)
+
+VGPU_EXPORT CUresult cuMemDiscardBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                            unsigned long long flags, CUstream h)
+{
+    (void)h;
+    return batch_ranges(ptrs, sizes, count, flags);
+}
+VGPU_ALIAS(cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz)
+
+VGPU_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes,
+                                                       size_t count, CUmemLocation *locs,
+                                                       size_t *idx, size_t nlocs,
+                                                       unsigned long long flags, CUstream h)
+{
+    return cuMemPrefetchBatchAsync(ptrs, sizes, count, locs, idx, nlocs, flags, h);
+}
+VGPU_ALIAS(cuMemDiscardAndPrefetchBatchAsync, cuMemDiscardAndPrefetchBatchAsync_ptsz)
+
+/* ---- advice on managed memory ----
+ * Advice is accepted on managed memory and changes nothing here (one
+ * mapping, nothing migrates); the range attributes read as a range never
+ * advised nor prefetched. */
+
+enum { ADVISE_SET_READ_MOSTLY = 1, ADVISE_UNSET_ACCESSED_BY = 6 };
+
+VGPU_EXPORT CUresult cuMemAdvise_v2(CUdeviceptr ptr, size_t n, int advice, CUmemLocation loc)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct alloc a;
+    if (advice < ADVISE_SET_READ_MOSTLY || advice > ADVISE_UNSET_ACCESSED_BY || !n ||
+        !mem_find(ptr, n, &a) || a.kind != ALLOC_MANAGED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (advice > 2 && loc.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        (loc.id < 0 || loc.id >= cu_count))
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemAdvise(CUdeviceptr ptr, size_t n, int advice, CUdevice dev)
+{
+    CUmemLocation loc = {.type = dev == -1 /* CU_DEVICE_CPU */ ? 2 /* HOST */
+                                                                 : CU_MEM_LOCATION_TYPE_DEVICE,
+                         .id = dev};
+    return cuMemAdvise_v2(ptr, n, advice, loc);
+}
+
+enum { RANGE_READ_MOSTLY = 1, RANGE_PREFERRED_LOCATION, RANGE_ACCESSED_BY,
+       RANGE_LAST_PREFETCH_LOCATION, RANGE_PREFERRED_LOCATION_TYPE, RANGE_PREFERRED_LOCATION_ID,
+       RANGE_LAST_PREFETCH_LOCATION_TYPE, RANGE_LAST_PREFETCH_LOCATION_ID };
+
+VGPU_EXPORT CUresult cuMemRangeGetAttribute(void *data, size_t size, int attr, CUdeviceptr ptr,
+                                            size_t n)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct alloc a;
+    if (!data || !n || !mem_find(ptr, n, &a) || a.kind != ALLOC_MANAGED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attr == RANGE_ACCESSED_BY) {
+        if (size % 4)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; i < size / 4; i++)
+            ((int *)data)[i] = -2; /* CU_DEVICE_INVALID: no device listed */
+        return CUDA_SUCCESS;
+    }
+    if (attr < RANGE_READ_MOSTLY || attr > RANGE_LAST_PREFETCH_LOCATION_ID || size != 4)
+        return CUDA_ERROR_INVALID_VALUE;
+    int v = 0; /* not read-mostly; location type CU_MEM_LOCATION_TYPE_INVALID */
+    if (attr == RANGE_PREFERRED_LOCATION || attr == RANGE_LAST_PREFETCH_LOCATION ||
+        attr == RANGE_PREFERRED_LOCATION_ID || attr == RANGE_LAST_PREFETCH_LOCATION_ID)
+        v = -2; /* CU_DEVICE_INVALID */
+    *(int *)data = v;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemRangeGetAttributes(void **data, size_t *sizes, int *attrs, size_t n,
+                                             CUdeviceptr ptr, size_t count)
+{
+    if (!data || !sizes || !attrs || !n)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        CUresult rc = cuMemRangeGetAttribute(data[i], sizes[i], attrs[i], ptr, count);
+        if (rc)
+            return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* GPUDirect RDMA writes are flushed: there are none here. */
+VGPU_EXPORT CUresult cuFlushGPUDirectRDMAWrites(int target, int scope)
+{
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    /* the current context, to the owner or to all devices */
+    return target != 0 || (scope != 100 && scope != 200) ? CUDA_ERROR_INVALID_VALUE
+                                                         : CUDA_SUCCESS;
+}
 
 /* ---- tensor maps (TMA descriptors, sm_90) ----
  * A CUtensorMap is 128 opaque bytes the kernel reads; kernels do not run

@@ -21,11 +21,11 @@
 
 #include "alloctab.h"
 #include "context.h"
+#include "image.h"
 #include "init.h"
 #include "module.h"
 
 #define PTX_ISA_MAJOR_MAX 9 /* the newest PTX ISA this driver version reads */
-#define FATBIN_MAGIC 0xba55ed50u
 #define FATBIN_WRAPPER_MAGIC 0x466243b1u
 /* What a __device__ variable of an open module holds: its size is in the
  * image, which is not read. */
@@ -177,6 +177,11 @@ static CUresult parse_ptx(const char *img, size_t n, struct CUmod_st *m)
             parse_params(p, f);
         m->nfuncs++;
     }
+    m->nvars = image_ptx_vars(text, &m->vars);
+    if (m->nvars < 0) {
+        m->nvars = 0;
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
 out:
     free(text);
     return rc;
@@ -253,6 +258,9 @@ static CUresult new_open_module(CUcontext ctx, struct CUmod_st **out)
     return CUDA_SUCCESS;
 }
 
+static CUresult load_bytes(const unsigned char *img, size_t n, int is_elf, CUcontext ctx,
+                           struct CUmod_st **out);
+
 static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **out)
 {
     if (!image)
@@ -267,22 +275,28 @@ static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **o
         return new_open_module(ctx, out);
     }
     if (magic == FATBIN_MAGIC) {
-        /* header: magic, version, header size (16 bits each after magic),
-         * then the payload size; look inside for an ELF or PTX text. */
-        uint64_t payload;
-        memcpy(&payload, img + 8, 8);
-        size_t n = 16 + (size_t)(payload < (64u << 20) ? payload : 0);
-        const unsigned char *elf = memmem(img, n, ELFMAG, SELFMAG);
-        const unsigned char *ptx = memmem(img, n, ".version", 8);
-        if (elf && load_image(elf, ctx, out) == CUDA_SUCCESS)
-            return CUDA_SUCCESS;
-        if (ptx && load_image(ptx, ctx, out) == CUDA_SUCCESS)
-            return CUDA_SUCCESS;
-        /* compressed entries: nothing to read */
-        return new_open_module(ctx, out);
+        /* the entry the device would run, decompressed; a fatbinary with
+         * nothing readable in it (zstd-compressed entries) loads open */
+        unsigned char *entry;
+        size_t n;
+        int kind = image_fatbin_entry(img, SIM_CC_MAJOR * 10 + SIM_CC_MINOR, &entry, &n);
+        if (kind < 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        if (kind == IMAGE_NONE)
+            return new_open_module(ctx, out);
+        CUresult rc = load_bytes(entry, n, kind == IMAGE_ELF, ctx, out);
+        free(entry);
+        return rc == CUDA_SUCCESS || rc == CUDA_ERROR_OUT_OF_MEMORY ? rc
+                                                                    : new_open_module(ctx, out);
     }
     int is_elf = memcmp(img, ELFMAG, SELFMAG) == 0;
-    size_t n = image_size(img);
+    return load_bytes(img, image_size(img), is_elf, ctx, out);
+}
+
+/* A module from a cubin or PTX text of n bytes. */
+static CUresult load_bytes(const unsigned char *img, size_t n, int is_elf, CUcontext ctx,
+                           struct CUmod_st **out)
+{
     int count;
     if (is_elf) {
         count = parse_elf(img, n, NULL, 1);
@@ -305,9 +319,17 @@ static CUresult load_image(const void *image, CUcontext ctx, struct CUmod_st **o
         cu_obj_del(m, sizeof *m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    CUresult rc = is_elf ? (parse_elf(img, n, m, 0) < 0 ? CUDA_ERROR_INVALID_IMAGE : CUDA_SUCCESS)
-                         : parse_ptx((const char *)img, n, m);
+    CUresult rc = CUDA_SUCCESS;
+    if (is_elf) {
+        if (parse_elf(img, n, m, 0) < 0)
+            rc = CUDA_ERROR_INVALID_IMAGE;
+        else if ((m->nvars = image_elf_vars(img, n, &m->vars)) < 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        rc = parse_ptx((const char *)img, n, m);
+    }
     if (rc) {
+        image_vars_free(m->vars, m->nvars > 0 ? m->nvars : 0);
         free(m->funcs);
         cu_obj_del(m, sizeof *m);
         return rc;
@@ -329,6 +351,9 @@ static void unload(struct CUmod_st *m)
         mem_free(g->ptr, ALLOC_GLOBAL);
         free(g);
     }
+    image_vars_free(m->vars, m->nvars);
+    m->vars = NULL;
+    m->nvars = 0;
     /* funcs stay allocated: a stale CUfunction must still read as invalid */
     cu_obj_del(m, sizeof *m);
 }
@@ -480,9 +505,20 @@ CUresult cu_module_from_fatbin(CUmodule *mod, const void *image)
     return load_image(image, ctx, mod);
 }
 
-/* A __device__ variable: an open module makes each name asked for, on
- * first use, in the current context; a module read from its image has none
- * (its data sections are not read). */
+int cu_module_functions(CUmodule mod, void (*fn)(void *, CUfunction), void *arg)
+{
+    if (!cu_obj_is(mod, MAGIC_MODULE))
+        return -1;
+    for (int i = 0; i < mod->nfuncs; i++)
+        fn(arg, &mod->funcs[i]);
+    return mod->nfuncs;
+}
+
+/* A __device__ or __constant__ variable, allocated in the current context
+ * on first use (not charged: it is part of the module's image) and holding
+ * its initial value. A module read from PTX or a cubin has the variables
+ * its image declares; an open module makes each name asked for (its size is
+ * in the image, which could not be read: OPEN_GLOBAL_SIZE, zeroed). */
 static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m, const char *name)
 {
     if (!cu_initialized)
@@ -491,7 +527,13 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m,
         return CUDA_ERROR_INVALID_HANDLE;
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!m->open || strlen(name) >= sizeof m->globals->name)
+    if (strlen(name) >= sizeof m->globals->name)
+        return CUDA_ERROR_NOT_FOUND;
+    const struct image_var *decl = NULL;
+    for (int i = 0; i < m->nvars && !decl; i++)
+        if (strcmp(m->vars[i].name, name) == 0)
+            decl = &m->vars[i];
+    if (!m->open && !decl)
         return CUDA_ERROR_NOT_FOUND;
     CUcontext ctx;
     CUresult rc = cu_current(&ctx);
@@ -502,13 +544,16 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m,
     while (g && strcmp(g->name, name) != 0)
         g = g->next;
     if (!g) {
+        size_t size = decl ? decl->size : OPEN_GLOBAL_SIZE;
         g = calloc(1, sizeof *g);
         uintptr_t p = 0;
-        rc = g ? mem_alloc(ctx, OPEN_GLOBAL_SIZE, ALLOC_GLOBAL, 0, &p) : CUDA_ERROR_OUT_OF_MEMORY;
+        rc = g ? mem_alloc(ctx, size, ALLOC_GLOBAL, 0, &p) : CUDA_ERROR_OUT_OF_MEMORY;
         if (rc == CUDA_SUCCESS) {
             snprintf(g->name, sizeof g->name, "%s", name);
             g->ptr = p;
-            g->size = OPEN_GLOBAL_SIZE;
+            g->size = size;
+            if (decl && decl->init)
+                memcpy((void *)p, decl->init, size);
             g->next = m->globals;
             m->globals = g;
         } else {
@@ -873,4 +918,23 @@ VGPU_EXPORT CUresult cuLinkDestroy(void *state)
     free(l->image);
     free(l);
     return CUDA_SUCCESS;
+}
+
+/* Shared memory bank size and the cache preference of a kernel: accepted
+ * and ignored, as Hopper does. */
+VGPU_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction f, int config)
+{
+    if (!cu_obj_is(f, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return (config < 0 || config > 2) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, int config, CUdevice dev)
+{
+    CUresult rc = cu_check_device(dev);
+    if (rc)
+        return rc;
+    if (!cu_obj_is(k, MAGIC_FUNC))
+        return CUDA_ERROR_INVALID_HANDLE;
+    return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }

@@ -11,4 +11,8 @@
  * __fatBinC_Wrapper_t around one. */
 CUresult cu_module_from_fatbin(CUmodule *mod, const void *image);
 
+/* Call fn(arg, f) for each function a module's image defines; the number of
+ * them (an open module's are not known: 0), or -1 for a bad handle. */
+int cu_module_functions(CUmodule mod, void (*fn)(void *, CUfunction), void *arg);
+
 #endif /* VGPU_SIM_CUDA_MODULE_H */

@@ -2,9 +2,32 @@
  * stream.c - streams and events: what a program queues work on and waits
  * for. Every stream of the process feeds the one queue of exec.c, so a
  * stream's last sequence number is all it needs to know.
+ *
+ * Stream capture's bookkeeping is here too (graph.c records the nodes): a
+ * capture sequence begun on one stream, which another stream joins by
+ * waiting on an event recorded in it (a fork; waiting back on an event of
+ * the joined stream is the join), and what the driver refuses while a
+ * stream captures, as NVIDIA's programming guide lists it: synchronising or
+ * querying a capturing stream (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), or an
+ * event recorded in one (CUDA_ERROR_CAPTURED_EVENT), or its context; waiting
+ * on an event recorded outside the capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+ * or in another capture (CUDA_ERROR_STREAM_CAPTURE_MERGE); using the legacy
+ * default stream while a stream that synchronises with it captures
+ * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). Such an operation invalidates the
+ * sequence: its streams' further work fails with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until cuStreamEndCapture, which
+ * ends it with that error and no graph.
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "alloctab.h"
 #include "context.h"
@@ -14,13 +37,110 @@
 
 static unsigned long long g_stream_ids = 1;
 
+struct ipc_event_page;
+static CUresult ipc_queue_wait(CUcontext ctx, CUstream s, struct ipc_event_page *p);
+
+/* ---- capture sequences ---- */
+
+/* A capture of ctx with a member that synchronises with the legacy stream
+ * (created without CU_STREAM_NON_BLOCKING). Needs cu_capture_lock. */
+static struct capture *blocking_capture(CUcontext ctx)
+{
+    for (struct capture *c = cu_captures; c; c = c->next)
+        if (c->ctx == ctx && c->blocking > 0)
+            return c;
+    return NULL;
+}
+
+void cu_capture_invalidate(struct capture *c)
+{
+    if (c)
+        c->invalidated = 1;
+}
+
+CUresult cu_capture_set_deps(CUstream s, const CUgraphNode *deps, size_t n, int add)
+{
+    size_t base = add ? s->ndeps : 0;
+    if (base + n > s->deps_cap) {
+        size_t cap = (base + n) * 2 + 4;
+        CUgraphNode *t = realloc(s->deps, cap * sizeof *t);
+        if (!t)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        s->deps = t;
+        s->deps_cap = cap;
+    }
+    size_t k = base;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = 0;
+        while (j < k && s->deps[j] != deps[i])
+            j++;
+        if (j == k) /* each node once */
+            s->deps[k++] = deps[i];
+    }
+    s->ndeps = k;
+    return CUDA_SUCCESS;
+}
+
+CUresult cu_capture_join(CUstream s, struct capture *c)
+{
+    if (c->members == c->streams_cap) {
+        int cap = c->streams_cap ? 2 * c->streams_cap : 4;
+        CUstream *t = realloc(c->streams, (size_t)cap * sizeof *t);
+        if (!t)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        c->streams = t;
+        c->streams_cap = cap;
+    }
+    c->streams[c->members++] = s;
+    __atomic_store_n(&s->capture, c, __ATOMIC_RELEASE);
+    s->ndeps = 0;
+    if (!(s->flags & CU_STREAM_NON_BLOCKING))
+        c->blocking++;
+    return CUDA_SUCCESS;
+}
+
+void cu_capture_leave(CUstream s)
+{
+    struct capture *c = s->capture;
+    if (!c)
+        return;
+    __atomic_store_n(&s->capture, NULL, __ATOMIC_RELEASE);
+    s->ndeps = 0;
+    for (int i = 0; i < c->members; i++) {
+        if (c->streams[i] == s) {
+            c->streams[i] = c->streams[--c->members];
+            break;
+        }
+    }
+    if (!(s->flags & CU_STREAM_NON_BLOCKING))
+        c->blocking--;
+}
+
 /* ---- streams ---- */
 
-CUresult cu_stream_resolve(CUstream h, CUcontext *ctx, CUstream *stream)
+/* The legacy default stream (NULL, CU_STREAM_LEGACY) may not be used while
+ * a stream that synchronises with it captures; `strict` invalidates that
+ * capture, as any use but asking whether the legacy stream captures does. */
+static CUresult legacy_use(CUstream h, CUcontext ctx, int strict)
+{
+    if (h != NULL && h != CU_STREAM_LEGACY)
+        return CUDA_SUCCESS;
+    if (!__atomic_load_n(&cu_captures, __ATOMIC_ACQUIRE))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&cu_capture_lock);
+    struct capture *c = blocking_capture(ctx);
+    if (c && strict)
+        cu_capture_invalidate(c);
+    pthread_mutex_unlock(&cu_capture_lock);
+    return c ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+
+static CUresult resolve(CUstream h, CUcontext *ctx, CUstream *stream, int strict)
 {
     if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
         *stream = NULL;
-        return cu_current(ctx);
+        CUresult rc = cu_current(ctx);
+        return rc ? rc : legacy_use(h, *ctx, strict);
     }
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -31,6 +151,29 @@ CUresult cu_stream_resolve(CUstream h, CUcontext *ctx, CUstream *stream)
     *ctx = h->ctx;
     *stream = h;
     return CUDA_SUCCESS;
+}
+
+CUresult cu_stream_resolve(CUstream h, CUcontext *ctx, CUstream *stream)
+{
+    return resolve(h, ctx, stream, 1);
+}
+
+CUresult cu_stream_resolve_query(CUstream h, CUcontext *ctx, CUstream *stream)
+{
+    return resolve(h, ctx, stream, 0);
+}
+
+/* A capturing stream may not be synchronised or queried: that invalidates
+ * its capture. */
+static CUresult refuse_if_capturing(CUstream s)
+{
+    if (!s || !__atomic_load_n(&s->capture, __ATOMIC_ACQUIRE))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&cu_capture_lock);
+    struct capture *c = s->capture;
+    cu_capture_invalidate(c);
+    pthread_mutex_unlock(&cu_capture_lock);
+    return c ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
 /* The last operation queued on a stream (the default stream: its context). */
@@ -70,6 +213,16 @@ VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
     if (!cu_obj_is(h, MAGIC_STREAM))
         return CUDA_ERROR_INVALID_HANDLE;
     /* Work already queued still runs; the handle goes now. */
+    pthread_mutex_lock(&cu_capture_lock);
+    if (h->capture) {
+        cu_capture_invalidate(h->capture);
+        if (h->capture->origin == h)
+            h->capture->origin = NULL;
+        cu_capture_leave(h);
+    }
+    free(h->deps);
+    pthread_mutex_unlock(&cu_capture_lock);
+    free(h->attrs);
     cu_obj_del(h, sizeof *h);
     return CUDA_SUCCESS;
 }
@@ -80,6 +233,8 @@ VGPU_EXPORT CUresult cuStreamQuery(CUstream h)
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (!rc)
+        rc = refuse_if_capturing(s);
     if (rc)
         return rc;
     return exec_done(stream_seq(ctx, s)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -91,9 +246,13 @@ VGPU_EXPORT CUresult cuStreamSynchronize(CUstream h)
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (!rc)
+        rc = refuse_if_capturing(s);
     if (rc)
         return rc;
     exec_wait(stream_seq(ctx, s));
+    if (cu_on_sync)
+        cu_on_sync();
     return CUDA_SUCCESS;
 }
 VGPU_ALIAS(cuStreamSynchronize, cuStreamSynchronize_ptsz)
@@ -109,8 +268,38 @@ VGPU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags
         return CUDA_ERROR_INVALID_HANDLE;
     if (flags & ~1u)
         return CUDA_ERROR_INVALID_VALUE;
-    /* One in-order queue: the event's work is ahead of anything queued now. */
-    return CUDA_SUCCESS;
+    if (e->ipc && !e->capture && !(s && s->capture)) {
+        /* another process's work: the queue waits for it */
+        return ipc_queue_wait(ctx, s, e->ipc);
+    }
+    if (!s && !e->capture)
+        return CUDA_SUCCESS; /* one in-order queue: the event's work is ahead */
+    pthread_mutex_lock(&cu_capture_lock);
+    struct capture *ec = e->capture, *sc = s ? s->capture : NULL;
+    if (ec && !cu_ctx_valid(ec->ctx))
+        ec = NULL;
+    if (ec && !s) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* the legacy stream joins nothing */
+        cu_capture_invalidate(ec);
+    } else if (ec && sc && sc != ec) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_MERGE;
+        cu_capture_invalidate(sc);
+        cu_capture_invalidate(ec);
+    } else if (ec && (ec->invalidated || (sc && sc->invalidated))) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (ec) {
+        /* a fork (s joins the capture) or a join: s now depends on what the
+         * event stood for */
+        rc = sc ? CUDA_SUCCESS : cu_capture_join(s, ec);
+        if (rc == CUDA_SUCCESS)
+            rc = cu_capture_set_deps(s, e->cap_deps, e->cap_ndeps, sc != NULL);
+    } else if (sc && !(flags & 1u) /* CU_EVENT_WAIT_EXTERNAL */) {
+        /* work outside the capture can't be a dependency of the graph */
+        rc = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        cu_capture_invalidate(sc);
+    }
+    pthread_mutex_unlock(&cu_capture_lock);
+    return rc;
 }
 VGPU_ALIAS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
 
@@ -135,56 +324,440 @@ STREAM_GETTER(cuStreamGetPriority, int, s ? s->priority : 0)
 STREAM_GETTER(cuStreamGetFlags, unsigned int, s ? s->flags : 0)
 STREAM_GETTER(cuStreamGetCtx, CUcontext, ctx)
 STREAM_GETTER(cuStreamGetId, unsigned long long, s ? s->id : 0)
-/* CU_STREAM_CAPTURE_STATUS_ACTIVE (1) while a graph is recorded, else NONE */
-STREAM_GETTER(cuStreamIsCapturing, int, s && s->capture ? 1 : 0)
+/* CU_STREAM_CAPTURE_STATUS_ACTIVE (1) while a graph is recorded, INVALIDATED
+ * (2) once its capture was invalidated, else NONE (0). */
+int cu_capture_status(CUstream s)
+{
+    if (!s)
+        return 0;
+    pthread_mutex_lock(&cu_capture_lock);
+    int st = !s->capture ? 0 : s->capture->invalidated ? 2 : 1;
+    pthread_mutex_unlock(&cu_capture_lock);
+    return st;
+}
 
-VGPU_EXPORT CUresult cuLaunchHostFunc(CUstream h, void (*fn)(void *), void *data)
+/* Asking whether the legacy stream captures is refused
+ * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) without harm to the capture. */
+VGPU_EXPORT CUresult cuStreamIsCapturing(CUstream h, int *out)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = resolve(h, &ctx, &s, 0);
+    if (rc)
+        return rc;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = cu_capture_status(s);
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
+
+/* ---- stream attributes ----
+ * The launch attributes that apply to a stream (CUlaunchAttributeID, each
+ * value a 64-byte union): the L2 access policy window, the synchronisation
+ * policy, the priority and the memory synchronisation domain. They are
+ * kept and read back; nothing here acts on them but the priority. */
+
+enum { ATTR_ACCESS_POLICY_WINDOW = 1, ATTR_SYNC_POLICY = 3, ATTR_PRIORITY = 8,
+       ATTR_MEM_SYNC_DOMAIN_MAP = 9, ATTR_MEM_SYNC_DOMAIN = 10, ATTR_MAX = 16 };
+
+static unsigned char g_default_attrs[ATTR_MAX][64]; /* the default streams' */
+static pthread_mutex_t g_attr_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int stream_attr(int id)
+{
+    return id == ATTR_ACCESS_POLICY_WINDOW || id == ATTR_SYNC_POLICY || id == ATTR_PRIORITY ||
+           id == ATTR_MEM_SYNC_DOMAIN_MAP || id == ATTR_MEM_SYNC_DOMAIN;
+}
+
+/* The stream's table (NULL: the default streams'), made on first use. */
+static unsigned char (*attr_table(CUstream s))[64]
+{
+    if (!s)
+        return g_default_attrs;
+    if (!s->attrs)
+        s->attrs = calloc(ATTR_MAX, 64);
+    return s->attrs;
+}
+
+static void attr_read(CUstream s, int id, void *out)
+{
+    unsigned char (*t)[64] = attr_table(s);
+    memset(out, 0, 64);
+    if (t)
+        memcpy(out, t[id], 64);
+    if (id == ATTR_SYNC_POLICY && (!t || !*(int *)t[id]))
+        *(int *)out = 1; /* CU_SYNC_POLICY_AUTO */
+    if (id == ATTR_PRIORITY)
+        *(int *)out = s ? s->priority : 0;
+}
+
+VGPU_EXPORT CUresult cuStreamGetAttribute(CUstream h, int id, void *value)
 {
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);
     if (rc)
         return rc;
-    if (!fn)
+    if (!value || !stream_attr(id))
         return CUDA_ERROR_INVALID_VALUE;
-    exec_host_fn(ctx, s, fn, data);
+    pthread_mutex_lock(&g_attr_lock);
+    attr_read(s, id, value);
+    pthread_mutex_unlock(&g_attr_lock);
     return CUDA_SUCCESS;
 }
-VGPU_ALIAS(cuLaunchHostFunc, cuLaunchHostFunc_ptsz)
+VGPU_ALIAS(cuStreamGetAttribute, cuStreamGetAttribute_ptsz)
 
-struct callback {
-    void (*fn)(CUstream, CUresult, void *);
-    CUstream stream;
-    void *data;
+VGPU_EXPORT CUresult cuStreamSetAttribute(CUstream h, int id, const void *value)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    if (!value || !stream_attr(id))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (id == ATTR_SYNC_POLICY && (*(const int *)value < 1 || *(const int *)value > 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_attr_lock);
+    unsigned char (*t)[64] = attr_table(s);
+    if (t)
+        memcpy(t[id], value, 64);
+    if (id == ATTR_PRIORITY && s) {
+        int p = *(const int *)value;
+        s->priority = p > 0 ? 0 : (p < -5 ? -5 : p);
+    }
+    pthread_mutex_unlock(&g_attr_lock);
+    return t ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+VGPU_ALIAS(cuStreamSetAttribute, cuStreamSetAttribute_ptsz)
+
+VGPU_EXPORT CUresult cuStreamCopyAttributes(CUstream dst, CUstream src)
+{
+    CUcontext dctx, sctx;
+    CUstream d, s;
+    CUresult rc = cu_stream_resolve(dst, &dctx, &d);
+    if (!rc)
+        rc = cu_stream_resolve(src, &sctx, &s);
+    if (rc)
+        return rc;
+    unsigned char v[64];
+    for (int id = 1; id < ATTR_MAX && rc == CUDA_SUCCESS; id++) {
+        if (!stream_attr(id))
+            continue;
+        pthread_mutex_lock(&g_attr_lock);
+        attr_read(s, id, v);
+        pthread_mutex_unlock(&g_attr_lock);
+        rc = cuStreamSetAttribute(dst, id, v);
+    }
+    return rc;
+}
+VGPU_ALIAS(cuStreamCopyAttributes, cuStreamCopyAttributes_ptsz)
+
+VGPU_EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice *dev)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    if (!dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *dev = ctx->ordinal;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuStreamGetDevice, cuStreamGetDevice_ptsz)
+
+/* Managed memory is one mapping, visible to every stream and the host:
+ * attaching it to a stream changes nothing. */
+VGPU_EXPORT CUresult cuStreamAttachMemAsync(CUstream h, CUdeviceptr ptr, size_t len,
+                                            unsigned int flags)
+{
+    CUcontext ctx;
+    CUstream s;
+    CUresult rc = cu_stream_resolve(h, &ctx, &s);
+    if (rc)
+        return rc;
+    struct alloc a;
+    if (!mem_find(ptr, len ? len : 1, &a) || a.kind != ALLOC_MANAGED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST &&
+        flags != CU_MEM_ATTACH_SINGLE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (flags == CU_MEM_ATTACH_SINGLE && !s)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+VGPU_ALIAS(cuStreamAttachMemAsync, cuStreamAttachMemAsync_ptsz)
+
+/* ---- interprocess events ----
+ * An event created with CU_EVENT_INTERPROCESS has a page, on a memfd, that
+ * counts its records and their completions: a record adds one to `recorded`
+ * at once and queues the completion behind the work before it (a host
+ * function that sets `completed`). cuIpcGetEventHandle names the exporter's
+ * fd; cuIpcOpenEventHandle maps it in another process (through /proc, as
+ * ipc.c does memory), where querying, synchronising and cuStreamWaitEvent see
+ * the exporter's records, and a record there counts on the same page. A wait
+ * gives up if the process that recorded is gone. */
+
+#define IPC_EVENT_MAGIC 0x45504956u /* "VIPE" */
+#define IPC_EVENT_NAME "/memfd:vgpu-sim-ipc-event"
+
+struct ipc_event_shared {
+    uint64_t recorded;   /* records made, by any process */
+    uint64_t completed;  /* the highest record whose work is done */
+    int32_t pid;         /* the process that recorded last */
+    uint32_t pad;
 };
 
-static void run_callback(void *arg)
+struct ipc_event_page {
+    volatile struct ipc_event_shared *shm;
+    int fd;              /* the exporter's memfd (-1 in an importer) */
+    int refs;            /* the event, and each completion still queued */
+};
+
+struct ipc_event_handle {
+    uint32_t magic;
+    int32_t pid;
+    int32_t fd;
+    uint32_t pad;
+    uint64_t start_time;
+};
+
+_Static_assert(sizeof(struct ipc_event_handle) <= sizeof(CUipcEventHandle), "handle size");
+
+static pthread_mutex_t g_ipc_ev_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void ipc_page_put(struct ipc_event_page *p)
 {
-    struct callback *cb = arg;
-    cb->fn(cb->stream, CUDA_SUCCESS, cb->data);
-    free(cb);
+    if (!p)
+        return;
+    pthread_mutex_lock(&g_ipc_ev_lock);
+    int last = --p->refs == 0;
+    pthread_mutex_unlock(&g_ipc_ev_lock);
+    if (!last)
+        return;
+    munmap((void *)p->shm, sizeof *p->shm);
+    if (p->fd >= 0)
+        close(p->fd);
+    free(p);
 }
 
-VGPU_EXPORT CUresult cuStreamAddCallback(CUstream h, void (*fn)(CUstream, CUresult, void *),
-                                         void *data, unsigned int flags)
+static struct ipc_event_page *ipc_page_map(int fd, int own)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!fn || flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct callback *cb = malloc(sizeof *cb);
-    if (!cb)
+    void *m = mmap(NULL, sizeof(struct ipc_event_shared), PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    struct ipc_event_page *p = calloc(1, sizeof *p);
+    if (!p) {
+        munmap(m, sizeof(struct ipc_event_shared));
+        return NULL;
+    }
+    p->shm = m;
+    p->fd = own ? fd : -1;
+    p->refs = 1;
+    return p;
+}
+
+static uint64_t ipc_recorded(struct ipc_event_page *p)
+{
+    return __atomic_load_n(&p->shm->recorded, __ATOMIC_ACQUIRE);
+}
+
+static int ipc_done(struct ipc_event_page *p, uint64_t gen)
+{
+    return __atomic_load_n(&p->shm->completed, __ATOMIC_ACQUIRE) >= gen;
+}
+
+static int pid_alive(int pid)
+{
+    return pid <= 0 || kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/* Wait until record `gen` is complete, or its recorder is gone. */
+static void ipc_wait(struct ipc_event_page *p, uint64_t gen)
+{
+    unsigned us = 20;
+    while (!ipc_done(p, gen)) {
+        if (!pid_alive(__atomic_load_n(&p->shm->pid, __ATOMIC_RELAXED)))
+            return;
+        usleep(us);
+        if (us < 2000)
+            us *= 2;
+    }
+}
+
+struct ipc_completion {
+    struct ipc_event_page *page;
+    uint64_t gen;
+};
+
+static void ipc_complete(void *arg)
+{
+    struct ipc_completion *c = arg;
+    volatile struct ipc_event_shared *shm = c->page->shm;
+    uint64_t cur = __atomic_load_n(&shm->completed, __ATOMIC_RELAXED);
+    while (cur < c->gen &&
+           !__atomic_compare_exchange_n(&shm->completed, &cur, c->gen, 0, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+        ;
+    ipc_page_put(c->page);
+    free(c);
+}
+
+static void ipc_await(void *arg)
+{
+    struct ipc_completion *c = arg;
+    ipc_wait(c->page, c->gen);
+    ipc_page_put(c->page);
+    free(c);
+}
+
+/* Queue fn(page, gen) behind the stream's work, holding a reference. */
+static CUresult ipc_queue(CUcontext ctx, CUstream s, struct ipc_event_page *p, uint64_t gen,
+                          void (*fn)(void *))
+{
+    struct ipc_completion *c = malloc(sizeof *c);
+    if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *cb = (struct callback){fn, h, data};
-    exec_host_fn(ctx, s, run_callback, cb);
+    pthread_mutex_lock(&g_ipc_ev_lock);
+    p->refs++;
+    pthread_mutex_unlock(&g_ipc_ev_lock);
+    c->page = p;
+    c->gen = gen;
+    exec_host_fn(ctx, s, fn, c);
     return CUDA_SUCCESS;
 }
-VGPU_ALIAS(cuStreamAddCallback, cuStreamAddCallback_ptsz)
+
+static CUresult ipc_record(CUcontext ctx, CUstream s, struct ipc_event_page *p)
+{
+    __atomic_store_n(&p->shm->pid, (int32_t)getpid(), __ATOMIC_RELAXED);
+    uint64_t gen = __atomic_add_fetch(&p->shm->recorded, 1, __ATOMIC_ACQ_REL);
+    return ipc_queue(ctx, s, p, gen, ipc_complete);
+}
+
+static CUresult ipc_queue_wait(CUcontext ctx, CUstream s, struct ipc_event_page *p)
+{
+    uint64_t gen = ipc_recorded(p);
+    if (ipc_done(p, gen))
+        return CUDA_SUCCESS;
+    return ipc_queue(ctx, s, p, gen, ipc_await);
+}
+
+/* /proc/<pid>/stat's start time (field 22), 0 if the process is gone. */
+static uint64_t proc_start_time(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *q = strrchr(buf, ')');
+    unsigned long long st = 0;
+    if (!q || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d "
+                            "%*d %*d %*d %llu", &st) != 1)
+        return 0;
+    return st;
+}
+
+VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cu_obj_is(e, MAGIC_EVENT))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!(e->flags & CU_EVENT_INTERPROCESS))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_ipc_ev_lock);
+    if (!e->ipc) {
+        int fd = memfd_create("vgpu-sim-ipc-event", MFD_CLOEXEC);
+        if (fd >= 0 && ftruncate(fd, sizeof(struct ipc_event_shared)) == 0)
+            e->ipc = ipc_page_map(fd, 1);
+        if (!e->ipc && fd >= 0)
+            close(fd);
+    }
+    struct ipc_event_page *p = e->ipc;
+    pthread_mutex_unlock(&g_ipc_ev_lock);
+    if (!p)
+        return CUDA_ERROR_MAP_FAILED;
+    if (p->fd < 0)
+        return CUDA_ERROR_INVALID_VALUE; /* an event opened from another process */
+    struct ipc_event_handle h = {.magic = IPC_EVENT_MAGIC, .pid = (int32_t)getpid(),
+                                 .fd = p->fd, .start_time = proc_start_time((int)getpid())};
+    memset(handle, 0, sizeof *handle);
+    memcpy(handle, &h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle handle)
+{
+    CUcontext ctx;
+    CUresult rc = cu_current(&ctx);
+    if (rc)
+        return rc;
+    if (!pe)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct ipc_event_handle h;
+    memcpy(&h, &handle, sizeof h);
+    if (h.magic != IPC_EVENT_MAGIC || h.pid <= 0 || h.fd < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (h.pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (proc_start_time(h.pid) != h.start_time)
+        return CUDA_ERROR_INVALID_HANDLE;
+    char path[64], link[128];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    link[n] = '\0';
+    if (strncmp(link, IPC_EVENT_NAME, strlen(IPC_EVENT_NAME)) != 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct stat st;
+    struct ipc_event_page *p = NULL;
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct ipc_event_shared))
+        p = ipc_page_map(fd, 0);
+    close(fd);
+    if (!p)
+        return CUDA_ERROR_MAP_FAILED;
+    struct CUevent_st *e = cu_obj_new(sizeof *e, MAGIC_EVENT);
+    if (!e) {
+        ipc_page_put(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e->ctx = ctx;
+    e->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    e->ipc = p;
+    *pe = e;
+    return CUDA_SUCCESS;
+}
 
 /* ---- events ---- */
+
+/* Last recorded in a capture still going on: it stands for graph nodes, not
+ * for work, and can't be waited for or queried. */
+static int captured_event(CUevent e)
+{
+    if (!__atomic_load_n(&e->capture, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&cu_capture_lock);
+    int in = 0;
+    for (struct capture *c = cu_captures; c && !in; c = c->next)
+        in = c == e->capture && c->id == e->capture_id;
+    pthread_mutex_unlock(&cu_capture_lock);
+    return in;
+}
 
 VGPU_EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
 {
@@ -193,6 +766,9 @@ VGPU_EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
     if (rc)
         return rc;
     if (!pe || (flags & ~0xfu))
+        return CUDA_ERROR_INVALID_VALUE;
+    /* an interprocess event is one without timing, as the driver requires */
+    if ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUevent_st *e = cu_obj_new(sizeof *e, MAGIC_EVENT);
     if (!e)
@@ -209,6 +785,12 @@ VGPU_EXPORT CUresult cuEventDestroy_v2(CUevent e)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!cu_obj_is(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&cu_capture_lock);
+    free(e->cap_deps);
+    e->cap_deps = NULL;
+    e->capture = NULL;
+    pthread_mutex_unlock(&cu_capture_lock);
+    ipc_page_put(e->ipc);
     exec_event_del(e);
     return CUDA_SUCCESS;
 }
@@ -223,8 +805,38 @@ VGPU_EXPORT CUresult cuEventRecord(CUevent e, CUstream h)
         return rc;
     if (!cu_obj_is(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
+    if (s && __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE)) {
+        /* in a capture the event stands for the stream's nodes so far, for
+         * other streams to fork from or join */
+        pthread_mutex_lock(&cu_capture_lock);
+        struct capture *c = s->capture;
+        if (c && c->invalidated) {
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        } else if (c) {
+            CUgraphNode *d = s->ndeps ? malloc(s->ndeps * sizeof *d) : NULL;
+            if (s->ndeps && !d) {
+                rc = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                if (s->ndeps)
+                    memcpy(d, s->deps, s->ndeps * sizeof *d);
+                free(e->cap_deps);
+                e->cap_deps = d;
+                e->cap_ndeps = s->ndeps;
+                e->capture = c;
+                e->capture_id = c->id;
+            }
+        }
+        pthread_mutex_unlock(&cu_capture_lock);
+        if (c)
+            return rc;
+    }
+    pthread_mutex_lock(&cu_capture_lock);
+    e->capture = NULL;
+    pthread_mutex_unlock(&cu_capture_lock);
     e->recorded = 1;
     exec_event(ctx, s, e);
+    if (e->ipc)
+        return ipc_record(ctx, s, e->ipc);
     return CUDA_SUCCESS;
 }
 VGPU_ALIAS(cuEventRecord, cuEventRecord_ptsz)
@@ -243,6 +855,10 @@ VGPU_EXPORT CUresult cuEventQuery(CUevent e)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!cu_obj_is(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
+    if (captured_event(e))
+        return CUDA_ERROR_CAPTURED_EVENT;
+    if (e->ipc)
+        return ipc_done(e->ipc, ipc_recorded(e->ipc)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
     if (!e->recorded)
         return CUDA_SUCCESS;
     return exec_done(exec_read(&e->seq)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -254,8 +870,14 @@ VGPU_EXPORT CUresult cuEventSynchronize(CUevent e)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!cu_obj_is(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
-    if (e->recorded)
+    if (captured_event(e))
+        return CUDA_ERROR_CAPTURED_EVENT;
+    if (e->ipc)
+        ipc_wait(e->ipc, ipc_recorded(e->ipc));
+    else if (e->recorded)
         exec_wait(exec_read(&e->seq));
+    if (cu_on_sync)
+        cu_on_sync();
     return CUDA_SUCCESS;
 }
 

@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "init.h"
 #include "stream.h"
 #include "vmm.h"
+#include "vgpu/size.h"
 
 /* ---- arrays ---- */
 
@@ -136,11 +138,17 @@ struct vmm_handle {
     uint32_t magic;
     int fd;
     size_t size;
-    int phys;
+    int phys;     /* its physical GPU; -1: host memory (not device memory) */
     int refs; /* the handle itself, plus one per mapping */
     int imported; /* from a shareable handle: the exporter's memory, not charged here */
     CUmemAllocationProp prop;
 };
+
+/* The memfd behind a handle is named after where its memory is, so that a
+ * process importing it (cuMemImportFromShareableHandle) knows: the
+ * exporter's GPU, or host memory. */
+#define VMM_MEMFD "vgpu-sim-vmm-"
+#define VMM_MEMFD_HOST VMM_MEMFD "host"
 
 struct vmm_map {
     uintptr_t base;
@@ -162,23 +170,39 @@ static void handle_unref(struct vmm_handle *h)
 {
     if (--h->refs == 0) {
         close(h->fd);
-        if (!h->imported)
+        if (!h->imported && h->phys >= 0)
             sim_uncharge(h->phys, h->size);
         cu_obj_del(h, sizeof *h);
     }
 }
 
+/* Where an allocation's memory is: a device's (*phys its physical GPU) or,
+ * since CUDA 12.2, host memory (*phys -1: page-locked host memory the
+ * devices map, as NCCL's ncclCuMemHostEnable asks for; the simulated host
+ * has one NUMA node, 0). */
 static CUresult check_prop(const CUmemAllocationProp *prop, int *phys)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.id < 0 || prop->location.id >= cu_count)
-        return CUDA_ERROR_INVALID_DEVICE;
-    *phys = cu_phys[prop->location.id];
-    return CUDA_SUCCESS;
+    switch ((int)prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        if (prop->location.id < 0 || prop->location.id >= cu_count)
+            return CUDA_ERROR_INVALID_DEVICE;
+        *phys = cu_phys[prop->location.id];
+        return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        if (prop->location.id != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        /* fall through */
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        *phys = -1;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
 }
 
 VGPU_EXPORT CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *prop,
@@ -203,13 +227,19 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
         return rc;
     if (!out || size == 0 || size % SIM_GRANULARITY || flags)
         return CUDA_ERROR_INVALID_VALUE;
-    if (sim_charge(phys, size, 1) < 0)
+    if (phys >= 0 && sim_charge(phys, size, 1) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int fd = memfd_create("vgpu-sim", MFD_CLOEXEC);
+    char name[64];
+    if (phys >= 0)
+        snprintf(name, sizeof name, VMM_MEMFD "%d", phys);
+    else
+        snprintf(name, sizeof name, VMM_MEMFD_HOST);
+    int fd = memfd_create(name, MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
         if (fd >= 0)
             close(fd);
-        sim_uncharge(phys, size);
+        if (phys >= 0)
+            sim_uncharge(phys, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
@@ -262,6 +292,31 @@ VGPU_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocat
     return rc;
 }
 
+/* Where the memory behind a shareable fd is: its physical GPU, -1 for host
+ * memory; -2 when the fd is no simulator allocation. */
+static int shared_location(int fd)
+{
+    char path[64], link[128];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0)
+        return -2;
+    link[n] = '\0';
+    const char *prefix = "/memfd:" VMM_MEMFD;
+    if (strncmp(link, prefix, strlen(prefix)) != 0)
+        return -2;
+    const char *rest = link + strlen(prefix);
+    if (strncmp(rest, "host", 4) == 0)
+        return -1;
+    char *end;
+    long phys = strtol(rest, &end, 10);
+    if (end == rest || phys < 0 || phys >= VGPU_SIM_MAX_DEVICES)
+        return -2;
+    return (int)phys;
+}
+
+/* The memory another process exported (or this one): a handle of its own,
+ * on the exporter's GPU, never charged again here. */
 VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *out, void *shared,
                                                     int type)
 {
@@ -271,10 +326,17 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
         return CUDA_ERROR_INVALID_VALUE;
     int fd = dup((int)(intptr_t)shared);
     off_t size = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
-    if (size <= 0 || size % SIM_GRANULARITY) {
+    int phys = fd >= 0 ? shared_location(fd) : -2;
+    if (size <= 0 || size % SIM_GRANULARITY || phys == -2) {
         if (fd >= 0)
             close(fd);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* a GPU this process does not see is not one it can map memory of */
+    int ordinal = phys >= 0 ? cu_ordinal_of(phys) : 0;
+    if (ordinal < 0) {
+        close(fd);
+        return CUDA_ERROR_INVALID_DEVICE;
     }
     struct vmm_handle *h = cu_obj_new(sizeof *h, MAGIC_VMM);
     if (!h) {
@@ -283,12 +345,14 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     }
     h->fd = fd;
     h->size = (size_t)size;
-    h->phys = cu_phys[0];
+    h->phys = phys;
     h->refs = 1;
     h->imported = 1;
     h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     h->prop.requestedHandleTypes = HANDLE_TYPE_POSIX_FD;
-    h->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    h->prop.location.type = phys >= 0 ? CU_MEM_LOCATION_TYPE_DEVICE
+                                      : CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    h->prop.location.id = ordinal;
     *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
@@ -409,10 +473,24 @@ VGPU_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcc
     struct alloc a;
     if (!desc || count == 0 || !mem_find(ptr, size, &a) || a.kind != ALLOC_VA)
         return CUDA_ERROR_INVALID_VALUE;
-    for (size_t i = 0; i < count; i++)
-        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-            desc[i].location.id < 0 || desc[i].location.id >= cu_count)
+    /* access by a device, or (CUDA 12.2: host-located memory) by the host */
+    for (size_t i = 0; i < count; i++) {
+        switch ((int)desc[i].location.type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+            if (desc[i].location.id < 0 || desc[i].location.id >= cu_count)
+                return CUDA_ERROR_INVALID_DEVICE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+            if (desc[i].location.id != 0)
+                return CUDA_ERROR_INVALID_VALUE;
+            break;
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+            break;
+        default:
             return CUDA_ERROR_INVALID_DEVICE;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
@@ -459,11 +537,18 @@ VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *o
 /* ---- stream-ordered pools ---- */
 
 /* A pool holds device memory (its reserve, charged to the device) of which
- * its live allocations use part. An allocation takes free reserve first and
- * grows the reserve by what is missing; a free returns its bytes to the
- * reserve, and the reserve beyond the live allocations is given back to the
- * device down to the release threshold (default 0) - at once here, at the
- * next synchronisation on the driver - or by cuMemPoolTrimTo. */
+ * its live allocations use part (`used`: their sizes, each rounded up to
+ * POOL_ALIGN). An allocation is carved out of the spare reserve; when that is
+ * short, the reserve grows by whole chunks (VGPU_SIM_POOL_CHUNK, 2 MiB by
+ * default: the driver's chunk size is not documented, and it reserves "much
+ * more than requested" for a small first allocation, as CuPy's tests put
+ * it), so many small allocations share one chunk. A free returns its bytes to
+ * the reserve; the reserve beyond the live allocations and the release
+ * threshold (default 0) is given back to the device at the next explicit
+ * synchronisation (cuCtxSynchronize, cuStreamSynchronize,
+ * cuEventSynchronize), as the driver documents, or by cuMemPoolTrimTo. */
+#define POOL_ALIGN 512u
+
 struct CUmemPoolHandle_st {
     uint32_t magic;
     int ordinal;
@@ -472,12 +557,37 @@ struct CUmemPoolHandle_st {
     uint64_t threshold;
     uint64_t used, used_high;
     uint64_t reserved, reserved_high;
+    struct CUmemPoolHandle_st *next; /* every pool of the process */
 };
 
-/* Give reserve back to the device down to max(used, keep). Needs g_vmm_lock. */
+static struct CUmemPoolHandle_st *g_pools;
+
+static uint64_t pool_chunk(void)
+{
+    static uint64_t chunk;
+    if (!chunk) {
+        uint64_t c = 0;
+        const char *s = getenv("VGPU_SIM_POOL_CHUNK");
+        if (!s || vgpu_parse_size(s, &c) != 0 || c == 0)
+            c = SIM_GRANULARITY;
+        chunk = mem_round(c);
+    }
+    return chunk;
+}
+
+static uint64_t pool_bytes(size_t size)
+{
+    return ((uint64_t)size + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+}
+
+/* Give reserve back to the device down to max(used, keep), in whole
+ * chunks. Needs g_vmm_lock. */
 static void pool_release(struct CUmemPoolHandle_st *p, uint64_t keep)
 {
     uint64_t floor = p->used > keep ? p->used : keep;
+    uint64_t chunk = pool_chunk();
+    if (floor <= UINT64_MAX - chunk)
+        floor = (floor + chunk - 1) / chunk * chunk;
     if (p->reserved > floor) {
         sim_uncharge(cu_phys[p->ordinal], p->reserved - floor);
         p->reserved = floor;
@@ -489,6 +599,17 @@ static uint64_t sat_add(uint64_t a, uint64_t b)
     return a > UINT64_MAX - b ? UINT64_MAX : a + b;
 }
 
+/* An explicit synchronisation: every pool gives back its spare reserve
+ * beyond its release threshold. */
+static void pools_on_sync(void)
+{
+    pthread_mutex_lock(&g_vmm_lock);
+    for (struct CUmemPoolHandle_st *p = g_pools; p; p = p->next)
+        if (cu_obj_is(p, MAGIC_POOL))
+            pool_release(p, sat_add(p->used, p->threshold));
+    pthread_mutex_unlock(&g_vmm_lock);
+}
+
 void cu_pool_free(const struct alloc *a)
 {
     struct CUmemPoolHandle_st *pool = a->pool;
@@ -496,9 +617,8 @@ void cu_pool_free(const struct alloc *a)
     if (!cu_obj_is(pool, MAGIC_POOL))
         return;
     pthread_mutex_lock(&g_vmm_lock);
-    uint64_t n = mem_round(a->size);
+    uint64_t n = pool_bytes(a->size);
     pool->used = pool->used > n ? pool->used - n : 0;
-    pool_release(pool, sat_add(pool->used, pool->threshold));
     pthread_mutex_unlock(&g_vmm_lock);
 }
 
@@ -509,6 +629,9 @@ static struct CUmemPoolHandle_st *pool_new(int ordinal)
 {
     struct CUmemPoolHandle_st *p = cu_obj_new(sizeof *p, MAGIC_POOL);
     p->ordinal = ordinal;
+    p->next = g_pools; /* callers hold g_vmm_lock or are alone */
+    g_pools = p;
+    cu_on_sync = pools_on_sync;
     p->props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     p->props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     p->props.location.id = ordinal;
@@ -570,7 +693,9 @@ VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
         return CUDA_ERROR_INVALID_VALUE;
     if (props->location.id < 0 || props->location.id >= cu_count)
         return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_vmm_lock);
     struct CUmemPoolHandle_st *p = pool_new(props->location.id);
+    pthread_mutex_unlock(&g_vmm_lock);
     p->props = *props;
     *pool = p;
     return CUDA_SUCCESS;
@@ -586,6 +711,12 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
     pool_release(pool, 0);
     if (pool->reserved) /* live allocations keep their memory until freed */
         sim_uncharge(cu_phys[pool->ordinal], pool->reserved);
+    for (struct CUmemPoolHandle_st **q = &g_pools; *q; q = &(*q)->next) {
+        if (*q == pool) {
+            *q = pool->next;
+            break;
+        }
+    }
     pthread_mutex_unlock(&g_vmm_lock);
     cu_obj_del(pool, sizeof *pool);
     return CUDA_SUCCESS;
@@ -604,7 +735,6 @@ VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribut
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         pthread_mutex_lock(&g_vmm_lock);
         pool->threshold = *(cuuint64_t *)value;
-        pool_release(pool, sat_add(pool->used, pool->threshold));
         pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
@@ -690,11 +820,11 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
         return CUDA_ERROR_INVALID_VALUE;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    /* free reserve first, then grow the reserve by what is missing */
-    uint64_t n = mem_round(size);
+    /* free reserve first, then grow the reserve by whole chunks */
+    uint64_t n = pool_bytes(size), chunk = pool_chunk();
     pthread_mutex_lock(&g_vmm_lock);
-    uint64_t spare = pool->reserved - pool->used;
-    uint64_t grow = n > spare ? n - spare : 0;
+    uint64_t spare = pool->reserved > pool->used ? pool->reserved - pool->used : 0;
+    uint64_t grow = n > spare ? (n - spare + chunk - 1) / chunk * chunk : 0;
     if (grow && sim_charge(cu_phys[pool->ordinal], grow, 1) < 0) {
         pthread_mutex_unlock(&g_vmm_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -711,7 +841,6 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
     if (rc) {
         pthread_mutex_lock(&g_vmm_lock);
         pool->used -= n;
-        pool_release(pool, sat_add(pool->used, pool->threshold));
         pthread_mutex_unlock(&g_vmm_lock);
         return rc;
     }
@@ -751,3 +880,41 @@ VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
     return CUDA_SUCCESS;
 }
 VGPU_ALIAS(cuMemFreeAsync, cuMemFreeAsync_ptsz)
+
+/* CUDA 13's pools by location: a device's, as cuDeviceGet(Default)MemPool
+ * and cuDeviceSetMemPool answer; pools of host or managed memory are not
+ * simulated. */
+static CUresult device_location(const CUmemLocation *loc, int type, CUdevice *dev)
+{
+    if (!cu_initialized)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!loc)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (loc->type != CU_MEM_LOCATION_TYPE_DEVICE || type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (loc->id < 0 || loc->id >= cu_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = loc->id;
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, CUmemLocation *loc, int type)
+{
+    CUdevice dev;
+    CUresult rc = device_location(loc, type, &dev);
+    return rc ? rc : cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+VGPU_EXPORT CUresult cuMemGetMemPool(CUmemoryPool *pool, CUmemLocation *loc, int type)
+{
+    CUdevice dev;
+    CUresult rc = device_location(loc, type, &dev);
+    return rc ? rc : cuDeviceGetMemPool(pool, dev);
+}
+
+VGPU_EXPORT CUresult cuMemSetMemPool(CUmemLocation *loc, int type, CUmemoryPool pool)
+{
+    CUdevice dev;
+    CUresult rc = device_location(loc, type, &dev);
+    return rc ? rc : cuDeviceSetMemPool(dev, pool);
+}

@@ -371,3 +371,42 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned
     (void)i;
     ANSWER(count, 7);
 }
+
+/* ---- peer to peer ----
+ * What the driver says of two GPUs: reads and writes over PCIe unless
+ * VGPU_SIM_PEER=0, as cuDeviceCanAccessPeer says; no NVLink, no peer
+ * atomics. Of a GPU and itself (NCCL asks for every pair) it answers, with
+ * NOT_SUPPORTED, as an H100's driver 580 does (bench/gpu/share_probe.c). */
+#define P2P_CAPS_READ 0
+#define P2P_CAPS_WRITE 1
+#define P2P_CAPS_NVLINK 2
+#define P2P_CAPS_ATOMICS 3
+#define P2P_CAPS_PCI 4
+#define P2P_CAPS_UNKNOWN 5
+#define P2P_STATUS_OK 0
+#define P2P_STATUS_CHIPSET_NOT_SUPPORTED 1
+#define P2P_STATUS_NOT_SUPPORTED 5
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t d1, nvmlDevice_t d2, int index,
+                                                int *status)
+{
+    NVML_DEVICE(d1, i);
+    int j = nvml_index(d2);
+    if (j < 0 || !status || index < 0 || index >= P2P_CAPS_UNKNOWN)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (i == j) {
+        *status = P2P_STATUS_NOT_SUPPORTED;
+        return NVML_SUCCESS;
+    }
+    switch (index) {
+    case P2P_CAPS_READ:
+    case P2P_CAPS_WRITE:
+    case P2P_CAPS_PCI:
+        *status = sim_peer_access() ? P2P_STATUS_OK : P2P_STATUS_CHIPSET_NOT_SUPPORTED;
+        break;
+    default:
+        *status = P2P_STATUS_NOT_SUPPORTED;
+        break;
+    }
+    return NVML_SUCCESS;
+}

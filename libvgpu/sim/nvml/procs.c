@@ -226,6 +226,72 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d,
     return NVML_SUCCESS;
 }
 
+/* ---- the device's own samples ---- */
+
+/*
+ * nvmlDeviceGetSamples: the device's utilization per sample period, idle
+ * periods included (a real H100 answers an idle GPU with its whole buffer of
+ * zeros, one sample per period), for the published periods newer than
+ * lastSeenTimeStamp, oldest first, each stamped with its period's end: the
+ * grid the per-process entries are stamped on. GPU utilization is the
+ * period's busy time (all processes together, at most 100); memory, decoder,
+ * JPEG and optical-flow utilization are 0 (simulated kernels touch no
+ * memory; the engines idle). What the simulator does not sample per period
+ * (power, clocks, the encoder an H100 lacks) is NVML_ERROR_NOT_SUPPORTED.
+ * samples NULL: *count is set to how many there are. A buffer smaller than
+ * that gets the oldest that fit.
+ */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, nvmlSamplingType_t type,
+                                              unsigned long long last_seen,
+                                              nvmlValueType_t *val_type, unsigned int *count,
+                                              nvmlSample_t *samples)
+{
+    NVML_DEVICE(d, dev);
+    if (!count || !val_type || (samples && *count == 0))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int util;
+    switch (type) {
+    case NVML_GPU_UTILIZATION_SAMPLES:
+        util = 1;
+        break;
+    case NVML_MEMORY_UTILIZATION_SAMPLES:
+    case NVML_DEC_UTILIZATION_SAMPLES:
+    case NVML_JPG_UTILIZATION_SAMPLES:
+    case NVML_OFA_UTILIZATION_SAMPLES:
+        util = 0;
+        break;
+    default:
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    struct vgpu_sim_state *s = sim_state();
+    uint64_t P = s->sample_ns;
+    unsigned int n = 0, cap = samples ? *count : 0;
+    sim_lock(0);
+    uint64_t now = sim_now_ns();
+    uint64_t pub_idx = now > SIM_SAMPLE_LAG_NS ? (now - SIM_SAMPLE_LAG_NS) / P : 0;
+    uint64_t first = pub_idx > VGPU_SIM_PERIODS / 2 ? pub_idx - VGPU_SIM_PERIODS / 2 : 0;
+    for (uint64_t idx = first; idx < pub_idx; idx++) {
+        unsigned long long ts = period_end_us(s, idx);
+        if (ts <= last_seen)
+            continue;
+        if (samples && n < cap) {
+            uint64_t busy = 0;
+            const struct vgpu_sim_period *per = &s->dev[dev].periods[idx % VGPU_SIM_PERIODS];
+            for (uint32_t i = 0; util && per->index == idx && i < per->n; i++)
+                busy += per->e[i].busy_ns;
+            samples[n] = (nvmlSample_t){.timeStamp = ts};
+            samples[n].sampleValue.uiVal = percent(busy, P);
+        }
+        n++;
+    }
+    sim_unlock();
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND;
+    *val_type = NVML_VALUE_TYPE_UNSIGNED_INT;
+    *count = samples && n > cap ? cap : n;
+    return NVML_SUCCESS;
+}
+
 /* ---- running processes ---- */
 
 struct proc_row {

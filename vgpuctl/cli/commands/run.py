@@ -13,11 +13,14 @@ import click
 # command's, `--mem` and `-v` included. An unknown option before it is a
 # usage error, not the command.
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--mem", metavar="SIZE", help="Memory limit on the GPU: 512M, 4G, 4GiB.")
-@click.option("--core", metavar="PCT", help="Compute share, percent of the GPU (1-100; "
-              "default 100).")
-@click.option("--gpu", metavar="GPU", help="Pin to a GPU: index, UUID or UUID prefix "
-              "(default: the GPU with the most uncommitted memory).")
+@click.option("--mem", metavar="SIZE", help="Memory limit on each of the job's GPUs: 512M, "
+              "4G, 4GiB.")
+@click.option("--core", metavar="PCT", help="Compute share, percent of each of the job's "
+              "GPUs (1-100; default 100).")
+@click.option("--gpus", "gpus", metavar="N", help="Run on N GPUs, those with the most "
+              "uncommitted memory (default 1).")
+@click.option("--gpu", metavar="GPU[,GPU...]", help="Pin to these GPUs: indices, UUIDs or "
+              "UUID prefixes (default: the GPU with the most uncommitted memory).")
 @click.option("--policy", metavar="hard|soft", help="hard: never above the share; soft: "
               "may borrow idle compute (default: the daemon's default_policy).")
 @click.option("--name", metavar="NAME", help="Job name (default: the command's name).")
@@ -26,22 +29,26 @@ import click
 @click.option("-v", "--verbose", is_flag=True, help="Also say which daemon is used, and when "
               "it could not be told of the command's start or end.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(mem: str | None, core: str | None, gpu: str | None, policy: str | None,
+def run(mem: str | None, core: str | None, gpus: str | None, gpu: str | None,
+        policy: str | None,
         name: str | None, socket_path: str | None, quiet: bool, verbose: bool,
         command: tuple[str, ...]) -> int:
     """Run COMMAND as a job: vgpuctl run --mem 4G --core 30 -- python train.py
 
     The command keeps the terminal and stdin, receives SIGINT, SIGTERM and
     SIGHUP, and its exit code is vgpuctl's (128+N when signal N ended it). It
-    sees one GPU, the one it was placed on. When no daemon answers, a user
-    daemon is started.
+    sees only the GPUs it was placed on (one, unless --gpus or --gpu A,B),
+    in that order; --mem and --core hold on each of them, and every process
+    it starts (the ranks of torchrun or mpirun) is part of the job. When no
+    daemon answers, a user daemon is started.
 
-    Before the command starts, one line on stderr names the job's id and GPU
+    Before the command starts, one line on stderr names the job's id and GPUs
     (vgpuctl: job 7 on GPU 0 (GPU-d1d7f5c3)); -q leaves it out.
     """
     from vgpuctl.cli import args, messages
     from vgpuctl.client.launch import run_job
 
     return run_job(command=list(command), mem=args.mem(mem), core=args.core(core),
-                   policy=args.policy(policy), gpu=gpu, name=name, socket_path=socket_path,
+                   policy=args.policy(policy), gpu=gpu, gpus=args.gpus(gpus, gpu), name=name,
+                   socket_path=socket_path,
                    verbose=verbose, quiet=quiet, note=messages.note, warn=messages.warn)

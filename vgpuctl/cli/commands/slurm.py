@@ -101,12 +101,14 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
             return 0                    # no shards here: nothing to fence
         gpus = list(job.gpus) or [int(i) for i in
                                   os.environ["SLURM_JOB_GPUS"].split(",") if i.isdigit()]
+        counts = list(job.gpu_shards) if len(job.gpu_shards) == len(gpus) else None
         with _connect(socket_path) as cl:
             cl.call("slurm_register", slurm_job=job_id, uid=int(uid_text), gpus=gpus,
                     shards=job.shards, name=_label(job.name), partition=_label(job.partition),
                     account=_label(job.account),
                     command=job.command[:4096] or None, cwd=job.work_dir[:4096] or None,
-                    core=share, policy=pol, ask_core=ask_core)
+                    core=share, policy=pol, ask_core=ask_core,
+                    **({"gpu_shards": counts} if counts and len(counts) > 1 else {}))
     except VgpuError as e:
         # The node stays up; the job's TaskProlog fails its steps.
         messages.error(f"Slurm job {job_id} not registered: {e}")
