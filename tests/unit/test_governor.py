@@ -221,9 +221,10 @@ def settled(period_us: int) -> int:
 def probed(period_us: int, jobs: int) -> int:
     """Ticks after which jobs started together on a GPU whose NVML names one
     process a period have each been probed (run alone for a period) and are
-    at their shares: the period learnt, then a probe a job, each up to two
-    periods long and three periods apart."""
-    return settled(period_us) + int(jobs * 6 * period_us / 1e6 / TICK)
+    at their shares: the period learnt, NVML's names compared with the split
+    (five to fifteen periods), then a probe a job, each up to two periods
+    long and three periods apart."""
+    return settled(period_us) + int((15 + jobs * 6) * period_us / 1e6 / TICK)
 
 
 def test_hard_100_is_never_gated() -> None:
@@ -661,39 +662,67 @@ def test_ranks_in_lockstep_keep_their_share_instead_of_convoying(period_us: int,
                                                 abs=0.02), (j.job_id, j.uuid)
 
 
+def _watched(w: World, gov: ComputeGovernor, jobs: list[Job], ticks: int, start: int,
+             stop: int | None = None):
+    """The daemon's violation watch beside the governor, as the daemon wires
+    it (its own sampler; windows split by the governor, held until settled):
+    the violations it finds, and each job's billed busy seconds from tick
+    `start` on (the jobs stop launching at tick `stop`)."""
+    from vgpuctl.core.violations import JobLimits
+    from vgpuctl.daemon.violations import Known, Watch
+    from vgpuctl.governor.sampler import Sampler
+    from vgpuctl.system.nvml import GpuStats
+
+    watch = Watch(lambda: [GpuStats(0, "GPU-0", "sim", 16 << 30,
+                                    processes={j.pid: 1 << 30 for j in jobs})],
+                  Sampler(w, w.clock_us).read, processes=gov.note_processes,
+                  split=gov.split_window)
+    known = Known([JobLimits(j.job_id, "GPU-0", 2 << 30, j.share / 100, 1000) for j in jobs],
+                  {j.pid: j.job_id for j in jobs}, {}, {}, hooked={j.pid: 0 for j in jobs})
+    billed = {j.job_id: 0.0 for j in jobs}
+    found = []
+    for i in range(ticks):
+        if i == stop:
+            for j in jobs:
+                j.busy = False
+        run(w, gov, 1)
+        res = watch.check(known, "kill", w.now_us / 1e6)
+        found += res.found
+        if i >= start:
+            for (job, _), b in res.busy.items():
+                billed[job] += b
+    return found, billed
+
+
 @pytest.mark.parametrize("procs", ["busiest", "each"])
 def test_the_violation_watch_and_the_bills_take_the_split_not_nvmls_names(procs: str) -> None:
     """The daemon's violation watch reads NVML itself and splits each window
     as the governor does: two honest hooked jobs at 30/60, while NVML names
     the 60 % one with the whole GPU's time every period, are never taken for
     an overrun over a minute, and each is billed its own GPU time."""
-    from vgpuctl.core.violations import JobLimits
-    from vgpuctl.daemon.violations import Known, Watch
-    from vgpuctl.governor.sampler import Sampler
-    from vgpuctl.system.nvml import GpuStats
-
     # pids no Linux process can have (above the kernel's 2^22 limit)
     a, b = Job("1", 5_000_101, 30), Job("2", 5_000_102, 60)
     w = World([a, b], procs=procs)
-    gov = governor(w)
-    read = Sampler(w, w.clock_us).read
-    watch = Watch(lambda: [GpuStats(0, "GPU-0", "sim", 16 << 30,
-                                    processes={a.pid: 1 << 30, b.pid: 1 << 30})],
-                  lambda u: gov.attribute(u, read(u)), processes=gov.note_processes)
-    known = Known([JobLimits("1", "GPU-0", 2 << 30, 0.3, 1000),
-                   JobLimits("2", "GPU-0", 2 << 30, 0.6, 1000)],
-                  {a.pid: "1", b.pid: "2"}, {}, {}, hooked={a.pid: 0, b.pid: 0})
-    billed = {"1": 0.0, "2": 0.0}
-    found = []
     n = settled(PERIOD_FAST_US)
-    for i in range(600):
-        run(w, gov, 1)
-        res = watch.check(known, "kill", w.now_us / 1e6)
-        found += res.found
-        if i >= n:
-            for (job, _), s in res.busy.items():
-                billed[job] += s
+    found, billed = _watched(w, governor(w), [a, b], 600, n)
     assert found == []
     ran = {j.job_id: sum(j.got[n + 1:]) * TICK for j in (a, b)}
+    for job in billed:
+        assert billed[job] == pytest.approx(ran[job], rel=0.05), (billed, ran)
+
+
+def test_jobs_of_other_kernels_are_billed_their_own_time_once_probed() -> None:
+    """Three jobs of 50 us, 500 us and 5 ms kernels start together where NVML
+    names one process a period: until the probes have learnt their costs the
+    gates and the split rest on a guess (each launch alike). None is taken
+    for an overrun meanwhile; once the costs are known each is billed what
+    it ran."""
+    jobs = [Job("1", 5_000_201, 20, cost_s=50e-6), Job("2", 5_000_202, 30, cost_s=500e-6),
+            Job("3", 5_000_203, 50, cost_s=5e-3)]
+    w = World(jobs, procs="busiest")
+    n = probed(PERIOD_FAST_US, 3)
+    found, billed = _watched(w, governor(w), jobs, n + 60, n)
+    assert found == []
+    ran = {j.job_id: sum(j.got[n + 1:]) * TICK for j in jobs}
     for job in billed:
         assert billed[job] == pytest.approx(ran[job], rel=0.05), (billed, ran)

@@ -203,9 +203,8 @@ class Daemon:
         # NVML names one process a sample period, by the jobs' hooks).
         gov = self.governor
         if gov is not None:
-            read = Sampler(nvml.module).read
-            self.watch = Watch(nvml.snapshot, lambda u: gov.attribute(u, read(u)),
-                               processes=gov.note_processes)
+            self.watch = Watch(nvml.snapshot, Sampler(nvml.module).read,
+                               processes=gov.note_processes, split=gov.split_window)
         else:
             self.watch = Watch(nvml.snapshot, None)
         self._start_accounting(store)

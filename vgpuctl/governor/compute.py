@@ -55,7 +55,21 @@ SETTLE_S = 0.2          # a job gated or let go is steady again after this
 POOL = 0.1              # costs this close are the same cost
 PROBE_GAP = 3.0
 PROBE_AFTER = 3.0       # periods a job is gated before it may be probed
+PROBE_PERIODS = 1       # periods a probe lasts
+# Before probing: whether the split by launches at the costs assumed agrees
+# with which process NVML names. Over ALIKE_WINDOWS one-period windows, each
+# job's count of periods named against its part of the split; a chi-square
+# under ALIKE_CHI per degree of freedom: the costs assumed hold (jobs of one
+# program), and are taken as learnt; above it, the jobs are probed.
+ALIKE_WINDOWS = 15
+ALIKE_CHI = 4.0
+# ...and probed after DIFFER_WINDOWS already, where they disagree by three
+# times as much.
+DIFFER_WINDOWS = 5
 MAX_PROBED = 4
+# A job's state is kept this long after it ended (the watch's window of the
+# tick may still hold some of its busy time).
+GONE_S = 2.0
 
 
 
@@ -103,6 +117,7 @@ class _State:
     held_from: float = 0.0      # wall times: held for a probe from...
     held_until: float | None = None  # ...until
     held_end: float = 0.0       # ...when the last hold ended
+    assumed: bool = False       # its cost is the split's assumption, agreed by NVML's names
 
 
 def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
@@ -158,6 +173,11 @@ class ComputeGovernor:
         self._unhooked: dict[str, frozenset[int]] = {}
         self._one: dict[str, bool] = {}             # ...or names one process a period
         self._grid: dict[str, float] = {}           # a sample period's end (wall s)
+        self._gone: dict[tuple[str, str], tuple[_State, float]] = {}   # ended: (state, when)
+        # per GPU: per job [part of the split, periods named] over one-period
+        # windows while some cost is uncertain; and whether they disagreed
+        self._naming: dict[str, dict[str, list[float]]] = {}
+        self._differ: dict[str, bool] = {}
         self._next_probe: dict[str, float] = {}     # no probe before (wall s)
         self._miss: dict[str, float] = {}           # running miss of the known costs (+ under)
 
@@ -188,25 +208,35 @@ class ComputeGovernor:
     def attribute(self, uuid: str, window: Window | None) -> Window | None:
         """The window with each pid's busy time its own: NVML's split where
         it splits per process, else the device's busy time split by what
-        the jobs' hooks account (vgpuctl.core.attribution). For the
-        violation watch's windows, which it reads itself."""
+        the jobs' hooks account (vgpuctl.core.attribution)."""
         if window is None:
             return None
         return self._attribute(uuid, window, learn=False)[0]
 
+    def split_window(self, uuid: str, window: Window) -> tuple[Window, bool]:
+        """For the violation watch's windows, which it reads itself: the
+        window attributed, and whether that split is settled (NVML splits
+        per process, or every job that launched has a certain cost)."""
+        w, _, settled = self._attribute(uuid, window, learn=False)
+        return w, settled
+
     def _attribute(self, uuid: str, window: Window,
-                   learn: bool) -> tuple[Window, frozenset[str]]:
-        """The window attributed, and the jobs whose busy time in it is
-        NVML's own figure."""
+                   learn: bool) -> tuple[Window, frozenset[str], bool]:
+        """The window attributed, the jobs whose busy time in it is NVML's
+        own figure, and whether the split is settled."""
         if (not window.coarse and window.periods <= 1.5
                 and sum(1 for b in window.busy_s.values() if b > 0) >= 2):
             self._per_process[uuid] = True      # one-process-a-period drivers never do
         d = window.duration_s
         claims: list[attribution.Claim] = []
-        pooled = _pooled_costs({k[0]: st for k, st in self._states.items() if k[1] == uuid})
-        for (job_id, u), st in list(self._states.items()):
-            if u != uuid:
-                continue
+        # (with the jobs that ended since the window began: it holds some of
+        # their busy time too)
+        states = {k: st for k, st in self._states.items() if k[1] == uuid}
+        for k, (st, gone_at) in self._gone.items():
+            if k[1] == uuid and k not in states and window.start_s < gone_at:
+                states[k] = st
+        pooled = _pooled_costs({k[0]: st for k, st in states.items()})
+        for (job_id, _), st in states.items():
             loop = st.loop
             launches = allowed = None
             if loop.rate is not None:
@@ -226,11 +256,13 @@ class ComputeGovernor:
             self._one[uuid] = True      # two jobs ran, one was named
         res = attribution.split(window.busy_s, d, claims, self._per_process.get(uuid, False),
                                 self._hooked, self._unhooked.get(uuid, ()))
+        if learn and res.split:
+            self._compare_names(uuid, window, claims, res.busy)
         # Learnt from steady windows only: no rate that counts jumped just
         # before (what a job launched then runs now, or what it launches now
         # runs later): the job's own, and where its part is the rest of the
         # others' claims, theirs.
-        others_steady = all(self._states[(c.job_id, uuid)].loop.settle == 0
+        others_steady = all(states[(c.job_id, uuid)].loop.settle == 0
                             for c in claims if c.launches)
         if learn:
             for job_id in res.own:
@@ -246,6 +278,9 @@ class ComputeGovernor:
                 if n and d > 0:
                     _certainty(st, window.end_s)
                     mine = sum(res.busy.get(p, 0.0) for p in st.pids)
+                    if st.assumed:
+                        st.own = st.own_busy = st.own_launches = 0.0
+                        st.assumed = False
                     st.own += min(1.0, mine / d / OWN_SHARE)
                     st.own_busy += mine
                     st.own_launches += n
@@ -253,7 +288,7 @@ class ComputeGovernor:
                               job_id, uuid, window.start_s, window.end_s, 1000 * mine, n)
             miss = self._miss.get(uuid, 0.0)
             calm = others_steady and all(
-                (st := self._states[(c.job_id, uuid)]).held_until is None
+                (st := states[(c.job_id, uuid)]).held_until is None
                 and window.start_s >= st.held_end + SETTLE_S for c in claims)
             if res.split and calm:
                 miss += DRIFT_WEIGHT * (res.off - miss)
@@ -269,14 +304,66 @@ class ComputeGovernor:
                         st.own *= DRIFT_FORGET
                         st.own_busy *= DRIFT_FORGET
                         st.own_launches *= DRIFT_FORGET
+        settled = (self._per_process.get(uuid, False) or not res.split
+                   or all(c.cost is not None and c.certainty >= attribution.CERTAIN
+                          for c in claims if c.launches))
         if not res.split:
-            return window, res.own
+            return window, res.own, settled
         low = None
         if window.low_s is not None:
             hi, lo = sum(window.busy_s.values()), sum(window.low_s.values())
             f = lo / hi if hi > 0 else 0.0
             low = {p: b * f for p, b in res.busy.items()}
-        return replace(window, busy_s=res.busy, low_s=low), res.own
+        return replace(window, busy_s=res.busy, low_s=low), res.own, settled
+
+    def _compare_names(self, uuid: str, window: Window, claims: list[attribution.Claim],
+                       busy: dict[int, float]) -> None:
+        """Whether the costs the split assumes agree with the process NVML
+        named (a one-process-a-period NVML names the process on the GPU when
+        the period closes: each job about as often as its part of the
+        time). Agreeing over ALIKE_WINDOWS windows: the uncertain jobs' costs
+        are taken as learnt; disagreeing: they are to be probed."""
+        named = [p for p, b in window.busy_s.items() if b > 0]
+        active = [c for c in claims if c.launches is not None and c.launches >= 1.0]
+        # (costs not learnt from windows of their own: uncertain, or taken
+        # from an earlier agreement, which a later disagreement undoes)
+        doubtful = [c for c in active if c.cost is None or c.certainty < attribution.CERTAIN
+                    or ((st := self._states.get((c.job_id, uuid))) is not None and st.assumed)]
+        total = sum(busy.values())
+        if (window.coarse or window.periods > 1.5 or len(named) != 1 or len(active) < 2
+                or not doubtful or total <= 0):
+            return
+        tally = self._naming.setdefault(uuid, {})
+        for c in active:
+            t = tally.setdefault(c.job_id, [0.0, 0.0])
+            t[0] += sum(busy.get(p, 0.0) for p in c.pids) / total
+            t[1] += 1.0 if named[0] in c.pids else 0.0
+        n = sum(t[1] for t in tally.values())
+        chi = sum((o - e) ** 2 / e for e, o in tally.values() if e > 0)
+        bound = ALIKE_CHI * max(1, len(tally) - 1)
+        if n < ALIKE_WINDOWS and not (n >= DIFFER_WINDOWS and chi >= 3 * bound):
+            return
+        self._naming.pop(uuid, None)
+        if chi < bound:
+            # What the split assumed holds: each uncertain job's cost is its
+            # claim's, as if learnt from windows of its own (watched on).
+            for c in doubtful:
+                st = self._states.get((c.job_id, uuid))
+                if st is None or not c.launches or st.assumed:
+                    continue
+                mine = sum(busy.get(p, 0.0) for p in c.pids)
+                st.own, st.own_busy, st.own_launches = 1.0, mine, c.launches
+                st.own_at, st.assumed = window.end_s, True
+            log.debug("costs on %s agree with NVML's names (chi-square %.1f)", uuid, chi)
+        else:
+            for c in doubtful:
+                st = self._states.get((c.job_id, uuid))
+                if st is not None and st.assumed:
+                    st.own = st.own_busy = st.own_launches = 0.0
+                    st.assumed = False
+            self._differ[uuid] = True
+            log.debug("costs on %s disagree with NVML's names (chi-square %.1f): probes",
+                      uuid, chi)
 
     def tick(self, jobs: list[JobDevice], now: float,
              gpus: Iterable[str] = ()) -> dict[tuple[str, str], Gate]:
@@ -301,7 +388,9 @@ class ComputeGovernor:
             self._sampler.read(uuid)        # only to keep its baseline current
         live = set(out)
         for key in [k for k in self._states if k not in live]:
-            del self._states[key]
+            self._gone[key] = (self._states.pop(key), wall_s)
+        for key in [k for k, (_, t) in self._gone.items() if wall_s - t > GONE_S]:
+            del self._gone[key]
         for uuid in list(self._capacity):
             if uuid not in by_gpu:
                 self._capacity.pop(uuid, None)
@@ -310,6 +399,8 @@ class ComputeGovernor:
                 self._one.pop(uuid, None)
                 self._miss.pop(uuid, None)
                 self._next_probe.pop(uuid, None)
+                self._naming.pop(uuid, None)
+                self._differ.pop(uuid, None)
         for uuid in self._sampler.gpus():
             if uuid not in by_gpu and uuid not in watched:
                 self._sampler.forget(uuid)
@@ -322,7 +413,7 @@ class ComputeGovernor:
         if window is not None:
             self._grid[group[0].uuid] = window.end_s
             # Whose busy time it was, where NVML's entries don't say.
-            attributed, _ = self._attribute(group[0].uuid, window, learn=True)
+            attributed, _, _ = self._attribute(group[0].uuid, window, learn=True)
             if attributed is not window:
                 window = attributed
                 seen = [(c, self._remeasure(j, o, window))
@@ -371,6 +462,7 @@ class ComputeGovernor:
                     and g.throttle):
                 gates[key] = Gate(True, 1, self._scale, g.measured, g.target)
         if (self._per_process.get(uuid, False) or not self._one.get(uuid, False)
+                or not self._differ.get(uuid, False)
                 or wall_s < self._next_probe.get(uuid, 0.0)):
             return
         period = self._sampler.period_s(uuid)
@@ -392,7 +484,7 @@ class ComputeGovernor:
         # its end.
         k = math.ceil((wall_s + 2 * self.tick_s + LEAD_S - grid) / period)
         start = grid + k * period
-        until = start + period + LEAD_S
+        until = start + PROBE_PERIODS * period + LEAD_S
         target = max(unsure, key=lambda c: (c.share, str(c.key)))
         for c in active:
             if c is target:
