@@ -55,7 +55,8 @@ TARGETS = {
                        SIM_CFLAGS, SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libcuda.so.1"),
     "sim-nvml": Target("sim/libnvidia-ml.so.1", ["sim/common/*.c", "sim/nvml/*.c", "common/*.c"],
                        SIM_CFLAGS, SIM_LDFLAGS, ["-ldl", "-lrt"], "shared", "libnvidia-ml.so.1"),
-    "vgpu-burn": Target("bin/vgpu-burn", ["tools/vgpu_burn*.c", "common/*.c"], [], [], ["-ldl"],
+    "vgpu-burn": Target("bin/vgpu-burn", ["tools/vgpu_burn*.c", "common/*.c"], [], [],
+                        ["-ldl", "-lm"],
                         "exe", None),
 }
 

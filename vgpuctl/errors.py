@@ -107,6 +107,11 @@ class NvmlUnavailable(MissingComponent):
     """NVML can't be loaded or initialised (no driver, no simulated GPU)."""
 
 
+class CheckpointUnavailable(MissingComponent):
+    """The driver can't suspend or move jobs here: none, or one older than
+    R570 (R580 for a move); the message names the version needed."""
+
+
 class MetricsUnavailable(MissingComponent):
     """The Prometheus endpoint was asked for without prometheus-client."""
 
@@ -125,3 +130,13 @@ class ConfigError(VgpuError):
     """A configuration file that can't be used: names the file, key and reason."""
 
     exit_code = 78  # EX_CONFIG
+
+
+class CheckpointError(VgpuError):
+    """A step of suspending, resuming or moving a job failed: the driver's
+    checkpoint API refused (``rc``: its CUresult), or the job can't be
+    suspended (managed or IPC memory). What was done is undone."""
+
+    def __init__(self, message: str, rc: int | None = None) -> None:
+        super().__init__(message)
+        self.rc = rc

@@ -7,7 +7,7 @@
 #   bash bench/gpu/run_all.sh [OUTDIR]          (default bench/results/gpu)
 #
 # Builds vgpuctl in this tree, then runs nvml_probe, memory, compute,
-# overhead, interception and isolation (bench/gpu/<step>.py), each under
+# overhead, interception, isolation and suspend (bench/gpu/<step>.py), each under
 # `timeout`, logging and going on when one fails. nvml_probe goes first: it
 # is short and its raw NVML figures are what the simulator is fitted to.
 # Each step writes OUTDIR/<step>.json; OUTDIR/summary.json names the machine
@@ -20,7 +20,8 @@
 # Environment:
 #   PYTHON                    the interpreter (default python3: the one with torch)
 #   GPU_PROOF_STEPS           steps to run (default "nvml_probe memory compute
-#                             overhead interception isolation")
+#                             overhead interception isolation suspend"; "priority", the
+#                             classes of issue 21, about 3 minutes, runs when named)
 #   GPU_PROOF_BUDGET_S        wall-clock budget for all steps (default 540);
 #                             a step gets min(its own limit, what is left)
 #   GPU_PROOF_SECONDS         compute: measured seconds per run (default 20)
@@ -48,7 +49,7 @@ OUTDIR=${1:-bench/results/gpu}
 mkdir -p "$OUTDIR" || exit 3
 OUTDIR=$(cd "$OUTDIR" && pwd)
 PY=${PYTHON:-python3}
-STEPS=${GPU_PROOF_STEPS:-nvml_probe memory compute overhead interception isolation}
+STEPS=${GPU_PROOF_STEPS:-nvml_probe memory compute overhead interception isolation suspend}
 BUDGET=${GPU_PROOF_BUDGET_S:-540}
 WHEELS=${GPU_PROOF_WHEELS:-$ROOT/.whl}
 export PYTHONUNBUFFERED=1
@@ -61,6 +62,8 @@ step_limit() {   # seconds a step may take at most
         overhead) echo 200 ;;
         interception) echo 100 ;;
         isolation) echo 150 ;;
+        suspend) echo 150 ;;
+        priority) echo 300 ;;
         *) echo 120 ;;
     esac
 }

@@ -5,6 +5,12 @@
  * a CUDA ordinal is turned into the physical GPU's UUID with the real
  * cuDeviceGetUuid and matched against limits.dev[i].uuid; NVML handles are
  * matched the same way through nvmlDeviceGetUUID. Both answers are cached.
+ *
+ * When the daemon moves the job to another GPU (docs/suspend.md), the
+ * process's CUDA devices become the new GPUs and the daemon writes their
+ * UUIDs into the same places of the region (and bumps its generation): an
+ * ordinal keeps its place, so that cache holds; an NVML handle names a
+ * physical GPU, so that cache is dropped whenever the generation moves.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -25,6 +31,7 @@ static struct {
     int dev;
 } nvml_cache[MAX_NVML];
 static unsigned nvml_count;
+static uint64_t nvml_gen;   /* the limits' generation nvml_cache was filled at */
 
 int vgpu_g_single_dev = -1;
 static uint32_t ctx_mask;
@@ -95,6 +102,13 @@ int vgpu_dev_current(void)
 
 int vgpu_dev_of_nvml(nvmlDevice_t h)
 {
+    uint64_t gen = __atomic_load_n(&vgpu_g_limits->generation, __ATOMIC_ACQUIRE);
+    if (gen != __atomic_load_n(&nvml_gen, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&map_lock);
+        __atomic_store_n(&nvml_count, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&nvml_gen, gen, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&map_lock);
+    }
     unsigned n = __atomic_load_n(&nvml_count, __ATOMIC_ACQUIRE);
     for (unsigned i = 0; i < n; i++)
         if (nvml_cache[i].handle == h)

@@ -11,6 +11,7 @@
  *   memory.c     allocating entry points, their frees, memory info
  *   context.c    contexts: measured, reserved, given back
  *   launch.c     the launch gate (token bucket)
+ *   priority.c   classes: held launches, the job's signal
  *   nvml.c       NVML memory info and process lists
  *   log.c        "vgpu:" messages, each once
  */
@@ -244,6 +245,22 @@ static inline void vgpu_leave_hook(int *unused)
     vgpu_t_inside = 1; \
     __attribute__((cleanup(vgpu_leave_hook))) int guard_ = 1; \
     (void)guard_
+
+/* ---- priority classes (priority.c) ------------------------------------------------ */
+/* The job's own signal (NULL without a region of the daemon's). */
+extern struct vgpu_signal *vgpu_g_signal;
+/* Another job's signal segment, attached read-only when the daemon made it
+ * (state.c); NULL when not. */
+const struct vgpu_signal *vgpu_attach_signal(int id);
+/* A launch on region device d of a job with lower classes beside it: stamp
+ * its signal. */
+void vgpu_prio_signal(int d);
+/* Before a launch on d into stream s of a job with higher classes beside it:
+ * wait while they need the GPU; 1 when the launch is to be tracked
+ * (vgpu_prio_track after it succeeded), 0 when not (a capturing stream). */
+int vgpu_prio_hold(int d, CUstream s);
+void vgpu_prio_track(int d, CUstream s);
+void vgpu_priority_atfork_child(void);
 
 /* ---- logging (log.c) -------------------------------------------------------- */
 enum { VGPU_LOG_ERROR = 0, VGPU_LOG_WARN, VGPU_LOG_INFO, VGPU_LOG_DEBUG };

@@ -4,9 +4,10 @@
  * cuGraphLaunch (and their _ptsz forms), cuLaunch, cuLaunchGrid and
  * cuLaunchGridAsync.
  *
- * Not throttled (limits.dev[d].throttle == 0): one relaxed atomic add on the
- * process's launch counter, then the real call - no lock, no syscall, no
- * clock read. Throttled: a lock-free token bucket in usage.dev[d] (tokens,
+ * Not throttled, no class to heed (limits.dev[d].throttle == 0, hold == 0):
+ * one relaxed atomic add on the process's launch counter, then the real call
+ * - no lock, no syscall, no clock read. A class to heed (hold != 0) is
+ * priority.c's. Throttled: a lock-free token bucket in usage.dev[d] (tokens,
  * last_refill_ns), refilled lazily from CLOCK_MONOTONIC at the rate the
  * daemon writes; a launch takes VGPU_TOKEN_SCALE tokens. When the bucket is
  * empty only the launching thread waits, in naps of at most 5 ms that
@@ -114,80 +115,137 @@ static __attribute__((noinline)) int take_token(int d)
     }
 }
 
-/* 0: launch; -1: the gate is closed. */
-static inline __attribute__((always_inline)) int gate(void)
+/* The slow path, before the launch: a class to heed, a token to take, or
+ * both (w: throttle in the low half, hold in the high half). 0: launch,
+ * *track set when the launch is to be tracked after it; -1: the gate is
+ * closed. */
+static __attribute__((noinline)) int gate_slow(int d, uint64_t w, CUstream s, int *track)
 {
-    int d = vgpu_dev_for_launch();
-    if (VGPU_UNLIKELY(d < 0))
-        return 0;
-    if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_g_limits->dev[d].throttle, __ATOMIC_RELAXED)) &&
-        take_token(d) != 0)
+    uint32_t throttle = (uint32_t)w, hold = (uint32_t)(w >> 32);
+    if (hold & VGPU_HOLD_SIGNAL)
+        vgpu_prio_signal(d);
+    if (hold & VGPU_HOLD_HELD)
+        *track = vgpu_prio_hold(d, s);
+    if (throttle && take_token(d) != 0)
         return -1;
     __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
     return 0;
 }
 
-#define GATED(sym, args) \
+typedef uint64_t __attribute__((may_alias)) gate_pair;
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) ==
+                   __builtin_offsetof(struct vgpu_dev_limit, throttle) + 4 &&
+               __builtin_offsetof(struct vgpu_dev_limit, throttle) % 8 == 0,
+               "throttle and hold make one aligned 64-bit word");
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gate_word reads throttle as the low half of its word"
+#endif
+
+/* The launch's device in *dev, and what it goes through there (0: the fast
+ * path, the launch already counted; else gate_slow's word). */
+static inline __attribute__((always_inline)) uint64_t gate_word(int *dev)
+{
+    int d = vgpu_dev_for_launch();
+    *dev = d;
+    if (VGPU_UNLIKELY(d < 0))
+        return 0;
+    /* throttle and hold side by side (region.h, 8-byte aligned): one load.
+     * Little-endian: throttle in the low half. */
+    const gate_pair *p = (const gate_pair *)&vgpu_g_limits->dev[d].throttle;
+    uint64_t w = __atomic_load_n(p, __ATOMIC_RELAXED);
+    if (VGPU_LIKELY(w == 0))
+        __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
+    return w;
+}
+
+/* A launch entry point: the fast path is the count and a tail call to the
+ * driver; the slow path the gate, the call, and for a held launch the
+ * record of its work in flight. `stream` is the stream it launches into
+ * (for a _ptsz form, NULL is the calling thread's default stream), only
+ * evaluated on the slow path. */
+#define GATED(sym, args, stream) \
     do { \
         CU_PROLOGUE(sym, args); \
-        if (VGPU_UNLIKELY(gate() != 0)) \
-            return CUDA_ERROR_NOT_PERMITTED; \
+        int dev_; \
+        uint64_t w_ = gate_word(&dev_); \
+        if (VGPU_UNLIKELY(w_ != 0)) { \
+            int track_ = 0; \
+            CUstream s_ = (stream); \
+            if (gate_slow(dev_, w_, s_, &track_) != 0) \
+                return CUDA_ERROR_NOT_PERMITTED; \
+            CUresult rc_ = REAL(sym) args; \
+            if (track_ && rc_ == CUDA_SUCCESS) \
+                vgpu_prio_track(dev_, s_); \
+            return rc_; \
+        } \
         return REAL(sym) args; \
     } while (0)
 
+/* The per-thread default stream, for the _ptsz forms. */
+static inline CUstream ptsz(CUstream s)
+{
+    return s ? s : CU_STREAM_PER_THREAD;
+}
+
+static inline CUstream config_stream(const CUlaunchConfig *config)
+{
+    return config ? config->hStream : NULL;
+}
+
 CUresult hook_cuLaunchKernel VGPU_LAUNCH_PARAMS
 {
-    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS);
+    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS, hStream);
 }
 
 CUresult hook_cuLaunchKernel_ptsz VGPU_LAUNCH_PARAMS
 {
-    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS);
+    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS, ptsz(hStream));
 }
 
 CUresult hook_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                void **extra)
 {
-    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra));
+    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra), config_stream(config));
 }
 
 CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                     void **kernelParams, void **extra)
 {
-    GATED(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra));
+    GATED(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra),
+          ptsz(config_stream(config)));
 }
 
 CUresult hook_cuLaunchCooperativeKernel VGPU_COOP_PARAMS
 {
-    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS);
+    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS, hStream);
 }
 
 CUresult hook_cuLaunchCooperativeKernel_ptsz VGPU_COOP_PARAMS
 {
-    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS);
+    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS, ptsz(hStream));
 }
 
 CUresult hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    GATED(cuGraphLaunch, (hGraphExec, hStream));
+    GATED(cuGraphLaunch, (hGraphExec, hStream), hStream);
 }
 
 CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
-    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream));
+    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream), ptsz(hStream));
 }
 
 CUresult hook_cuLaunch(CUfunction f)
 {
-    GATED(cuLaunch, (f));
+    GATED(cuLaunch, (f), NULL);
 }
 
 CUresult hook_cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
-    GATED(cuLaunchGrid, (f, grid_width, grid_height));
+    GATED(cuLaunchGrid, (f, grid_width, grid_height), NULL);
 }
 
 CUresult hook_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
 {
-    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream));
+    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream), hStream);
 }

@@ -139,9 +139,41 @@ CUresult hook_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     PLAIN_ALLOC(cuMemAlloc_v2, (dptr, bytesize), bytesize);
 }
 
+/* What the process used that the driver can't checkpoint (region.h). */
+static void note_feature(uint32_t bit)
+{
+    if (vgpu_g_slot != NULL)
+        __atomic_fetch_or(&vgpu_g_slot->features, bit, __ATOMIC_RELAXED);
+}
+
 CUresult hook_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
+    CU_PROLOGUE(cuMemAllocManaged, (dptr, bytesize, flags));
+    if (!vgpu_t_inside)
+        note_feature(VGPU_FEATURE_MANAGED);   /* asked for: it may yet succeed elsewhere */
     PLAIN_ALLOC(cuMemAllocManaged, (dptr, bytesize, flags), bytesize);
+}
+
+/* CUDA IPC: the exporter's and the importer's process both hold memory the
+ * driver can't checkpoint (R570). Nothing else is counted here: the memory
+ * is the exporter's. */
+CUresult hook_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    CU_PROLOGUE(cuIpcGetMemHandle, (pHandle, dptr));
+    CUresult r = REAL(cuIpcGetMemHandle)(pHandle, dptr);
+    if (r == CUDA_SUCCESS)
+        note_feature(VGPU_FEATURE_IPC);
+    return r;
+}
+
+CUresult hook_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                    unsigned int Flags)
+{
+    CU_PROLOGUE(cuIpcOpenMemHandle_v2, (pdptr, handle, Flags));
+    CUresult r = REAL(cuIpcOpenMemHandle_v2)(pdptr, handle, Flags);
+    if (r == CUDA_SUCCESS)
+        note_feature(VGPU_FEATURE_IPC);
+    return r;
 }
 
 CUresult hook_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)

@@ -1,9 +1,10 @@
 /*
  * state.c - what the hook enforces, and for whom.
  *
- *   VGPU_REGION=<dir>    the job's region: <dir>/region names its two System V
- *                        shared memory segments (limits attached read-only,
- *                        usage read-write); this process claims a slot.
+ *   VGPU_REGION=<dir>    the job's region: <dir>/region names its three System
+ *                        V shared memory segments (limits attached read-only,
+ *                        usage and signal read-write); this process claims a
+ *                        slot.
  *   VGPU_MEM_LIMIT=4G    no region: a private, in-process region with that
  *                        limit on every GPU (per process, no daemon, no
  *                        compute limit).
@@ -15,10 +16,11 @@
  * environment can add a daemon to obey, never take the system one away):
  *   - a region is used only if the daemon made it: a directory right under
  *     the daemon's jobs directory, it and its region file owned by the
- *     daemon's user and writable by no one else; both segments created by
+ *     daemon's user and writable by no one else; its segments created by
  *     the daemon's user (the kernel's shm_perm.cuid, which no one else can
  *     set), the limits segment owned by it and writable by no one else;
- *     made for this uid;
+ *     made for this uid; so are the signals of other jobs the limits name
+ *     (priority.c);
  *   - VGPU_MEM_LIMIT is refused (CUDA calls fail): limits come from the
  *     daemon, never from the job's environment.
  *
@@ -51,21 +53,30 @@ int vgpu_g_nvml_state;
 const struct vgpu_limits *vgpu_g_limits;
 struct vgpu_usage *vgpu_g_usage;
 struct vgpu_proc_slot *vgpu_g_slot;
+struct vgpu_signal *vgpu_g_signal;
 int vgpu_g_private;
 uint64_t vgpu_g_private_limit;
 
 static pthread_mutex_t state_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_managed;         /* a daemon manages this node's GPUs: */
+static uid_t g_daemon_uid;    /* ... as this user */
 static int configured_mode;   /* VGPU_UNINIT until configure() ran */
 static struct vgpu_limits priv_limits;
 static struct vgpu_usage priv_usage;
 
 /* ---- layout checks: a change to region.h must be seen here -------------- */
-_Static_assert(sizeof(struct vgpu_dev_limit) == 144, "vgpu_dev_limit layout");
+_Static_assert(sizeof(struct vgpu_dev_limit) == 184 + 8 * 48, "vgpu_dev_limit layout");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) == 124, "hold");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 144, "priority");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 184, "holders");
+_Static_assert(sizeof(struct vgpu_holder) == 48, "vgpu_holder layout");
+_Static_assert(__builtin_offsetof(struct vgpu_holder, signal_id) == 40, "holder.signal_id");
+_Static_assert(sizeof(struct vgpu_signal) == 16 + 16 * 32, "vgpu_signal layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, mem_limit) == 96, "mem_limit");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, throttle) == 120, "throttle");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, refill_rate) == 128, "refill_rate");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, bucket_size) == 136, "bucket_size");
-_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 144, "vgpu_limits layout");
+_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 568, "vgpu_limits layout");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, generation) == 48, "generation");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
 _Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
@@ -77,7 +88,7 @@ _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 400, "slot.a
 _Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
 _Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 416, "vgpu_usage layout");
-_Static_assert(VGPU_REGION_VERSION == 1, "libvgpu/hook follows region layout version 1");
+_Static_assert(VGPU_REGION_VERSION == 2, "libvgpu/hook follows region layout version 2");
 
 /* ---- helpers -------------------------------------------------------------- */
 uint64_t vgpu_now_ns(void)
@@ -172,14 +183,14 @@ static int daemons(const struct stat *st, uid_t daemon_uid)
  * who created it. The daemon allocates and touches every page before anyone
  * attaches, so no access through an attachment can fault for want of space.
  * The job directory holds only the daemon's small `region` file naming the
- * two segments. */
+ * three segments. */
 #define REGION_FILE "region"
 #define REGION_TAG "vgpu-region"
 
-/* The two segment ids the daemon wrote into <dir>/region (a file owned by
+/* The three segment ids the daemon wrote into <dir>/region (a file owned by
  * the daemon's user and writable by no one else, when there is a daemon). */
 static int region_ids(const char *dir, const uid_t *owner, int *limits_id, int *usage_id,
-                      char *why, size_t len)
+                      int *signal_id, char *why, size_t len)
 {
     char path[PATH_MAX], buf[128];
     snprintf(path, sizeof(path), "%s/%s", dir, REGION_FILE);
@@ -201,8 +212,9 @@ static int region_ids(const char *dir, const uid_t *owner, int *limits_id, int *
     close(fd);
     int version = 0;
     buf[n > 0 ? n : 0] = '\0';
-    if (n <= 0 || sscanf(buf, REGION_TAG " %d %d %d", &version, limits_id, usage_id) != 3 ||
-        version != VGPU_REGION_VERSION || *limits_id < 0 || *usage_id < 0) {
+    if (n <= 0 ||
+        sscanf(buf, REGION_TAG " %d %d %d %d", &version, limits_id, usage_id, signal_id) != 4 ||
+        version != VGPU_REGION_VERSION || *limits_id < 0 || *usage_id < 0 || *signal_id < 0) {
         snprintf(why, len, "%s: not a vgpu region of layout version %d", path,
                  VGPU_REGION_VERSION);
         return 0;
@@ -271,8 +283,8 @@ static int daemons_region(const char *dir, const char *jobs, uid_t daemon_uid, c
 
 static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_t len)
 {
-    int limits_id, usage_id;
-    if (!region_ids(dir, daemon_uid, &limits_id, &usage_id, why, len))
+    int limits_id, usage_id, signal_id;
+    if (!region_ids(dir, daemon_uid, &limits_id, &usage_id, &signal_id, why, len))
         return 0;
     const struct vgpu_limits *lim = attach(dir, "limits", limits_id,
                                            sizeof(struct vgpu_limits), 0, daemon_uid, 1,
@@ -317,9 +329,47 @@ static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_
         shmdt(lim);
         return 0;
     }
+    struct vgpu_signal *sig = attach(dir, "signal", signal_id, sizeof(struct vgpu_signal), 1,
+                                     daemon_uid, 0, why, len);
+    if (sig == NULL) {
+        shmdt(use);
+        shmdt(lim);
+        return 0;
+    }
+    if (sig->magic != VGPU_SIGNAL_MAGIC || sig->version != VGPU_REGION_VERSION) {
+        snprintf(why, len, "%s: the signal segment is not a vgpu signal of layout version %d",
+                 dir, VGPU_REGION_VERSION);
+        shmdt(sig);
+        shmdt(use);
+        shmdt(lim);
+        return 0;
+    }
     vgpu_g_limits = lim;
     vgpu_g_usage = use;
+    vgpu_g_signal = sig;
     return 1;
+}
+
+/* Another job's signal, segment id, attached read-only: only a segment of
+ * exactly a signal's size that the daemon's user made (where a daemon
+ * manages the node) and no one but its owner may write, holding a signal.
+ * NULL otherwise: a stale id, or one reused for anything else. */
+const struct vgpu_signal *vgpu_attach_signal(int id)
+{
+    struct shmid_ds ds;
+    if (id < 0 || shmctl(id, IPC_STAT, &ds) != 0)
+        return NULL;
+    if ((g_managed && ds.shm_perm.cuid != g_daemon_uid) || (ds.shm_perm.mode & 022) != 0 ||
+        (size_t)ds.shm_segsz != sizeof(struct vgpu_signal))
+        return NULL;
+    const struct vgpu_signal *s = shmat(id, NULL, SHM_RDONLY);
+    if (s == (void *)-1)
+        return NULL;
+    if (s->magic != VGPU_SIGNAL_MAGIC || s->version != VGPU_REGION_VERSION) {
+        shmdt(s);
+        return NULL;
+    }
+    return s;
 }
 
 static int configure(void)
@@ -330,6 +380,8 @@ static int configure(void)
     char jobs[PATH_MAX];
     uid_t daemon_uid;
     int managed = managing_daemon(jobs, &daemon_uid);
+    g_managed = managed;
+    g_daemon_uid = managed ? daemon_uid : 0;
     if (dir != NULL && *dir != '\0') {
         if ((!managed || daemons_region(dir, jobs, daemon_uid, why, sizeof(why))) &&
             map_region(dir, managed ? &daemon_uid : NULL, why, sizeof(why)))
@@ -383,6 +435,7 @@ int vgpu_private_add_device(const char *uuid)
 static void clear_slot(struct vgpu_proc_slot *s)
 {
     s->start_time = 0;
+    __atomic_store_n(&s->features, 0, __ATOMIC_RELAXED);
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         __atomic_store_n(&s->used[d], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->ctx_bytes[d], 0, __ATOMIC_RELAXED);
@@ -516,6 +569,7 @@ static void after_fork_child(void)
     vgpu_alloctab_atfork_child();
     vgpu_context_atfork_child();
     vgpu_devmap_atfork_child();
+    vgpu_priority_atfork_child();
     if (vgpu_g_private)
         memset(priv_usage.dev, 0, sizeof(priv_usage.dev));
     vgpu_g_slot = NULL;

@@ -2,8 +2,9 @@
  * vgpu-burn - launch kernels of a given duration and report how many ran.
  *
  *   vgpu-burn [--device N] --kernel-us US (--seconds S | --count K)
- *             [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]
- *             [--on-ms MS --off-ms MS] [--graph K]
+ *             [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]
+ *             [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]
+ *             [--request K --think-ms MS [--seed S]]
  *
  * Driver API only, reached as the CUDA runtime reaches it: dlopen
  * ("libcuda.so.1"), then every entry point through cuGetProcAddress. The
@@ -12,24 +13,40 @@
  * simulated GPU runs it for that long by its duration rule. So the same
  * program measures compute shares on the simulator and on a real GPU.
  *
+ * --graph N: each launch is a CUDA graph of N such kernels (cuGraphLaunch),
+ * and --inflight counts graphs.
+ *
+ * --request K: a latency client instead of a saturating one. A request is K
+ * kernels launched back to back and waited for; between requests the
+ * program sleeps a random time, exponentially distributed with mean
+ * --think-ms (seeded by --seed). Per request it records the latency the host
+ * saw (first launch to the wait's return), the device's (events before and
+ * after, on the device's clock) and the device time to the end of its first
+ * kernel. --count counts requests.
+ *
+ * --work: the kernel does a fixed amount of work (a chain of dependent
+ * multiply-adds, as many as --kernel-us takes on this GPU alone, measured at
+ * start, or --iters-per-us given) rather than spinning until the GPU's clock
+ * says --kernel-us passed: a spinning kernel that the GPU preempts and
+ * resumes ends as soon as its time has passed, a working one still has its
+ * work to do. The simulated GPU runs either for --kernel-us of its timeline.
+ *
  * --duty keeps the device busy about PCT % of the time: at the start of each
  * period of MS milliseconds (100 by default) it launches kernels adding up to
  * PCT % of the period, waits for them, and sleeps to the period's end.
  * --on-ms/--off-ms alternate in wall time: launch for ON ms, wait for the
  * kernels, sleep OFF ms (on a shared GPU it gets less than ON/(ON+OFF)).
- * --graph K captures K kernels into a CUDA graph (stream capture) and
- * launches the graph instead: one cuGraphLaunch runs K kernels, as
- * frameworks replay captured steps; --inflight then counts graphs, and
- * "kernels" still counts kernels.
  *
  * Prints one line of JSON: kernels (completed), seconds (wall time from the
  * first launch to the last completion), rate (kernels per second),
- * kernel_us, device, pid; with "error" and "call" when a driver call failed.
+ * kernel_us, device, pid; with "error" and "call" when a driver call failed;
+ * a client adds requests, latency_ms, device_ms and first_ms (lists).
  * Exit status: 0 done, 1 a driver call failed, 2 bad arguments or --alloc
  * failed. SIGINT or SIGTERM stops the launches and reports what ran.
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +77,29 @@ static const char k_ptx[] =
     "    setp.lt.u64 %p1, %rd4, %rd1;\n"
     "    @%p1 bra $L_spin;\n"
     "    ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry vgpu_spin_work(\n"
+    "    .param .u64 vgpu_spin_work_ns,\n"
+    "    .param .u64 vgpu_spin_work_iters,\n"
+    "    .param .u64 vgpu_spin_work_out\n"
+    ")\n"
+    "{\n"
+    "    .reg .pred %p<2>;\n"
+    "    .reg .b64 %rd<5>;\n"
+    "    .reg .f32 %f<2>;\n"
+    "\n"
+    "    ld.param.u64 %rd1, [vgpu_spin_work_iters];\n"
+    "    ld.param.u64 %rd3, [vgpu_spin_work_out];\n"
+    "    mov.u64 %rd2, 0;\n"
+    "    mov.f32 %f1, 0f3F800000;\n"
+    "$L_work:\n"
+    "    fma.rn.f32 %f1, %f1, 0f3F7FFFEF, 0f3A83126F;\n"
+    "    add.u64 %rd2, %rd2, 1;\n"
+    "    setp.lt.u64 %p1, %rd2, %rd1;\n"
+    "    @%p1 bra $L_work;\n"
+    "    st.global.f32 [%rd3], %f1;\n"
+    "    ret;\n"
     "}\n";
 
 /* ---- the driver, through cuGetProcAddress ---- */
@@ -84,17 +124,16 @@ static struct {
     CUresult (*EventCreate)(CUevent *, unsigned int);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    CUresult (*GraphCreate)(CUgraph *, unsigned int);
+    CUresult (*GraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                   const CUDA_KERNEL_NODE_PARAMS_v2 *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
     CUresult (*LaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                              unsigned int, unsigned int, unsigned int, CUstream, void **,
                              void **);
-    CUresult (*StreamBeginCapture)(CUstream, int);
-    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
-    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
-    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
 } cu;
-
-/* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: only this thread's calls are checked */
-#define CAPTURE_MODE_THREAD_LOCAL 1
 
 static const char *g_prog = "vgpu-burn";
 
@@ -129,9 +168,10 @@ static int load_driver(const char **missing)
         {"cuEventRecord", (void **)&cu.EventRecord},
         {"cuEventSynchronize", (void **)&cu.EventSynchronize},
         {"cuLaunchKernel", (void **)&cu.LaunchKernel},
-        {"cuStreamBeginCapture", (void **)&cu.StreamBeginCapture},
-        {"cuStreamEndCapture", (void **)&cu.StreamEndCapture},
-        {"cuGraphInstantiateWithFlags", (void **)&cu.GraphInstantiate},
+        {"cuEventElapsedTime", (void **)&cu.EventElapsedTime},
+        {"cuGraphCreate", (void **)&cu.GraphCreate},
+        {"cuGraphAddKernelNode", (void **)&cu.GraphAddKernelNode},
+        {"cuGraphInstantiate", (void **)&cu.GraphInstantiate},
         {"cuGraphLaunch", (void **)&cu.GraphLaunch},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -155,19 +195,27 @@ struct opts {
     long long count;
     unsigned long long alloc;
     int inflight;
+    int graph;        /* kernels per graph; 0: plain launches */
+    int request;      /* kernels per request; 0: not a client */
+    int work;         /* fixed-work kernels */
+    double iters_per_us; /* their calibration; 0: measure it */
+    double think_ms;
+    unsigned long long seed;
     double duty;      /* percent; 0: no pause */
     double period_ms;
     double on_ms, off_ms;  /* wall-time on/off; 0: none */
-    int graph;             /* kernels per graph launch; 0: plain launches */
 };
+
+#define USAGE "usage: %s [--device N] --kernel-us US (--seconds S | --count K)" \
+              " [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]" \
+              " [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]" \
+              " [--request K --think-ms MS [--seed S]]\n"
 
 static void usage_error(const char *fmt, const char *arg)
 {
     fprintf(stderr, "%s: error: ", g_prog);
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: %s [--device N] --kernel-us US (--seconds S | --count K)"
-                    " [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]"
-                    " [--on-ms MS --off-ms MS] [--graph K]\n", g_prog);
+    fprintf(stderr, "\n" USAGE, g_prog);
     exit(2);
 }
 
@@ -197,9 +245,7 @@ static struct opts parse_args(int argc, char **argv)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            printf("usage: %s [--device N] --kernel-us US (--seconds S | --count K)"
-                   " [--alloc SIZE] [--inflight K] [--duty PCT [--period-ms MS]]"
-                   " [--on-ms MS --off-ms MS] [--graph K]\n", g_prog);
+            printf(USAGE, g_prog);
             exit(0);
         } else if (strcmp(a, "--device") == 0) {
             double d = parse_number(a, v, 0);
@@ -228,16 +274,25 @@ static struct opts parse_args(int argc, char **argv)
             o.on_ms = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--off-ms") == 0) {
             o.off_ms = parse_number(a, v, 1e-9);
-        } else if (strcmp(a, "--graph") == 0) {
-            double k = parse_number(a, v, 1);
-            if (k != (int)k || k > 1024)
-                usage_error("%s needs a whole number from 1 to 1024", a);
-            o.graph = (int)k;
         } else if (strcmp(a, "--inflight") == 0) {
             double k = parse_number(a, v, 1);
             if (k != (int)k || k > 1024)
                 usage_error("%s needs a whole number from 1 to 1024", a);
             o.inflight = (int)k;
+        } else if (strcmp(a, "--graph") == 0 || strcmp(a, "--request") == 0) {
+            double k = parse_number(a, v, 1);
+            if (k != (int)k || k > 100000)
+                usage_error("%s needs a whole number from 1 to 100000", a);
+            *(a[2] == 'g' ? &o.graph : &o.request) = (int)k;
+        } else if (strcmp(a, "--work") == 0) {
+            o.work = 1;
+            continue;
+        } else if (strcmp(a, "--iters-per-us") == 0) {
+            o.iters_per_us = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--think-ms") == 0) {
+            o.think_ms = parse_number(a, v, 0);
+        } else if (strcmp(a, "--seed") == 0) {
+            o.seed = (unsigned long long)parse_number(a, v, 0);
         } else {
             usage_error("unknown option '%s'", a);
         }
@@ -247,6 +302,8 @@ static struct opts parse_args(int argc, char **argv)
         usage_error("%s is required", "--kernel-us");
     if ((o.seconds > 0) == (o.count > 0))
         usage_error("give exactly one of %s", "--seconds or --count");
+    if (o.request && o.graph)
+        usage_error("%s: a client launches plain kernels", "--graph");
     if ((o.on_ms > 0) != (o.off_ms > 0))
         usage_error("give both of %s", "--on-ms and --off-ms");
     if (o.on_ms > 0 && o.duty > 0)
@@ -274,6 +331,18 @@ static double now_s(void)
 static struct opts g_o;
 static long long g_done;
 static double g_start, g_elapsed;
+/* a client's requests: host latency, device latency, device time to the end
+ * of the first kernel, in ms */
+static double *g_lat, *g_dev, *g_first;
+static long long g_nreq, g_capreq;
+
+static void put_list(const char *name, const double *v, long long n)
+{
+    printf(", \"%s\": [", name);
+    for (long long i = 0; i < n; i++)
+        printf("%s%.4f", i ? ", " : "", v[i]);
+    printf("]");
+}
 
 static void report(const char *call, CUresult rc)
 {
@@ -281,9 +350,20 @@ static void report(const char *call, CUresult rc)
         g_elapsed = now_s() - g_start;
     double rate = g_elapsed > 0 ? (double)g_done / g_elapsed : 0;
     printf("{\"kernels\": %lld, \"seconds\": %.6f, \"rate\": %.3f, \"kernel_us\": %g, "
-           "\"device\": %d, \"pid\": %d, \"inflight\": %d, \"alloc\": %llu, \"graph\": %d",
+           "\"device\": %d, \"pid\": %d, \"inflight\": %d, \"alloc\": %llu",
            g_done, g_elapsed, rate, g_o.kernel_us, g_o.device, (int)getpid(), g_o.inflight,
-           g_o.alloc, g_o.graph);
+           g_o.alloc);
+    if (g_o.graph)
+        printf(", \"graph\": %d", g_o.graph);
+    if (g_o.work)
+        printf(", \"iters_per_us\": %.4f", g_o.iters_per_us);
+    if (g_o.request) {
+        printf(", \"requests\": %lld, \"request\": %d, \"think_ms\": %g", g_nreq,
+               g_o.request, g_o.think_ms);
+        put_list("latency_ms", g_lat, g_nreq);
+        put_list("device_ms", g_dev, g_nreq);
+        put_list("first_ms", g_first, g_nreq);
+    }
     if (call) {
         const char *name = NULL;
         if (!cu.GetErrorName || cu.GetErrorName(rc, &name) != CUDA_SUCCESS || !name)
@@ -302,6 +382,83 @@ static void report(const char *call, CUresult rc)
             return 1;                      \
         }                                  \
     } while (0)
+
+/* xorshift64*, seeded: the same think times on every run */
+static double uniform01(unsigned long long *x)
+{
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return (double)((*x * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+
+static void nap_ms(double ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+                          .tv_nsec = (long)((ms - 1000.0 * (time_t)(ms / 1000)) * 1e6)};
+    while (!g_stop && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static int push_request(double lat, double dev, double first)
+{
+    if (g_nreq == g_capreq) {
+        long long cap = g_capreq ? 2 * g_capreq : 1024;
+        double *a = realloc(g_lat, (size_t)cap * sizeof *a);
+        if (a)
+            g_lat = a;
+        double *b = realloc(g_dev, (size_t)cap * sizeof *b);
+        if (b)
+            g_dev = b;
+        double *c = realloc(g_first, (size_t)cap * sizeof *c);
+        if (c)
+            g_first = c;
+        if (!a || !b || !c)
+            return -1;
+        g_capreq = cap;
+    }
+    g_lat[g_nreq] = lat;
+    g_dev[g_nreq] = dev;
+    g_first[g_nreq] = first;
+    g_nreq++;
+    return 0;
+}
+
+/* The latency client (--request). */
+static int client(CUfunction fn, CUstream stream, void **args)
+{
+    CUevent start, first, end;
+    CHECK("cuEventCreate", cu.EventCreate(&start, CU_EVENT_DEFAULT));
+    CHECK("cuEventCreate", cu.EventCreate(&first, CU_EVENT_DEFAULT));
+    CHECK("cuEventCreate", cu.EventCreate(&end, CU_EVENT_BLOCKING_SYNC));
+    unsigned long long x = g_o.seed * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull;
+    g_start = now_s();
+    double deadline = g_start + g_o.seconds;
+    while (!g_stop && (g_o.count ? g_nreq < g_o.count : now_s() < deadline)) {
+        double t0 = now_s();
+        CHECK("cuEventRecord", cu.EventRecord(start, stream));
+        for (int k = 0; k < g_o.request; k++) {
+            CHECK("cuLaunchKernel",
+                  cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+            if (k == 0)
+                CHECK("cuEventRecord", cu.EventRecord(first, stream));
+        }
+        CHECK("cuEventRecord", cu.EventRecord(end, stream));
+        CHECK("cuEventSynchronize", cu.EventSynchronize(end));
+        double lat = (now_s() - t0) * 1e3;
+        float dev_ms = 0, first_ms = 0;
+        CHECK("cuEventElapsedTime", cu.EventElapsedTime(&dev_ms, start, end));
+        CHECK("cuEventElapsedTime", cu.EventElapsedTime(&first_ms, start, first));
+        if (push_request(lat, dev_ms, first_ms) != 0)
+            return 1;
+        g_done += g_o.request;
+        if (g_o.think_ms > 0)
+            nap_ms(-g_o.think_ms * log(1.0 - uniform01(&x)));
+    }
+    g_elapsed = now_s() - g_start;
+    report(NULL, CUDA_SUCCESS);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -338,7 +495,8 @@ int main(int argc, char **argv)
         }
     }
     CHECK("cuModuleLoadData", cu.ModuleLoadData(&mod, k_ptx));
-    CHECK("cuModuleGetFunction", cu.ModuleGetFunction(&fn, mod, "vgpu_spin"));
+    CHECK("cuModuleGetFunction",
+          cu.ModuleGetFunction(&fn, mod, g_o.work ? "vgpu_spin_work" : "vgpu_spin"));
     CHECK("cuStreamCreate", cu.StreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     CUevent *ev = calloc((size_t)g_o.inflight, sizeof *ev);
     if (!ev)
@@ -347,19 +505,53 @@ int main(int argc, char **argv)
         CHECK("cuEventCreate", cu.EventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
 
     unsigned long long ns = (unsigned long long)(g_o.kernel_us * 1000.0 + 0.5);
-    void *args[] = {&ns};
-    /* --graph: the K kernels captured once, launched as one graph */
-    CUgraphExec exec = NULL;
-    int per_launch = g_o.graph > 0 ? g_o.graph : 1;
-    if (g_o.graph > 0) {
-        CUgraph graph;
-        CHECK("cuStreamBeginCapture",
-              cu.StreamBeginCapture(stream, CAPTURE_MODE_THREAD_LOCAL));
-        for (int i = 0; i < g_o.graph; i++)
-            CHECK("cuLaunchKernel", cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
-        CHECK("cuStreamEndCapture", cu.StreamEndCapture(stream, &graph));
-        CHECK("cuGraphInstantiateWithFlags", cu.GraphInstantiate(&exec, graph, 0));
+    unsigned long long iters = 0;
+    CUdeviceptr out = 0;
+    void *args[] = {&ns, &iters, &out};
+    if (g_o.work) {
+        CHECK("cuMemAlloc", cu.MemAlloc(&out, 64));
+        if (g_o.iters_per_us <= 0) {
+            /* as many multiply-adds a microsecond as this GPU does alone */
+            CUevent a, b;
+            CHECK("cuEventCreate", cu.EventCreate(&a, CU_EVENT_DEFAULT));
+            CHECK("cuEventCreate", cu.EventCreate(&b, CU_EVENT_DEFAULT));
+            iters = 200000;
+            for (int k = 0; k < 4; k++) {
+                float ms = 0;
+                CHECK("cuEventRecord", cu.EventRecord(a, stream));
+                CHECK("cuLaunchKernel",
+                      cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+                CHECK("cuEventRecord", cu.EventRecord(b, stream));
+                CHECK("cuEventSynchronize", cu.EventSynchronize(b));
+                CHECK("cuEventElapsedTime", cu.EventElapsedTime(&ms, a, b));
+                double rate = ms > 0 ? (double)iters / (ms * 1000.0) : 0;
+                if (rate > g_o.iters_per_us)
+                    g_o.iters_per_us = rate;
+            }
+            if (g_o.iters_per_us <= 0)
+                g_o.iters_per_us = 1;
+        }
+        iters = (unsigned long long)(g_o.iters_per_us * g_o.kernel_us + 0.5);
     }
+    if (g_o.request)
+        return client(fn, stream, args);
+    CUgraphExec exec = NULL;
+    if (g_o.graph) {
+        CUgraph graph;
+        CHECK("cuGraphCreate", cu.GraphCreate(&graph, 0));
+        CUgraphNode prev = NULL;
+        for (int i = 0; i < g_o.graph; i++) {
+            CUDA_KERNEL_NODE_PARAMS_v2 kp = {.func = fn, .gridDimX = 1, .gridDimY = 1,
+                                             .gridDimZ = 1, .blockDimX = 1, .blockDimY = 1,
+                                             .blockDimZ = 1, .kernelParams = args};
+            CUgraphNode node;
+            CHECK("cuGraphAddKernelNode",
+                  cu.GraphAddKernelNode(&node, graph, prev ? &prev : NULL, prev ? 1 : 0, &kp));
+            prev = node;
+        }
+        CHECK("cuGraphInstantiate", cu.GraphInstantiate(&exec, graph, 0));
+    }
+    long long per = g_o.graph ? g_o.graph : 1;
     long long launched = 0;
     g_start = now_s();
     double deadline = g_start + g_o.seconds;
@@ -394,22 +586,23 @@ int main(int argc, char **argv)
             in_period = 0;
             continue;
         }
-        in_period += per_launch;
+        in_period++;
         int slot = (int)(launched % g_o.inflight);
         if (launched >= g_o.inflight) {
-            /* at most `inflight` launches queued: wait for the oldest */
+            /* at most `inflight` kernels queued: wait for the oldest */
             CHECK("cuEventSynchronize", cu.EventSynchronize(ev[slot]));
-            g_done += per_launch;
+            g_done += per;
         }
         if (exec)
             CHECK("cuGraphLaunch", cu.GraphLaunch(exec, stream));
         else
-            CHECK("cuLaunchKernel", cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+            CHECK("cuLaunchKernel",
+                  cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
         CHECK("cuEventRecord", cu.EventRecord(ev[slot], stream));
         launched++;
     }
     CHECK("cuStreamSynchronize", cu.StreamSynchronize(stream));
-    g_done = launched * per_launch;
+    g_done = launched * per;
     g_elapsed = now_s() - g_start;
     report(NULL, CUDA_SUCCESS);
     return 0;

@@ -24,7 +24,7 @@ G = 1 << 30
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
                "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command,"
-               "slurm_job,partition,account")
+               "slurm_job,partition,account,priority")
 
 def vgpuctl(args, env=None, **kw):
     exe = Path(sys.executable).parent / "vgpuctl"

@@ -218,7 +218,8 @@ def test_set_changes_a_running_job(daemon):
                        what="the job")
         r = daemon.cli("set", job["id"], "--mem", "1G", "--core", "25", "--policy", "soft")
         assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == f"job {job['id']}: mem 1G, core 25%, policy soft"
+        assert r.stdout.strip() == (f"job {job['id']}: mem 1G, core 25%, policy soft, "
+                                    "priority normal")
         j = daemon.job(job["id"])
         assert (j["mem_limit"], j["core"], j["policy"]) == (G, 25, "soft")
         r = daemon.cli("set", job["id"], "--mem", "40G")

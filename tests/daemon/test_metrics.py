@@ -182,3 +182,27 @@ def test_daemon_serves_metrics_of_a_running_job():
         assert 0.15 <= one(m["vgpu_job_compute_share_measured_ratio"], **jl) <= 0.45
         assert one(m["vgpu_job_throttled_seconds_total"], **jl) > 0    # a 30 % gate waits
         assert one(m["vgpu_job_gpu_seconds_total"], **jl) > 0.5
+
+
+def test_a_suspended_job_is_counted_as_such():
+    """The snapshot from the views: a suspended job is in the jobs suspended,
+    not the ones running, with its time suspended."""
+    from vgpuctl.core.job import JobView
+
+    on = [{"index": 0, "uuid": GPU0, "mem_limit": G, "core": 100}]
+    views = [JobView(id="1", name="a", user="u", state="running", gpu=0, gpu_uuid=GPU0,
+                     mem_limit=G, core=100, per_gpu=on),
+             JobView(id="2", name="b", user="u", state="suspended", gpu=0, gpu_uuid=GPU0,
+                     mem_limit=G, core=100, suspended_s=12.5, per_gpu=on)]
+    snap = metrics.snapshot([], [(v, 0) for v in views], lambda j, u: None, {})
+    assert (snap.jobs_running, snap.jobs_suspended) == (1, 1)
+    box = SnapshotBox(snap)
+    srv = MetricsServer(box, "127.0.0.1:0")
+    try:
+        m = scrape(srv)
+    finally:
+        srv.stop()
+    assert one(m["vgpu_job_suspended"], job="2") == 1.0
+    assert one(m["vgpu_job_suspended"], job="1") == 0.0
+    assert one(m["vgpu_job_suspended_seconds_total"], job="2") == 12.5
+    assert m["vgpu_jobs_suspended"][()] == 1 and m["vgpu_jobs_running"][()] == 1

@@ -269,10 +269,10 @@ def test_garbage_gets_an_error_reply(tmp_path):
 
 
 def test_core_100_hard_gets_no_gate(tmp_path, procs):
-    """Whatever the governor asks, a job at core 100 hard keeps the hook's
-    fast path; at core 30 it gets the gate the governor asks for."""
+    """Whatever the governor asks, a job promised core 100 hard keeps the
+    hook's fast path; at core 30 it gets the gate the governor asks for."""
     sup = make(tmp_path)
-    r = run(sup, mem=G)
+    r = run(sup, mem=G, core=100)
     jid = r["job"]["id"]
     call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
     inputs = sup.gates.inputs()                  # as the daemon's tick loop does
@@ -284,6 +284,25 @@ def test_core_100_hard_gets_no_gate(tmp_path, procs):
     assert call(sup, ME, "ps", job=jid)["jobs"][0]["core_measured"] == 0.5
     call(sup, ME, "set", job=jid, core=30)
     sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.25, 0.3)})
+    d = limits.device(0)
+    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
+
+
+def test_a_job_with_no_promise_is_gated_when_the_governor_says(tmp_path, procs):
+    """A job run without --core has no promise: it keeps the fast path while
+    the governor leaves it ungated, and gets the gate it sets when promised
+    jobs beside it need their shares."""
+    sup = make(tmp_path)
+    r = run(sup, mem=G)
+    jid = r["job"]["id"]
+    assert r["job"]["promised"] is False and r["job"]["core"] == 100
+    call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
+    [inp] = inputs = sup.gates.inputs()
+    assert inp.promised is False
+    limits = Region.open(r["env"]["VGPU_REGION"])
+    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(False, 0, 0, 0.5, 1.0)})
+    assert limits.device(0).throttle is False
+    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.5, 0.8)})
     d = limits.device(0)
     assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
 
@@ -433,7 +452,9 @@ def test_shards_on_two_gpus_are_fenced_on_each_by_its_own_count(tmp_path):
                      ask_core=10)["job"]
     assert [(g["index"], g["mem_limit"], g["core"]) for g in asked["per_gpu"]] == [
         (0, G, 6), (1, 2 * G, 10)]
-    with pytest.raises(P.errors.AdmissionRefused, match="no room for 5G: GPU 0"):
+    # (its share there, 31 %, is a promise too, and 81 % is promised)
+    with pytest.raises(P.errors.AdmissionRefused,
+                       match="no room for 5G and 31% of a GPU's compute: GPU 0"):
         register(sup, slurm_job="79", gpus=[0, 1], shards=7, gpu_shards=[5, 2])
     assert [g["committed"] for g in call(sup, ME, "ps")["gpus"]] == [13 * G, 6 * G]
     with pytest.raises(P.errors.UsageError, match="do not add up"):

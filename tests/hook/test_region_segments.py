@@ -103,3 +103,25 @@ def test_no_segment_left_is_one_error_that_names_who_holds_them(tmp_path: Path):
     assert "no System V shared memory segment left" in msg, msg
     assert "kernel.shmmni is 8; nobody holds 8" in msg, msg
     assert not (tmp_path / "job" / "region").exists()
+
+
+def test_a_region_of_an_earlier_layout_is_discarded_with_its_segments(tmp_path: Path):
+    """A daemon upgraded to a new region layout ends the jobs of the old one
+    it can't open (their hooks read another layout): their segments go with
+    their directories, not only the files (a layout 1 region named two)."""
+    made = [R.shm_create(3000, None, 0o644), R.shm_create(54288, None, 0o600)]
+    job = tmp_path / "7"
+    job.mkdir()
+    (job / "region").write_text(f"vgpu-region 1 {made[0]} {made[1]}\n")
+    try:
+        R.Region.discard(job)
+        assert not job.exists()
+        for sid in made:
+            try:
+                R.shm_stat(sid)
+                raise AssertionError(f"segment {sid} is still there")
+            except OSError:
+                pass
+    finally:
+        for sid in made:
+            R.shm_remove(sid)

@@ -55,6 +55,9 @@ CASES = [
     ("cuNoSuchFunction", 12000, 0, [500, 1]),  # SYMBOL_NOT_FOUND
     ("cuMemAlloc_v2", 12000, 0, [500, 1]),     # lookups take base names
     ("cuInit", 12000, 8, [1, 1]),              # unknown flag: INVALID_VALUE
+    ("cuCheckpointProcessLock", 12080, 0, "cuCheckpointProcessLock"),   # CUDA 12.8
+    ("cuCheckpointProcessRestore", 13000, 0, "cuCheckpointProcessRestore"),
+    ("cuCheckpointProcessLock", 12060, 0, [500, 2]),
 ]
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from support.sim import VGPUCTL, Holder, burn, holding, run_py
+from support.sim import VGPUCTL, Holder, burn, busy_by_tag, holding, run_py
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -106,6 +106,60 @@ def test_different_gpus_do_not_share_time(sim_env, burn_program):
     # each if they shared one timeline. The bound sits well between the two,
     # so a loaded machine's lateness can't fail it but sharing would.
     assert all(r["rate"] > 330 for r in results), results
+
+
+def _concurrently(*calls):
+    results: list = [None] * len(calls)
+
+    def run(i, call):
+        results[i] = call()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_time_slices_divide_the_device_by_time_not_by_kernels(sim_env, burn_program):
+    """Two saturating processes get the device half each, however long their
+    kernels: the device takes turns in time slices, not kernel by kernel (one
+    kernel each, in turn, would give the 100 us kernels 2 % of it)."""
+    def job(tag: str, *args: str):
+        return lambda: burn({**sim_env, "VGPU_SIM_TAG": tag}, str(burn_program),
+                            "--seconds", "2", *args)
+
+    short, long_ = _concurrently(job("short", "--kernel-us", "100", "--inflight", "40"),
+                                 job("long", "--kernel-us", "5000", "--inflight", "2"))
+    assert short["rc"] == 0 and long_["rc"] == 0, (short, long_)
+    busy = busy_by_tag(sim_env)
+    share = busy["short"] / (busy["short"] + busy["long"])
+    assert 0.4 <= share <= 0.6, busy
+
+
+def test_a_kernel_waits_at_most_a_time_slice_behind_another_process(sim_env, burn_program):
+    """A process's kernel starts once the process that holds the device has
+    used up its time slice, even behind a queue of 20 ms kernels, which are
+    preempted and resume later (first-come, first-served keeps it waiting
+    behind at least the kernel that runs, up to 20 ms)."""
+    env = {**sim_env, "VGPU_SIM_TIMESLICE_US": "2000", "VGPU_SIM_SWITCH_US": "25"}
+    busy = subprocess.Popen([str(burn_program), "--kernel-us", "20000", "--inflight", "8",
+                             "--seconds", "3"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)     # its queue is full (not a synchronisation: the bound holds anyway)
+        client = burn(env, str(burn_program), "--kernel-us", "100", "--request", "1",
+                      "--think-ms", "5", "--count", "40")
+    finally:
+        busy.wait(timeout=30)
+    assert client["rc"] == 0, client
+    # device time from the request's start to its kernel's end: the slice's
+    # rest, a switch and the kernel, and what the host took between queueing
+    # the start event and the kernel (a little, on a loaded machine more)
+    assert max(client["device_ms"]) < 2.0 + 0.025 + 0.1 + 2.0, client["device_ms"]
+    stats = sim_stats(env)
+    assert stats["timeslice_us"] == 2000 and stats["switch_us"] == 25
+    assert stats["devices"][0]["switches"] >= 2 * 40
 
 
 VISIBLE = """

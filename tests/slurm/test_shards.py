@@ -296,3 +296,21 @@ def test_bad_vgpu_options_are_refused_at_submission(node):
     assert r.returncode != 0 and "--vgpu-core must be 1 to 100" in r.stderr, r.stderr
     r = cluster.run("sbatch", "--vgpu-policy=fair", "--wrap", "true")
     assert r.returncode != 0 and "--vgpu-policy must be hard or soft" in r.stderr, r.stderr
+    assert "--vgpu-priority=low|normal|high" in help_text
+    r = cluster.run("srun", "--gres=shard:1", "--vgpu-priority=urgent", "true")
+    assert r.returncode != 0 and "--vgpu-priority must be low, normal or high" in r.stderr
+
+
+def test_vgpu_priority_sets_a_jobs_class(node):
+    """A job's --vgpu-priority is its class; one of class low has no promise
+    (its shards' share is a cap only)."""
+    cluster, daemon = node
+    needs_spank(cluster)
+    r, sid, _ = step(cluster, "--gres=shard:4", "--vgpu-priority=low", *WITH_ID, "true")
+    assert r.returncode == 0, r.stderr
+    job = vgpu_job(daemon, sid)
+    assert (job["priority"], job["promised"], job["core"]) == ("low", False, 25)
+    r, sid, _ = step(cluster, "--gres=shard:4", *WITH_ID, "true")
+    assert r.returncode == 0, r.stderr
+    job = vgpu_job(daemon, sid)
+    assert (job["priority"], job["promised"]) == ("normal", True)

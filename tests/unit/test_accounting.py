@@ -234,3 +234,22 @@ def test_end_without_samples_adds_nothing(conn):
     a.end_job("1", now=0.05, lag_s=0.2)
     flush(conn, a)
     assert totals(conn)[0] == 0.0
+
+
+def test_a_suspended_job_is_billed_up_to_its_suspension_and_not_after(conn):
+    """pause(): its rows are integrated to the moment it was suspended and
+    closed; the first sample after it resumes only sets a baseline, so the
+    time in between is billed neither as GPU time nor as memory time."""
+    a = Accountant()
+    a.observe("1", GPU, 100.0, 0.0, 2 * G)
+    a.observe("1", GPU, 101.0, 1.0, 2 * G)       # 1 GPU-s, 2 GiB for 1 s
+    a.pause("1", 101.5)                           # suspended: 0.5 s more at those figures
+    a.observe("1", GPU, 120.0, 1.0, 2 * G)       # resumed 18.5 s later: a baseline
+    a.observe("1", GPU, 121.0, 1.0, 2 * G)       # 1 GPU-s, 2 GiB for 1 s
+    flush(conn, a)
+    gs, gh, _, rows = totals(conn)
+    assert gs == pytest.approx(2.5)
+    assert gh == pytest.approx(2 * 2.5 / 3600)
+    assert [(r.t0, r.t1) for r in sorted(rows, key=lambda r: r.t0)] == [(100.0, 101.5),
+                                                                         (120.0, 121.0)]
+    assert a.totals("1")[0] == pytest.approx(2.5)   # the job's total runs on

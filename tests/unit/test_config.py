@@ -87,6 +87,19 @@ def test_the_shipped_example_parses():
     example = REPO / "etc" / "vgpu.toml"
     c = load_config(example)
     assert c.tick_ms == 100
+    assert c.priority == Config().priority and c.core_oversubscribe == 1.0
+
+
+def test_priority_table():
+    c = parse_config({"priority": {"default": "low", "high_users": ["alice"],
+                                   "high_groups": ["inference"], "budget_us": 500,
+                                   "holdoff_ms": 50}, "core_oversubscribe": 1.5})
+    p = c.priority
+    assert (p.default, p.high_users, p.high_groups, p.budget_us, p.holdoff_ms) == (
+        "low", ("alice",), ("inference",), 500, 50)
+    assert c.core_oversubscribe == 1.5
+    d = Config().priority
+    assert (d.default, d.high_users, d.budget_us, d.holdoff_ms) == ("normal", (), 1000, 100)
 
 
 @pytest.mark.parametrize("text,key,reason", [
@@ -110,6 +123,11 @@ def test_the_shipped_example_parses():
     ("on_violation = \"stop\"", "on_violation", "report, protect, kill"),
     ("cooldown_s = -1", "cooldown_s", "0 to"),
     ("public_commands = 1", "public_commands", "true or false"),
+    ("core_oversubscribe = 0.5", "core_oversubscribe", "1.0"),
+    ("[priority]\ndefault = \"urgent\"", "priority.default", "low, normal, high"),
+    ("[priority]\nhigh_users = \"alice\"", "priority.high_users", "list of names"),
+    ("[priority]\nbudget_us = 0", "priority.budget_us", "50 to 100000"),
+    ("[priority]\nhold = 5", "priority.hold", "unknown key"),
     ("[slurm]\ngpus = \"some\"", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\ngpus = [true]", "slurm.gpus", "list of GPU indices"),
     ("[slurm]\nallow_run = 1", "slurm.allow_run", "true or false"),

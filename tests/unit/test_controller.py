@@ -349,3 +349,38 @@ def test_to_tokens() -> None:
     assert ctl.to_tokens(0.0001, 1000) == 1
     assert ctl.to_tokens(2.5, 1000) == 2500
     assert ctl.to_tokens(math.inf, 1000) > 10**15
+
+
+# -- promises and shares that are not (class_targets) --------------------------------
+
+def test_a_job_with_no_promise_gets_what_the_active_promises_leave():
+    claims = [ctl.Claim("a", 0.2), ctl.Claim("b", 1.0, promised=False)]
+    t = ctl.class_targets(claims)
+    assert t["a"] == pytest.approx(0.2) and t["b"] == pytest.approx(0.8)
+    # the promised job idle: the other keeps its own share (1: no gate)
+    t = ctl.class_targets([ctl.Claim("a", 0.2, active=False),
+                           ctl.Claim("b", 1.0, promised=False)])
+    assert t["b"] == 1.0
+
+
+def test_jobs_with_no_promise_split_the_rest_evenly_within_their_shares():
+    t = ctl.class_targets([ctl.Claim("a", 0.4), ctl.Claim("b", 1.0, promised=False),
+                           ctl.Claim("c", 0.1, promised=False),
+                           ctl.Claim("d", 0.1, ctl.SOFT, promised=False)])
+    assert t["a"] == pytest.approx(0.4)
+    assert t["b"] == pytest.approx(0.2) and t["d"] == pytest.approx(0.2)
+    assert t["c"] == pytest.approx(0.1)          # hard: never above its own share
+
+
+def test_promised_soft_jobs_borrow_nothing_from_active_jobs_with_no_promise():
+    t = ctl.class_targets([ctl.Claim("a", 0.3, ctl.SOFT), ctl.Claim("b", 1.0, promised=False)])
+    assert t["a"] == pytest.approx(0.3) and t["b"] == pytest.approx(0.7)
+    t = ctl.class_targets([ctl.Claim("a", 0.3, ctl.SOFT),
+                           ctl.Claim("b", 1.0, promised=False, active=False)])
+    assert t["a"] == pytest.approx(1.0)          # b idle: a borrows as before
+
+
+def test_with_every_share_promised_class_targets_is_effective_targets():
+    claims = [ctl.Claim("a", 0.2), ctl.Claim("b", 0.3, ctl.SOFT), ctl.Claim("c", 0.5,
+                                                                           active=False)]
+    assert ctl.class_targets(claims, 0.95) == ctl.effective_targets(claims, 0.95)

@@ -45,6 +45,7 @@ class Job:
     carry: float = 0.0          # (whole) the part of a kernel left to the next tick
     gate: Gate | None = None
     got: list[float] = field(default_factory=list)   # true share per tick
+    promised: bool = True       # its share is a promise (asked for)
 
 
 class World:
@@ -175,7 +176,8 @@ def run(world: World, gov: ComputeGovernor, ticks: int) -> dict[tuple[str, str],
     for _ in range(ticks):
         world.run_tick()
         devs = [JobDevice(j.job_id, j.uuid, j.pids or frozenset({j.pid}), j.share, j.policy,
-                          int(j.launches), created=world.created_us / 1e6) for j in world.jobs]
+                          int(j.launches), j.promised, created=world.created_us / 1e6)
+                for j in world.jobs]
         # as the daemon: every GPU of the node, with jobs or not
         gates = gov.tick(devs, world.now_us / 1e6, sorted(world.gpus))
         for j in world.jobs:
@@ -234,6 +236,27 @@ def test_hard_100_is_never_gated() -> None:
         gates = run(w, gov, 1)
         assert gates[("1", "GPU-0")].throttle is False
     assert gates[("1", "GPU-0")].measured == pytest.approx(1.0, abs=0.011)
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_a_promise_holds_next_to_a_job_that_asks_for_everything(period_us: int,
+                                                               idle: str) -> None:
+    """A hard 20 % job next to a saturating job with no promise (run without
+    --core: ungated while alone): the other is gated to what the promise
+    leaves, so the 20 % job gets its 20 %, not the sixth of the GPU that
+    taking turns with an ungated job would give it."""
+    a = Job("1", 101, 20)
+    b = Job("2", 102, 100, promised=False, cost_s=2e-3)
+    w = World([a, b], period_us=period_us, idle=idle)
+    gov = governor(w)
+    n = settled(period_us)
+    gates = run(w, gov, n + 30)
+    assert gates[("2", "GPU-0")].throttle is True
+    assert mean(a.got[n:]) == pytest.approx(0.20, abs=0.01)
+    assert mean(b.got[n:]) == pytest.approx(0.80, abs=0.02)
+    a.busy = False                     # the promise idle: the other is no longer gated
+    gates = run(w, gov, n + 20)
+    assert gates[("2", "GPU-0")].throttle is False
 
 
 def test_soft_alone_is_not_gated() -> None:

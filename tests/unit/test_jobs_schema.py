@@ -1,5 +1,6 @@
 """The jobs table across versions: a database written before the Slurm
-columns existed opens, gains them, and keeps its jobs."""
+columns, or the priority ones, existed opens, gains them, and keeps its
+jobs."""
 
 from __future__ import annotations
 
@@ -39,5 +40,55 @@ def test_a_schema_1_database_gains_the_slurm_columns(tmp_path):
     assert got is not None
     assert (got.slurm_job, got.slurm_partition, got.slurm_account, got.slurm_shards) == (
         "42", "gpu", "physics", 4)
-    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    store.close()
+
+
+def test_a_schema_2_database_gains_the_priority_columns(tmp_path):
+    """Jobs from before priority classes are normal, with no promised share
+    (nothing counted them), and keep everything else."""
+    db = tmp_path / "vgpu.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(SCHEMA_1.replace("PRAGMA user_version = 1;", """
+        ALTER TABLE jobs ADD COLUMN slurm_job TEXT;
+        ALTER TABLE jobs ADD COLUMN slurm_partition TEXT;
+        ALTER TABLE jobs ADD COLUMN slurm_account TEXT;
+        ALTER TABLE jobs ADD COLUMN slurm_shards INTEGER;
+        ALTER TABLE jobs ADD COLUMN region_error TEXT;
+        PRAGMA user_version = 2;"""))
+    conn.close()
+    store = Store.open(db)
+    old = store.get_job("1")
+    assert old is not None and old.name == "old" and old.core_share == 100
+    assert (old.priority, old.core_promised) == ("normal", False)
+    rec = JobRecord(name="h", uid=0, user="root", command=["x"], cwd="/", gpus=[],
+                    mem_limit=1, core_share=30, policy="hard", created=2.0, priority="high",
+                    core_promised=True)
+    store.insert_job(rec)
+    got = store.get_job(rec.id)
+    assert got is not None and (got.priority, got.core_promised) == ("high", True)
+    rec.priority = "low"
+    store.update_job(rec, ["priority"])
+    assert store.get_job(rec.id).priority == "low"
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    store.close()
+
+
+def test_a_schema_2_database_gains_the_suspend_columns(tmp_path):
+    """Jobs from before suspend were never suspended; a suspension's fields
+    are written and read back."""
+    db = tmp_path / "vgpu.db"
+    conn = sqlite3.connect(db)
+    conn.executescript(SCHEMA_1)
+    conn.close()
+    store = Store.open(db)
+    old = store.get_job("1")
+    assert old is not None and (old.suspended_s, old.suspended_at, old.suspensions) == (
+        0.0, None, 0)
+    old.state, old.suspended_at, old.suspend_reason, old.suspensions = (
+        "suspended", 5.0, "asked", 1)
+    store.update_job(old, ["state", "suspended_at", "suspend_reason", "suspensions"])
+    got = store.get_job("1")
+    assert got is not None and got.suspended and got.suspended_for(7.5) == 2.5
+    assert got.suspend_reason == "asked"
     store.close()

@@ -9,6 +9,7 @@ from vgpuctl.core.placement import (
     Commitment,
     Gpu,
     capacity,
+    check_core,
     check_resize,
     check_user_limits,
     place,
@@ -117,6 +118,31 @@ def test_user_limits():
     check_user_limits(UserLimits(), "bob", 100 * G, 100)
 
 
+def test_promised_shares_on_a_gpu_add_up_to_at_most_100():
+    """Compute is counted as memory is: a promise that does not fit is
+    refused, naming what each GPU has left; a job with no promise (0) fits
+    anywhere its memory does."""
+    jobs = [Commitment("1", GPUS[0].uuid, G, 70), Commitment("2", GPUS[1].uuid, G, 50)]
+    assert place(GPUS, jobs, G, core=50).gpu.index == 1
+    assert place(GPUS, jobs, G, core=30).gpu.index == 0      # most memory left, room for 30
+    with pytest.raises(AdmissionRefused) as e:
+        place(GPUS, jobs, G, core=60)
+    assert "no room for 1G and 60% of a GPU's compute" in str(e.value)
+    assert "30% of its compute unpromised" in str(e.value)
+    assert "50% of its compute unpromised" in str(e.value)
+    assert place(GPUS, jobs + [Commitment("3", GPUS[0].uuid, G, 30)], G, core=0)
+    with pytest.raises(AdmissionRefused):
+        place(GPUS, jobs, G, core=40, pin="0")
+    assert place(GPUS, jobs, G, core=40, pin="0", core_oversubscribe=1.2).gpu.index == 0
+
+
+def test_a_promise_can_grow_only_within_what_is_left():
+    jobs = [Commitment("1", GPUS[0].uuid, G, 70), Commitment("2", GPUS[0].uuid, G, 20)]
+    check_core(GPUS, jobs, "2", GPUS[0].uuid, 30)               # its own 20 does not count
+    with pytest.raises(AdmissionRefused, match="70% of its 100% is promised"):
+        check_core(GPUS, jobs, "2", GPUS[0].uuid, 31)
+
+
 # -- several GPUs ----------------------------------------------------------------
 GPUS4 = [Gpu(i, f"GPU-{i}{i}{i}{i}0000-0000", "Sim GPU", 16 * G) for i in range(4)]
 
@@ -163,3 +189,20 @@ def test_one_gpu_is_placed_as_before():
     jobs = [Commitment("1", GPUS[0].uuid, 10 * G)]
     assert [p.gpu.index for p in place_many(GPUS, jobs, G)] == [1]
     assert [p.gpu.index for p in place_many(GPUS, jobs, G, pin="0")] == [0]
+
+
+def test_a_promise_is_counted_on_each_of_several_gpus():
+    """A job on several GPUs is promised its share on each: GPUs whose
+    compute is promised away are passed over, and a pin to one of them is
+    refused, saying what each has left."""
+    jobs = [Commitment("1", GPUS4[0].uuid, G, 80), Commitment("2", GPUS4[2].uuid, G, 50)]
+    where = place_many(GPUS4, jobs, G, count=2, core=30)
+    assert [p.gpu.index for p in where] == [1, 3]        # GPU 0 has 20 % left
+    assert [p.gpu.index for p in place_many(GPUS4, jobs, G, count=3, core=30)] == [1, 2, 3]
+    with pytest.raises(AdmissionRefused) as e:
+        place_many(GPUS4, jobs, G, pin="0,1", core=30)
+    assert "no room for 1G and 30% of the compute on each of GPUs 0,1" in str(e.value)
+    assert "GPU 0" in str(e.value) and "20% of its compute unpromised" in str(e.value)
+    with pytest.raises(AdmissionRefused, match="on each of 4 GPUs"):
+        place_many(GPUS4, jobs, G, count=4, core=30)
+    assert len(place_many(GPUS4, jobs, G, count=4, core=0)) == 4     # no promise: fits

@@ -26,7 +26,7 @@ T = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()
 
 JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
                "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command,"
-               "slurm_job,partition,account")
+               "slurm_job,partition,account,priority")
 
 
 def u(job, gpu, t0, t1, gs, gh=0.0, peak=0):

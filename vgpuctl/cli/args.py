@@ -51,6 +51,15 @@ def policy(text: str | None) -> str | None:
     return t
 
 
+def priority(text: str | None) -> str | None:
+    if text is None:
+        return None
+    t = text.strip().lower()
+    if t not in ("low", "normal", "high"):
+        raise UsageError(f"--priority: {text!r} is not low, normal or high")
+    return t
+
+
 def job_id(text: str) -> str:
     t = text.strip()
     if not t.isdigit() or len(t) > 19:

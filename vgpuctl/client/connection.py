@@ -143,13 +143,15 @@ class Client:
         self.close()
 
 
-def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None) -> Client:
+def connect(socket_path: str | None = None, env: Mapping[str, str] | None = None,
+            timeout: float = 30.0) -> Client:
     """A connection to the first daemon that answers: --socket, else
-    $VGPU_SOCKET, else the system socket, else this user's socket."""
+    $VGPU_SOCKET, else the system socket, else this user's socket. timeout:
+    how long a reply may take (suspending a job copies its memory)."""
     tried = []
     for p in paths.client_sockets(socket_path, env):
         try:
-            return Client.connect(p)
+            return Client.connect(p, timeout)
         except FileNotFoundError:
             tried.append(f"{p} (none)")
         except ConnectionRefusedError:

@@ -25,7 +25,8 @@ Say = Callable[[str], None]
 
 def run_job(*, command: list[str], mem: int | None, core: int | None, policy: str | None,
             gpu: str | None, name: str | None, socket_path: str | None, verbose: bool,
-            note: Say, warn: Say, quiet: bool = False, gpus: int | None = None) -> int:
+            note: Say, warn: Say, quiet: bool = False, priority: str | None = None,
+            gpus: int | None = None) -> int:
     """Admit and run command; returns its exit code (128+N for signal N).
     note tells the user what was done for them (a daemon started, the job's
     id and GPU; nothing when quiet), warn what the daemon warns of (a limit
@@ -37,6 +38,8 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
         raise UsageError("--name: 1 to 64 characters")
     fields = {"command": list(command), "cwd": current_dir(), "name": name,
               "mem": mem, "core": core, "policy": policy, "gpu": gpu}
+    if priority is not None:
+        fields["priority"] = priority
     if gpus is not None:            # a daemon before several GPUs refuses the field
         fields["gpus"] = gpus
     from vgpuctl.client import connection as client

@@ -214,6 +214,27 @@ class Accountant:
                 o.t1 = max(o.t1, now)
                 o.dirty = True
 
+    def pause(self, job_id: str, now: float) -> None:
+        """The job stops using its GPUs at ``now`` (it is suspended): its
+        rows are integrated up to then at their last figures and closed; its
+        next sample (once it resumes, on any GPU) only sets a new baseline,
+        so the time in between is billed neither as GPU time nor as memory
+        time. Its totals and launch costs are kept."""
+        for key, o in list(self._open.items()):
+            if key[0] != job_id:
+                continue
+            tail = min(max(now - o.t1, 0.0), self.max_gap)
+            if tail > 0:
+                add = o.last_share * tail
+                o.gpu_seconds += add
+                self._total[key] = self._total.get(key, 0.0) + add
+                o.mem_gib_hours += o.last_mem / GIB * tail / 3600.0
+                o.t1 = now
+                o.dirty = True
+            if o.dirty and (o.t1 > o.t0 or o.row_id is not None or o.peak):
+                self._closed.append(_snapshot(key, o))
+            del self._open[key]
+
     def totals(self, job_id: str) -> tuple[float, float, int]:
         """(GPU-seconds since the job started, all GPUs summed, as
         ``gpu_seconds``; GiB-hours and peak bytes of its current rows). For

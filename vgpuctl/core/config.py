@@ -17,6 +17,7 @@ from vgpuctl.core.violations import DEFAULT_ON_VIOLATION, ON_VIOLATION
 from vgpuctl.errors import ConfigError
 
 POLICIES = ("hard", "soft")
+PRIORITIES = ("low", "normal", "high")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 DEFAULT_RESERVE = 512 << 20
@@ -64,6 +65,19 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class PriorityConfig:
+    """The [priority] table: classes (docs/compute.md, "Priority classes")."""
+    default: str = "normal"            # the class of a job run without --priority
+    high_users: tuple[str, ...] = ()   # who may run jobs of class high (root always)
+    high_groups: tuple[str, ...] = ()  # ...and the members of these groups
+    budget_us: int = 1000              # GPU time a lower class keeps in flight while
+                                       # a higher one is active
+    holdoff_ms: int = 100              # a job counts as active this long after it launched
+    preempt: bool = True               # a normal or high job that fits only by taking low
+                                       # jobs' memory suspends them (docs/suspend.md)
+
+
+@dataclass(frozen=True)
 class Config:
     source: str = "<defaults>"
     socket: str | None = None
@@ -72,6 +86,7 @@ class Config:
     tick_ms: int = 100
     reserve: int = DEFAULT_RESERVE
     oversubscribe: float = 1.0
+    core_oversubscribe: float = 1.0   # what the promised shares on a GPU may sum to, x 100 %
     default_policy: str = "hard"
     default_mem: int | None = None
     default_limits: UserLimits = field(default_factory=UserLimits)
@@ -88,7 +103,11 @@ class Config:
     # Whether every user sees every job's command line and directory in
     # `ps`/`status` (else only its owner and root do).
     public_commands: bool = False
+    # How long suspending a job waits for its work in flight before giving up
+    # (the driver's lock timeout; docs/suspend.md).
+    suspend_lock_timeout_s: int = 10
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    priority: PriorityConfig = field(default_factory=PriorityConfig)
 
     def limits_for(self, user: str, uid: int, admin: bool = False) -> UserLimits:
         """The maxima that apply to a user: their own table, else the
@@ -258,6 +277,31 @@ def _slurm(source: str, v: Any) -> SlurmConfig:
     return SlurmConfig(**values)
 
 
+def _names(source: str, key: str, v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+        raise _fail(source, key, f"expected a list of names such as [\"alice\"], got {v!r}")
+    return tuple(x.strip() for x in v)
+
+
+def _priority(source: str, v: Any) -> PriorityConfig:
+    if not isinstance(v, dict):
+        raise _fail(source, "priority", f"expected a table, got {v!r}")
+    keys: dict[str, Callable[[str, str, Any], Any]] = {
+        "default": lambda s, k, x: _choice(s, k, x, PRIORITIES),
+        "high_users": _names,
+        "high_groups": _names,
+        "budget_us": lambda s, k, x: _int(s, k, x, 50, 100_000),
+        "holdoff_ms": lambda s, k, x: _int(s, k, x, 1, 10_000),
+        "preempt": _bool,
+    }
+    values: dict[str, Any] = {}
+    for k, val in v.items():
+        if k not in keys:
+            raise _fail(source, f"priority.{k}", "unknown key (known: " + ", ".join(keys) + ")")
+        values[k] = keys[k](source, f"priority.{k}", val)
+    return PriorityConfig(**values)
+
+
 _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "socket": lambda s, k, v: ("socket", _path(s, k, v)),
     "runtime_dir": lambda s, k, v: ("runtime_dir", _path(s, k, v)),
@@ -265,6 +309,7 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "tick_ms": lambda s, k, v: ("tick_ms", _int(s, k, v, 10, 10_000)),
     "reserve": lambda s, k, v: ("reserve", _size(s, k, v, allow_zero=True)),
     "oversubscribe": lambda s, k, v: ("oversubscribe", _ratio(s, k, v)),
+    "core_oversubscribe": lambda s, k, v: ("core_oversubscribe", _ratio(s, k, v)),
     "default_policy": lambda s, k, v: ("default_policy", _choice(s, k, v, POLICIES)),
     "default_mem": lambda s, k, v: ("default_mem", _size(s, k, v)),
     "metrics_address": lambda s, k, v: ("metrics_address", _address(s, k, v)),
@@ -275,6 +320,8 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "cooldown_s": lambda s, k, v: ("cooldown_s", _int(s, k, v, 0, 30 * 86_400)),
     "cooldown_after": lambda s, k, v: ("cooldown_after", _int(s, k, v, 1, 1000)),
     "public_commands": lambda s, k, v: ("public_commands", _bool(s, k, v)),
+    "suspend_lock_timeout_s": lambda s, k, v: ("suspend_lock_timeout_s",
+                                               _int(s, k, v, 1, 3600)),
 }
 
 
@@ -309,7 +356,9 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
             values["user_limits"] = users
         elif key == "slurm":
             values["slurm"] = _slurm(source, v)
+        elif key == "priority":
+            values["priority"] = _priority(source, v)
         else:
-            raise _fail(source, key,
-                        "unknown key (known: " + ", ".join([*_TOP, "limits", "slurm"]) + ")")
+            raise _fail(source, key, "unknown key (known: "
+                        + ", ".join([*_TOP, "limits", "slurm", "priority"]) + ")")
     return Config(**values)

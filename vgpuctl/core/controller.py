@@ -378,6 +378,7 @@ class Claim:
     policy: str = HARD
     active: bool = True
     wants_more: bool = True
+    promised: bool = True   # its share is a promise (asked for, normal or high class)
 
 
 def effective_targets(claims: Iterable[Claim], capacity: float = 1.0) -> dict[Hashable, float]:
@@ -408,6 +409,48 @@ def effective_targets(claims: Iterable[Claim], capacity: float = 1.0) -> dict[Ha
         return out
     for c in borrowers:
         out[c.key] = min(1.0, out[c.key] + free * shares[c.key] / weight)
+    return out
+
+
+def class_targets(claims: Iterable[Claim], capacity: float = 1.0) -> dict[Hashable, float]:
+    """Each job's target share on one GPU when some shares are promises and
+    some are not.
+
+    Promised shares (the jobs that asked for one, of class normal or high)
+    are divided by `effective_targets`. A job with no promise (run without
+    --core, or of class low, whose share is a cap only) gets what the active
+    promises leave, split evenly among the active such jobs and never above
+    its own share (a soft one may take all of its part): while no promised
+    job is active it keeps its share, as before (a share of 100 % is no gate
+    at all). With no job unpromised this is `effective_targets`.
+    """
+    claims = list(claims)
+    promised = [c for c in claims if c.promised]
+    free_jobs = [c for c in claims if not c.promised]
+    if not free_jobs:
+        return effective_targets(promised, capacity)
+    capacity = min(max(capacity, 0.0), 1.0)
+    out: dict[Hashable, float] = {}
+    claimed = sum(min(max(c.share, 0.0), 1.0) for c in promised if c.active)
+    if promised:
+        # what the promises get: as if the unpromised jobs were idle lenders
+        # when none of them is active, else with nothing left to borrow
+        active_free = [c for c in free_jobs if c.active]
+        # (the others, as idle jobs of no share: a soft job is not "alone")
+        others = [Claim(c.key, 0.0, HARD, active=False, wants_more=False) for c in free_jobs]
+        got = effective_targets(
+            promised + others, capacity if not active_free else min(capacity, max(claimed, 0.0)))
+        out.update({c.key: got[c.key] for c in promised})
+    if claimed <= 0.0:
+        for c in free_jobs:
+            out[c.key] = min(max(c.share, 0.0), 1.0)
+        return out
+    left = max(0.0, capacity - claimed)
+    takers = [c for c in free_jobs if c.active] or free_jobs
+    part = left / len(takers)
+    for c in free_jobs:
+        own = min(max(c.share, 0.0), 1.0)
+        out[c.key] = part if c.policy == SOFT else min(own, part)
     return out
 
 

@@ -20,8 +20,14 @@ from vgpuctl.core.output import Field
 
 STARTING = "starting"   # admitted, the command not yet started
 RUNNING = "running"     # the command runs (root pid known)
+SUSPENDED = "suspended" # its processes are checkpointed: no GPU holds them
 ENDED = "ended"         # every process of the job is gone
-STATES = (STARTING, RUNNING, ENDED)
+STATES = (STARTING, RUNNING, SUSPENDED, ENDED)
+
+# Why a job is suspended: its owner or root asked (it waits for `resume`), a
+# job of a higher class took its memory, or its GPU was drained and no other
+# had room (these two resume by themselves when room returns).
+SUSPEND_REASONS = ("asked", "preempted", "drained")
 
 
 @dataclass
@@ -57,10 +63,27 @@ class JobRecord:
     slurm_account: str | None = None
     slurm_shards: int | None = None
     region_error: str | None = None     # why its usage region was found tampered with
+    priority: str = "normal"            # low | normal | high
+    core_promised: bool = False         # its share counts in its GPU's compute (--core given)
+    suspended_s: float = 0.0            # seconds it was suspended, suspensions that ended
+    suspended_at: float | None = None   # when its current suspension began
+    suspend_reason: str | None = None   # SUSPEND_REASONS, while suspended
+    suspensions: int = 0                # times it was suspended
 
     @property
     def active(self) -> bool:
         return self.state != ENDED
+
+    @property
+    def suspended(self) -> bool:
+        return self.state == SUSPENDED
+
+    def suspended_for(self, now: float) -> float:
+        """Seconds it has been suspended in all, the current suspension
+        included."""
+        cur = (max(0.0, now - self.suspended_at)
+               if self.suspended_at is not None and self.state == SUSPENDED else 0.0)
+        return self.suspended_s + cur
 
     @property
     def uuids(self) -> list[str]:
@@ -131,7 +154,7 @@ class JobView:
     name: str = _f("text", "job name")
     user: str = _f("text", "user name")
     uid: int = _f("int", "user id")
-    state: str = _f("text", "starting, running or ended")
+    state: str = _f("text", "starting, running, suspended or ended")
     pids: list[int] = _f("list", "its live processes")
     gpu: int | None = _f("int", "GPU index (its first GPU's)")
     gpu_uuid: str | None = _f("text", "GPU UUID (its first GPU's)")
@@ -147,6 +170,8 @@ class JobView:
     core: int = _f("int", "compute share target on each of its GPUs, percent")
     core_measured: float | None = _f("share", "measured compute share, 0..1 (mean of its GPUs)")
     policy: str = _f("text", "hard or soft")
+    priority: str = _f("text", "low, normal or high")
+    promised: bool = _f("bool", "its share is promised (counted in its GPU's compute)", False)
     gated_launches: int | None = _f("int", "launches that waited at the compute gate")
     throttled_s: float | None = _f("seconds", "seconds spent waiting at the gate")
     per_gpu: list[dict[str, Any]] = _f(
@@ -155,6 +180,9 @@ class JobView:
     started: float | None = _f("time", "when its command started")
     ended: float | None = _f("time", "when it ended")
     runtime_s: float = _f("seconds", "seconds it has run", 0.0)
+    suspended_s: float = _f("seconds", "seconds it was suspended (not billed)", 0.0)
+    suspend_reason: str | None = _f(
+        "text", "while suspended: asked, preempted or drained")
     command: list[str] = _f("argv", "its command line")
     cwd: str = _f("text", "where it was started")
     exit_code: int | None = _f("int", "exit code, once ended")
@@ -181,9 +209,12 @@ class GpuView:
     memory_total: int = _f("bytes", "memory on the GPU")
     memory_used: int | None = _f("bytes", "memory in use (all processes)")
     utilization: int | None = _f("int", "percent busy, NVML's last sample")
-    committed: int = _f("bytes", "sum of the limits of its jobs", 0)
+    committed: int = _f("bytes", "sum of the limits of its jobs (suspended ones aside)", 0)
     capacity: int = _f("bytes", "what the limits may sum to", 0)
-    jobs: int = _f("int", "jobs on it", 0)
+    core_promised: int = _f("int", "compute promised to its normal and high jobs, percent", 0)
+    core_capacity: int = _f("int", "what the promises may sum to, percent", 100)
+    jobs: int = _f("int", "jobs on it (suspended ones aside)", 0)
+    drained: bool = _f("bool", "drained: no job is placed or resumed on it", False)
     minor: int | None = _f("int", "its device file's minor number")
     slurm: bool = _f("bool", "Slurm hands it out ([slurm] gpus)", False)
 
@@ -226,6 +257,13 @@ class Live:
     (in placement order), and the violations caught."""
     gpus: tuple[GpuLive, ...] = ()
     violations: tuple[dict[str, Any], ...] = ()
+
+
+def promised(rec: JobRecord) -> bool:
+    """Whether a job's share is a promise its GPU's compute counts: one it
+    asked for (--core, a Slurm job's shards), in a class that may be
+    promised one (normal or high; low is best effort)."""
+    return rec.core_promised and rec.priority != "low"
 
 
 def _total(values: list[Any]) -> Any:
@@ -272,11 +310,13 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
         oom_refusals=_total([p["oom_refusals"] for p in per_gpu]),
         core=rec.core_share,
         core_measured=sum(measured) / len(measured) if measured else None,
-        policy=rec.policy,
+        policy=rec.policy, priority=rec.priority, promised=promised(rec),
         gated_launches=_total([p["gated_launches"] for p in per_gpu]),
         throttled_s=throttled, per_gpu=per_gpu,
         created=rec.created, started=rec.started, ended=rec.ended,
         runtime_s=max(0.0, end - rec.start),
+        suspended_s=rec.suspended_for(end),
+        suspend_reason=rec.suspend_reason if rec.state == SUSPENDED else None,
         command=list(rec.command), cwd=rec.cwd,
         exit_code=rec.exit_code, exit_signal=rec.exit_signal,
         violations=list(live.violations),

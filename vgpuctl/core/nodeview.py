@@ -46,9 +46,10 @@ Record = dict[str, Any]
 
 # What CSV and JSON show when --fields is not given.
 JOB_DEFAULT = ("id", "name", "user", "state", "pids", "gpu", "gpu_uuid", "mem_used",
-               "mem_limit", "core", "core_measured", "policy", "runtime_s", "command")
+               "mem_limit", "core", "core_measured", "policy", "priority", "runtime_s",
+               "command")
 GPU_DEFAULT = ("index", "uuid", "name", "memory_total", "memory_used", "utilization",
-               "committed", "capacity", "jobs")
+               "committed", "capacity", "core_promised", "core_capacity", "jobs")
 LIST_FIELDS = ("index", "name", "uuid")        # `vgpuctl gpus`
 
 
@@ -200,7 +201,7 @@ def _pids(pids: Sequence[int], most: int = 3) -> str:
 Table = tuple[list[Column], list[list[Cell]], list[Step]]
 
 GPU_PLAN: list[Step] = [Short("uuid"), Cut("name", 12), Drop("jobs"), Drop("uuid"),
-                        Cut("name", 6)]
+                        Drop("compute"), Cut("name", 6)]
 JOB_PLAN: list[Step] = [Short("command"), Cut("command", 12), Short("pids"), Drop("pids"),
                         Drop("command"), Drop("time"), Cut("user", 6), Drop("user"),
                         Cut("name", 8)]
@@ -211,6 +212,7 @@ def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:
             Column("memory", "Memory used/total" + _unit_suffix(units), right=True),
             Column("util", "Util", right=True),
             Column("limits", "Limits/capacity" + _unit_suffix(units), right=True),
+            Column("compute", "Core", right=True),
             Column("jobs", "Jobs", right=True), Column("uuid", "UUID")]
     shorts = short_uuids([str(g.get("uuid", "")) for g in gpus])
     rows = []
@@ -224,17 +226,27 @@ def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:
                  + _percent(g.get("memory_used"), g.get("memory_total"))),
             Cell("-" if util is None else f"{util}%"),
             Cell("-" if committed is None else _pair(committed, g.get("capacity"), units)),
+            Cell(_promised(g)),
             Cell("-" if g.get("jobs") is None else str(g["jobs"])),
             Cell(uuid, short=shorts.get(uuid), style="dim"),
         ])
     return cols, rows, list(GPU_PLAN)
 
 
+def _promised(g: Record) -> str:
+    """A GPU's promised compute against what promises may sum to."""
+    promised, cap = g.get("core_promised"), g.get("core_capacity")
+    if not isinstance(promised, int):
+        return "-"
+    return f"{promised}%" + (f" / {cap}%" if isinstance(cap, int) and cap != 100 else "")
+
+
 def _core(j: Record) -> str:
     measured = j.get("core_measured")
     text = f"{j.get('core', '-')}% / " + ("-" if not isinstance(measured, (int, float))
                                           else f"{100 * measured:.0f}%")
-    return text + (" soft" if j.get("policy") == "soft" else "")
+    text += " soft" if j.get("policy") == "soft" else ""
+    return text + (f" {j['priority']}" if j.get("priority") in ("low", "high") else "")
 
 
 def _gpus(j: Record) -> str:
@@ -255,6 +267,8 @@ def _time(j: Record) -> str:
     if state == "starting":
         return "starting"
     text = duration(j.get("runtime_s"))
+    if state == "suspended":
+        return text + " suspended"
     if state == "ended":
         code, sig = j.get("exit_code"), j.get("exit_signal")
         text += " ended" + (f" sig {sig}" if sig else f" ({code})" if code is not None else "")

@@ -2,9 +2,12 @@
 
 The rule: on each GPU, the sum of the memory limits of its jobs stays at or
 below its capacity, ``(total - reserve) * oversubscribe`` (oversubscribe 1.0
-means none). A job pinned with ``--gpu`` goes to that GPU or is refused;
-otherwise it goes to the GPU with the most uncommitted memory (ties: the
-lowest index). A refusal names every GPU considered and what it has left.
+means none), and the sum of the compute shares promised there (the shares
+normal and high jobs asked for) at or below 100 % x core_oversubscribe. A
+job pinned with ``--gpu`` goes to that GPU or is refused; otherwise it goes
+to the GPU with the most uncommitted memory among those with room for both
+(ties: the lowest index). A refusal names every GPU considered and what it
+has left.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Commitment:
-    """The memory limit a job holds on a GPU."""
+    """The memory limit a job holds on a GPU, and the compute share promised
+    to it there (percent; 0 when none is)."""
     job_id: str
     uuid: str
     mem: int
+    core: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,20 @@ def committed(commitments: Iterable[Commitment], exclude_job: str | None = None)
     for c in commitments:
         if c.job_id != exclude_job:
             out[c.uuid] = out.get(c.uuid, 0) + c.mem
+    return out
+
+
+def core_capacity(core_oversubscribe: float = 1.0) -> int:
+    """Percent of a GPU's compute the promised shares may sum to."""
+    return int(round(100 * max(1.0, core_oversubscribe)))
+
+
+def promised(commitments: Iterable[Commitment], exclude_job: str | None = None) -> dict[str, int]:
+    """Percent of compute promised on each GPU."""
+    out: dict[str, int] = {}
+    for c in commitments:
+        if c.job_id != exclude_job and c.core:
+            out[c.uuid] = out.get(c.uuid, 0) + c.core
     return out
 
 
@@ -92,38 +111,62 @@ def _gpu_list(gpus: Sequence[Gpu]) -> str:
 
 
 def _left_text(gpus: Sequence[Gpu], used: dict[str, int], reserve: int,
-               oversubscribe: float) -> str:
+               oversubscribe: float, cores: dict[str, int] | None = None,
+               core_cap: int = 100) -> str:
     parts = []
     for g in gpus:
         cap = capacity(g, reserve, oversubscribe)
         left = max(0, cap - used.get(g.uuid, 0))
-        parts.append(f"GPU {g.index} ({g.name}) has {format_size(left)} left of "
-                     f"{format_size(cap)}")
+        text = f"GPU {g.index} ({g.name}) has {format_size(left)} left of {format_size(cap)}"
+        if cores is not None:
+            text += f" and {max(0, core_cap - cores.get(g.uuid, 0))}% of its compute unpromised"
+        parts.append(text)
     return "; ".join(parts)
 
 
 def place(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int, *,
-          pin: str | None = None, reserve: int = 0, oversubscribe: float = 1.0) -> Placement:
-    """Choose a GPU for a job asking for mem bytes, or raise AdmissionRefused
-    (NotFound / UsageError for a bad --gpu)."""
+          pin: str | None = None, reserve: int = 0, oversubscribe: float = 1.0,
+          core: int = 0, core_oversubscribe: float = 1.0) -> Placement:
+    """Choose a GPU for a job asking for mem bytes (and promised core percent
+    of its compute; 0: none), or raise AdmissionRefused (NotFound /
+    UsageError for a bad --gpu)."""
     if mem <= 0:
         raise UsageError("the memory limit must be positive")
     if not gpus:
         raise AdmissionRefused("no GPUs on this node")
+    commitments = list(commitments)
     used = committed(commitments)
+    cores = promised(commitments)
+    core_cap = core_capacity(core_oversubscribe)
     candidates = [resolve_gpu(gpus, pin)] if pin is not None else list(gpus)
     best: Placement | None = None
     for g in candidates:
         cap = capacity(g, reserve, oversubscribe)
         have = used.get(g.uuid, 0)
-        if have + mem <= cap:
+        if have + mem <= cap and cores.get(g.uuid, 0) + core <= core_cap:
             p = Placement(g, cap, have, mem)
             if best is None or p.capacity - p.committed > best.capacity - best.committed:
                 best = p
     if best is None:
-        raise AdmissionRefused(f"no room for {format_size(mem)}: "
-                               + _left_text(candidates, used, reserve, oversubscribe))
+        what = format_size(mem) + (f" and {core}% of a GPU's compute" if core else "")
+        raise AdmissionRefused(f"no room for {what}: " + _left_text(
+            candidates, used, reserve, oversubscribe, cores if core else None, core_cap))
     return best
+
+
+def check_core(gpus: Sequence[Gpu], commitments: Iterable[Commitment], job_id: str,
+               uuid: str, new_core: int, *, core_oversubscribe: float = 1.0) -> None:
+    """Raise AdmissionRefused when job_id's promised share on GPU uuid can't
+    become new_core percent (its own current one does not count against it)."""
+    g = next((g for g in gpus if g.uuid == uuid), None)
+    if g is None:
+        raise NotFound(f"GPU {uuid} is no longer present")
+    have = promised(commitments, exclude_job=job_id).get(uuid, 0)
+    cap = core_capacity(core_oversubscribe)
+    if have + new_core > cap:
+        raise AdmissionRefused(
+            f"no room for {new_core}% of GPU {g.index}'s compute: {have}% of its {cap}% is "
+            f"promised to other jobs")
 
 
 def resolve_gpus(gpus: Sequence[Gpu], spec: str) -> list[Gpu]:
@@ -155,12 +198,14 @@ def check_count(count: int, gpus: Sequence[Gpu]) -> None:
 
 def place_many(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int, *,
                count: int | None = None, pin: str | None = None, reserve: int = 0,
-               oversubscribe: float = 1.0) -> list[Placement]:
-    """Place a job of ``mem`` bytes on each of several GPUs, all or none:
-    the GPUs ``pin`` names (``0,1``, in its order), or ``count`` GPUs
-    chosen as `place` chooses one (most uncommitted memory first, ties by
-    the lowest index) and given in index order. AdmissionRefused names what
-    every GPU considered has left when fewer fit than asked for."""
+               oversubscribe: float = 1.0, core: int = 0,
+               core_oversubscribe: float = 1.0) -> list[Placement]:
+    """Place a job of ``mem`` bytes (and a promise of ``core`` percent of
+    each GPU's compute; 0: none) on each of several GPUs, all or none: the
+    GPUs ``pin`` names (``0,1``, in its order), or ``count`` GPUs chosen as
+    `place` chooses one (most uncommitted memory first, ties by the lowest
+    index) and given in index order. AdmissionRefused names what every GPU
+    considered has left when fewer fit than asked for."""
     if mem <= 0:
         raise UsageError("the memory limit must be positive")
     if count is not None and pin is not None:
@@ -171,34 +216,40 @@ def place_many(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int,
         check_count(n, gpus)
         if n == 1:
             return [place(gpus, commitments, mem, reserve=reserve,
-                          oversubscribe=oversubscribe)]
+                          oversubscribe=oversubscribe, core=core,
+                          core_oversubscribe=core_oversubscribe)]
         candidates = list(gpus)
     else:
         if not gpus:
             raise AdmissionRefused("no GPUs on this node")
         candidates = resolve_gpus(gpus, pin)
         n = len(candidates)
+    commitments = list(commitments)
     used = committed(commitments)
+    cores = promised(commitments)
+    core_cap = core_capacity(core_oversubscribe)
     fits = []
     for g in candidates:
         cap = capacity(g, reserve, oversubscribe)
         have = used.get(g.uuid, 0)
-        if have + mem <= cap:
+        if have + mem <= cap and cores.get(g.uuid, 0) + core <= core_cap:
             fits.append(Placement(g, cap, have, mem))
+    what = format_size(mem) + (f" and {core}% of the compute" if core else "")
     if pin is not None:
         if len(fits) < n:
             full = [p.gpu for p in fits]
             raise AdmissionRefused(
-                f"no room for {format_size(mem)} on each of GPUs "
+                f"no room for {what} on each of GPUs "
                 f"{','.join(str(g.index) for g in candidates)}: "
                 + _left_text([g for g in candidates if g not in full], used, reserve,
-                             oversubscribe))
+                             oversubscribe, cores if core else None, core_cap))
         return fits
     if len(fits) < n:
         raise AdmissionRefused(
-            f"no room for {format_size(mem)} on each of {n} GPUs ({len(fits)} "
+            f"no room for {what} on each of {n} GPUs ({len(fits)} "
             f"ha{'s' if len(fits) == 1 else 've'} it): "
-            + _left_text(candidates, used, reserve, oversubscribe))
+            + _left_text(candidates, used, reserve, oversubscribe,
+                         cores if core else None, core_cap))
     fits.sort(key=lambda p: (-(p.capacity - p.committed), p.gpu.index))
     return sorted(fits[:n], key=lambda p: p.gpu.index)
 

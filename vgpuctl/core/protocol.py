@@ -48,6 +48,7 @@ ERROR_CLASSES: dict[str, type[errors.VgpuError]] = {
     "state": errors.StateError,
     "missing": errors.MissingComponent,
     "conflict": errors.DaemonConflict,
+    "checkpoint": errors.CheckpointError,
     "internal": errors.VgpuError,
 }
 
@@ -76,6 +77,7 @@ class Run(NamedTuple):
     policy: str | None = None     # "hard" | "soft"; None: the daemon's default
     gpu: str | None = None        # GPUs by index, UUID or UUID prefix, "0,1"; None: placed
     gpus: int | None = None       # how many GPUs to place it on (not with gpu); None: 1
+    priority: str | None = None   # "low" | "normal" | "high"; None: the daemon's default
 
 
 class Started(NamedTuple):
@@ -99,6 +101,7 @@ class Set(NamedTuple):
     mem: int | None = None
     core: int | None = None
     policy: str | None = None
+    priority: str | None = None
 
 
 class Kill(NamedTuple):
@@ -108,6 +111,23 @@ class Kill(NamedTuple):
 
 class Reload(NamedTuple):
     pass
+
+
+class Suspend(NamedTuple):
+    """Suspend a job: its processes checkpointed, its GPU memory given back."""
+    job: str
+
+
+class Resume(NamedTuple):
+    """Resume a suspended job, on the GPU named (a move) or where it fits."""
+    job: str
+    gpu: str | None = None
+
+
+class Drain(NamedTuple):
+    """Move every job off a GPU (root); undo: place jobs there again."""
+    gpu: str
+    undo: bool = False
 
 
 class SlurmRegister(NamedTuple):
@@ -124,6 +144,7 @@ class SlurmRegister(NamedTuple):
     core: int | None = None       # None: shards / shards per GPU
     policy: str | None = None     # None: the daemon's default
     ask_core: int | None = None   # the job's own wish (--vgpu-core): at most the above
+    priority: str | None = None   # the job's own wish (--vgpu-priority); None: the default
     gpu_shards: list[int] | None = None   # shards on each of gpus, same order (None:
                                           # unknown, which only one GPU's shards may be)
 
@@ -139,8 +160,12 @@ class SlurmRelease(NamedTuple):
     slurm_job: str
 
 
-Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | SlurmRegister
-           | SlurmAttach | SlurmRelease)
+Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | Suspend | Resume
+           | Drain | SlurmRegister | SlurmAttach | SlurmRelease)
+
+# The requests the daemon answers after driver calls that take a while
+# (docs/daemon.md): served off the event loop's thread.
+SLOW = (Suspend, Resume, Drain)
 
 # -- field checks -----------------------------------------------------------
 
@@ -210,6 +235,12 @@ def _policy(name: str, v: Any) -> Any:
     return v
 
 
+def _priority(name: str, v: Any) -> Any:
+    if v not in ("low", "normal", "high"):
+        raise errors.RequestInvalid(f"{name}: must be \"low\", \"normal\" or \"high\"")
+    return v
+
+
 def _command(name: str, v: Any) -> Any:
     if not isinstance(v, list) or not v:
         raise errors.RequestInvalid(f"{name}: expected a non-empty list of strings")
@@ -246,22 +277,27 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
                   "name": (_NAME, False), "mem": (_MEM, False),
                   "core": (_CORE, False), "policy": (_policy, False),
                   "gpu": (_str(2048, controls=False), False),
-                  "gpus": (_int(0, 1024), False)}),
+                  "gpus": (_int(0, 1024), False),
+                  "priority": (_priority, False)}),
     "started": (Started, {"job": (_job, True), "pid": (_int(1, 1 << 31), True)}),
     "exited": (Exited, {"job": (_job, True), "code": (_int(0, 255), False),
                         "signal": (_int(1, 128), False)}),
     "ps": (Ps, {"all": (_bool, False), "job": (_job, False)}),
     "set": (Set, {"job": (_job, True), "mem": (_MEM, False), "core": (_CORE, False),
-                  "policy": (_policy, False)}),
+                  "policy": (_policy, False), "priority": (_priority, False)}),
     "kill": (Kill, {"job": (_job, True), "signal": (_int(1, 64), False)}),
     "reload": (Reload, {}),
+    "suspend": (Suspend, {"job": (_job, True)}),
+    "resume": (Resume, {"job": (_job, True), "gpu": (_str(128, controls=False), False)}),
+    "drain": (Drain, {"gpu": (_str(128, controls=False), True), "undo": (_bool, False)}),
     "slurm_register": (SlurmRegister, {
         "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),
         "name": (_NAME, False), "partition": (_NAME, False),
         "account": (_NAME, False), "command": (_str(), False),
         "cwd": (_str(), False), "core": (_CORE, False), "policy": (_policy, False),
-        "ask_core": (_CORE, False), "gpu_shards": (_shard_counts, False)}),
+        "ask_core": (_CORE, False), "priority": (_priority, False),
+        "gpu_shards": (_shard_counts, False)}),
     "slurm_attach": (SlurmAttach, {"slurm_job": (_job, True),
                                    "pid": (_int(1, 1 << 31), False)}),
     "slurm_release": (SlurmRelease, {"slurm_job": (_job, True)}),

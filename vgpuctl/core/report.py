@@ -275,6 +275,7 @@ def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
             Column(Field("slurm_job"), _job("slurm_job")),
             Column(Field("partition"), _job("slurm_partition")),
             Column(Field("account"), _job("slurm_account")),
+            Column(Field("priority"), _job("priority", "")),
         ]
     first = {"user": Column(Field("user"), lambda r: r.key),
              "gpu": Column(Field("gpu_uuid"), lambda r: r.key),
@@ -351,7 +352,9 @@ def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout
         rows.append([
             layout.Cell(r.key), layout.Cell("" if j is None else j.name),
             layout.Cell("" if j is None else format_size(j.mem_limit)),
-            layout.Cell("" if j is None else f"{j.core_share}% {j.policy}".rstrip()),
+            layout.Cell("" if j is None else (
+                f"{j.core_share}% {j.policy}"
+                + (f" {j.priority}" if j.priority in ("low", "high") else "")).rstrip()),
             layout.Cell(f"{r.gpu_seconds:.1f}s"),
             layout.Cell(f"{100 * r.gpu_seconds / ran:.0f}%" if ran > 0 else ""),
             layout.Cell(format_size(r.peak_mem_bytes)),

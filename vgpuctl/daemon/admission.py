@@ -10,14 +10,15 @@ region, and its ledgers (vgpuctl.daemon.trust) before anyone hears of it.
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
 import pwd
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from vgpuctl.core import placement
+from vgpuctl.core import placement, priority
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, UserLimits
 from vgpuctl.core.job import ENDED, STARTING, JobRecord
@@ -42,6 +43,22 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+def group_names(uid: int) -> list[str]:
+    """The names of the groups a user is in (primary and supplementary)."""
+    try:
+        pw = pwd.getpwuid(uid)
+        gids = os.getgrouplist(pw.pw_name, pw.pw_gid)
+    except (KeyError, OSError):
+        return []
+    out = []
+    for gid in gids:
+        try:
+            out.append(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            pass
+    return out
+
+
 class Admission:
     def __init__(self, config: Callable[[], Config], gpus: list[placement.Gpu],
                  table: JobTable, trust: Trust, hook_library: Callable[[], Path],
@@ -59,6 +76,7 @@ class Admission:
         self._sim_prepend = dict(sim_prepend or {})
         self.context_mem = context_mem    # what one CUDA context takes, about
         self._rate = placement.AdmissionRate()
+        self.drained: set[str] = set()    # GPU uuids nothing is placed on (vgpuctl drain)
         self._refusals: dict[int, tuple[float, int]] = {}   # uid -> (logged at, since)
 
     # -- a user's maxima and caps ------------------------------------------------------
@@ -93,9 +111,20 @@ class Admission:
                             f"{limits.admission_rate:g} a second (admission_rate): try again "
                             "in a moment")
 
+    def check_priority(self, cls: str, uid: int, user: str, admin: bool) -> None:
+        """PermissionDenied when the user may not run a job of class cls."""
+        pc = self._config().priority
+        groups = group_names(uid) if cls == priority.HIGH else []
+        priority.check_class(cls, user, groups, admin or uid == 0, pc.high_users,
+                             pc.high_groups)
+
     # -- run ------------------------------------------------------------------------------
-    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run) -> tuple[LiveJob, list[str]]:
-        """Admit a `vgpuctl run`: the live job and what to warn its user of."""
+    def run(self, peer_pid: int, uid: int, admin: bool, req: P.Run,
+            make_room: Collection[str] = (), on: str | None = None
+            ) -> tuple[LiveJob, list[str]]:
+        """Admit a `vgpuctl run`: the live job and what to warn its user of.
+        make_room: jobs about to be suspended for it (preemption): their
+        limits don't count; on: the GPU (its UUID) they free."""
         cfg = self._config()
         user = user_name(uid)
         mem = req.mem if req.mem is not None else cfg.default_mem
@@ -103,6 +132,7 @@ class Admission:
             raise UsageError("--mem is required (this daemon has no default_mem)")
         core = req.core if req.core is not None else 100
         policy = req.policy or cfg.default_policy
+        cls = req.priority or cfg.priority.default
         limits = cfg.limits_for(user, uid, admin)
         if req.gpus is not None and req.gpu is not None:
             raise UsageError("--gpus and --gpu: give one (--gpus N picks N GPUs, "
@@ -112,9 +142,16 @@ class Admission:
         count = req.gpus if req.gpus is not None else (
             len(req.gpu.split(",")) if req.gpu is not None else 1)
         self.check_user(limits, uid, user, mem, core, count)
-        where = placement.place_many(self.run_gpus(req.gpu), self._table.commitments(), mem,
-                                     count=req.gpus, pin=req.gpu, reserve=cfg.reserve,
-                                     oversubscribe=cfg.oversubscribe)
+        self.check_priority(cls, uid, user, admin)
+        # A share asked for is a promise on each of its GPUs (a low job's is a
+        # cap only).
+        promise = core if req.core is not None and priority.promises(cls) else 0
+        where = placement.place_many(self.run_gpus(req.gpu),
+                                     [c for c in self._table.commitments()
+                                      if c.job_id not in make_room], mem,
+                                     count=req.gpus, pin=on or req.gpu, reserve=cfg.reserve,
+                                     oversubscribe=cfg.oversubscribe, core=promise,
+                                     core_oversubscribe=cfg.core_oversubscribe)
         self._check_rate(limits, uid, user)
         # The command's name stands for a job's name: one line, nothing a
         # terminal acts on (a name the user gives is checked at the edge).
@@ -126,11 +163,12 @@ class Admission:
                         gpus=[{"index": p.gpu.index, "uuid": p.gpu.uuid} for p in where],
                         mem_limit=mem, core_share=core, policy=policy, created=self._clock(),
                         state=STARTING, launcher_pid=peer_pid,
-                        launcher_start=tracking.start_time(peer_pid))
+                        launcher_start=tracking.start_time(peer_pid), priority=cls,
+                        core_promised=req.core is not None)
         job = self.create(rec)
-        log.info("job %s (%s) of %s admitted on GPU %s: mem %s, core %d%%, %s", rec.id, name,
-                 user, ",".join(str(p.gpu.index) for p in where), format_size(mem), core,
-                 policy)
+        log.info("job %s (%s) of %s admitted on GPU %s: mem %s, core %d%%%s, %s, priority %s",
+                 rec.id, name, user, ",".join(str(p.gpu.index) for p in where),
+                 format_size(mem), core, " promised" if promise else "", policy, cls)
         small = placement.context_warning(mem, self.context_mem)
         return job, [small] if small else []
 
@@ -138,8 +176,13 @@ class Admission:
         """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out
         ([slurm] gpus), unless [slurm] allow_run."""
         sc = self._config().slurm
+        if pin is not None:
+            for g in placement.resolve_gpus(self.gpus, pin):
+                if g.uuid in self.drained:
+                    raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
+                                           f"{g.index} takes it back)")
         if sc.allow_run:
-            return self.gpus
+            return self._undrained(self.gpus)
         how = ("run it through Slurm (srun --gres=shard:N), or set [slurm] allow_run "
                "in the daemon's configuration")
         if pin is not None:
@@ -149,7 +192,14 @@ class Admission:
         gpus = [g for g in self.gpus if not sc.controls(g.index)]
         if not gpus and self.gpus:
             raise AdmissionRefused(f"every GPU here is Slurm's ([slurm] gpus): {how}")
-        return gpus
+        return self._undrained(gpus)
+
+    def _undrained(self, gpus: list[placement.Gpu]) -> list[placement.Gpu]:
+        out = [g for g in gpus if g.uuid not in self.drained]
+        if gpus and not out:
+            raise AdmissionRefused("every GPU a job may use here is drained (vgpuctl drain "
+                                   "--undo GPU takes one back)")
+        return out
 
     def create(self, rec: JobRecord) -> LiveJob:
         """Record an admitted job, create its region, and make it live. The
@@ -189,6 +239,14 @@ class Admission:
         env = {"VGPU_REGION": str(rec.region), "VGPU_JOB": rec.id,
                "CUDA_VISIBLE_DEVICES": ",".join(job.uuids()), **self._sim_env}
         return env, {"LD_PRELOAD": str(self._hook_library()), **self._sim_prepend}
+
+    def check_core(self, job: LiveJob, core: int) -> None:
+        """AdmissionRefused when the job's promised share can't become core
+        percent on each of its GPUs."""
+        cfg = self._config()
+        for u in job.uuids():
+            placement.check_core(self.gpus, self._table.commitments(), job.id, u, core,
+                                 core_oversubscribe=cfg.core_oversubscribe)
 
     def check_resize(self, job: LiveJob, mem: int) -> None:
         """AdmissionRefused when the job's limit can't grow to mem on each of

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpuctl.core.job import DeviceUsage
+from vgpuctl.core.job import DeviceUsage, promised
 from vgpuctl.core.trust import CLOSED, OPEN, Gate
 from vgpuctl.daemon.jobs import JobTable
 from vgpuctl.daemon.trust import Trust
@@ -31,6 +31,7 @@ class Input:
     core: int
     policy: str
     usage: DeviceUsage      # its counters (zeros when unknown)
+    promised: bool = True   # its share is a promise (asked for; normal or high class)
 
 
 class Gates:
@@ -43,14 +44,15 @@ class Gates:
         job's counters once (a job found tampering is flagged then)."""
         out = []
         for job in self._table:
-            if job.region is None:
+            if job.region is None or job.rec.suspended:   # a suspended job runs nothing
                 continue
             usage = self._trust.read(job)
             rec = job.rec
             pids = frozenset(rec.pids) | ({rec.launcher_pid} if rec.launcher_pid else set())
             for i, uuid in enumerate(job.uuids()):
                 u = usage[i] if i < len(usage) else DeviceUsage()
-                out.append(Input(job.id, i, uuid, pids, rec.gpu_core_share(i), rec.policy, u))
+                out.append(Input(job.id, i, uuid, pids, rec.gpu_core_share(i), rec.policy, u,
+                                 promised(rec)))
         return out
 
     def apply(self, inputs: list[Input], gates: Mapping[tuple[str, str], Any]) -> None:
@@ -69,7 +71,10 @@ class Gates:
                 job.target[inp.uuid] = target
             if job.rec.region_error is not None:
                 gate = CLOSED
-            elif job.rec.gpu_core_share(inp.index) >= 100 and job.rec.policy == "hard":
+            elif job.rec.gpu_core_share(inp.index) >= 100 and job.rec.policy == "hard" and (
+                    inp.promised or not g.throttle):
+                # a hard share of 100 % is no gate, unless it is no promise
+                # and promised jobs beside it need their shares
                 gate = OPEN
             else:
                 gate = Gate(bool(g.throttle), int(g.refill_rate), int(g.bucket_size))

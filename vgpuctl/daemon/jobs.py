@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import placement
-from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord
+from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord, promised
 from vgpuctl.core.trust import LaunchLedger
 from vgpuctl.errors import NotFound
 from vgpuctl.store.jobs import Store
@@ -47,6 +47,7 @@ class LiveJob:
     stopped: str | None = None      # why the violation watch ended it (its gate closed)
     held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
     peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
+    suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
 
     @property
     def id(self) -> str:
@@ -54,6 +55,13 @@ class LiveJob:
 
     def uuids(self) -> list[str]:
         return self.rec.uuids
+
+
+def commitments(jobs: Iterable[LiveJob]) -> list[placement.Commitment]:
+    """Each job's memory limit, and its promised share (0: none), on each of
+    its GPUs."""
+    return [placement.Commitment(j.id, u, mem, core if promised(j.rec) else 0)
+            for j in jobs for u, (mem, core) in j.rec.limits_by_uuid().items()]
 
 
 class JobTable:
@@ -108,9 +116,9 @@ class JobTable:
         return [j for j in self._jobs.values() if j.rec.uid == uid]
 
     def commitments(self) -> list[placement.Commitment]:
-        return [placement.Commitment(j.id, u, mem)
-                for j in self._jobs.values()
-                for u, (mem, _) in j.rec.limits_by_uuid().items()]
+        """Each live job's memory limit, and its promised share, on each of its
+        GPUs: a suspended job holds none."""
+        return commitments(j for j in self._jobs.values() if not j.rec.suspended)
 
     def held_by(self, uid: int) -> int:
         """The memory limits a user's live jobs hold, per GPU summed."""
@@ -139,9 +147,11 @@ class JobTable:
         self._store.update_job(rec, columns)
 
     def change_limits(self, job: LiveJob, mem: int | None, core: int | None,
-                      policy: str | None) -> dict[str, Any]:
+                      policy: str | None, priority: str | None = None) -> dict[str, Any]:
         """Change a job's limits, in its record and its region (live); the
-        fields changed, as the region has them."""
+        fields changed, as the region has them (its class goes to the region
+        with the next pass of vgpuctl.daemon.priority). A share given is
+        promised from then on."""
         rec = job.rec
         changes: dict[str, Any] = {}
         rec.set_limits(mem, core)          # one limit, one share, on every GPU
@@ -149,14 +159,19 @@ class JobTable:
             changes["mem_limit"] = mem
         if core is not None:
             changes["core_share"] = core
+            rec.core_promised = True
         if policy is not None:
             rec.policy = policy
             changes["policy"] = POLICY_CODES[policy]
-        if job.region is not None:
+        if job.region is not None and changes:
             for i in range(len(rec.gpus)):
                 job.region.update_device(i, **changes)
-        self.save(job, ["mem_limit", "core_share", "policy", "gpus"])
-        return changes
+        shown = dict(changes)
+        if priority is not None:
+            rec.priority = shown["priority"] = priority
+        self.save(job, ["mem_limit", "core_share", "policy", "gpus", "priority",
+                        "core_promised"])
+        return shown
 
     def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:
         """Keep a violation in its job's record (a live job, or one that

@@ -61,6 +61,7 @@ RETENTION_EVERY_S = 3600.0
 
 TRACK_S = 0.5
 INVENTORY_S = 1.0
+RESUME_S = 1.0      # how often a job waiting for room looks for it
 
 
 @dataclass
@@ -210,6 +211,7 @@ class Daemon:
         self._start_accounting(store)
         sup.on_config = self._config_changed
         sup.table.on_end.append(lambda job: self._job_ended(job.id))
+        sup.on_suspend.append(self._job_suspended)
         sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
         sup.adopt(await loop.run_in_executor(None, tracking.scan))
         if self.accountant is not None:
@@ -234,7 +236,7 @@ class Daemon:
         notify.ready(f"{len(sup.live_ids())} jobs, {len(devices)} GPUs")
         tasks = [asyncio.ensure_future(c) for c in
                  (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml),
-                  self._retention_loop(), self._slurm_loop())]
+                  self._retention_loop(), self._slurm_loop(), self._resume_loop())]
         try:
             await self.stop_event.wait()
         finally:
@@ -327,6 +329,11 @@ class Daemon:
             except StateError as e:
                 self._note_write_error(str(e))
 
+    def _job_suspended(self, job: Any, now: float) -> None:
+        if self.accountant is not None:
+            # Billed up to now; nothing while it is suspended.
+            self.accountant.pause(job.id, now)
+
     def _sighup(self) -> None:
         notify.reloading()
         try:
@@ -390,12 +397,15 @@ class Daemon:
             # every GPU, with jobs or not: NVML's periods followed while idle
             # make a new job's first window one period (its first cost)
             jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
-                                    created=self._created(i.job_id))
+                                    i.promised, created=self._created(i.job_id))
                   for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
                                                [g.uuid for g in sup.gpus])
             if inputs:
                 sup.gates.apply(inputs, gates)
+                sup.priority.observe(self.governor.windows, self.governor.wall_s())
+        if inputs:
+            sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
                                          sup.config.on_violation, time.time())
         sup.record_violations(res)
@@ -403,10 +413,12 @@ class Daemon:
         if self.accountant is not None:
             # Bills from the driver's figures: the busy time and memory NVML
             # reports for the job's processes, attributed by the watch.
-            live = sup.live_ids()
             utilization = self.governor is not None
             for i in inputs:
-                if i.job_id in live:
+                job = sup.table.find(i.job_id)
+                # suspended (or moved) since the tick began: its rows are
+                # closed, the time suspended is not billed
+                if job is not None and not job.rec.suspended and i.uuid in job.uuids():
                     key = (i.job_id, i.uuid)
                     self.accountant.observe(
                         i.job_id, i.uuid, wall,
@@ -430,6 +442,18 @@ class Daemon:
         history starts there, for the governor's first cost estimate)."""
         job = self.sup.table.find(job_id)
         return job.rec.created if job is not None else None
+
+    async def _resume_loop(self) -> None:
+        """Resume the jobs that wait for room (preempted, drained) as soon as
+        a GPU has it."""
+        while True:
+            await asyncio.sleep(RESUME_S)
+            try:
+                await self.sup.suspender.resume_waiting()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("resuming waiting jobs failed")
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()

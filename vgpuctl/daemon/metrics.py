@@ -11,17 +11,22 @@ Metrics (one ``vgpu_`` prefix, base units, ratios 0 to 1):
     vgpu_gpu_memory_used_bytes{gpu,uuid,name}          gauge
     vgpu_gpu_memory_total_bytes{gpu,uuid,name}         gauge
     vgpu_gpu_utilization_ratio{gpu,uuid,name}          gauge (when sampled)
+    vgpu_gpu_compute_promised_ratio{gpu,uuid,name}     gauge (shares promised to its jobs)
     A job has one series per GPU it holds (gpu, uuid); ``sum by (job)``
     gives its totals.
     vgpu_job_memory_used_bytes{job,name,user,gpu,uuid}   gauge
     vgpu_job_memory_limit_bytes{job,name,user,gpu,uuid}  gauge
     vgpu_job_compute_share_target_ratio{...}           gauge
     vgpu_job_compute_share_measured_ratio{...}         gauge
+    vgpu_job_priority{...}                             gauge (0 low, 1 normal, 2 high)
     vgpu_job_throttled_seconds_total{...}              counter
     vgpu_job_gpu_seconds_total{...}                    counter (when accounted)
     vgpu_job_violations_total{...}                     counter (on its first GPU's series)
+    vgpu_job_suspended{...}                            gauge (1 while suspended)
+    vgpu_job_suspended_seconds_total{...}              counter
     vgpu_violations_total{kind}                        counter (memory, compute, no_job)
-    vgpu_jobs_running                                  gauge
+    vgpu_jobs_running                                  gauge (suspended ones aside)
+    vgpu_jobs_suspended                                gauge
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from vgpuctl.errors import MetricsUnavailable
 log = logging.getLogger(__name__)
 
 PREFIX = "vgpu_"
+PRIORITY_VALUES = {"low": 0, "normal": 1, "high": 2}
 INSTALL_HINT = "pip install 'vgpuctl[metrics]'"
 
 
@@ -50,6 +56,7 @@ class GpuMetrics:
     memory_used: int = 0       # bytes
     memory_total: int = 0      # bytes
     utilization: float | None = None  # 0..1, None when not sampled
+    compute_promised: float = 0.0     # 0..1 (more with core_oversubscribe)
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,9 @@ class JobMetrics:
     throttled_seconds: float = 0.0  # since the job started
     gpu_seconds: float | None = None  # since the job started, when accounted
     violations: int = 0         # violations found since the job started
+    priority: int = 1           # 0 low, 1 normal, 2 high
+    suspended: bool = False     # its processes are checkpointed (docs/suspend.md)
+    suspended_seconds: float = 0.0  # in all, since the job started
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class Snapshot:
     gpus: Sequence[GpuMetrics] = ()
     jobs: Sequence[JobMetrics] = ()
     jobs_running: int | None = None  # None: the distinct job ids in jobs
+    jobs_suspended: int = 0
     violations: Mapping[str, int] = field(default_factory=dict)  # kind -> found since start
 
 
@@ -104,7 +115,8 @@ def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
     series (``sum by (job)``)."""
     gs = [GpuMetrics(uuid=g.uuid, index=g.index, name=g.name,
                      memory_used=g.memory_used or 0, memory_total=g.memory_total,
-                     utilization=None if g.utilization is None else g.utilization / 100)
+                     utilization=None if g.utilization is None else g.utilization / 100,
+                     compute_promised=g.core_promised / 100)
           for g in gpus]
     js = [JobMetrics(job_id=v.id, gpu_uuid=g.get("uuid") or "", gpu_index=g.get("index") or 0,
                      name=v.name, user=v.user, memory_used=g.get("mem_used") or 0,
@@ -113,9 +125,14 @@ def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
                      share_measured=g.get("core_measured") or 0.0,
                      throttled_seconds=g.get("throttled_s") or 0.0,
                      gpu_seconds=gpu_seconds(v.id, g.get("uuid") or ""),
-                     violations=count if i == 0 else 0)
+                     violations=count if i == 0 else 0,
+                     priority=PRIORITY_VALUES.get(v.priority, 1),
+                     suspended=v.state == "suspended",
+                     suspended_seconds=(v.suspended_s or 0.0) if i == 0 else 0.0)
           for v, count in jobs for i, g in enumerate(v.per_gpu)]
-    return Snapshot(gpus=gs, jobs=js, jobs_running=len(jobs), violations=dict(violations))
+    suspended = sum(1 for v, _ in jobs if v.state == "suspended")
+    return Snapshot(gpus=gs, jobs=js, jobs_running=len(jobs) - suspended,
+                    jobs_suspended=suspended, violations=dict(violations))
 
 
 def available() -> bool:
@@ -154,15 +171,20 @@ class Collector:
         g_util = GaugeMetricFamily(PREFIX + "gpu_utilization_ratio",
                                    "Fraction of time a kernel ran on the GPU (NVML)",
                                    labels=glabels)
+        g_prom = GaugeMetricFamily(PREFIX + "gpu_compute_promised_ratio",
+                                   "Compute promised to the GPU's normal and high jobs (the "
+                                   "shares they asked for)", labels=glabels)
         for g in snap.gpus:
             lv = [str(g.index), g.uuid, g.name]
             g_used.add_metric(lv, float(g.memory_used))
             g_total.add_metric(lv, float(g.memory_total))
             if g.utilization is not None:
                 g_util.add_metric(lv, _ratio(g.utilization))
+            g_prom.add_metric(lv, max(0.0, float(g.compute_promised)))
         yield g_used
         yield g_total
         yield g_util
+        yield g_prom
 
         jlabels = ["job", "name", "user", "gpu", "uuid"]
         j_used = GaugeMetricFamily(PREFIX + "job_memory_used_bytes",
@@ -185,9 +207,21 @@ class Collector:
         j_viol = CounterMetricFamily(PREFIX + "job_violations",
                                      "Violations found of the job (NVML against its limits)",
                                      labels=jlabels)
+        j_prio = GaugeMetricFamily(PREFIX + "job_priority",
+                                   "The job's priority class: 0 low, 1 normal, 2 high",
+                                   labels=jlabels)
+        j_susp = GaugeMetricFamily(PREFIX + "job_suspended",
+                                   "1 while the job is suspended (its processes "
+                                   "checkpointed, no GPU memory held)", labels=jlabels)
+        j_susp_s = CounterMetricFamily(PREFIX + "job_suspended_seconds",
+                                       "Time the job was suspended (not billed)",
+                                       labels=jlabels)
         for j in snap.jobs:
             lv = [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid]
+            j_susp.add_metric(lv, 1.0 if j.suspended else 0.0)
+            j_susp_s.add_metric(lv, max(0.0, float(j.suspended_seconds)))
             j_viol.add_metric(lv, float(j.violations))
+            j_prio.add_metric(lv, float(j.priority))
             j_used.add_metric(lv, float(j.memory_used))
             j_limit.add_metric(lv, float(j.memory_limit))
             j_target.add_metric(lv, _ratio(j.share_target))
@@ -195,7 +229,8 @@ class Collector:
             j_thr.add_metric(lv, max(0.0, float(j.throttled_seconds)))
             if j.gpu_seconds is not None:
                 j_gs.add_metric(lv, max(0.0, float(j.gpu_seconds)))
-        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol)
+        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol, j_prio, j_susp,
+                    j_susp_s)
         viol = CounterMetricFamily(PREFIX + "violations",
                                    "Violations found by kind: memory, compute, no_job "
                                    "(a GPU process in no job)", labels=["kind"])
@@ -208,6 +243,9 @@ class Collector:
         jr = GaugeMetricFamily(PREFIX + "jobs_running", "Jobs running on this node")
         jr.add_metric([], float(running))
         yield jr
+        js = GaugeMetricFamily(PREFIX + "jobs_suspended", "Jobs suspended on this node")
+        js.add_metric([], float(snap.jobs_suspended))
+        yield js
 
 
 def parse_address(address: str) -> tuple[str, int]:

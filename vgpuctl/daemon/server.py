@@ -321,6 +321,10 @@ class Server:
             except OSError as e:
                 return P.error("internal", f"could not read /proc: {e}")
             return self.sup.handle(peer, req, table=table)
+        if isinstance(req, P.SLOW):
+            return await self.sup.handle_slow(peer, req)
+        if isinstance(req, P.Run):      # may preempt (driver calls: off the loop's thread)
+            return await self.sup.handle_run(peer, req)
         return self.sup.handle(peer, req)
 
     async def _proc_table(self) -> tracking.ProcTable:

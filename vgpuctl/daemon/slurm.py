@@ -16,7 +16,7 @@ from vgpuctl.core.job import RUNNING, JobRecord
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.jobs import JobTable, LiveJob
-from vgpuctl.errors import AdmissionRefused, NotFound, UsageError
+from vgpuctl.errors import AdmissionRefused, NotFound, PermissionDenied, UsageError
 from vgpuctl.system.nvml import GpuStats
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -60,7 +60,7 @@ class SlurmJobs:
             return job, True
         try:
             job = self._register(req)
-        except (AdmissionRefused, NotFound, UsageError) as e:
+        except (AdmissionRefused, NotFound, UsageError, PermissionDenied) as e:
             self._refused.pop(req.slurm_job, None)
             self._refused[req.slurm_job] = (req.uid, str(e))
             while len(self._refused) > MAX_REFUSED:     # missed Epilogs: forget the oldest
@@ -75,6 +75,8 @@ class SlurmJobs:
         counts = self.shards_on_gpus(req)
         size = cfg.slurm.shard_size
         policy = req.policy or cfg.default_policy
+        cls = req.priority or cfg.priority.default
+        self._admission.check_priority(cls, req.uid, user_name(req.uid), False)
         placed = []
         for index, shards in counts:
             gpu = self.gpu(index)
@@ -84,9 +86,12 @@ class SlurmJobs:
             core = req.core or core
             if req.ask_core is not None:     # a job may take less than its share, not more
                 core = min(core, req.ask_core)
-            # nothing is committed before the job is created: each GPU alone
+            # nothing is committed before the job is created: each GPU alone;
+            # its share is a promise there (a low job's, a cap only)
             placement.place(self._admission.gpus, self._table.commitments(), mem,
-                            pin=gpu.uuid, reserve=cfg.reserve, oversubscribe=cfg.oversubscribe)
+                            pin=gpu.uuid, reserve=cfg.reserve, oversubscribe=cfg.oversubscribe,
+                            core=core if cls != "low" else 0,
+                            core_oversubscribe=cfg.core_oversubscribe)
             placed.append((gpu, mem, core))
         mem = max(m for _, m, _ in placed)
         core = max(c for _, _, c in placed)
@@ -106,13 +111,13 @@ class SlurmJobs:
                         mem_limit=mem, core_share=core, policy=policy, created=now,
                         state=RUNNING, started=now, slurm_job=req.slurm_job,
                         slurm_partition=req.partition, slurm_account=req.account,
-                        slurm_shards=req.shards)
+                        slurm_shards=req.shards, priority=cls, core_promised=True)
         job = self._admission.create(rec)
         log.info("job %s: Slurm job %s of %s registered on GPU %s: %d shards (%s), "
-                 "%s", rec.id, req.slurm_job, rec.user,
+                 "%s, priority %s", rec.id, req.slurm_job, rec.user,
                  ",".join(str(g.index) for g, _, _ in placed), req.shards,
                  "; ".join(f"GPU {g.index}: mem {format_size(m)}, core {c}%"
-                           for g, m, c in placed), policy)
+                           for g, m, c in placed), policy, cls)
         return job
 
     @staticmethod

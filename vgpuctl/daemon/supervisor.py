@@ -12,7 +12,9 @@ The daemon is split by concern, each part behind a small interface:
 - `tracking.Tracker`: which processes are a job's, and when it has ended;
 - `gates.Gates`: what the compute governor is given and sets each tick;
 - `violations`: NVML's figures against the jobs (the watch) and their record;
-- `views`: what `ps` and the metrics show (pure reads).
+- `views`: what `ps` and the metrics show (pure reads);
+- `suspend.Suspender`: suspend, resume, move and drain through the driver's
+  checkpoint API (its requests are answered off the event loop's thread).
 
 `Supervisor` builds them and answers requests; the asyncio shell
 (lifecycle.py) runs the loops through its methods. Everything here runs on
@@ -33,6 +35,7 @@ from typing import Any
 
 from vgpuctl import __version__
 from vgpuctl.core import placement
+from vgpuctl.core import priority as prio
 from vgpuctl.core import protocol as P
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
@@ -43,7 +46,9 @@ from vgpuctl.daemon import violations as watch
 from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.jobs import JobTable, LiveJob
+from vgpuctl.daemon.priority import Priorities
 from vgpuctl.daemon.slurm import SlurmJobs
+from vgpuctl.daemon.suspend import Suspender
 from vgpuctl.daemon.tracking import Tracker
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import (
@@ -94,6 +99,14 @@ class Supervisor:
         self.slurm = SlurmJobs(lambda: self.config, self.admission, self.table, self.stats)
         self.tracker = Tracker(self.table, self.trust, lambda: self.config)
         self.gates = Gates(self.table, self.trust)
+        self.priority = Priorities(self.table, lambda: self.config)
+        self.table.on_end.append(lambda job: self.priority.refresh())
+        # Who hears that a job was suspended (the accountant closes its rows).
+        self.on_suspend: list[Callable[[LiveJob, float], None]] = []
+        self.suspender = Suspender(lambda: self.config, self.gpus, self.table, self.tracker,
+                                   self.stats, clock, self._suspended,
+                                   allowed=self._may_resume_on)
+        self.admission.drained = self.suspender.drained
         self.violations = watch.Record()
         # A request that fails on a bug: one line per burst of each op and
         # exception type (logs.Bursts); the traceback at debug level only.
@@ -106,6 +119,18 @@ class Supervisor:
             P.SlurmRegister: self.op_slurm_register, P.SlurmAttach: self.op_slurm_attach,
             P.SlurmRelease: self.op_slurm_release,
         }
+
+    def _may_resume_on(self, job: LiveJob) -> set[str]:
+        """The GPUs a suspended job may resume on: a Slurm job's own (Slurm
+        gave it them), a plain job's those a plain run may use."""
+        if job.rec.slurm_job is not None:
+            return set(job.uuids())
+        sc = self.config.slurm
+        return {g.uuid for g in self.gpus if sc.allow_run or not sc.controls(g.index)}
+
+    def _suspended(self, job: LiveJob, now: float) -> None:
+        for hear in self.on_suspend:
+            hear(job, now)
 
     # -- requests ---------------------------------------------------------------
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -129,12 +154,64 @@ class Supervisor:
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log one line per burst, keep serving
-            what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
-            op = P.op_name(req)
-            self.failures.hit(f"{op}/{type(e).__name__}",
-                              f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
-            log.debug("request %r failed", req, exc_info=True)
-            return P.error("internal", f"internal error: {what}")
+            return self._internal_error(peer, req, e)
+
+    def _internal_error(self, peer: Peer, req: P.Request, e: Exception) -> dict[str, Any]:
+        """A request that failed of a bug: one log line per burst, an answer."""
+        what = P.escape_controls(f"{type(e).__name__}: {e}")[:500]
+        op = P.op_name(req)
+        self.failures.hit(f"{op}/{type(e).__name__}",
+                          f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
+        log.debug("request %r failed", req, exc_info=True)
+        return P.error("internal", f"internal error: {what}")
+
+    async def handle_slow(self, peer: Peer, req: P.Request) -> dict[str, Any]:
+        """The reply to a request of P.SLOW (suspend, resume, drain): the
+        driver's calls run on a worker thread meanwhile. Never raises."""
+        try:
+            if isinstance(req, P.Suspend):
+                return await self.op_suspend(peer, req)
+            if isinstance(req, P.Resume):
+                return await self.op_resume(peer, req)
+            if isinstance(req, P.Drain):
+                return await self.op_drain(peer, req)
+            raise RequestInvalid(f"{P.op_name(req)} is not a slow request")
+        except VgpuError as e:
+            return P.error(P.error_code(e), str(e))
+        except Exception as e:  # a bug: answer, log one line per burst, keep serving
+            return self._internal_error(peer, req, e)
+
+    async def op_suspend(self, peer: Peer, req: P.Suspend) -> dict[str, Any]:
+        job = self.table.get(req.job)
+        self._authorize(peer, job, "suspend")
+        async with self.suspender.lock:
+            out = await self.suspender.suspend(job, "asked")
+        self.priority.refresh()
+        return P.ok(job=self.view(job), outcome=out.wire())
+
+    async def op_resume(self, peer: Peer, req: P.Resume) -> dict[str, Any]:
+        job = self.table.get(req.job)
+        self._authorize(peer, job, "resume")
+        async with self.suspender.lock:
+            out = await self.suspender.resume(job, req.gpu)
+        self.priority.refresh()
+        return P.ok(job=self.view(job), outcome=out.wire())
+
+    async def op_drain(self, peer: Peer, req: P.Drain) -> dict[str, Any]:
+        if not self.is_admin(peer):
+            raise PermissionDenied("only root may drain a GPU")
+        async with self.suspender.lock:
+            if req.undo:
+                g = self.suspender.undrain(req.gpu)
+                outcomes = []
+            else:
+                g = placement.resolve_gpu(self.gpus, req.gpu)
+                outcomes = await self.suspender.drain(req.gpu)
+        if req.undo:
+            outcomes = await self.suspender.resume_waiting()
+        self.priority.refresh()
+        return P.ok(gpu=g.index, drained=not req.undo,
+                    jobs=[o.wire() for o in outcomes])
 
     def is_admin(self, peer: Peer) -> bool:
         return peer.uid == 0 or peer.uid == os.geteuid()
@@ -148,7 +225,8 @@ class Supervisor:
         return views.live_job(job, self.stats, self.clock()).wire()
 
     def gpu_views(self) -> list[dict[str, Any]]:
-        return [g.wire() for g in views.gpus(self.gpus, self.stats, self.config, self.table)]
+        return [g.wire() for g in views.gpus(self.gpus, self.stats, self.config, self.table,
+                                             self.suspender.drained)]
 
     def op_ping(self, peer: Peer, req: P.Ping) -> dict[str, Any]:
         return P.ok(daemon=self.info())
@@ -162,10 +240,73 @@ class Supervisor:
                 "slurm": {"shard_size": self.config.slurm.shard_size,
                           "allow_run": self.config.slurm.allow_run}}
 
+    async def handle_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
+        """The reply to a `run`: admitted as it is when it fits; else, when
+        the job is normal or high, of one GPU, and preemption is on, suspend
+        the fewest low jobs that make room and admit it (docs/suspend.md).
+        Never raises."""
+        reply = self.handle(peer, req)
+        err = reply.get("error") if not reply.get("ok") else None
+        if (err is None or err.get("code") != "admission" or err.get("retry")
+                or not self.config.priority.preempt
+                or (req.priority or self.config.priority.default) == "low"
+                or (req.gpus or 1) > 1 or (req.gpu is not None and "," in req.gpu)):
+            return reply
+        try:
+            return await self.op_run_preempting(peer, req) or reply
+        except VgpuError as e:
+            return P.error(P.error_code(e), str(e))
+        except Exception as e:  # a bug: answer, log one line per burst, keep serving
+            return self._internal_error(peer, req, e)
+
+    async def op_run_preempting(self, peer: Peer, req: P.Run) -> dict[str, Any] | None:
+        """Admit the job by suspending low jobs for it; None when no GPU can
+        be made to fit (the refusal stands)."""
+        cfg = self.config
+        mem = req.mem if req.mem is not None else cfg.default_mem
+        if mem is None:
+            return None
+        async with self.suspender.lock:
+            plan = self.suspender.preemption_plan(self.admission.run_gpus(req.gpu), mem)
+            if plan is None:
+                return None
+            gpu, victims = plan
+            ids = [v.id for v in victims]
+            # Admitted first, on the room they hold: nothing else can take it
+            # while they are suspended.
+            if not self.is_admin(peer):
+                self._check_cooldown(peer.uid)
+            job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req,
+                                               make_room=ids, on=gpu.uuid)
+            done: list[LiveJob] = []
+            try:
+                for v in victims:
+                    await self.suspender.suspend(v, "preempted")
+                    done.append(v)
+            except VgpuError as e:
+                for v in done:
+                    try:
+                        await self.suspender.resume(v)
+                    except VgpuError as e2:
+                        log.warning("job %s, preempted for nothing, stays suspended: %s",
+                                    v.id, e2)
+                self.table.end(job)
+                raise AdmissionRefused(
+                    f"no room for {format_size(mem)} on GPU {gpu.index} unless its low jobs "
+                    f"{', '.join(ids)} are suspended, and that failed: {e}") from None
+        self.priority.refresh()
+        log.info("job %s admitted on GPU %d by suspending low job(s) %s", job.id, gpu.index,
+                 ", ".join(ids))
+        warnings.append(f"job(s) {', '.join(ids)} of class low on GPU {gpu.index} were "
+                        "suspended to make room; they resume by themselves when room returns")
+        env, prepend = self.admission.job_env(job)
+        return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
+
     def op_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
         if not self.is_admin(peer):
             self._check_cooldown(peer.uid)
         job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req)
+        self.priority.refresh()     # its neighbours heed it (or it them) from now on
         env, prepend = self.admission.job_env(job)
         return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
 
@@ -248,18 +389,29 @@ class Supervisor:
         if rec.slurm_job is not None and not self.is_admin(peer):
             raise PermissionDenied(f"job {job.id} is Slurm job {rec.slurm_job}'s: its "
                                    "limits are its shards, only root may change them")
-        if req.mem is None and req.core is None and req.policy is None:
-            raise UsageError("nothing to change: give --mem, --core or --policy")
-        if not self.is_admin(peer):
+        if (req.mem is None and req.core is None and req.policy is None
+                and req.priority is None):
+            raise UsageError("nothing to change: give --mem, --core, --policy or --priority")
+        admin = self.is_admin(peer)
+        if not admin:
             limits = self.config.limits_for(rec.user, rec.uid)
             placement.check_user_limits(limits, rec.user, req.mem, req.core)
             if req.mem is not None and req.mem > rec.mem_limit:
                 placement.check_user_total(limits, rec.user, self.table.held_by(rec.uid),
                                            (req.mem - rec.mem_limit) * max(1, len(rec.gpus)),
                                            self.admission.node_capacity())
+        if req.priority is not None:
+            # a user may lower their job's class, only root may raise it
+            prio.check_change(rec.priority, req.priority, job.id, admin)
         if req.mem is not None and req.mem > rec.mem_limit:
             self.admission.check_resize(job, req.mem)
-        changes = self.table.change_limits(job, req.mem, req.core, req.policy)
+        cls = req.priority or rec.priority
+        core = req.core if req.core is not None else (rec.core_share if rec.core_promised
+                                                      else None)
+        if core is not None and prio.promises(cls):
+            self.admission.check_core(job, core)
+        changes = self.table.change_limits(job, req.mem, req.core, req.policy, req.priority)
+        self.priority.refresh()
         warnings = []
         usage = self.trust.read(job) if req.mem is not None else []
         used = max(u.used for u in usage) if usage else None
@@ -328,6 +480,7 @@ class Supervisor:
         if peer.uid != 0 and not (self.is_admin(peer) and req.uid == peer.uid):
             raise PermissionDenied("only root may register a Slurm job (from its Prolog)")
         job, existing = self.slurm.register(req)
+        self.priority.refresh()
         return P.ok(job=self.view(job), existing=existing)
 
     def op_slurm_attach(self, peer: Peer, req: P.SlurmAttach) -> dict[str, Any]:
@@ -380,7 +533,8 @@ class Supervisor:
     def metrics_snapshot(self, gpu_seconds: Callable[[str, str], float | None]) -> Any:
         now = self.clock()
         jobs = [(views.live_job(j, self.stats, now), j.violation_count) for j in self.table]
-        return metrics.snapshot(views.gpus(self.gpus, self.stats, self.config, self.table),
+        return metrics.snapshot(views.gpus(self.gpus, self.stats, self.config, self.table,
+                                           self.suspender.drained),
                                 jobs, gpu_seconds, self.violations.totals)
 
     def checkpoint(self, acc: Accountant, wall: float) -> None:

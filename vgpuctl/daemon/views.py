@@ -11,14 +11,14 @@ and root (the daemon's user) see, unless the operator sets
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import GpuLive, GpuView, JobRecord, JobView, Live, job_view
-from vgpuctl.daemon.jobs import LiveJob
+from vgpuctl.daemon.jobs import LiveJob, commitments
 from vgpuctl.system.nvml import GpuStats
 
 
@@ -53,10 +53,12 @@ def ended_job(rec: JobRecord, violations: Sequence[dict[str, Any]], now: float) 
 
 
 def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: Config,
-         jobs: Iterable[LiveJob]) -> list[GpuView]:
-    jobs = list(jobs)
-    used = placement.committed(placement.Commitment(j.id, u, mem)
-                               for j in jobs for u, (mem, _) in j.rec.limits_by_uuid().items())
+         jobs: Iterable[LiveJob], drained: Container[str] = ()) -> list[GpuView]:
+    """The GPUs as every output shows them: a suspended job is on none."""
+    jobs = [j for j in jobs if not j.rec.suspended]
+    cm = commitments(jobs)
+    used = placement.committed(cm)
+    cores = placement.promised(cm)
     out = []
     for g in gpus:
         st = stats.get(g.uuid)
@@ -66,7 +68,10 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             utilization=st.utilization if st else None,
             committed=used.get(g.uuid, 0),
             capacity=placement.capacity(g, config.reserve, config.oversubscribe),
+            core_promised=cores.get(g.uuid, 0),
+            core_capacity=placement.core_capacity(config.core_oversubscribe),
             jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
             minor=st.minor if st else None,
-            slurm=config.slurm.controls(g.index)))
+            slurm=config.slurm.controls(g.index),
+            drained=g.uuid in drained))
     return out

@@ -83,6 +83,7 @@ class JobDevice:
     core_share: int             # percent 1..100
     policy: str                 # "hard" | "soft"
     launches: int               # region usage.dev[i].launches (cumulative)
+    promised: bool = True       # its share is a promise (asked for; normal or high)
     created: float | None = None  # wall time the job's region was made, gated
                                   # (initial_gate), with no launch counted yet
 
@@ -180,6 +181,9 @@ class ComputeGovernor:
         self._differ: dict[str, bool] = {}
         self._next_probe: dict[str, float] = {}     # no probe before (wall s)
         self._miss: dict[str, float] = {}           # running miss of the known costs (+ under)
+        # each GPU's NVML window read this tick, split among the jobs (None:
+        # none new)
+        self.windows: dict[str, Window | None] = {}
 
     def close(self) -> None:
         if self._owns_nvml and self._nvml is not None:
@@ -193,6 +197,10 @@ class ComputeGovernor:
         """NVML's sample period on this GPU: how far measured shares trail
         the work."""
         return self._sampler.period_s(uuid)
+
+    def wall_s(self) -> float:
+        """The clock NVML's windows are on (seconds)."""
+        return self._clock_us() / 1e6
 
     def last_shares(self, uuid: str) -> dict[int, float]:
         """Each pid's share of this GPU in the newest NVML window."""
@@ -377,8 +385,10 @@ class ComputeGovernor:
         for j in jobs:
             by_gpu.setdefault(j.uuid, []).append(j)
         out: dict[tuple[str, str], Gate] = {}
+        self.windows = {}
         for uuid, group in by_gpu.items():
             window = self._sampler.read(uuid)
+            self.windows[uuid] = window
             for j in group:
                 self._states.setdefault((j.job_id, j.uuid), _State()).pids = j.pids
             out.update(self._tick_gpu(group, window, now, wall_s))
@@ -416,6 +426,7 @@ class ComputeGovernor:
             attributed, _, _ = self._attribute(group[0].uuid, window, learn=True)
             if attributed is not window:
                 window = attributed
+                self.windows[group[0].uuid] = window
                 seen = [(c, self._remeasure(j, o, window))
                         for j, (c, o) in zip(group, seen, strict=True)]
         capacity = self._capacity.setdefault(group[0].uuid, ctl.Capacity())
@@ -423,7 +434,7 @@ class ComputeGovernor:
             util = sum(window.busy_s.values()) / window.duration_s
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
                              window.duration_s)
-        targets = ctl.effective_targets([c for c, _ in seen], capacity.value)
+        targets = ctl.class_targets([c for c, _ in seen], capacity.value)
         room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
                               [c.key for c, _ in seen if self._states[c.key].loop.catching_up])
         gates: dict[tuple[str, str], Gate] = {}
@@ -554,7 +565,8 @@ class ComputeGovernor:
             active=now - st.last_active <= IDLE_S,
             # the bucket held it back, it runs ungated, or it uses its share
             wants_more=(loop.rate is None or loop.backlogged
-                        or st.measured >= 0.9 * min(share, loop.target or share)))
+                        or st.measured >= 0.9 * min(share, loop.target or share)),
+            promised=j.promised)
         obs = ctl.Observation(target=share, dt=dt, launches=float(launched), measured=measured,
                               busy_s=busy, window_launches=window_launches, window_s=window_s,
                               measured_low=measured_low)

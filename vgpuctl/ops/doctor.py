@@ -118,8 +118,17 @@ def _probe_nvml() -> dict[str, Any]:
     return out
 
 
+def _probe_suspend() -> dict[str, Any]:
+    from vgpuctl.system import checkpoint
+
+    sim.use_in_process()
+    a = checkpoint.availability()
+    return {"cuda": a.cuda, "suspend": a.suspend, "move": a.move, "why": a.why,
+            "why_move": a.why_move}
+
+
 _PROBES: dict[str, Callable[[], dict[str, Any]]] = {
-    "driver": _probe_driver, "nvml": _probe_nvml,
+    "driver": _probe_driver, "nvml": _probe_nvml, "suspend": _probe_suspend,
 }
 
 
@@ -213,6 +222,29 @@ def check_driver(env: Mapping[str, str]) -> Check:
     v = r.get("version")
     ver = f", CUDA {v // 1000}.{v % 1000 // 10}" if isinstance(v, int) and v else ""
     return Check("driver", OK, f"libcuda.so.1 loads, cuInit ok, {count} device(s){ver}")
+
+
+SUSPEND_FIX = ("upgrade the NVIDIA driver to R570 or newer for `vgpuctl suspend`, R580 or "
+               "newer to move jobs between GPUs (docs/suspend.md)")
+
+
+def check_suspend(env: Mapping[str, str]) -> Check:
+    """Whether the driver's checkpoint API is here: suspend (R570), move
+    (R580). A node without it still shares its GPUs: a warning."""
+    r = _run_probe("suspend", env)
+    if r.get("hung") or "crashed" in r:
+        return Check("suspend", WARN, "the driver's checkpoint API could not be probed: "
+                     f"{r.get('error') or 'it did not answer'}", "check `nvidia-smi`")
+    if not r.get("suspend"):
+        return Check("suspend", WARN, f"suspend and move are not available: {r.get('why')}",
+                     SUSPEND_FIX)
+    v = r.get("cuda")
+    cuda = f"CUDA {v // 1000}.{v % 1000 // 10}" if isinstance(v, int) and v else "its CUDA"
+    if not r.get("move"):
+        return Check("suspend", WARN, f"suspend and resume are available ({cuda}); moving "
+                     f"jobs between GPUs is not: {r.get('why_move')}", SUSPEND_FIX)
+    return Check("suspend", OK, f"suspend, resume and move are available (the driver's "
+                 f"checkpoint API, {cuda})")
 
 
 def check_nvml(env: Mapping[str, str]) -> Check:
@@ -367,7 +399,8 @@ def run_checks(env: Mapping[str, str] | None = None,
     steps: list[tuple[str, Callable[[Mapping[str, str]], Check]]] = []
     if sim.active(e):
         steps.append(("simulator", check_simulator))
-    steps += [("driver", check_driver), ("nvml", check_nvml), ("hook", check_hook),
+    steps += [("driver", check_driver), ("nvml", check_nvml), ("suspend", check_suspend),
+              ("hook", check_hook),
               ("daemon", check_daemon), ("config", check_config)]
     out = []
     for name, fn in steps:

@@ -32,7 +32,7 @@ from vgpuctl.errors import StateError
 
 __all__ = ["ENDED", "RUNNING", "STARTING", "JobRecord", "Store"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 4
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     mem_limit     INTEGER NOT NULL,     -- bytes, per GPU
     core_share    INTEGER NOT NULL,     -- percent
     policy        TEXT    NOT NULL,     -- hard | soft
-    state         TEXT    NOT NULL,     -- starting | running | ended
+    state         TEXT    NOT NULL,     -- starting | running | suspended | ended
     created       REAL    NOT NULL,     -- Unix time
     started       REAL,
     ended         REAL,
@@ -62,7 +62,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     slurm_partition TEXT,
     slurm_account TEXT,
     slurm_shards  INTEGER,
-    region_error  TEXT                  -- why its usage region was found tampered with
+    region_error  TEXT,                 -- why its usage region was found tampered with
+    priority      TEXT    NOT NULL DEFAULT 'normal',  -- low | normal | high
+    core_promised INTEGER NOT NULL DEFAULT 0,         -- its share counts in its GPU's compute
+    suspended_s   REAL    NOT NULL DEFAULT 0, -- seconds suspended (ended suspensions)
+    suspended_at  REAL,                 -- when the current suspension began
+    suspend_reason TEXT,                -- asked | preempted | drained
+    suspensions   INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
@@ -70,7 +76,14 @@ CREATE INDEX IF NOT EXISTS jobs_ended ON jobs(ended);
 
 # Columns added since schema 1, added to an older database when it opens.
 _ADDED = {"slurm_job": "TEXT", "slurm_partition": "TEXT", "slurm_account": "TEXT",
-          "slurm_shards": "INTEGER", "region_error": "TEXT"}
+          "slurm_shards": "INTEGER", "region_error": "TEXT",
+          # schema 3: priority classes; jobs from before were normal, and
+          # had no promised share (they counted nowhere)
+          "priority": "TEXT NOT NULL DEFAULT 'normal'",
+          "core_promised": "INTEGER NOT NULL DEFAULT 0",
+          # schema 4: suspend; jobs from before were never suspended
+          "suspended_s": "REAL NOT NULL DEFAULT 0", "suspended_at": "REAL",
+          "suspend_reason": "TEXT", "suspensions": "INTEGER NOT NULL DEFAULT 0"}
 
 
 _COLUMNS = [f.name for f in fields(JobRecord)]
@@ -97,6 +110,8 @@ def record_from_row(row: sqlite3.Row) -> JobRecord:
         d[k] = json.loads(d[k]) if k in d else {"pids": {}, "gpus": [], "command": []}[k]
     d["pids"] = {int(p): int(s) for p, s in d["pids"].items()}
     d["id"] = str(d["id"])
+    if "core_promised" in d:
+        d["core_promised"] = bool(d["core_promised"])
     return JobRecord(**d)
 
 

@@ -2,12 +2,12 @@
 the hook is compiled with (libvgpu/include/vgpu/region.h), so the two sides
 cannot drift.
 
-The region's two structs live in System V shared memory, one segment each,
-created by the daemon; the job's directory holds only the daemon's small
-files:
+The region's three structs live in System V shared memory, one segment
+each, created by the daemon; the job's directory holds only the daemon's
+small files:
 
-  region      "vgpu-region VERSION LIMITS_ID USAGE_ID": the two segments
-              (the daemon's file, mode 0644)
+  region      "vgpu-region VERSION LIMITS_ID USAGE_ID SIGNAL_ID": the three
+              segments (the daemon's file, mode 0644)
   checkpoint  the daemon's record of the hook's counters (mode 0600)
 
 and the segments:
@@ -16,6 +16,10 @@ and the segments:
           0644: the job attaches it read-only
   usage   written by the hook with atomics; owned by the job's user, mode
           0600; the daemon attaches it read-only
+  signal  written by the hook (when the job last launched, until when its
+          work should keep the GPU): owned by the job's user, mode 0644; the
+          hooks of jobs of a lower class on its GPU attach it read-only,
+          the daemon reads its launch counts (vgpuctl.system.priority)
 
 Why segments and not files: a segment has the size it was created with for
 good. The job's user can write its usage, not truncate it, grow it, or fill
@@ -257,6 +261,7 @@ class ProcUsage:
     launches: list[int]
     allocs: int
     get_proc_calls: int
+    features: int = 0           # VGPU_FEATURE_* bits: what can't be checkpointed
 
 
 @dataclass
@@ -310,21 +315,43 @@ def _slot_layout() -> tuple[int, int, int, int]:
     return _SLOTS
 
 
-def read_ids(path: Path) -> tuple[int, int]:
-    """The (limits, usage) segment ids a job directory's region file names;
-    ValueError when it names none (OSError when it can't be read)."""
+def read_ids(path: Path) -> tuple[int, int, int]:
+    """The (limits, usage, signal) segment ids a job directory's region file
+    names; ValueError when it names none (OSError when it can't be read)."""
     fd = os.open(path / REGION_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         text = os.read(fd, 128).decode("ascii", "replace")
     finally:
         os.close(fd)
-    m = re.fullmatch(rf"{REGION_TAG} (\d+) (\d+) (\d+)\n?", text)
+    m = re.fullmatch(rf"{REGION_TAG} (\d+) (\d+) (\d+) (\d+)\n?", text)
     if m is None:
         raise ValueError(f"{path}: not a vgpu region")
     if int(m.group(1)) != const("VGPU_REGION_VERSION"):
         raise ValueError(f"{path}: region layout version {m.group(1)}, expected "
                          f"{const('VGPU_REGION_VERSION')}")
-    return int(m.group(2)), int(m.group(3))
+    return int(m.group(2)), int(m.group(3)), int(m.group(4))
+
+
+def _any_ids(path: Path) -> list[int]:
+    """The segment ids a region file of any layout names (a region of an
+    earlier layout, left by a daemon before an upgrade); none when there is
+    no such file."""
+    try:
+        fd = os.open(path / REGION_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    try:
+        text = os.read(fd, 128).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+    m = re.fullmatch(rf"{REGION_TAG} \d+((?: \d+)+)\n?", text)
+    return [int(x) for x in m.group(1).split()] if m else []
+
+
+def _sizes() -> tuple[int, int, int]:
+    f = ffi()
+    return (f.sizeof("struct vgpu_limits"), f.sizeof("struct vgpu_usage"),
+            f.sizeof("struct vgpu_signal"))
 
 
 def _own_segment(sid: int, size: int) -> bool:
@@ -341,16 +368,17 @@ class Region:
     """One job's region. Create with Region.create (daemon), or open an
     existing one with Region.open."""
 
-    def __init__(self, path: Path, ids: tuple[int, int], limits_addr: int,
+    def __init__(self, path: Path, ids: tuple[int, int, int], limits_addr: int,
                  usage_addr: int | None, usage_writable: bool = False,
-                 limits_writable: bool = False) -> None:
+                 limits_writable: bool = False, signal_addr: int | None = None) -> None:
         f = ffi()
         self.path = path
         self._lwritable = limits_writable
-        self.limits_id, self.usage_id = ids
+        self.limits_id, self.usage_id, self.signal_id = ids
         self._laddr: int | None = limits_addr
         self._uaddr = usage_addr
         self._uwritable = usage_writable
+        self._saddr = signal_addr
         self.limits = f.cast("struct vgpu_limits *", limits_addr)
 
     @property
@@ -361,7 +389,7 @@ class Region:
     @classmethod
     def create(cls, path: Path | str, job_id: str, owner_uid: int,
                devices: list[DeviceLimit]) -> Region:
-        """Make the job's two segments (every page allocated), fill them, and
+        """Make the job's three segments (every page allocated), fill them, and
         name them in the directory's region file (written under a temporary
         name, then renamed): the region, its limits writable. OSError when a
         segment or the file can't be made (no space): nothing is left."""
@@ -370,25 +398,30 @@ class Region:
         max_dev = const("VGPU_MAX_DEVICES")
         if len(devices) > max_dev:
             raise ValueError(f"at most {max_dev} devices per job")
-        lsize = f.sizeof("struct vgpu_limits")
-        usize = f.sizeof("struct vgpu_usage")
+        lsize, usize, ssize = _sizes()
         made: list[int] = []
         reg: Region | None = None
         try:
             path.mkdir(parents=True, exist_ok=True)
             lid = shm_create(lsize, None, 0o644)
             made.append(lid)
-            uid = shm_create(usize, owner_uid if os.geteuid() == 0 else None, 0o600)
+            owner = owner_uid if os.geteuid() == 0 else None
+            uid = shm_create(usize, owner, 0o600)
             made.append(uid)
-            uaddr = shm_attach(uid, writable=True)
-            try:
-                head = f.cast("struct vgpu_usage *", uaddr)
-                head.version = const("VGPU_REGION_VERSION")
-                head.magic = const("VGPU_REGION_MAGIC")
-            finally:
-                shm_detach(uaddr)
-            reg = cls(path, (lid, uid), shm_attach(lid, writable=True),
-                      shm_attach(uid, writable=False), limits_writable=True)
+            sid = shm_create(ssize, owner, 0o644)
+            made.append(sid)
+            for seg, struct, magic in ((uid, "struct vgpu_usage *", "VGPU_REGION_MAGIC"),
+                                       (sid, "struct vgpu_signal *", "VGPU_SIGNAL_MAGIC")):
+                addr = shm_attach(seg, writable=True)
+                try:
+                    head = f.cast(struct, addr)
+                    head.version = const("VGPU_REGION_VERSION")
+                    head.magic = const(magic)
+                finally:
+                    shm_detach(addr)
+            reg = cls(path, (lid, uid, sid), shm_attach(lid, writable=True),
+                      shm_attach(uid, writable=False), limits_writable=True,
+                      signal_addr=shm_attach(sid, writable=False))
             lim = reg.limits
             lim.version = const("VGPU_REGION_VERSION")
             jid = job_id.encode()[: const("VGPU_JOB_ID_LEN") - 1]
@@ -400,7 +433,8 @@ class Region:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o644)
             try:
-                text = f"{REGION_TAG} {const('VGPU_REGION_VERSION')} {lid} {uid}\n".encode()
+                text = (f"{REGION_TAG} {const('VGPU_REGION_VERSION')} {lid} {uid} "
+                        f"{sid}\n").encode()
                 if os.write(fd, text) != len(text):
                     raise OSError(errno.ENOSPC, "short write")
                 os.fchmod(fd, 0o644)
@@ -422,13 +456,14 @@ class Region:
     @classmethod
     def open(cls, path: Path | str, writable_limits: bool = False,
              writable_usage: bool = False) -> Region:
-        """The region of a job directory. Its usage is attached read-only
-        (writable_usage: read-write, as the job's user may: for tests), or
-        not at all where this user may not (usage_readable is then False).
-        OSError or ValueError when it is not a region (any more)."""
+        """The region of a job directory. Its usage and signal are attached
+        read-only (writable_usage: read-write, as the job's user may: for
+        tests), or not at all where this user may not (usage_readable is
+        then False). OSError or ValueError when it is not a region (any
+        more)."""
         f = ffi()
         path = Path(path)
-        lid, uid = read_ids(path)
+        lid, uid, sid = read_ids(path)
         ds = shm_stat(lid)
         if ds.segsz < f.sizeof("struct vgpu_limits"):
             raise ValueError(f"{path}: the limits segment {lid} is too small")
@@ -443,7 +478,14 @@ class Region:
         except BaseException:
             shm_detach(laddr)
             raise
-        reg = cls(path, (lid, uid), laddr, uaddr, writable_usage, writable_limits)
+        saddr: int | None = None
+        try:
+            if shm_stat(sid).segsz == f.sizeof("struct vgpu_signal"):
+                saddr = shm_attach(sid, writable=writable_usage)
+        except OSError:
+            saddr = None
+        reg = cls(path, (lid, uid, sid), laddr, uaddr, writable_usage, writable_limits,
+                  signal_addr=saddr)
         try:
             if reg.limits.magic != const("VGPU_REGION_MAGIC"):
                 raise ValueError(f"{path}: not a vgpu region")
@@ -461,15 +503,12 @@ class Region:
         made them, and its files), the region open or not."""
         path = Path(path)
         try:
-            ids = read_ids(path)
+            named = list(zip(read_ids(path), _sizes(), strict=True))
         except (OSError, ValueError):
-            ids = None
-        if ids is not None:
-            f = ffi()
-            for sid, size in zip(ids, (f.sizeof("struct vgpu_limits"),
-                                       f.sizeof("struct vgpu_usage")), strict=True):
-                if _own_segment(sid, size):
-                    shm_remove(sid)
+            named = [(sid, 1) for sid in _any_ids(path)]
+        for sid, size in named:
+            if _own_segment(sid, size):
+                shm_remove(sid)
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
@@ -563,6 +602,22 @@ class Region:
             raise ValueError("outside the usage struct")
         ctypes.memmove(self._uaddr + offset, data, len(data))
 
+    def signal_bytes(self) -> bytes | None:
+        """The job's signal (struct vgpu_signal), copied into our memory;
+        None when it is not attached. The job writes it: callers check it."""
+        if self._saddr is None:
+            return None
+        return ctypes.string_at(self._saddr, ffi().sizeof("struct vgpu_signal"))
+
+    def poke_signal(self, offset: int, data: bytes) -> None:
+        """Write data into the signal segment at offset, as the job's user
+        can: for tests of a region opened with writable_usage."""
+        if self._saddr is None or not self._uwritable:
+            raise PermissionError(f"{self.path}: the signal segment is not attached writable")
+        if offset < 0 or offset + len(data) > ffi().sizeof("struct vgpu_signal"):
+            raise ValueError("outside the signal struct")
+        ctypes.memmove(self._saddr + offset, data, len(data))
+
     def _ndevices(self) -> int:
         return min(int(self.limits.ndevices), const("VGPU_MAX_DEVICES"))
 
@@ -586,7 +641,8 @@ class Region:
                     used=[_bytes(s.used[j], "slot used") for j in range(n)],
                     ctx_bytes=[_bytes(s.ctx_bytes[j], "slot ctx_bytes") for j in range(n)],
                     launches=[_count(s.launches[j]) for j in range(n)],
-                    allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls)))
+                    allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls),
+                    features=int(s.features)))
         return Usage(devs, procs)
 
     def slot_pids(self) -> list[tuple[int, int]]:
@@ -639,14 +695,13 @@ class Region:
         return out
 
     def close(self) -> None:
-        """Detach both segments (they stay: the job's processes use them)."""
+        """Detach the segments (they stay: the job's processes use them)."""
         self.limits = None
-        if self._laddr is not None:
-            shm_detach(self._laddr)
-            self._laddr = None
-        if self._uaddr is not None:
-            shm_detach(self._uaddr)
-            self._uaddr = None
+        for attr in ("_laddr", "_uaddr", "_saddr"):
+            addr = getattr(self, attr)
+            if addr is not None:
+                shm_detach(addr)
+                setattr(self, attr, None)
 
     def remove(self) -> None:
         """Delete the region: its segments (gone once the last process that
@@ -654,6 +709,7 @@ class Region:
         self.close()
         shm_remove(self.limits_id)
         shm_remove(self.usage_id)
+        shm_remove(self.signal_id)
         for name in (REGION_FILE, CHECKPOINT_FILE):
             try:
                 os.unlink(self.path / name)

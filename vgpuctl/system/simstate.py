@@ -33,6 +33,7 @@ class DeviceStats:
     busy_ns: int
     kernels: int
     fail_allocs: int
+    switches: int = 0       # context switches on its timeline
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Usage:
     peak: int
     busy_ns: int
     contexts: int = 0
+    queued_ns: int = 0      # a process's kernel time submitted and not yet run
+    held: int = 0      # a checkpointed process: what it held here, now in host memory
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class ProcessStats:
     pid: int
     tag: str | None
     devices: list[Usage]
+    checkpoint: str = "running"   # its state for the checkpoint API
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,11 @@ class SimStats:
     tags: list[TagStats]
     util_idle: str = "average"  # VGPU_SIM_UTIL_IDLE: idle periods averaged in or skipped
     util_procs: str = "last"    # VGPU_SIM_UTIL_PROCS: which processes a period names
+    timeslice_us: int = 0       # VGPU_SIM_TIMESLICE_US: time slice between processes
+    switch_us: int = 0          # VGPU_SIM_SWITCH_US: what a switch costs
+    ckpt_rate: int = 0          # VGPU_SIM_CKPT_RATE: checkpoint copies, bytes/s
+    ckpt_pairs: str = "checkpointed"   # VGPU_SIM_CKPT_PAIRS
+    ckpt_refused: str = "failed"       # VGPU_SIM_CKPT_REFUSED
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -80,7 +89,8 @@ class SimStats:
 
 
 def _usage(rows: list[dict[str, Any]]) -> list[Usage]:
-    return [Usage(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0))
+    return [Usage(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0),
+                  r.get("queued_ns", 0), r.get("held", 0))
             for r in rows]
 
 
@@ -91,11 +101,16 @@ def parse_stats(text: str) -> SimStats:
         path=d["path"], count=d["count"], memory=d["memory"], sample_ms=d["sample_ms"],
         nvml_error=d["faults"]["nvml_error"], nvml_error_count=d["faults"]["nvml_error_count"],
         devices=[DeviceStats(**dev) for dev in d["devices"]],
-        processes=[ProcessStats(p["pid"], p["tag"], _usage(p["devices"]))
+        processes=[ProcessStats(p["pid"], p["tag"], _usage(p["devices"]),
+                                p.get("checkpoint", "running"))
                    for p in d["processes"]],
         tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
         util_idle=d.get("util_idle", "average"),
         util_procs=d.get("util_procs", "each"),
+        timeslice_us=d.get("timeslice_us", 0), switch_us=d.get("switch_us", 0),
+        ckpt_rate=d.get("checkpoint", {}).get("rate", 0),
+        ckpt_pairs=d.get("checkpoint", {}).get("pairs", "checkpointed"),
+        ckpt_refused=d.get("checkpoint", {}).get("refused", "failed"),
     )
 
 

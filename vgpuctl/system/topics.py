@@ -24,6 +24,8 @@ TOPICS: dict[str, tuple[str, str]] = {
     "daemon": ("docs/daemon.md", "the daemon: paths, requests, signals, re-adoption"),
     "hook": ("docs/hook.md", "libvgpu.so, the preload library, and its environment"),
     "compute": ("docs/compute.md", "how --core shares are measured and enforced"),
+    "suspend": ("docs/suspend.md",
+                "suspend, resume, move and drain: the driver's checkpoint API, versions"),
     "simulator": ("docs/simulator.md", "the simulated GPU: VGPU_SIM and its knobs"),
     "slurm": ("docs/slurm.md", "Slurm's --gres=shard jobs fenced and accounted: node set-up"),
     "slurm-conf": ("etc/slurm/slurm.conf.example", "the slurm.conf lines a vgpuctl node needs"),

@@ -85,6 +85,8 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
     struct out o = {buf, len, 0};
     char path[PATH_MAX];
     sim_lock(1);
+    for (uint32_t d = 0; d < s->count; d++)
+        sim_timeline_catch_up((int)d);
     put(&o, "{\"path\": ");
     put_string(&o, sim_state_path(path, sizeof path));
     put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\", "
@@ -94,6 +96,12 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         s->util_procs == VGPU_SIM_UTIL_PROCS_EACH      ? "each"
         : s->util_procs == VGPU_SIM_UTIL_PROCS_BUSIEST ? "busiest"
                                                        : "last");
+    put(&o, ", \"checkpoint\": {\"rate\": %llu, \"pairs\": \"%s\", \"refused\": \"%s\"}",
+        (unsigned long long)s->ckpt_rate,
+        s->ckpt_flags & VGPU_SIM_CKPT_F_PAIRS_ALL ? "all" : "checkpointed",
+        s->ckpt_flags & VGPU_SIM_CKPT_F_REFUSED_LOCKED ? "locked" : "failed");
+    put(&o, ", \"timeslice_us\": %llu, \"switch_us\": %llu",
+        (unsigned long long)(s->slice_ns / 1000), (unsigned long long)(s->switch_ns / 1000));
     put(&o, ", \"faults\": {\"nvml_error\": %d, \"nvml_error_count\": %lld}", s->nvml_error,
         (long long)s->nvml_error_count);
     put(&o, ", \"devices\": [");
@@ -102,10 +110,11 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         char uuid[64];
         sim_device_uuid_string((int)d, uuid, sizeof uuid);
         put(&o, "%s{\"index\": %u, \"uuid\": \"%s\", \"total\": %llu, \"used\": %llu, "
-                "\"busy_ns\": %llu, \"kernels\": %llu, \"fail_allocs\": %lld}",
+                "\"busy_ns\": %llu, \"kernels\": %llu, \"switches\": %llu, "
+                "\"fail_allocs\": %lld}",
             d ? ", " : "", d, uuid, (unsigned long long)dv->total, (unsigned long long)dv->used,
             (unsigned long long)dv->busy_ns, (unsigned long long)dv->kernels,
-            (long long)dv->fail_allocs);
+            (unsigned long long)dv->sched.switches, (long long)dv->fail_allocs);
     }
     put(&o, "], \"processes\": [");
     int first = 1;
@@ -113,17 +122,24 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         const struct vgpu_sim_proc *p = &s->procs[i];
         if (!p->pid)
             continue;
-        put(&o, "%s{\"pid\": %d, \"tag\": ", first ? "" : ", ", p->pid);
+        static const char *const ckpt_state[] = {"running", "locked", "checkpointed", "failed"};
+        put(&o, "%s{\"pid\": %d, \"checkpoint\": \"%s\", \"tag\": ", first ? "" : ", ",
+            p->pid, p->ckpt.state < 4 ? ckpt_state[p->ckpt.state] : "?");
         if (p->tag >= 0 && p->tag < VGPU_SIM_MAX_TAGS)
             put_string(&o, s->tags[p->tag].name);
         else
             put(&o, "null");
         put(&o, ", \"devices\": [");
-        for (uint32_t d = 0; d < s->count; d++)
+        for (uint32_t d = 0; d < s->count; d++) {
+            const struct vgpu_sim_queue *q = &p->queue[d];
             put(&o, "%s{\"index\": %u, \"used\": %llu, \"peak\": %llu, \"busy_ns\": %llu, "
-                    "\"contexts\": %u}",
+                    "\"contexts\": %u, \"queued_ns\": %llu, \"held\": %llu}",
                 d ? ", " : "", d, (unsigned long long)p->used[d], (unsigned long long)p->peak[d],
-                (unsigned long long)p->busy_ns[d], p->contexts[d]);
+                (unsigned long long)p->busy_ns[d], p->contexts[d],
+                (unsigned long long)(q->submitted_ns > q->done_ns
+                                         ? q->submitted_ns - q->done_ns : 0),
+                (unsigned long long)p->ckpt.held[d]);
+        }
         put(&o, "]}");
         first = 0;
     }

@@ -37,10 +37,16 @@
 #define SIM_GRANULARITY (2ull << 20) /* allocation granularity: 2 MiB */
 #define SIM_DEFAULT_MEMORY (16ull << 30)
 #define SIM_DEFAULT_CTX_MEM (300ull << 20)
+#define SIM_DEFAULT_CKPT_RATE (20ull << 30) /* checkpoint copies: bytes/s */
 #define SIM_DEFAULT_SAMPLE_MS 167 /* 1/6 s: the fastest period NVML documents */
-/* A sample period is published this long after it ends: a worker that wakes
- * late starts its kernel up to 20 ms in the past (cuda/exec.c), so a period
- * just ended may still gain busy time. */
+/* Time slicing between processes (contexts) on one device, as a GPU without
+ * MPS does: the slice, and what switching the device to another process
+ * costs (VGPU_SIM_TIMESLICE_US, VGPU_SIM_SWITCH_US). */
+#define SIM_DEFAULT_TIMESLICE_US 2000
+#define SIM_DEFAULT_SWITCH_US 25
+/* A sample period is published this long after it ends (its readers play
+ * the timeline up to now first, so nothing can still land in it; the lag
+ * is the driver's, which publishes a period after it closed). */
 #define SIM_SAMPLE_LAG_NS 25000000ull
 
 /* ---- state.c: the mapped state ---- */
@@ -64,12 +70,27 @@ int sim_self_slot(void);
 
 uint64_t sim_now_ns(void); /* CLOCK_MONOTONIC */
 
+/* The slot of the live process pid, or -1. Needs the lock. */
+int sim_proc_slot(int32_t pid);
+
+/* The driver this simulated machine has (VGPU_SIM_DRIVER, default
+ * SIM_DRIVER_VERSION) and the CUDA version it supports (cuDriverGetVersion,
+ * NVML; cuGetProcAddress knows no entry point newer). */
+const char *sim_driver_version(void);
+int sim_cuda_version(void);
+/* The CUDA version of a driver version ("570.86.10": 12080); 0 when the
+ * simulator can't be that driver (before R525, after R580). */
+int sim_cuda_of_driver(const char *driver);
+
 /* VGPU_SIM_STATE, or /dev/shm/vgpu-sim-<uid>. */
 const char *sim_state_path(char *buf, size_t len);
 
 /* Processes other than this one that use the state and are alive. Needs the
  * lock. */
 int sim_live_processes(void);
+/* Whether process slot i belongs to a live process (this one included).
+ * Needs the lock. */
+int sim_slot_alive(int i);
 
 /* pid is alive and holds a context or memory on device dev. Needs the lock. */
 int sim_proc_on_device(int dev, int32_t pid);
@@ -98,12 +119,32 @@ void sim_context_count(int dev, int delta);
 /* Device memory as seen by everyone: total and free bytes. */
 void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 
-/* Give a kernel of `ns` the next slot on device `dev`'s shared timeline
- * (starting now, or when the device's last reserved kernel ends) and record
- * it; returns when it will end (CLOCK_MONOTONIC ns). */
-/* Give a kernel of ns its slot on dev's timeline, starting no earlier than
- * not_before (CLOCK_MONOTONIC ns); returns its end. */
-uint64_t sim_reserve_kernel(int dev, uint64_t ns, uint64_t not_before);
+/* The device's timeline (account.c): every process has one in-order queue
+ * of kernel time per device, and processes with pending kernels take turns
+ * in time slices (see docs/simulator.md).
+ *
+ * sim_submit_kernel: queue a kernel of ns on dev for this process, now;
+ * returns its mark: the kernel completes when the process's executed time
+ * on dev reaches it.
+ * sim_kernel_done: 1 when the kernel of that mark has completed, with *at
+ * the instant it did; 0 if not yet, with *at when it will if no other
+ * process submits anything meanwhile (others' work can only delay it).
+ * sim_timeline_catch_up: play dev's timeline up to now (the lock held), so
+ * that its busy time and sample periods are up to date. */
+uint64_t sim_submit_kernel(int dev, uint64_t ns);
+int sim_kernel_done(int dev, uint64_t mark, uint64_t *at);
+void sim_timeline_catch_up(int dev);
+
+/* ---- ckpt.c: a checkpointed process's device memory ---- */
+
+/* Checkpoint: what process slot `slot` holds on every GPU (memory and
+ * contexts) is given back to the GPUs and kept in its held[] and
+ * held_ctx[]. Returns the bytes held. */
+uint64_t sim_ckpt_release(int slot);
+/* Restore: put what slot holds back on the GPUs, held[d] going to GPU
+ * map[d]. Returns 0, or -1 (nothing changed) when some GPU lacks the room;
+ * *bytes gets the bytes restored. */
+int sim_ckpt_restore(int slot, const int map[VGPU_SIM_MAX_DEVICES], uint64_t *bytes);
 
 /* ---- ctl.c: fault injection, and control functions for vgpuctl ---- */
 

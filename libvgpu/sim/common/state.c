@@ -81,6 +81,25 @@ static uint64_t sample_ns_from_env(int *given)
     return (uint64_t)SIM_DEFAULT_SAMPLE_MS * 1000000ull;
 }
 
+/* A time setting in microseconds from the environment (lo..hi), or def;
+ * anything else is said once on stderr and read as the default. */
+static uint64_t us_from_env(const char *name, uint64_t def, uint64_t lo, uint64_t hi, int *given)
+{
+    const char *s = getenv(name);
+    *given = 0;
+    if (!s || !*s)
+        return def * 1000ull;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (*end == '\0' && v >= (long long)lo && v <= (long long)hi) {
+        *given = 1;
+        return (uint64_t)v * 1000ull;
+    }
+    fprintf(stderr, "vgpu-sim: %s=%s: expected microseconds from %llu to %llu; using %llu\n",
+            name, s, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)def);
+    return def * 1000ull;
+}
+
 int sim_peer_access(void)
 {
     const char *s = getenv("VGPU_SIM_PEER");
@@ -121,6 +140,87 @@ static uint32_t util_procs_from_env(int *given)
     fprintf(stderr, "vgpu-sim: VGPU_SIM_UTIL_PROCS=%s: expected last, busiest or each; "
                     "using last\n", s);
     return VGPU_SIM_UTIL_PROCS_LAST;
+}
+
+/* The checkpoint settings: VGPU_SIM_CKPT_RATE (a size per second, default
+ * SIM_DEFAULT_CKPT_RATE), VGPU_SIM_CKPT_PAIRS (checkpointed | all) and
+ * VGPU_SIM_CKPT_REFUSED (failed | locked). A value not understood is said
+ * once on stderr and read as the default. *given: any was set. */
+static void ckpt_from_env(uint64_t *rate, uint32_t *flags, int *given)
+{
+    *rate = SIM_DEFAULT_CKPT_RATE;
+    *flags = 0;
+    *given = 0;
+    const char *s = getenv("VGPU_SIM_CKPT_RATE");
+    if (s && *s) {
+        uint64_t v;
+        if (vgpu_parse_size(s, &v) == 0 && v >= (1ull << 20)) {
+            *rate = v;
+            *given = 1;
+        } else {
+            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_RATE=%s: expected a size per second, "
+                    "at least 1M; using the default\n", s);
+        }
+    }
+    s = getenv("VGPU_SIM_CKPT_PAIRS");
+    if (s && *s) {
+        if (strcmp(s, "all") == 0 || strcmp(s, "checkpointed") == 0) {
+            *flags |= s[0] == 'a' ? VGPU_SIM_CKPT_F_PAIRS_ALL : 0;
+            *given = 1;
+        } else {
+            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_PAIRS=%s: expected checkpointed or all; "
+                    "using checkpointed\n", s);
+        }
+    }
+    s = getenv("VGPU_SIM_CKPT_REFUSED");
+    if (s && *s) {
+        if (strcmp(s, "failed") == 0 || strcmp(s, "locked") == 0) {
+            *flags |= s[0] == 'l' ? VGPU_SIM_CKPT_F_REFUSED_LOCKED : 0;
+            *given = 1;
+        } else {
+            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_REFUSED=%s: expected failed or locked; "
+                    "using failed\n", s);
+        }
+    }
+}
+
+int sim_cuda_of_driver(const char *driver)
+{
+    /* each branch and the CUDA version it brought */
+    static const struct { int branch, cuda; } k[] = {
+        {525, 12000}, {530, 12010}, {535, 12020}, {545, 12030}, {550, 12040},
+        {555, 12050}, {560, 12060}, {565, 12070}, {570, 12080}, {575, 12090}, {580, 13000},
+    };
+    char *end;
+    long branch = strtol(driver, &end, 10);
+    if (end == driver || (*end != '\0' && *end != '.') || strlen(driver) >= 32)
+        return 0;
+    int cuda = 0;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (branch >= k[i].branch && branch < k[i].branch + 5)
+            cuda = k[i].cuda;
+    return cuda;
+}
+
+/* VGPU_SIM_DRIVER: a driver version from R525 to R580 (default
+ * SIM_DRIVER_VERSION); anything else is said once and read as the default. */
+static void driver_from_env(char *driver, int32_t *cuda, int *given)
+{
+    const char *s = getenv("VGPU_SIM_DRIVER");
+    *given = 0;
+    snprintf(driver, 32, "%s", SIM_DRIVER_VERSION);
+    *cuda = SIM_CUDA_VERSION;
+    if (!s || !*s)
+        return;
+    int c = sim_cuda_of_driver(s);
+    if (!c) {
+        fprintf(stderr, "vgpu-sim: VGPU_SIM_DRIVER=%s: expected a driver version from 525 to "
+                "580, such as 570.86.10; using %s\n", s, SIM_DRIVER_VERSION);
+        return;
+    }
+    snprintf(driver, 32, "%s", s);
+    *cuda = c;
+    *given = 1;
 }
 
 const char *sim_state_path(char *buf, size_t len)
@@ -240,6 +340,21 @@ static int live_processes(struct vgpu_sim_state *s)
     return n;
 }
 
+int sim_proc_slot(int32_t pid)
+{
+    struct vgpu_sim_state *s = g_state;
+    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++)
+        if (s->procs[i].pid == pid && pid > 0 && (is_self(i) || proc_alive(&s->procs[i], i)))
+            return i;
+    return -1;
+}
+
+int sim_slot_alive(int i)
+{
+    struct vgpu_sim_state *s = g_state;
+    return is_self(i) || proc_alive(&s->procs[i], i);
+}
+
 int sim_live_processes(void)
 {
     return live_processes(g_state);
@@ -350,7 +465,9 @@ void sim_unlock(void)
 /* ---- creating and mapping the file ---- */
 
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
-                       uint64_t sample_ns, uint32_t util_idle, uint32_t util_procs)
+                       uint64_t sample_ns, uint32_t util_idle, uint32_t util_procs,
+                       uint64_t slice_ns, uint64_t switch_ns, uint64_t ckpt_rate,
+                       uint32_t ckpt_flags, const char *driver, int32_t cuda)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -360,6 +477,12 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     s->sample_ns = sample_ns;
     s->util_idle = util_idle;
     s->util_procs = util_procs;
+    s->slice_ns = slice_ns;
+    s->switch_ns = switch_ns;
+    s->ckpt_rate = ckpt_rate;
+    s->ckpt_flags = ckpt_flags;
+    snprintf(s->driver, sizeof s->driver, "%s", driver);
+    s->cuda_version = cuda;
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     uint64_t mono = sim_now_ns();
@@ -374,8 +497,10 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     for (uint32_t d = 0; d < VGPU_SIM_MAX_DEVICES; d++) {
         struct vgpu_sim_device *dev = &s->dev[d];
         dev->total = d < count ? memory : 0;
-        dev->used = dev->busy_until_ns = dev->busy_ns = dev->kernels = 0;
+        dev->used = dev->busy_ns = dev->kernels = dev->runs = 0;
         dev->fail_allocs = 0;
+        memset(&dev->sched, 0, sizeof dev->sched);
+        dev->sched.cur = dev->sched.next = -1;
         memset(dev->periods, 0, sizeof dev->periods);
     }
     for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++)
@@ -440,6 +565,19 @@ static struct vgpu_sim_state *open_state(int as_is)
     uint32_t util_idle = util_idle_from_env(&idle_given);
     int procs_given;
     uint32_t util_procs = util_procs_from_env(&procs_given);
+    int ckpt_given;
+    uint64_t ckpt_rate;
+    uint32_t ckpt_flags;
+    ckpt_from_env(&ckpt_rate, &ckpt_flags, &ckpt_given);
+    int driver_given;
+    char driver[32];
+    int32_t cuda;
+    driver_from_env(driver, &cuda, &driver_given);
+    int slice_given, switch_given;
+    uint64_t slice_ns = us_from_env("VGPU_SIM_TIMESLICE_US", SIM_DEFAULT_TIMESLICE_US, 100,
+                                    1000000, &slice_given);
+    uint64_t switch_ns = us_from_env("VGPU_SIM_SWITCH_US", SIM_DEFAULT_SWITCH_US, 0, 10000,
+                                     &switch_given);
     mode_t mode = getenv("VGPU_SIM_STATE") && *getenv("VGPU_SIM_STATE") ? 0666 : 0600;
 
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -467,11 +605,17 @@ static struct vgpu_sim_state *open_state(int as_is)
             return NULL;
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
-            init_state(s, count, memory, sample_ns, util_idle, util_procs);
+            init_state(s, count, memory, sample_ns, util_idle, util_procs, slice_ns, switch_ns,
+                       ckpt_rate, ckpt_flags, driver, cuda);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
                               (sample_given && s->sample_ns != sample_ns) ||
                               (idle_given && s->util_idle != util_idle) ||
-                              (procs_given && s->util_procs != util_procs))) {
+                              (procs_given && s->util_procs != util_procs) ||
+                              (slice_given && s->slice_ns != slice_ns) ||
+                              (switch_given && s->switch_ns != switch_ns) ||
+                              (ckpt_given && (s->ckpt_rate != ckpt_rate ||
+                                              s->ckpt_flags != ckpt_flags)) ||
+                              (driver_given && strcmp(s->driver, driver) != 0))) {
             /* Another configuration: replace it unless someone uses it. */
             lock_state(s);
             int busy = live_processes(s);
@@ -561,4 +705,18 @@ void sim_device_uuid_string(int index, char *out, size_t len)
 void sim_device_bus_id(int index, char *out, size_t len, int nvml_form)
 {
     snprintf(out, len, nvml_form ? "%08X:%02X:00.0" : "%04X:%02X:00.0", 0, index + 1);
+}
+
+/* ---- the driver ---- */
+
+const char *sim_driver_version(void)
+{
+    struct vgpu_sim_state *s = sim_state();
+    return s && s->driver[0] ? s->driver : SIM_DRIVER_VERSION;
+}
+
+int sim_cuda_version(void)
+{
+    struct vgpu_sim_state *s = sim_state();
+    return s && s->cuda_version ? s->cuda_version : SIM_CUDA_VERSION;
 }

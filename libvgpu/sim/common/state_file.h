@@ -19,13 +19,14 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 4
+#define VGPU_SIM_LAYOUT 7
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
 #define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
 #define VGPU_SIM_TAG_LEN 64
-#define VGPU_SIM_RING 65536        /* executed kernels remembered per device */
+#define VGPU_SIM_RING 65536        /* runs of processes remembered per device */
 #define VGPU_SIM_PERIODS 64        /* utilization sample periods kept */
+#define VGPU_SIM_RUNS 8            /* a process's last runs on a device, remembered */
 /* Processes per sample period: as many as can hold a slot, so that every
  * process that runs a kernel has its busy time recorded however many share
  * the device. */
@@ -46,12 +47,33 @@
 #define VGPU_SIM_UTIL_PROCS_BUSIEST 1
 #define VGPU_SIM_UTIL_PROCS_EACH 2
 
-/* One executed kernel on a device's timeline (CLOCK_MONOTONIC ns). */
+/* One stretch of a device's timeline during which one process's kernels
+ * ran (CLOCK_MONOTONIC ns); a kernel preempted at the end of a time slice
+ * spans several. */
 struct vgpu_sim_kernel {
     int32_t pid;
     uint32_t pad;
     uint64_t start_ns;
     uint64_t end_ns;
+};
+
+/* One run of a process on a device: from start_ns to end_ns its kernels
+ * ran, taking its executed kernel time from done_ns to done_ns + (end_ns -
+ * start_ns). A kernel completes when done_ns passes its mark. */
+struct vgpu_sim_run_rec {
+    uint64_t start_ns;
+    uint64_t end_ns;
+    uint64_t done_ns;
+};
+
+/* A process's work on one device (its context's queue, as the device's
+ * scheduler sees it). */
+struct vgpu_sim_queue {
+    uint64_t submitted_ns;   /* kernel time it has submitted, in all */
+    uint64_t done_ns;        /* ...and the part the device has executed */
+    uint32_t nruns;          /* runs recorded (ring slot = nruns % VGPU_SIM_RUNS) */
+    uint32_t pad;
+    struct vgpu_sim_run_rec runs[VGPU_SIM_RUNS];
 };
 
 /* Busy time per process within one utilization sample period. */
@@ -66,15 +88,57 @@ struct vgpu_sim_period {
     } e[VGPU_SIM_PERIOD_PIDS];
 };
 
+/* The device's scheduler: processes with pending kernels take turns in time
+ * slices (see account.c). The timeline is played up to played_ns. */
+struct vgpu_sim_sched {
+    uint64_t played_ns;      /* the timeline is decided up to here */
+    int32_t cur;             /* process slot holding the device, -1: none */
+    int32_t next;            /* slot being switched to, -1: no switch under way */
+    uint64_t slice_end_ns;   /* end of cur's time slice; 0: none started */
+    uint64_t switch_end_ns;  /* end of the context switch under way */
+    uint64_t switches;       /* context switches since the state was created */
+    uint64_t pending[(VGPU_SIM_MAX_PROCS + 63) / 64]; /* slots that may have pending
+                                                         kernels (a bit each) */
+};
+
 struct vgpu_sim_device {
     uint64_t total;          /* bytes */
     uint64_t used;           /* bytes held by live processes, contexts included */
-    uint64_t busy_until_ns;  /* end of the last kernel reserved on the timeline */
     uint64_t busy_ns;        /* kernel time executed since the state was created */
-    uint64_t kernels;        /* kernels executed; ring slot = kernels % VGPU_SIM_RING */
+    uint64_t kernels;        /* kernels submitted since the state was created */
+    uint64_t runs;           /* runs recorded; ring slot = runs % VGPU_SIM_RING */
     int64_t fail_allocs;     /* fault injection: fail this many next allocations */
+    struct vgpu_sim_sched sched;
     struct vgpu_sim_period periods[VGPU_SIM_PERIODS];
     struct vgpu_sim_kernel ring[VGPU_SIM_RING];
+};
+
+/* CUprocessState, as cuCheckpointProcessGetState reports it */
+#define VGPU_SIM_CKPT_RUNNING 0
+#define VGPU_SIM_CKPT_LOCKED 1
+#define VGPU_SIM_CKPT_CHECKPOINTED 2
+#define VGPU_SIM_CKPT_FAILED 3
+
+/* What the driver's checkpoint API asks of a process (cuda/checkpoint.c):
+ * a controlling process posts a request (op, arguments) and bumps `req`;
+ * the process's restore thread answers (result) and bumps `ans`. Both are
+ * futex words; one controller at a time (`caller`). The process writes
+ * state, tid and held[]. */
+struct vgpu_sim_ckpt {
+    uint32_t req;            /* requests posted (futex) */
+    uint32_t ans;            /* requests answered (futex) */
+    int32_t caller;          /* pid of the controller whose request is open, 0: none */
+    int32_t op;              /* VGPU_SIM_CKPT_OP_* (checkpoint.c) */
+    int32_t result;          /* CUresult of the last answer */
+    uint32_t state;          /* VGPU_SIM_CKPT_* */
+    int32_t tid;             /* the process's restore thread; 0: it has none */
+    uint32_t timeout_ms;     /* lock: 0 waits for ever */
+    uint32_t npairs;         /* restore: UUID pairs in pairs[] */
+    uint32_t pad;
+    unsigned char pairs[VGPU_SIM_MAX_DEVICES][2][16]; /* restore: old, new UUID */
+    uint64_t held[VGPU_SIM_MAX_DEVICES];      /* checkpointed: device memory it held
+                                                 per GPU, now in host memory */
+    uint32_t held_ctx[VGPU_SIM_MAX_DEVICES];  /* ...and its contexts there */
 };
 
 struct vgpu_sim_proc {
@@ -87,6 +151,8 @@ struct vgpu_sim_proc {
     uint64_t peak[VGPU_SIM_MAX_DEVICES];
     uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
     uint32_t contexts[VGPU_SIM_MAX_DEVICES];
+    struct vgpu_sim_queue queue[VGPU_SIM_MAX_DEVICES];
+    struct vgpu_sim_ckpt ckpt;
 };
 
 /* Per VGPU_SIM_TAG: what all processes carrying the tag hold, and their peak:
@@ -98,6 +164,12 @@ struct vgpu_sim_tag {
     uint64_t busy_ns[VGPU_SIM_MAX_DEVICES];
 };
 
+/* vgpu_sim_state.ckpt_flags */
+#define VGPU_SIM_CKPT_F_PAIRS_ALL 1  /* restore pairs must list every GPU, not only
+                                        the checkpointed ones */
+#define VGPU_SIM_CKPT_F_REFUSED_LOCKED 2 /* a refused checkpoint leaves the process
+                                            LOCKED, not FAILED */
+
 struct vgpu_sim_state {
     uint32_t magic;
     uint32_t layout;
@@ -106,6 +178,13 @@ struct vgpu_sim_state {
     uint64_t memory;         /* bytes per GPU */
     uint64_t sample_ns;      /* utilization sample period */
     uint32_t util_idle;      /* VGPU_SIM_UTIL_IDLE_AVERAGE or _SKIP */
+    uint32_t ckpt_flags;     /* VGPU_SIM_CKPT_F_* (VGPU_SIM_CKPT_PAIRS, _REFUSED) */
+    uint64_t slice_ns;       /* time slice between processes (VGPU_SIM_TIMESLICE_US) */
+    uint64_t switch_ns;      /* what a switch between processes costs (VGPU_SIM_SWITCH_US) */
+    uint64_t ckpt_rate;      /* checkpoint and restore copy rate, bytes/s
+                                (VGPU_SIM_CKPT_RATE) */
+    char driver[32];         /* the driver version reported (VGPU_SIM_DRIVER) */
+    int32_t cuda_version;    /* ...and the CUDA version it supports (13000) */
     uint32_t util_procs;     /* VGPU_SIM_UTIL_PROCS_* */
     int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
     union {

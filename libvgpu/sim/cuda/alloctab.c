@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include "alloctab.h"
+#include "gate.h"
+#include "init.h"
 
 static struct alloc *g_tab; /* sorted by base */
 static size_t g_n, g_cap;
@@ -86,6 +88,7 @@ static int table_insert(const struct alloc *a)
 
 int mem_register(const struct alloc *a)
 {
+    GATE_BRACKET;
     pthread_mutex_lock(&g_mem_lock);
     int rc = table_insert(a);
     pthread_mutex_unlock(&g_mem_lock);
@@ -99,25 +102,26 @@ static int charged_kind(int kind)
 
 CUresult mem_alloc(CUcontext ctx, size_t size, int kind, unsigned int flags, uintptr_t *out)
 {
+    GATE_BRACKET;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    struct alloc a = {.size = size, .phys = ctx->phys, .kind = kind, .flags = flags, .ctx = ctx};
+    struct alloc a = {.size = size, .phys = cu_phys[ctx->ordinal], .kind = kind, .flags = flags, .ctx = ctx};
     a.charged = charged_kind(kind) ? mem_round(size) : 0;
-    if (a.charged && sim_charge(ctx->phys, a.charged, 1) < 0)
+    if (a.charged && sim_charge(cu_phys[ctx->ordinal], a.charged, 1) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     a.mapped = page_round(size);
     void *p = mmap(NULL, a.mapped, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
         if (a.charged)
-            sim_uncharge(ctx->phys, a.charged);
+            sim_uncharge(cu_phys[ctx->ordinal], a.charged);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a.base = (uintptr_t)p;
     if (mem_register(&a) < 0) {
         munmap(p, a.mapped);
         if (a.charged)
-            sim_uncharge(ctx->phys, a.charged);
+            sim_uncharge(cu_phys[ctx->ordinal], a.charged);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *out = a.base;
@@ -126,12 +130,14 @@ CUresult mem_alloc(CUcontext ctx, size_t size, int kind, unsigned int flags, uin
 
 void mem_release(const struct alloc *a)
 {
+    GATE_BRACKET;
     if (a->kind != ALLOC_REGISTERED && a->mapped)
         munmap((void *)a->base, a->mapped);
     if (a->shared)
         close(a->memfd);
+    /* its context's GPU now: a restore may have moved it since it was taken out */
     if (a->charged)
-        sim_uncharge(a->phys, a->charged);
+        sim_uncharge(a->ctx ? cu_phys[a->ctx->ordinal] : a->phys, a->charged);
 }
 
 /* Copy the pages of [p, p + n) that were ever touched (the rest read as
@@ -199,6 +205,7 @@ void mem_set_pool(uintptr_t ptr, void *pool)
 
 int mem_take(uintptr_t ptr, int kind, struct alloc *out)
 {
+    GATE_BRACKET;
     pthread_mutex_lock(&g_mem_lock);
     size_t i = upper(ptr);
     int rc = -1;
@@ -223,6 +230,7 @@ CUresult mem_free(uintptr_t ptr, int kind)
 
 void mem_free_ctx(CUcontext ctx)
 {
+    GATE_BRACKET;
     for (;;) {
         struct alloc a;
         int found = 0;
@@ -242,4 +250,52 @@ void mem_free_ctx(CUcontext ctx)
             return;
         mem_release(&a);
     }
+}
+
+/* ---- what the checkpoint API asks of the table (checkpoint.c) ----
+ * Called by the restore thread while the process is locked: no bracket is
+ * in flight, so the table holds still. */
+
+int mem_has_kind(int kind)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_mem_lock);
+    for (size_t i = 0; i < g_n && !found; i++)
+        found = g_tab[i].kind == kind;
+    pthread_mutex_unlock(&g_mem_lock);
+    return found;
+}
+
+int mem_has_shared(void)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_mem_lock);
+    for (size_t i = 0; i < g_n && !found; i++)
+        found = g_tab[i].shared;
+    pthread_mutex_unlock(&g_mem_lock);
+    return found;
+}
+
+static int device_kind(int kind)
+{
+    return kind == ALLOC_DEVICE || kind == ALLOC_POOL || kind == ALLOC_ARRAY;
+}
+
+void mem_protect_device(int off)
+{
+    pthread_mutex_lock(&g_mem_lock);
+    for (size_t i = 0; i < g_n; i++)
+        if (device_kind(g_tab[i].kind) && g_tab[i].mapped)
+            mprotect((void *)g_tab[i].base, g_tab[i].mapped,
+                     off ? PROT_NONE : PROT_READ | PROT_WRITE);
+    pthread_mutex_unlock(&g_mem_lock);
+}
+
+void mem_remap(const int map[VGPU_SIM_MAX_DEVICES])
+{
+    pthread_mutex_lock(&g_mem_lock);
+    for (size_t i = 0; i < g_n; i++)
+        if (g_tab[i].phys >= 0 && g_tab[i].phys < VGPU_SIM_MAX_DEVICES)
+            g_tab[i].phys = map[g_tab[i].phys];
+    pthread_mutex_unlock(&g_mem_lock);
 }

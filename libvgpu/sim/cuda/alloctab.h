@@ -59,6 +59,15 @@ int mem_share(uintptr_t base);
 int mem_find(uintptr_t p, size_t len, struct alloc *a);
 /* Free every allocation of ctx (its destruction). */
 void mem_free_ctx(CUcontext ctx);
+/* The checkpoint API's needs (checkpoint.c): whether an allocation of
+ * `kind` exists; device allocations made inaccessible while checkpointed
+ * (off) or accessible again, at the same addresses; entries moved to other
+ * GPUs (phys d becomes map[d]). */
+int mem_has_kind(int kind);
+/* Whether an allocation is exported for IPC (cuIpcGetMemHandle). */
+int mem_has_shared(void);
+void mem_protect_device(int off);
+void mem_remap(const int map[VGPU_SIM_MAX_DEVICES]);
 /* Device memory is charged in whole granules. */
 uint64_t mem_round(uint64_t bytes);
 

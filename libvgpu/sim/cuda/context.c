@@ -10,6 +10,7 @@
 #include "alloctab.h"
 #include "context.h"
 #include "exec.h"
+#include "gate.h"
 #include "init.h"
 #include "vgpu/size.h"
 
@@ -136,6 +137,7 @@ CUresult cu_current(CUcontext *ctx)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
+    gate_hold();
     CUcontext c = t_depth > 0 ? t_stack[t_depth - 1] : NULL;
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -149,21 +151,23 @@ CUresult cu_current(CUcontext *ctx)
 /* Bring a context to life on its device: it costs device memory. */
 static CUresult ctx_activate(struct CUctx_st *c)
 {
+    GATE_BRACKET;
     c->mem = cu_ctx_mem_cost();
-    if (c->mem && sim_charge(c->phys, c->mem, 0) < 0)
+    if (c->mem && sim_charge(cu_phys[c->ordinal], c->mem, 0) < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    sim_context_count(c->phys, 1);
+    sim_context_count(cu_phys[c->ordinal], 1);
     c->reset = 0;
     return CUDA_SUCCESS;
 }
 
 static void ctx_deactivate(struct CUctx_st *c)
 {
+    GATE_BRACKET;
     exec_sync_ctx(c);
     mem_free_ctx(c);
     if (c->mem)
-        sim_uncharge(c->phys, c->mem);
-    sim_context_count(c->phys, -1);
+        sim_uncharge(cu_phys[c->ordinal], c->mem);
+    sim_context_count(cu_phys[c->ordinal], -1);
 }
 
 static void stack_remove(CUcontext c)
@@ -185,8 +189,7 @@ static struct CUctx_st *primary_of(CUdevice dev)
         if (!c)
             return NULL;
         c->ordinal = dev;
-        c->phys = cu_phys[dev];
-        c->primary = 1;
+                c->primary = 1;
         c->id = g_next_id++;
         g_primary[dev] = c;
     }
@@ -330,8 +333,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->ordinal = dev;
-    c->phys = cu_phys[dev];
-    c->flags = flags;
+        c->flags = flags;
     c->refcount = 1;
     pthread_mutex_lock(&cu_lock);
     c->id = g_next_id++;

@@ -11,6 +11,7 @@
 #include "context.h"
 #include "copy.h"
 #include "exec.h"
+#include "gate.h"
 #include "stream.h"
 #include "vmm.h"
 
@@ -113,13 +114,17 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t n)
     return CUDA_SUCCESS;
 }
 
+/* A copy is a bracket of the API gate (gate.h): it must not touch device
+ * memory while a checkpoint has it. */
 #define SYNC(call)                     \
     do {                               \
+        GATE_BRACKET;                  \
         CUresult rc_ = sync_begin();   \
         return rc_ ? rc_ : (call);     \
     } while (0)
 #define ASYNC(stream, call)                  \
     do {                                     \
+        GATE_BRACKET;                        \
         CUresult rc_ = async_begin(stream);  \
         return rc_ ? rc_ : (call);           \
     } while (0)

@@ -494,7 +494,7 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
     }
     struct integrity_input in;
     memset(&in, 0, sizeof in);
-    in.driver_version = SIM_CUDA_VERSION;
+    in.driver_version = sim_cuda_version();
     in.version = version;
     in.pid = (uint32_t)getpid();
     in.thread = (uint32_t)pthread_self();

@@ -4,11 +4,14 @@
  *
  * Every stream of the process feeds the one queue in submission order, which
  * keeps each stream's order and makes cross-stream event waits hold
- * trivially. The worker gives each kernel its slot on the device's shared
- * timeline (sim_reserve_kernel) and completes it when the slot ends, so
- * kernels of all processes take turns on the device. Copies and memsets do not
- * wait in the queue: kernels never touch memory here, so doing them at once,
- * in program order, gives the same bytes.
+ * trivially. A kernel goes to its device's timeline (sim_submit_kernel) the
+ * moment it is queued, unless a host function before it has not run yet
+ * (then when that one has returned), as a GPU's front end takes work as soon
+ * as it is pushed; the device's scheduler (common/account.c) runs the
+ * kernels of all processes in time slices. The worker completes the queue's
+ * ops in order at the times the timeline gives them. Copies and memsets do
+ * not wait in the queue: kernels never touch memory here, so doing them at
+ * once, in program order, gives the same bytes.
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -17,11 +20,10 @@
 #include <unistd.h>
 
 #include "exec.h"
+#include "gate.h"
+#include "init.h"
 
 #define QUEUE_MAX 1024 /* launches queued before a launch blocks, as the driver's */
-#define LEAD_NS 1000000ull /* how far ahead of the device the worker plans */
-/* How far back a late worker may place work that was queued in time. */
-#define BACKFILL_NS 20000000ull
 
 enum { OP_KERNEL, OP_EVENT, OP_HOST };
 
@@ -31,8 +33,8 @@ struct op {
     uint64_t seq;
     int phys;
     uint64_t ns;
+    uint64_t mark;      /* a kernel on its device's timeline (0: not submitted yet) */
     uint64_t queued_at; /* when the host queued it (CLOCK_MONOTONIC) */
-    uint64_t done_at; /* when it completes (CLOCK_MONOTONIC), once planned */
     CUevent event;
     void (*fn)(void *);
     void *data;
@@ -45,11 +47,12 @@ struct fifo {
 static pthread_mutex_t q_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_work; /* CLOCK_MONOTONIC; set up in init_conds */
 static pthread_cond_t q_done = PTHREAD_COND_INITIALIZER;
-static struct fifo q_queued;  /* launched, not yet planned */
-static struct fifo q_planned; /* given their place on the device timeline */
+static struct fifo q_ops;     /* queued, not yet completed, in order */
+static struct op *q_gate;     /* the first host function not yet run: what is behind
+                                 it is not submitted */
 static int q_len;
 static uint64_t q_submitted, q_completed;
-static uint64_t q_horizon;    /* completion time of the last planned op */
+static uint64_t q_last_done;  /* when the last completed op completed */
 static int q_worker;
 static pthread_once_t q_once = PTHREAD_ONCE_INIT;
 
@@ -82,22 +85,35 @@ static void init_conds(void)
     pthread_cond_init(&q_done, NULL);
 }
 
-/* ---- the worker ----
- * Like a GPU's front end, the worker keeps the device fed: it gives the next
- * queued kernel its slot on the shared timeline while the current one still
- * runs (up to LEAD_NS ahead), so kernels run back to back however late the
- * host thread wakes. Ops complete in queue order at their planned times;
- * events are stamped with the time their predecessors completed; a host
- * function runs on this thread when it is reached, and nothing behind it is
- * planned until it has returned. */
-
-static int may_plan(uint64_t now)
+/* Submit the kernels from op on, up to the next host function (which then
+ * holds the rest back). Needs q_lock. */
+static void submit_from(struct op *op)
 {
-    if (!q_queued.head)
-        return 0;
-    if (!q_planned.head)
-        return 1;
-    return q_planned.tail->kind != OP_HOST && q_horizon <= now + LEAD_NS;
+    for (; op; op = op->next) {
+        if (op->kind == OP_HOST) {
+            q_gate = op;
+            return;
+        }
+        if (op->kind == OP_KERNEL && !op->mark)
+            op->mark = sim_submit_kernel(op->phys, op->ns);
+    }
+    q_gate = NULL;
+}
+
+/* ---- the worker ----
+ * Completes the ops in queue order: a kernel when its device's timeline has
+ * run it (it sleeps until the time the timeline projects, and looks again:
+ * other processes' work can only delay it), an event with the op before
+ * it (stamped with that time), a host function by running it on this
+ * thread; what was held back behind it is then submitted. */
+
+static void complete(struct op *op, uint64_t at)
+{
+    if (op->kind == OP_EVENT && cu_obj_is(op->event, MAGIC_EVENT) && op->event->seq == op->seq)
+        op->event->time_ns = at;
+    q_last_done = at;
+    q_completed = op->seq;
+    pthread_cond_broadcast(&q_done);
 }
 
 static void *worker(void *arg)
@@ -109,55 +125,40 @@ static void *worker(void *arg)
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* wake on time, not 50 us later */
     pthread_mutex_lock(&q_lock);
     for (;;) {
-        uint64_t now = sim_now_ns();
-        if (may_plan(now)) {
-            struct op *op = pop(&q_queued);
-            q_len--;
-            pthread_cond_broadcast(&q_done); /* room in the queue */
-            /* An op is ready once it is queued and the one before it is
-             * done, however late this thread wakes (as a GPU starts a queued
-             * kernel the moment its predecessor ends); a wake later than
-             * BACKFILL_NS counts from then. */
-            uint64_t ready = q_horizon > op->queued_at ? q_horizon : op->queued_at;
-            if (ready + BACKFILL_NS < now)
-                ready = now - BACKFILL_NS;
-            if (op->kind == OP_KERNEL) {
-                pthread_mutex_unlock(&q_lock);
-                uint64_t end = sim_reserve_kernel(op->phys, op->ns, ready);
-                pthread_mutex_lock(&q_lock);
-                op->done_at = end > ready ? end : ready;
-            } else {
-                op->done_at = ready;
-            }
-            q_horizon = op->done_at;
-            push(&q_planned, op);
-            continue;
-        }
-        if (q_planned.head && q_planned.head->done_at <= now) {
-            struct op *op = pop(&q_planned);
-            if (op->kind == OP_HOST) {
-                pthread_mutex_unlock(&q_lock);
-                op->fn(op->data);
-                pthread_mutex_lock(&q_lock);
-            } else if (op->kind == OP_EVENT && cu_obj_is(op->event, MAGIC_EVENT) &&
-                       op->event->seq == op->seq) {
-                op->event->time_ns = op->done_at;
-            }
-            q_completed = op->seq;
-            pthread_cond_broadcast(&q_done);
-            free(op);
-            continue;
-        }
-        if (!q_planned.head) {
+        struct op *op = q_ops.head;
+        if (!op) {
             pthread_cond_wait(&q_work, &q_lock);
             continue;
         }
-        uint64_t wake = q_planned.head->done_at;
-        if (q_queued.head && q_planned.tail->kind != OP_HOST && q_horizon - LEAD_NS < wake)
-            wake = q_horizon - LEAD_NS;
-        struct timespec ts = {.tv_sec = (time_t)(wake / 1000000000ull),
-                              .tv_nsec = (long)(wake % 1000000000ull)};
-        pthread_cond_timedwait(&q_work, &q_lock, &ts);
+        uint64_t at;
+        if (op->kind == OP_KERNEL) {
+            uint64_t mark = op->mark;
+            int phys = op->phys;
+            pthread_mutex_unlock(&q_lock);
+            int done = sim_kernel_done(phys, mark, &at);
+            pthread_mutex_lock(&q_lock);
+            if (!done) {
+                struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull),
+                                      .tv_nsec = (long)(at % 1000000000ull)};
+                pthread_cond_timedwait(&q_work, &q_lock, &ts);
+                continue;
+            }
+        } else if (op->kind == OP_HOST) {
+            pthread_mutex_unlock(&q_lock);
+            op->fn(op->data);
+            pthread_mutex_lock(&q_lock);
+            at = sim_now_ns();
+        } else {
+            at = op->queued_at;
+        }
+        if (at < q_last_done)
+            at = q_last_done;     /* in queue order */
+        pop(&q_ops);
+        q_len--;
+        if (op == q_gate)
+            submit_from(q_ops.head);
+        complete(op, at);
+        free(op);
     }
     return NULL;
 }
@@ -169,7 +170,8 @@ static void atfork_child(void)
 {
     pthread_mutex_init(&q_lock, NULL);
     init_conds();
-    q_queued.head = q_queued.tail = q_planned.head = q_planned.tail = NULL;
+    q_ops.head = q_ops.tail = NULL;
+    q_gate = NULL;
     q_len = 0;
     q_completed = q_submitted;
     q_worker = 0;
@@ -184,6 +186,7 @@ static void setup(void)
 /* Queue op; returns its sequence number. */
 static uint64_t enqueue(CUcontext ctx, CUstream s, struct op *op)
 {
+    GATE_BRACKET;
     pthread_once(&q_once, setup);
     pthread_mutex_lock(&q_lock);
     if (!q_worker) {
@@ -199,15 +202,19 @@ static uint64_t enqueue(CUcontext ctx, CUstream s, struct op *op)
         pthread_cond_wait(&q_done, &q_lock);
     op->seq = ++q_submitted;
     op->queued_at = sim_now_ns();
-    push(&q_queued, op);
+    int was_empty = q_ops.head == NULL;
+    push(&q_ops, op);
     q_len++;
+    if (!q_gate)
+        submit_from(op);
     if (s)
         s->last_seq = op->seq;
     if (ctx)
         ctx->last_seq = op->seq;
     if (op->kind == OP_EVENT)
         op->event->seq = op->seq;
-    pthread_cond_signal(&q_work);
+    if (was_empty)   /* the worker waits for an op; a later one can't be sooner */
+        pthread_cond_signal(&q_work);
     pthread_mutex_unlock(&q_lock);
     return op->seq;
 }
@@ -224,7 +231,7 @@ static struct op *new_op(int kind)
 uint64_t exec_kernel(CUcontext ctx, CUstream s, uint64_t ns)
 {
     struct op *op = new_op(OP_KERNEL);
-    op->phys = ctx->phys;
+    op->phys = cu_phys[ctx->ordinal];
     op->ns = ns;
     return enqueue(ctx, s, op);
 }
@@ -254,6 +261,7 @@ int exec_done(uint64_t seq)
 
 void exec_wait(uint64_t seq)
 {
+    GATE_BRACKET;
     pthread_mutex_lock(&q_lock);
     while (q_completed < seq)
         pthread_cond_wait(&q_done, &q_lock);
@@ -278,4 +286,12 @@ void exec_event_del(CUevent e)
     pthread_mutex_lock(&q_lock); /* the worker may be stamping it */
     cu_obj_del(e, sizeof *e);
     pthread_mutex_unlock(&q_lock);
+}
+
+int exec_idle(void)
+{
+    pthread_mutex_lock(&q_lock);
+    int idle = q_completed == q_submitted;
+    pthread_mutex_unlock(&q_lock);
+    return idle;
 }

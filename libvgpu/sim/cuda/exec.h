@@ -17,6 +17,8 @@ void exec_wait(uint64_t seq);
 int exec_done(uint64_t seq);
 /* Wait for everything queued in ctx (or in the process when ctx is NULL). */
 void exec_sync_ctx(CUcontext ctx);
+/* Nothing queued is left to complete. */
+int exec_idle(void);
 /* Read a field the worker writes (a stream's or event's sequence number, an
  * event's time) under the queue's lock. */
 uint64_t exec_read(const uint64_t *field);

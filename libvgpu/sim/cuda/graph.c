@@ -17,6 +17,7 @@
 
 #include "copy.h"
 #include "exec.h"
+#include "gate.h"
 #include "init.h"
 #include "graph.h"
 #include "kernel.h"
@@ -491,6 +492,7 @@ VGPU_ALIAS(cuGraphUpload, cuGraphUpload_ptsz)
 
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream h)
 {
+    GATE_BRACKET; /* its copies and memsets touch device memory */
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);

@@ -34,8 +34,9 @@
 
 struct CUctx_st {
     uint32_t magic;
-    int ordinal;          /* device as the process sees it */
-    int phys;             /* physical simulated GPU */
+    int ordinal;          /* device as the process sees it: its GPU is
+                             cu_phys[ordinal] (init.h), which a restore onto
+                             another GPU changes */
     int primary;
     int refcount;         /* primary: retains; created: 1 */
     int reset_owed;       /* primary: retains a reset destroyed, still to release */

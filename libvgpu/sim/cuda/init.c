@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gate.h"
 #include "init.h"
 
 int cu_initialized;
@@ -87,6 +88,8 @@ static void do_init(void)
     cu_peer = sim_peer_access();
     g_init_result = cu_count > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
     __atomic_store_n(&cu_initialized, g_init_result == CUDA_SUCCESS, __ATOMIC_RELEASE);
+    if (g_init_result == CUDA_SUCCESS)
+        gate_start_restore_thread(); /* what the checkpoint API talks to */
 }
 
 VGPU_EXPORT CUresult cuInit(unsigned int flags)
@@ -101,7 +104,7 @@ VGPU_EXPORT CUresult cuDriverGetVersion(int *version)
 {
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
-    *version = SIM_CUDA_VERSION;
+    *version = sim_cuda_version();
     return CUDA_SUCCESS;
 }
 
@@ -109,6 +112,7 @@ CUresult cu_check_device(CUdevice dev)
 {
     if (!__atomic_load_n(&cu_initialized, __ATOMIC_ACQUIRE))
         return CUDA_ERROR_NOT_INITIALIZED;
+    gate_hold();
     return (dev < 0 || dev >= cu_count) ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 

@@ -95,7 +95,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (!free_bytes || !total_bytes)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t f, t;
-    sim_mem_info(ctx->phys, &f, &t);
+    sim_mem_info(cu_phys[ctx->ordinal], &f, &t);
     *free_bytes = (size_t)f;
     *total_bytes = (size_t)t;
     return CUDA_SUCCESS;
@@ -184,7 +184,7 @@ VGPU_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int fla
         return CUDA_ERROR_INVALID_VALUE;
     if (mem_find((uintptr_t)p, size, NULL) || mem_find((uintptr_t)p, 1, NULL))
         return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-    struct alloc a = {.base = (uintptr_t)p, .size = size, .phys = ctx->phys,
+    struct alloc a = {.base = (uintptr_t)p, .size = size, .phys = cu_phys[ctx->ordinal],
                       .kind = ALLOC_REGISTERED, .flags = flags, .ctx = ctx};
     return mem_register(&a) < 0 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }

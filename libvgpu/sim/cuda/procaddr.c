@@ -49,11 +49,12 @@ static CUresult resolve(const char *symbol, void **pfn, int version, cuuint64_t 
                               CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
         return CUDA_ERROR_INVALID_VALUE;
     int want_pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    int driver = sim_cuda_version(); /* an older driver knows no newer entry point */
     const struct proc_entry *best = NULL;
     int known = 0;
     for (size_t i = 0; i < sizeof k_table / sizeof k_table[0]; i++) {
         const struct proc_entry *e = &k_table[i];
-        if (strcmp(e->name, symbol) != 0)
+        if (strcmp(e->name, symbol) != 0 || e->version > driver)
             continue;
         known = 1;
         if (e->version > version || (e->per_thread && !want_pt))

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "alloctab.h"
+#include "gate.h"
 #include "context.h"
 #include "init.h"
 #include "stream.h"
@@ -139,6 +140,8 @@ struct vmm_handle {
     int fd;
     size_t size;
     int phys;     /* its physical GPU; -1: host memory (not device memory) */
+    int ordinal;  /* device memory: its device as the process sees it, whose GPU
+                     (cu_phys[ordinal]) a restore onto another GPU changes */
     int refs; /* the handle itself, plus one per mapping */
     int imported; /* from a shareable handle: the exporter's memory, not charged here */
     CUmemAllocationProp prop;
@@ -171,7 +174,7 @@ static void handle_unref(struct vmm_handle *h)
     if (--h->refs == 0) {
         close(h->fd);
         if (!h->imported && h->phys >= 0)
-            sim_uncharge(h->phys, h->size);
+            sim_uncharge(cu_phys[h->ordinal], h->size);
         cu_obj_del(h, sizeof *h);
     }
 }
@@ -221,6 +224,7 @@ VGPU_EXPORT CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllo
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
+    GATE_BRACKET;
     int phys;
     CUresult rc = check_prop(prop, &phys);
     if (rc)
@@ -246,6 +250,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
     h->fd = fd;
     h->size = size;
     h->phys = phys;
+    h->ordinal = phys >= 0 ? prop->location.id : 0;
     h->refs = 1;
     h->prop = *prop;
     *out = (CUmemGenericAllocationHandle)(uintptr_t)h;
@@ -254,6 +259,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *out, size_t size,
 
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+    GATE_BRACKET;
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_lock(&g_vmm_lock);
@@ -346,6 +352,7 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     h->fd = fd;
     h->size = (size_t)size;
     h->phys = phys;
+    h->ordinal = ordinal;
     h->refs = 1;
     h->imported = 1;
     h->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -445,6 +452,7 @@ out:
 
 VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
+    GATE_BRACKET;
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
     int found = 0;
@@ -612,6 +620,7 @@ static void pools_on_sync(void)
 
 void cu_pool_free(const struct alloc *a)
 {
+    GATE_BRACKET;
     struct CUmemPoolHandle_st *pool = a->pool;
     mem_release(a); /* unmaps: the pool's reserve holds the charge */
     if (!cu_obj_is(pool, MAGIC_POOL))
@@ -703,6 +712,7 @@ VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p
 
 VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+    GATE_BRACKET;
     if (!cu_obj_is(pool, MAGIC_POOL) || pool == g_default_pool[pool->ordinal])
         return CUDA_ERROR_INVALID_VALUE;
     if (g_current_pool[pool->ordinal] == pool)
@@ -724,6 +734,7 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+    GATE_BRACKET;
     if (!cu_obj_is(pool, MAGIC_POOL) || !value)
         return CUDA_ERROR_INVALID_VALUE;
     switch (attr) {
@@ -784,6 +795,7 @@ VGPU_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribut
 
 VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
+    GATE_BRACKET;
     if (!cu_obj_is(pool, MAGIC_POOL))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_vmm_lock);
@@ -811,6 +823,7 @@ VGPU_EXPORT CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool p
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                                              CUstream h)
 {
+    GATE_BRACKET;
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);
@@ -863,6 +876,7 @@ VGPU_ALIAS(cuMemAllocAsync, cuMemAllocAsync_ptsz)
 
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
 {
+    GATE_BRACKET;
     CUcontext ctx;
     CUstream s;
     CUresult rc = cu_stream_resolve(h, &ctx, &s);

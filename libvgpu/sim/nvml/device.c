@@ -27,13 +27,17 @@ static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
 VGPU_EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int len)
 {
     nvmlReturn_t rc = nvml_enter();
-    return rc ? rc : copy_str(version, len, SIM_DRIVER_VERSION);
+    return rc ? rc : copy_str(version, len, sim_driver_version());
 }
 
 VGPU_EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int len)
 {
     nvmlReturn_t rc = nvml_enter();
-    return rc ? rc : copy_str(version, len, "13." SIM_DRIVER_VERSION);
+    if (rc)
+        return rc;
+    char v[48];
+    snprintf(v, sizeof v, "%d.%s", sim_cuda_version() / 1000, sim_driver_version());
+    return copy_str(version, len, v);
 }
 
 VGPU_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version)
@@ -41,7 +45,7 @@ VGPU_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version)
     nvmlReturn_t rc = nvml_enter();
     if (rc)
         return rc;
-    ANSWER(version, SIM_CUDA_VERSION);
+    ANSWER(version, sim_cuda_version());
 }
 VGPU_ALIAS(nvmlSystemGetCudaDriverVersion, nvmlSystemGetCudaDriverVersion_v2)
 

@@ -50,6 +50,7 @@ unsigned int nvml_recent_util(int dev)
     struct vgpu_sim_state *s = sim_state();
     uint64_t busy = 0;
     sim_lock(0);
+    sim_timeline_catch_up(dev);
     const struct vgpu_sim_period *per = last_period(s, dev);
     for (uint32_t i = 0; per && i < per->n; i++)
         busy += per->e[i].busy_ns;
@@ -141,6 +142,7 @@ static unsigned int collect_util(int dev, unsigned long long last_seen, struct u
     int one = s->util_procs != VGPU_SIM_UTIL_PROCS_EACH;
     int32_t carry = 0;   /* one: the process the latest period named */
     sim_lock(0);
+    sim_timeline_catch_up(dev);
     uint64_t now = sim_now_ns();
     uint64_t pub_idx = now > SIM_SAMPLE_LAG_NS ? (now - SIM_SAMPLE_LAG_NS) / P : 0;
     uint64_t first = pub_idx > VGPU_SIM_PERIODS / 2 ? pub_idx - VGPU_SIM_PERIODS / 2 : 0;

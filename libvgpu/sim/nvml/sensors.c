@@ -160,6 +160,7 @@ unsigned long long nvml_energy_mj(int dev)
 {
     struct vgpu_sim_state *s = sim_state();
     sim_lock(0);
+    sim_timeline_catch_up(dev);
     uint64_t busy_ms = s->dev[dev].busy_ns / 1000000;
     sim_unlock();
     uint64_t now_ms = sim_now_ns() / 1000000;

@@ -16,13 +16,18 @@ import click
 @click.option("--mem", metavar="SIZE", help="Memory limit on each of the job's GPUs: 512M, "
               "4G, 4GiB.")
 @click.option("--core", metavar="PCT", help="Compute share, percent of each of the job's "
-              "GPUs (1-100; default 100).")
+              "GPUs (1-100): promised, and counted against each GPU's (default: no promise, "
+              "and no cap).")
 @click.option("--gpus", "gpus", metavar="N", help="Run on N GPUs, those with the most "
               "uncommitted memory (default 1).")
 @click.option("--gpu", metavar="GPU[,GPU...]", help="Pin to these GPUs: indices, UUIDs or "
               "UUID prefixes (default: the GPU with the most uncommitted memory).")
 @click.option("--policy", metavar="hard|soft", help="hard: never above the share; soft: "
               "may borrow idle compute (default: the daemon's default_policy).")
+@click.option("--priority", metavar="low|normal|high", help="Priority class: high "
+              "(latency-sensitive: lower classes on its GPU make way while it runs), normal, "
+              "low (best effort: what the others leave idle). Default: the daemon's "
+              "[priority] default (normal).")
 @click.option("--name", metavar="NAME", help="Job name (default: the command's name).")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 @click.option("-q", "--quiet", is_flag=True, help="Don't say which job id and GPU the job got.")
@@ -30,9 +35,8 @@ import click
               "it could not be told of the command's start or end.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(mem: str | None, core: str | None, gpus: str | None, gpu: str | None,
-        policy: str | None,
-        name: str | None, socket_path: str | None, quiet: bool, verbose: bool,
-        command: tuple[str, ...]) -> int:
+        policy: str | None, priority: str | None, name: str | None, socket_path: str | None,
+        quiet: bool, verbose: bool, command: tuple[str, ...]) -> int:
     """Run COMMAND as a job: vgpuctl run --mem 4G --core 30 -- python train.py
 
     The command keeps the terminal and stdin, receives SIGINT, SIGTERM and
@@ -49,6 +53,6 @@ def run(mem: str | None, core: str | None, gpus: str | None, gpu: str | None,
     from vgpuctl.client.launch import run_job
 
     return run_job(command=list(command), mem=args.mem(mem), core=args.core(core),
-                   policy=args.policy(policy), gpu=gpu, gpus=args.gpus(gpus, gpu), name=name,
-                   socket_path=socket_path,
+                   policy=args.policy(policy), priority=args.priority(priority), gpu=gpu,
+                   gpus=args.gpus(gpus, gpu), name=name, socket_path=socket_path,
                    verbose=verbose, quiet=quiet, note=messages.note, warn=messages.warn)

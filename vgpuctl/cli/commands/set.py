@@ -51,11 +51,13 @@ def each_job(ids: Sequence[str], act: Callable[[str], None]) -> int | None:
 @click.option("--mem", metavar="SIZE", help="New memory limit.")
 @click.option("--core", metavar="PCT", help="New compute share (1-100).")
 @click.option("--policy", metavar="hard|soft", help="New compute policy.")
+@click.option("--priority", metavar="low|normal|high", help="New priority class (a user may "
+              "lower it; only root may raise it).")
 @click.option("--all", "all_named", is_flag=True,
               help="Change every job a name matches (without it, a name must match one job).")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 def set_(jobs: tuple[str, ...], mem: str | None, core: str | None, policy: str | None,
-         all_named: bool, socket_path: str | None) -> int | None:
+         priority: str | None, all_named: bool, socket_path: str | None) -> int | None:
     """Change the limits of each JOB while it runs.
 
     A JOB is an id, or the name of a running job of yours; a name that
@@ -68,8 +70,10 @@ def set_(jobs: tuple[str, ...], mem: str | None, core: str | None, policy: str |
     from vgpuctl.errors import UsageError
 
     fields = {"mem": _args.mem(mem), "core": _args.core(core), "policy": _args.policy(policy)}
+    if priority is not None:
+        fields["priority"] = _args.priority(priority)
     if all(v is None for v in fields.values()):
-        raise UsageError("nothing to change: give --mem, --core or --policy")
+        raise UsageError("nothing to change: give --mem, --core, --policy or --priority")
     nodeview.check_job_args(jobs)
     with connect(socket_path) as cl:
         selected = select_jobs(cl, jobs)
@@ -84,6 +88,6 @@ def set_(jobs: tuple[str, ...], mem: str | None, core: str | None, policy: str |
             for w in reply.get("warnings", []):
                 messages.warn(w)
             click.echo(f"job {j['id']}: mem {format_size(j['mem_limit'])}, core {j['core']}%, "
-                       f"policy {j['policy']}")
+                       f"policy {j['policy']}, priority {j.get('priority', 'normal')}")
 
         return each_job([i for _, ids in selected for i in ids], one)

@@ -55,6 +55,7 @@ def stats(as_json: bool) -> None:
              "busiest": "one process a period (the busiest)", "each": "each process"}
     click.echo(f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms, "
                f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}, "
+               f"time slice {st.timeslice_us} us, switch {st.switch_us} us, "
                f"utilization of {names.get(st.util_procs, st.util_procs)}")
     if st.nvml_error_count:
         left = "until cleared" if st.nvml_error_count < 0 else f"{st.nvml_error_count} more"
@@ -65,7 +66,7 @@ def stats(as_json: bool) -> None:
         click.echo(f"{d.index:<4} {d.uuid:<41} {_mib(d.used):>11} {_mib(d.total):>11} "
                    f"{d.busy_ns / 1e9:>9.3f} {d.kernels:>9}  {d.fail_allocs}")
     rows = [("process", str(p.pid), p.tag or "-", u) for p in st.processes for u in p.devices
-            if u.used or u.contexts or u.busy_ns]
+            if u.used or u.contexts or u.busy_ns or u.held]
     rows += [("tag", t.name, "", u) for t in st.tags for u in t.devices
              if u.used or u.peak or u.busy_ns]
     if rows:
@@ -74,6 +75,11 @@ def stats(as_json: bool) -> None:
         for kind, who, tag, u in rows:
             click.echo(f"{kind:<8} {who:<16} {tag:<12} {u.index:<4} {_mib(u.used):>11} "
                        f"{_mib(u.peak):>11} {u.busy_ns / 1e9:>9.3f}")
+    for p in st.processes:
+        if p.checkpoint != "running":
+            held = sum(u.held for u in p.devices)
+            click.echo(f"process {p.pid}: {p.checkpoint}"
+                       + (f", {_mib(held)} of device memory in host memory" if held else ""))
 
 
 @sim.command()

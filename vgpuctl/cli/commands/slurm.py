@@ -93,6 +93,9 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
     ask_core = int(ask) if ask.isdigit() and 1 <= int(ask) <= 100 else None
     if os.environ.get("SPANK_VGPU_POLICY") in ("hard", "soft"):
         pol = os.environ["SPANK_VGPU_POLICY"]
+    # --vgpu-priority: the daemon says whether the job's user may have it
+    cls = os.environ.get("SPANK_VGPU_PRIORITY")
+    cls = cls if cls in ("low", "normal", "high") else None
     if not os.environ.get("SLURM_JOB_GPUS"):
         return 0                        # no GPU here (shards name theirs): don't ask slurmctld
     try:
@@ -108,6 +111,7 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
                     account=_label(job.account),
                     command=job.command[:4096] or None, cwd=job.work_dir[:4096] or None,
                     core=share, policy=pol, ask_core=ask_core,
+                    **({"priority": cls} if cls else {}),
                     **({"gpu_shards": counts} if counts and len(counts) > 1 else {}))
     except VgpuError as e:
         # The node stays up; the job's TaskProlog fails its steps.
@@ -228,7 +232,7 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
 @click.option("--include", "include_dirs", multiple=True, metavar="DIR",
               help="Where slurm/spank.h is, if not in the compiler's path (repeatable).")
 def build_spank(output: str, cc: str, include_dirs: tuple[str, ...]) -> None:
-    """Build the SPANK plugin (--vgpu-core, --vgpu-policy) against this
+    """Build the SPANK plugin (--vgpu-core, --vgpu-policy, --vgpu-priority) against this
     node's Slurm: its spank.h (Debian: libslurm-dev), as SPANK has no stable
     ABI across Slurm releases. List it in plugstack.conf:
     `required /usr/lib/slurm/spank_vgpu.so`.

@@ -1,0 +1,114 @@
+"""Suspend, resume and drain as another user would abuse them
+(docs/security.md, "Suspend, resume and drain"): nobody may suspend, resume
+or drain what is not theirs, and a job that names another user's process in
+its region's slots does not get the daemon to stop that process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from support.daemon import needs_native, wait_for
+from support.hostile import in_child_as_nobody, start_job_as_nobody
+from support.sim import holding
+
+from vgpuctl.client.connection import Client
+
+pytestmark = needs_native
+
+G = 1 << 30
+
+# Root's process on the simulated GPU: 256 MiB, then holds.
+VICTIM = """
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+p = ck(cu.cuMemAlloc(256 << 20))
+out({"pid": os.getpid()})
+"""
+
+
+def _node(daemon_factory):
+    d = daemon_factory(gpus="1x16G")
+    state = d.base / "sim-state"
+    wait_for(state.exists, what="the simulated GPU's state")
+    os.chmod(state, 0o666)
+    return d
+
+
+def _env(d) -> dict[str, str]:
+    env = {k: v for k, v in d.env.items() if k != "LD_PRELOAD"}
+    env["PATH"] = "/usr/bin:/bin"
+    return env
+
+
+def _as_nobody(d, op: str, **fields):
+    def go():
+        with Client.connect(Path(d.socket)) as cl:
+            try:
+                return cl.call(op, **fields)
+            except Exception as e:
+                return {"error": type(e).__name__, "message": str(e)}
+    return in_child_as_nobody(go)
+
+
+def _checkpoint_state(d, pid: int) -> str:
+    res = subprocess.run([*_vgpuctl(), "sim", "stats", "--json"], env=d.env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    return next(p["checkpoint"] for p in json.loads(res.stdout)["processes"]
+                if p["pid"] == pid)
+
+
+def _vgpuctl() -> list[str]:
+    from support.daemon import vgpuctl_argv
+    return vgpuctl_argv()
+
+
+def test_nobody_may_not_suspend_resume_or_drain_what_is_not_theirs(daemon_factory):
+    d = _node(daemon_factory)
+    with d.client() as c:
+        job = c.call("run", command=["sleep", "600"], cwd="/", mem=G)["job"]
+    for op, fields in (("suspend", {"job": job["id"]}), ("resume", {"job": job["id"]}),
+                       ("drain", {"gpu": "0"})):
+        got = _as_nobody(d, op, **fields)
+        assert got["error"] == "PermissionDenied", (op, got)
+    assert {g["index"]: g["drained"] for g in d.call("ps")["gpus"]} == {0: False}
+
+
+def test_a_pid_a_job_writes_into_its_region_is_not_suspended(daemon_factory):
+    """nobody's job names root's CUDA process (its pid and start time) in a
+    slot of its own region, then asks to suspend its job: root's process
+    runs on, untouched."""
+    d = _node(daemon_factory)
+    env = {**d.env, "LD_LIBRARY_PATH": str(Path(_sim_libdir()))}
+    with holding(env, VICTIM) as victim:
+        pid = victim.report["pid"]
+        start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        j = start_job_as_nobody(d.socket, ["sleep", "600"], _env(d), G, 100)
+        region = d.runtime / "jobs" / j["job"]
+
+        def poke():
+            from vgpuctl.system.region import Region, ffi
+            f = ffi()
+            base = f.offsetof("struct vgpu_usage", "procs")
+            reg = Region.open(region, writable_usage=True)
+            try:
+                reg.poke_usage(base, pid.to_bytes(4, "little"))
+                reg.poke_usage(base + f.offsetof("struct vgpu_proc_slot", "start_time"),
+                               start.to_bytes(8, "little"))
+            finally:
+                reg.close()
+            return True
+        assert in_child_as_nobody(poke)
+        got = _as_nobody(d, "suspend", job=j["job"])
+        # nothing of nobody's uses CUDA: nothing to suspend
+        assert got.get("error") == "CheckpointError", got
+        assert "no process using CUDA" in got["message"], got
+        assert _checkpoint_state(d, pid) == "running"
+        assert d.job(j["job"])["state"] == "running"
+
+
+def _sim_libdir() -> str:
+    from vgpuctl.system import native
+    return str(native.sim_libdir())

@@ -1,0 +1,67 @@
+"""Priority classes, the pure part (vgpuctl.core.priority): who may use which
+class, who may change it, whom each job on a GPU heeds, and the cost of a
+launch the hooks count work in flight by."""
+
+from __future__ import annotations
+
+import pytest
+
+from vgpuctl.core import priority as P
+from vgpuctl.errors import PermissionDenied
+
+
+def test_high_is_for_root_and_the_users_and_groups_named():
+    may = P.may_use
+    assert may("low", "bob", [], False, [], []) and may("normal", "bob", [], False, [], [])
+    assert not may("high", "bob", ["users"], False, ["alice"], ["inference"])
+    assert may("high", "alice", [], False, ["alice"], [])
+    assert may("high", "carol", ["users", "inference"], False, [], ["inference"])
+    assert may("high", "root", [], True, [], [])
+    with pytest.raises(PermissionDenied, match="may not run jobs of priority high"):
+        P.check_class("high", "bob", [], False, ["alice"], [])
+
+
+@pytest.mark.parametrize("old,new,admin,ok", [
+    ("high", "normal", False, True), ("normal", "low", False, True),
+    ("low", "low", False, True), ("low", "normal", False, False),
+    ("normal", "high", False, False), ("low", "high", True, True)])
+def test_a_user_may_lower_a_jobs_class_only_root_may_raise_it(old, new, admin, ok):
+    if ok:
+        P.check_change(old, new, "7", admin)
+    else:
+        with pytest.raises(PermissionDenied, match="only root may raise it"):
+            P.check_change(old, new, "7", admin)
+
+
+def test_each_job_heeds_every_job_of_a_higher_class_on_its_gpu():
+    ms = [P.Member("h", "3", 0, "high"), P.Member("n", "5", 1, "normal"),
+          P.Member("l", "9", 0, "low"), P.Member("l2", "10", 0, "low")]
+    h = P.holds(ms)
+    assert h["h"] == P.Hold(P.SIGNAL, ())
+    assert h["n"] == P.Hold(P.HELD | P.SIGNAL, (("3", 0, 2),))
+    assert h["l"] == P.Hold(P.HELD, (("3", 0, 2), ("5", 1, 1)))
+    assert h["l2"] == h["l"]          # two of one class hold nothing of each other
+    # jobs of one class only: nothing to heed, the launch fast path
+    assert set(P.holds([P.Member("a", "1", 0, "normal"),
+                        P.Member("b", "2", 0, "normal")]).values()) == {P.Hold()}
+
+
+def test_at_most_max_holders_the_highest_classes_first():
+    ms = [P.Member(i, str(i + 1), 0, "normal") for i in range(10)]
+    ms.append(P.Member("top", "99", 0, "high"))
+    ms.append(P.Member("me", "100", 0, "low"))
+    held = P.holds(ms, max_holders=3)["me"].holders
+    assert held == (("99", 0, 2), ("1", 0, 1), ("2", 0, 1))
+
+
+def test_launch_cost_is_busy_time_over_launches():
+    c = P.LaunchCost()
+    assert c.value is None
+    for _ in range(10):
+        c.observe(0.1, 100, 1 / 6)        # 100 launches of 1 ms in a window
+    assert c.value == pytest.approx(1e-3)
+    for _ in range(40):
+        c.observe(0.05, 100, 1 / 6)       # they became 0.5 ms
+    assert c.value == pytest.approx(5e-4, rel=0.05)
+    c.observe(-1.0, 5, 0.1)               # nonsense changes nothing
+    assert c.value == pytest.approx(5e-4, rel=0.05)
