@@ -403,7 +403,8 @@ class Daemon:
                                                [g.uuid for g in sup.gpus])
             if inputs:
                 sup.gates.apply(inputs, gates)
-                sup.priority.observe(self.governor.windows, self.governor.wall_s())
+                sup.priority.observe(self.governor.windows, self.governor.wall_s(),
+                                     self.governor.splits_per_process)
         if inputs:
             sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),

@@ -213,6 +213,11 @@ class ComputeGovernor:
         self._hooked = hooked
         self._unhooked = dict(unhooked)
 
+    def splits_per_process(self, uuid: str) -> bool:
+        """Whether this GPU's NVML has been seen to split busy time per
+        process (a one-period window listing two processes busy)."""
+        return self._per_process.get(uuid, False)
+
     def attribute(self, uuid: str, window: Window | None) -> Window | None:
         """The window with each pid's busy time its own: NVML's split where
         it splits per process, else the device's busy time split by what
