@@ -14,6 +14,8 @@ figures, over ``--seconds`` (10) after ``--settle`` (2) seconds:
   6  two jobs 50 / 50 hard                       summed throughput >= 97 % of
                                                  one job alone, ungated
   7  64 jobs at 1 hard on one GPU                each +- 0.5
+ 11  two jobs 30 / 60 hard, each launching CUDA  each +- 2
+     graphs of 4 x 1 ms kernels
 
 and a job's first seconds, each share over the job's own life (from its
 first kernel, as the simulator's timeline records it):
@@ -34,16 +36,22 @@ Two harnesses:
           and this process drives ``ComputeGovernor.tick`` itself.
 
 The simulated NVML's sample period is ``--sample-ms`` (167: 1/6 s, the
-shortest NVIDIA documents; 1000: the longest), how it averages a process's
-idle periods ``--util-idle`` (average, the simulator's default, or skip).
+shortest NVIDIA documents; 1000: the longest; an H100 samples every 200),
+how it averages a process's idle periods ``--util-idle`` (average, the
+simulator's default, or skip), which processes a period names
+``--util-procs`` (last: one, the last to run, with the device's whole
+utilization, as an H100 does and the simulator's default; busiest: one, the
+busiest; each: every process its own busy time).
 
 Prints a table and writes bench/results/share_accuracy_<sample-ms>ms.json
-(``_skip`` added with ``--util-idle skip``).
+(``_skip`` added with ``--util-idle skip``, ``_each``/``_busiest`` with
+``--util-procs``).
 One run takes about 100 s. Timings are not pass/fail for
 the test suite.
 
     python bench/share_accuracy.py [--harness daemon|direct] [--only 1,3]
                                    [--sample-ms 167|1000] [--util-idle average|skip]
+                                   [--util-procs last|busiest|each]
 """
 
 from __future__ import annotations
@@ -91,6 +99,7 @@ class JobSpec:
     core: int
     policy: str = "hard"
     kernel_us: int = DEFAULT_KERNEL_US
+    graph: int = 0                     # kernels per CUDA-graph launch (0: plain launches)
 
 
 @dataclass
@@ -119,6 +128,8 @@ SCENARIOS = [
     Scenario(9, "first seconds: two jobs 30/60 hard started together, whole life",
              [JobSpec("a", 30, kernel_us=500), JobSpec("b", 60, kernel_us=500)]),
     Scenario(10, "the 3 s demo", []),
+    Scenario(11, "two jobs 30/60 hard, CUDA graphs of 4 x 1 ms kernels",
+             [JobSpec("a", 30, graph=4), JobSpec("b", 60, graph=4)]),
 ]
 LIFE_S = 8.0               # scenarios 8 and 9: each job's run
 FIRST_POLL_S = 0.01        # scenario 8: the timeline read this often
@@ -212,6 +223,11 @@ class Harness:
         pass
 
     def burn_cmd(self, spec: JobSpec, seconds: float) -> list[str]:
+        if spec.graph:
+            # a graph launch is a step of several kernels: graphs queued
+            return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
+                    "--seconds", f"{seconds:g}", "--graph", str(spec.graph),
+                    "--inflight", str(inflight(spec.kernel_us * spec.graph))]
         return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
                 "--seconds", f"{seconds:g}", "--inflight", str(inflight(spec.kernel_us))]
 
@@ -658,10 +674,12 @@ def judge(sc: Scenario, res: dict[str, Any], solo: dict[str, Any] | None) -> lis
     """Rows of the table: (scenario, what, target, measured, error, pass)."""
     rows = []
     sh = res.get("shares", {})
-    if sc.number in (1, 2, 3):
+    if sc.number in (1, 2, 3, 11):
         for spec in sc.jobs:
             m = sh[spec.name] * 100
-            rows.append(_row(sc, f"job {spec.name} ({spec.kernel_us} us)", spec.core, m, 2.0))
+            what = (f"job {spec.name} (graphs of {spec.graph} x {spec.kernel_us} us)"
+                    if spec.graph else f"job {spec.name} ({spec.kernel_us} us)")
+            rows.append(_row(sc, what, spec.core, m, 2.0))
     elif sc.number == 4:
         busy = sum(sh.values()) * 100
         rows.append({"scenario": 4, "what": "GPU busy", "target": ">= 95",
@@ -758,13 +776,18 @@ def main(argv: list[str] | None = None) -> int:
                          "1000)")
     ap.add_argument("--util-idle", choices=("average", "skip"), default="average",
                     help="how the simulated NVML averages a process's idle periods")
+    ap.add_argument("--util-procs", choices=("last", "busiest", "each"), default="last",
+                    help="which processes the simulated NVML names in a sample period: one "
+                         "(the last to run, as an H100; or the busiest), or each")
     ap.add_argument("--out", default=None,
                     help="the JSON file (default bench/results/share_accuracy_<sample-ms>ms"
                          "[_skip].json)")
     args = ap.parse_args(argv)
     if args.out is None:
         idle = "" if args.util_idle == "average" else f"_{args.util_idle}"
-        args.out = str(HERE / "results" / f"share_accuracy_{args.sample_ms}ms{idle}.json")
+        procs = "" if args.util_procs == "last" else f"_{args.util_procs}"
+        args.out = str(HERE / "results"
+                       / f"share_accuracy_{args.sample_ms}ms{idle}{procs}.json")
     only = {int(x) for x in args.only.split(",") if x.strip()}
 
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-share-"))
@@ -781,6 +804,7 @@ def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
     os.environ["VGPU_SIM_STATE"] = str(tmp / "simstate")
     os.environ["VGPU_SIM_SAMPLE_MS"] = str(args.sample_ms)
     os.environ["VGPU_SIM_UTIL_IDLE"] = args.util_idle
+    os.environ["VGPU_SIM_UTIL_PROCS"] = args.util_procs
     os.environ.pop("LD_PRELOAD", None)
     env = dict(sim.child_env(dict(os.environ)))
     env["PYTHONPATH"] = os.pathsep.join(
@@ -829,6 +853,7 @@ def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
         "device": f"simulated GPU (VGPU_SIM={SIM_SPEC})",
         "sample_ms": args.sample_ms,
         "util_idle": args.util_idle,
+        "util_procs": args.util_procs,
         "cpus": os.cpu_count(),
         "settle_s": args.settle,
         "seconds": args.seconds,

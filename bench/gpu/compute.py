@@ -2,13 +2,16 @@
 one GPU each get that share of it, measured by their own throughput.
 
     python3 bench/gpu/compute.py [--out DIR] [--seconds 20] [--settle 3]
-                                 [--only burn,matmul,graph] [--tolerance 3]
+                                 [--only burn,burngraph,matmul,graph] [--tolerance 3]
 
 For each workload:
 
   burn     vgpu-burn, spin kernels of --kernel-us (1000) us through the
            driver API; its own count of kernels completed over its whole run
            (settle + seconds)
+  burngraph the same kernels as CUDA graphs of --graph-k (4) captured
+           kernels (vgpu-burn --graph): one cuGraphLaunch per graph, no
+           torch
   matmul   job_matmul.py: a PyTorch bf16 matmul loop (--size 8192), matmuls
            completed over `--seconds` after `--settle`, the jobs started
            together (a barrier)
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C
 
-KINDS = ("burn", "matmul", "graph")
+KINDS = ("burn", "burngraph", "matmul", "graph")
 
 
 class Workload:
@@ -51,13 +54,14 @@ class Workload:
 
     @property
     def torch(self) -> bool:
-        return self.kind != "burn"
+        return self.kind not in ("burn", "burngraph")
 
     def argv(self, barrier: C.Barrier | None, name: str) -> list[str]:
         a = self.a
-        if self.kind == "burn":
+        if self.kind in ("burn", "burngraph"):
+            graph = ["--graph", str(a.graph_k)] if self.kind == "burngraph" else []
             return [C.burn_program(), "--kernel-us", f"{a.kernel_us:g}",
-                    "--seconds", f"{a.settle + a.seconds:g}"]
+                    "--seconds", f"{a.settle + a.seconds:g}", *graph]
         cmd = [C.PY, C.job_program("job_matmul.py"), "--size", str(a.size),
                "--settle", f"{a.settle:g}", "--seconds", f"{a.seconds:g}"]
         if self.kind == "graph":
@@ -68,7 +72,7 @@ class Workload:
 
     @property
     def unit(self) -> str:
-        return "kernels/s" if self.kind == "burn" else "matmuls/s"
+        return "kernels/s" if not self.torch else "matmuls/s"
 
     def timeout(self) -> float:
         return self.a.settle + self.a.seconds + (150 if self.torch else 30)
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=3.0, help="percentage points")
     ap.add_argument("--kernel-us", type=float, default=1000.0, help="vgpu-burn's kernel")
     ap.add_argument("--size", type=int, default=8192, help="matmul size (bf16)")
-    ap.add_argument("--graph-k", type=int, default=4, help="matmuls per graph replay")
+    ap.add_argument("--graph-k", type=int, default=4,
+                    help="matmuls (graph) or kernels (burngraph) per graph launch")
     ap.add_argument("--mem", default="4G", help="each job's memory limit")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]

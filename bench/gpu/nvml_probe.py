@@ -281,6 +281,10 @@ class Stream:
             last_seen = 0
         elif self.last_seen is None:
             last_seen = int((now - self.window_s) * 1e6) if self.api != "samples" else 0
+            # kept until a read returns something: a stream whose reads came
+            # each just before a period was published would otherwise never
+            # see one (the simulator publishes every period 25 ms after it)
+            self.last_seen = last_seen
         else:
             last_seen = self.last_seen
         t0 = time.perf_counter()

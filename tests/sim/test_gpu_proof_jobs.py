@@ -30,3 +30,43 @@ def test_a_duty_run_that_stops_inside_a_cycle_reports_its_duty(sim_env):
     assert res["cycles"] >= 2
     assert all(b[2] == pytest.approx(120, abs=5) for b in res["bursts"]), res["bursts"]
     assert res["busy_pct"] == pytest.approx(30, abs=2)
+
+
+def test_the_probes_reader_keeps_its_first_last_seen_until_it_gets_an_entry(monkeypatch):
+    """A stream's first read asks for the window before it; until a read
+    returns an entry, later reads ask from that same time: a 0.1 s reader
+    whose reads each come just before the next period is published (the
+    simulator publishes 25 ms after a period) still sees every period. It
+    asked from `now - 0.1 s` at every read, and saw none (solo60 on the
+    simulator)."""
+    import sys as _sys
+    _sys.path.insert(0, str(GPU_BENCH))
+    import nvml_probe
+
+    class NotFound(Exception):
+        value = 6
+
+    class FakeNvml:
+        class nv:
+            NVMLError = NotFound
+            NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+        asked: list[int] = []
+
+        def process_utilization(self, last_seen: int):
+            self.asked.append(last_seen)
+            if len(self.asked) < 3:
+                raise NotFound()
+            return {"rc": "SUCCESS", "count": 1, "entries": [[1, last_seen + 5, 30, 0, 0, 0]]}
+
+        def rc(self, code: int) -> str:
+            return "NOT_FOUND"
+
+    clock = iter([100.0, 100.1, 100.2, 100.3])
+    monkeypatch.setattr(nvml_probe.time, "time", lambda: next(clock))
+    fake = FakeNvml()
+    s = nvml_probe.Stream("pu@0.1", "pu", 0.1, 1, nvml_probe.EntryBudget())
+    for _ in range(4):
+        s.read(fake)
+    first = int(99.9 * 1e6)
+    assert fake.asked == [first, first, first, first + 5]

@@ -174,6 +174,7 @@ def test_utilization_size_query_and_short_buffer(sim_env, burn_program):
     short buffer: the same; a long one: the count written. The versioned
     call checks its struct's version."""
     sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    sim_env["VGPU_SIM_UTIL_PROCS"] = "each"      # three entries in every read
     procs = _burners(sim_env, burn_program, 3, 1000)
     try:
         out = run_py(sim_env, UTIL, """
@@ -212,9 +213,11 @@ def test_utilization_size_query_and_short_buffer(sim_env, burn_program):
 
 
 def test_utilization_lists_every_process_of_a_crowded_gpu(sim_env, burn_program):
-    """36 processes share GPU 0: the running-process query lists them all and
-    each has its own utilization entry (a sample period records them all)."""
+    """36 processes share GPU 0: the running-process query lists them all and,
+    with VGPU_SIM_UTIL_PROCS=each, each has its own utilization entry (a
+    sample period records them all)."""
     sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    sim_env["VGPU_SIM_UTIL_PROCS"] = "each"
     procs = _burners(sim_env, burn_program, 36, 5000)
     pids = sorted(p.pid for p in procs)
     try:
@@ -289,12 +292,131 @@ def test_utilization_idle_periods_average_or_skip(sim_env, idle):
         assert entry[1] - out["t0"] == pytest.approx((out["k1"] - out["k0"]) * 250_000, abs=2)
 
 
+# Two processes on GPU 0: A busy about 30 % of the time (in cycles of 37 ms,
+# out of step with the 100 ms periods: with 20 ms the same process would end
+# every period, as on the H100 in the probe's trio30), B saturating; every
+# one-period read (lastSeenTimeStamp its predecessor's newest) for about 3 s,
+# then one read of all those periods.
+TWO_PROCS = """
+wait_for(lambda: len(util(0)) >= 1, what="a first entry")
+time.sleep(0.3)
+start = last = max(ts for _, ts, _ in util(0))
+reads = []
+t_end = time.monotonic() + 3.0
+while time.monotonic() < t_end:
+    time.sleep(0.05)
+    r = util(last)
+    if r:
+        last = max(ts for _, ts, _ in r)
+        reads.append(r)
+out({"reads": reads, "whole": util(start)})
+"""
+
+
+def _two_procs(sim_env, burn_program, mode):
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    if mode is not None:
+        sim_env["VGPU_SIM_UTIL_PROCS"] = mode
+    a = subprocess.Popen([str(burn_program), "--kernel-us", "1000", "--seconds", "60",
+                          "--duty", "30", "--period-ms", "37"], env=sim_env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (b,) = _burners(sim_env, burn_program, 1, 1000)
+    try:
+        out = run_py(sim_env, UTIL, TWO_PROCS)
+    finally:
+        _stop([a, b])
+    return a.pid, b.pid, out
+
+
+@pytest.mark.parametrize("mode", [None, "last", "busiest"])
+def test_utilization_names_one_process_a_period_by_default(sim_env, burn_program, mode):
+    """As an H100 answers (docs/gpu-proof.md): each sample period names one
+    process, with the whole device's utilization, and leaves the others out.
+    `last` (the default) names the process whose kernel ran last in the
+    period, so over many periods both are named; `busiest` always the one
+    that ran most."""
+    pa, pb, out = _two_procs(sim_env, burn_program, mode)
+    assert len(out["reads"]) >= 15, out
+    named: dict[int, list[int]] = {pa: [], pb: []}
+    for r in out["reads"]:
+        assert len(r) == 1, r                      # one process, however many ran
+        pid, _, sm = r[0]
+        named[pid].append(sm)
+    if mode == "busiest":
+        assert named[pa] == []
+    else:
+        assert len(named[pa]) >= 2 and len(named[pb]) >= 2, named
+        # A runs about 30 % of the time: named, it has the device's utilization
+        assert sum(named[pa]) / len(named[pa]) >= 80, named
+    assert sum(named[pb]) / len(named[pb]) >= 80, named
+    # A read of many periods lists each process named in any of them, with
+    # its average over them all: together, the device's utilization.
+    whole = out["whole"]
+    assert {p for p, _, _ in whole} == {p for p, v in named.items() if v}
+    assert sum(sm for _, _, sm in whole) == pytest.approx(100, abs=10)
+
+
+def test_utilization_each_process_with_its_own_share(sim_env, burn_program):
+    """VGPU_SIM_UTIL_PROCS=each: every process that ran in a period gets an
+    entry with its own busy time; together, the device's."""
+    pa, pb, out = _two_procs(sim_env, burn_program, "each")
+    assert len(out["reads"]) >= 15, out
+    sums, mine = [], []
+    for r in out["reads"][2:]:
+        shares = {p: sm for p, _, sm in r}
+        assert set(shares) == {pa, pb}, r
+        assert sum(shares.values()) <= 101, r
+        sums.append(sum(shares.values()))
+        mine.append(shares[pa])
+    # together the device's (below 100 where a loaded host was late)
+    assert sum(sums) / len(sums) >= 80, sums
+    assert 10 <= sum(mine) / len(mine) <= 50, mine
+
+
+@pytest.mark.parametrize("mode", [None, "each"])
+def test_an_idle_process_is_listed_at_zero_in_one_process_mode(sim_env, mode):
+    """An H100 keeps naming the process it last ran, at 0, through periods in
+    which it runs nothing (the probe's solo30-slow); each-process mode lists
+    only processes that ran."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    if mode is not None:
+        sim_env["VGPU_SIM_UTIL_PROCS"] = mode
+    out = run_py(sim_env, UTIL, f"""
+        ck(cu.cuInit(0))
+        ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+        fn = ck(cu.cuModuleGetFunction(ck(cu.cuModuleLoadData({SPIN_PTX!r})), b"vgpu_spin"))
+        ck(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, ((50_000_000,), (ctypes.c_uint64,)), 0))
+        ck(cu.cuCtxSynchronize())
+        time.sleep(0.2)                 # every period it ran in published
+        first = wait_for(lambda: util(0), what="an entry")
+        last = max(ts for _, ts, _ in first)
+        time.sleep(0.6)                 # idle, the context held
+        out({{"pid": os.getpid(), "idle": util(last)}})
+    """)
+    if mode == "each":
+        assert out["idle"] == []
+    else:
+        assert [(p, sm) for p, _, sm in out["idle"]] == [(out["pid"], 0)]
+
+
 def test_utilization_idle_setting_shows_in_stats(sim_env):
     sim_env["VGPU_SIM_UTIL_IDLE"] = "skip"
     run_py(sim_env, UTIL, "out(both(0))")        # the state is made by its first user
     res = subprocess.run([*VGPUCTL, "sim", "stats", "--json"], env=sim_env, check=True,
                          capture_output=True, text=True)
     assert json.loads(res.stdout)["util_idle"] == "skip"
+    assert json.loads(res.stdout)["util_procs"] == "last"      # the default
+
+
+def test_utilization_procs_setting_shows_in_stats(sim_env):
+    sim_env["VGPU_SIM_UTIL_PROCS"] = "each"
+    run_py(sim_env, UTIL, "out(both(0))")
+    res = subprocess.run([*VGPUCTL, "sim", "stats", "--json"], env=sim_env, check=True,
+                         capture_output=True, text=True)
+    assert json.loads(res.stdout)["util_procs"] == "each"
+    text = subprocess.run([*VGPUCTL, "sim", "stats"], env=sim_env, check=True,
+                          capture_output=True, text=True).stdout
+    assert "utilization of each process" in text
 
 
 def test_injected_nvml_errors(sim_env):

@@ -12,6 +12,10 @@ T0 = 1_700_000_000_000_000     # a sample timestamp, us
 PERIOD_FAST_US = 166_667       # 1/6 s: the shortest sample period NVIDIA documents
 PERIOD_SLOW_US = 1_000_000     # 1 s: the longest
 IDLE_TREATMENTS = ("average", "skip")
+# Which processes a period names: each that ran, with its own busy time; or
+# one, with the device's (an H100 with driver 580), here the busiest of the
+# period: the reading that misleads the most.
+PROCS = ("each", "busiest")
 
 
 class NVMLError(Exception):
@@ -41,13 +45,16 @@ class UtilBuffer:
     the end of the newest period it ran in, its smUtil its busy time in whole
     percents of the window's periods (``idle="average"``: every period of the
     window, those it ran nothing in as zeros) or of only the periods it ran in
-    (``idle="skip"``); NVML_ERROR_NOT_FOUND when nobody ran."""
+    (``idle="skip"``); NVML_ERROR_NOT_FOUND when nobody ran. With
+    ``procs="busiest"`` a period names one pid, its busiest, with the busy
+    time of every pid of the period (the device's)."""
 
     def __init__(self, period_us: int = PERIOD_FAST_US, idle: str = "average",
-                 keep: int = 32) -> None:
-        assert idle in IDLE_TREATMENTS
+                 keep: int = 32, procs: str = "each") -> None:
+        assert idle in IDLE_TREATMENTS and procs in PROCS
         self.period_us = period_us
         self.idle = idle
+        self.procs = procs
         self.keep = keep
         self.busy: dict[int, dict[int, float]] = {}     # period -> pid -> busy us
         self.published = 0                               # periods [0, published) closed
@@ -86,7 +93,11 @@ class UtilBuffer:
         ks = [k for k in range(first, self.published) if self.end_us(k) > last_seen]
         acc: dict[int, list[float]] = {}                # pid -> [busy, periods, newest]
         for k in ks:
-            for pid, b in self.busy.get(k, {}).items():
+            per = self.busy.get(k, {})
+            if self.procs == "busiest" and per:
+                top = max(per, key=lambda p: (per[p], -p))
+                per = {top: min(sum(per.values()), float(self.period_us))}
+            for pid, b in per.items():
                 if b <= 0:
                     continue
                 a = acc.setdefault(pid, [0.0, 0, k])

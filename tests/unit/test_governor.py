@@ -52,7 +52,8 @@ class World:
     NVMLError = NVMLError
 
     def __init__(self, jobs: list[Job], capacity: float = 1.0, period_us: int = PERIOD_FAST_US,
-                 idle: str = "average", lockstep: bool = False) -> None:
+                 idle: str = "average", lockstep: bool = False,
+                 procs: str = "each") -> None:
         self.jobs = jobs
         # the ranks of a job on several GPUs (its Jobs of one job_id) wait
         # for each other in a collective at the end of every tick
@@ -66,6 +67,7 @@ class World:
         self.capacity = capacity
         self.period_us = period_us
         self.idle = idle
+        self.procs = procs
         self.now_us = T0
         self.created_us = T0      # when the jobs' regions were made (admission)
         self.gpus: dict[str, UtilBuffer] = {}
@@ -112,7 +114,8 @@ class World:
                     left -= got[id(j)]
             else:
                 got = {id(j): a / total for j, a in zip(here, asks, strict=True)}
-            buf = self.gpus.setdefault(uuid, UtilBuffer(self.period_us, self.idle))
+            buf = self.gpus.setdefault(uuid, UtilBuffer(self.period_us, self.idle,
+                                                        procs=self.procs))
             start_us = self.now_us - TICK * 1e6
             for j in here:
                 share = got[id(j)]
@@ -154,7 +157,8 @@ class World:
             for j in ranks:
                 useful = n * j.cost_s / TICK
                 busy = min(1.0, useful + (1.0 - n / can(j)))
-                buf = self.gpus.setdefault(j.uuid, UtilBuffer(self.period_us, self.idle))
+                buf = self.gpus.setdefault(j.uuid, UtilBuffer(self.period_us, self.idle,
+                                                              procs=self.procs))
                 if busy > 0:
                     buf.run(j.pid, start_us, self.now_us, busy)
                 j.got.append(useful)
@@ -214,6 +218,15 @@ def settled(period_us: int) -> int:
     needs two windows (the first starts before the job was gated), and the
     PI ignores the two after the rate jumped to it."""
     return 20 if period_us == PERIOD_FAST_US else 60
+
+
+def probed(period_us: int, jobs: int) -> int:
+    """Ticks after which jobs started together on a GPU whose NVML names one
+    process a period have each been probed (run alone for a period) and are
+    at their shares: the period learnt, NVML's names compared with the split
+    (five to fifteen periods), then a probe a job, each up to two periods
+    long and three periods apart."""
+    return settled(period_us) + int((15 + jobs * 6) * period_us / 1e6 / TICK)
 
 
 def test_hard_100_is_never_gated() -> None:
@@ -364,6 +377,58 @@ def test_two_hard_jobs(period_us: int, idle: str) -> None:
     run(w, governor(w), n + 20)
     assert mean(a.got[n:]) == pytest.approx(0.30, abs=0.01)
     assert mean(b.got[n:]) == pytest.approx(0.60, abs=0.01)
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_two_hard_jobs_when_nvml_names_one_process_a_period(period_us: int, idle: str) -> None:
+    """An H100 names one process a sample period, with the whole device's
+    utilization (here always the busiest, 60 %): the governor once took that
+    for the 60 % job's own share and 0 for the 30 % job's, and showed them;
+    the device's busy time is split by what the jobs' gates account."""
+    a, b = Job("1", 101, 30), Job("2", 102, 60)
+    w = World([a, b], period_us=period_us, idle=idle, procs="busiest")
+    n = probed(period_us, 2)
+    gates = run(w, governor(w), n + 40)
+    assert mean(a.got[n:]) == pytest.approx(0.30, abs=0.01)
+    assert mean(b.got[n:]) == pytest.approx(0.60, abs=0.01)
+    # what `ps` shows of each (the gate's measured share)
+    assert gates[("1", "GPU-0")].measured == pytest.approx(0.30, abs=0.02)
+    assert gates[("2", "GPU-0")].measured == pytest.approx(0.60, abs=0.02)
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_jobs_of_other_kernels_started_together_are_probed(period_us: int, idle: str) -> None:
+    """NVML names one process a period, and three jobs of 50 us, 500 us and
+    5 ms kernels start together: no window says what any of them costs, so
+    the governor holds all but one for a sample period, for each of them in
+    turn, and learns each's cost (docs/compute.md, probes)."""
+    a = Job("1", 101, 20, cost_s=50e-6)
+    b = Job("2", 102, 30, cost_s=500e-6)
+    c = Job("3", 103, 50, cost_s=5e-3)
+    w = World([a, b, c], period_us=period_us, idle=idle, procs="busiest")
+    n = probed(period_us, 3)
+    run(w, governor(w), n + 60)
+    for j in (a, b, c):
+        assert mean(j.got[n:]) == pytest.approx(j.share / 100, abs=0.015), j.job_id
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_a_job_joining_one_of_other_kernels_gets_its_cost_from_the_rest(period_us: int,
+                                                                        idle: str) -> None:
+    """NVML names one process a period; a 60 % job of 5 ms kernels joins a
+    30 % job of 1 ms kernels that ran alone first (its busy time then its
+    own): the newcomer's cost is what the device ran beyond the first's."""
+    a = Job("1", 101, 30)
+    b = Job("2", 102, 60, cost_s=5e-3, busy=False)
+    w = World([a, b], period_us=period_us, idle=idle, procs="busiest")
+    gov = governor(w)
+    n = settled(period_us)
+    run(w, gov, n)
+    b.busy = True
+    m = len(a.got) + settled(period_us) + 10
+    run(w, gov, m - len(a.got) + 40)
+    assert mean(a.got[m:]) == pytest.approx(0.30, abs=0.015)
+    assert mean(b.got[m:]) == pytest.approx(0.60, abs=0.015)
 
 
 @pytest.mark.parametrize(("period_us", "idle"), NVMLS)
@@ -618,3 +683,69 @@ def test_ranks_in_lockstep_keep_their_share_instead_of_convoying(period_us: int,
         slowest = max(k.cost_s for k in jobs if k.job_id == j.job_id)
         assert mean(j.got[n:]) == pytest.approx(j.share / 100 * j.cost_s / slowest,
                                                 abs=0.02), (j.job_id, j.uuid)
+
+
+def _watched(w: World, gov: ComputeGovernor, jobs: list[Job], ticks: int, start: int,
+             stop: int | None = None):
+    """The daemon's violation watch beside the governor, as the daemon wires
+    it (its own sampler; windows split by the governor, held until settled):
+    the violations it finds, and each job's billed busy seconds from tick
+    `start` on (the jobs stop launching at tick `stop`)."""
+    from vgpuctl.core.violations import JobLimits
+    from vgpuctl.daemon.violations import Known, Watch
+    from vgpuctl.governor.sampler import Sampler
+    from vgpuctl.system.nvml import GpuStats
+
+    watch = Watch(lambda: [GpuStats(0, "GPU-0", "sim", 16 << 30,
+                                    processes={j.pid: 1 << 30 for j in jobs})],
+                  Sampler(w, w.clock_us).read, processes=gov.note_processes,
+                  split=gov.split_window)
+    known = Known([JobLimits(j.job_id, "GPU-0", 2 << 30, j.share / 100, 1000) for j in jobs],
+                  {j.pid: j.job_id for j in jobs}, {}, {}, hooked={j.pid: 0 for j in jobs})
+    billed = {j.job_id: 0.0 for j in jobs}
+    found = []
+    for i in range(ticks):
+        if i == stop:
+            for j in jobs:
+                j.busy = False
+        run(w, gov, 1)
+        res = watch.check(known, "kill", w.now_us / 1e6)
+        found += res.found
+        if i >= start:
+            for (job, _), b in res.busy.items():
+                billed[job] += b
+    return found, billed
+
+
+@pytest.mark.parametrize("procs", ["busiest", "each"])
+def test_the_violation_watch_and_the_bills_take_the_split_not_nvmls_names(procs: str) -> None:
+    """The daemon's violation watch reads NVML itself and splits each window
+    as the governor does: two honest hooked jobs at 30/60, while NVML names
+    the 60 % one with the whole GPU's time every period, are never taken for
+    an overrun over a minute, and each is billed its own GPU time."""
+    # pids no Linux process can have (above the kernel's 2^22 limit)
+    a, b = Job("1", 5_000_101, 30), Job("2", 5_000_102, 60)
+    w = World([a, b], procs=procs)
+    n = settled(PERIOD_FAST_US)
+    found, billed = _watched(w, governor(w), [a, b], 600, n)
+    assert found == []
+    ran = {j.job_id: sum(j.got[n + 1:]) * TICK for j in (a, b)}
+    for job in billed:
+        assert billed[job] == pytest.approx(ran[job], rel=0.05), (billed, ran)
+
+
+def test_jobs_of_other_kernels_are_billed_their_own_time_once_probed() -> None:
+    """Three jobs of 50 us, 500 us and 5 ms kernels start together where NVML
+    names one process a period: until the probes have learnt their costs the
+    gates and the split rest on a guess (each launch alike). None is taken
+    for an overrun meanwhile; once the costs are known each is billed what
+    it ran."""
+    jobs = [Job("1", 5_000_201, 20, cost_s=50e-6), Job("2", 5_000_202, 30, cost_s=500e-6),
+            Job("3", 5_000_203, 50, cost_s=5e-3)]
+    w = World(jobs, procs="busiest")
+    n = probed(PERIOD_FAST_US, 3)
+    found, billed = _watched(w, governor(w), jobs, n + 60, n)
+    assert found == []
+    ran = {j.job_id: sum(j.got[n + 1:]) * TICK for j in jobs}
+    for job in billed:
+        assert billed[job] == pytest.approx(ran[job], rel=0.05), (billed, ran)

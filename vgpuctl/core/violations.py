@@ -132,6 +132,10 @@ class Window:
     start: float            # seconds (NVML's clock)
     end: float
     busy: Mapping[int, float]   # pid -> GPU-busy seconds in the window
+    # Split while the governor was still learning a job's cost (NVML names
+    # one process a period): the gates rested on a guess then, and what a
+    # gated process used beyond its share is the guess's, not the job's.
+    learning: bool = False
 
     @property
     def duration(self) -> float:
@@ -339,6 +343,8 @@ class Checker:
             share = self._share_in_force(key, w.end)
             busy = min(per_job.get(lim.job_id, 0.0), dt)
             free = ungated.get(lim.job_id, 0.0)
+            if w.learning:
+                busy = min(busy, free)      # only what went through no gate
             self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(share), free)
             self._raw.setdefault(key, _Use()).add(w.end, dt, busy, share)
             b, s, u = sums.get(lim.uid, (0.0, 0.0, 0.0))

@@ -199,9 +199,15 @@ class Daemon:
         self.sup = sup
         self._start_compute(loop)
         # The watch reads NVML's per-process utilization with a sampler of
-        # its own (NVML answers each reader from its own last-seen time).
-        self.watch = Watch(nvml.snapshot, Sampler(nvml.module).read
-                           if self.governor is not None else None)
+        # its own (NVML answers each reader from its own last-seen time),
+        # each window's busy time attributed as the governor does (where
+        # NVML names one process a sample period, by the jobs' hooks).
+        gov = self.governor
+        if gov is not None:
+            self.watch = Watch(nvml.snapshot, Sampler(nvml.module).read,
+                               processes=gov.note_processes, split=gov.split_window)
+        else:
+            self.watch = Watch(nvml.snapshot, None)
         self._start_accounting(store)
         sup.on_config = self._config_changed
         sup.table.on_end.append(lambda job: self._job_ended(job.id))
@@ -397,7 +403,8 @@ class Daemon:
                                                [g.uuid for g in sup.gpus])
             if inputs:
                 sup.gates.apply(inputs, gates)
-                sup.priority.observe(self.governor.windows, self.governor.wall_s())
+                sup.priority.observe(self.governor.windows, self.governor.wall_s(),
+                                     self.governor.splits_per_process)
         if inputs:
             sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),

@@ -36,6 +36,13 @@ log = logging.getLogger("vgpuctl.daemon")
 MAX_COST_S = 10.0
 # Launches per second no hook counts more of (as the governor's clamp).
 MAX_LAUNCH_RATE = 2_000_000
+# Half-life of a cost's average on a GPU whose NVML is not known to split
+# busy time per process: one that names one process a sample period (an
+# H100) gives a job a whole period or nothing, and a job on the GPU a fifth
+# of the time is named in a fifth of the periods. Averaged over 0.4 s (two
+# 200 ms periods) its cost read 0 to 2.6 times the truth; over 10 s, 0.7 to
+# 1.3 (5th to 95th percentile, after a minute; 0.4 to 1.5 in its first 8 s).
+ONE_PROCESS_HALFLIFE_S = 10.0
 
 
 @dataclass
@@ -110,10 +117,14 @@ class Priorities:
             del self._written[key]
 
     # -- launch costs --------------------------------------------------------------
-    def observe(self, windows: Mapping[str, Any], wall_s: float) -> None:
+    def observe(self, windows: Mapping[str, Any], wall_s: float,
+                per_process: Callable[[str], bool] | None = None) -> None:
         """One tick: each job that signals or is held, its launches so far
         (from its signal) and its busy time in the GPU's new NVML window
-        (windows: uuid -> the governor's new Window, or absent)."""
+        (windows: uuid -> the governor's new Window, or absent).
+        per_process(uuid): whether that GPU's NVML is known to split busy
+        time per process (None: every GPU's is); elsewhere a cost is
+        averaged over ONE_PROCESS_HALFLIFE_S."""
         seen = set()
         for job in self._table:
             if job.region is None or job.rec.region_error is not None:
@@ -129,6 +140,9 @@ class Priorities:
                 key = (job.id, uuids[i])
                 seen.add(key)
                 c = self._costs.setdefault(key, _Cost())
+                own = per_process is None or per_process(uuids[i])
+                c.cost.halflife_s = (prio.LaunchCost.halflife_s if own
+                                     else ONE_PROCESS_HALFLIFE_S)
                 if counts is not None and i < len(counts):
                     self._count(c, counts[i], wall_s)
                 w = windows.get(uuids[i])

@@ -109,14 +109,22 @@ class Result:
 
 
 Utilization = Callable[[str], Any]   # uuid -> a sampler Window (or None)
+# (the pids that loaded the hook, or None; per GPU the pids on it without it)
+Processes = Callable[[frozenset[int] | None, dict[str, frozenset[int]]], None]
+# uuid, a sampler Window -> (the window split among the processes that ran,
+# whether that split is settled: every job's cost known)
+Split = Callable[[str, Any], tuple[Any, bool]]
 
 
 class Watch:
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
                  utilization: Utilization | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 processes: Processes | None = None, split: Split | None = None) -> None:
         self._snapshot = snapshot
         self._utilization = utilization
+        self._processes = processes
+        self._split = split
         self._clock = clock
         self._checker = Checker()
         # pid -> (its start time, its job, when NVML last listed it)
@@ -130,7 +138,14 @@ class Watch:
         stats = self._snapshot()
         mono = self._clock()
         memory = {s.uuid: dict(s.processes) for s in stats}
-        windows = self._windows(stats)
+        if self._processes is not None:
+            # Whose a window's busy time is, where NVML names one process a
+            # sample period, depends on which processes loaded the hook.
+            hooked = frozenset(known.hooked) if known.hooked is not None else None
+            self._processes(hooked, {s.uuid: frozenset(p for p in s.processes
+                                                       if hooked is None or p not in hooked)
+                                     for s in stats})
+        windows = self._windows(stats, now)
         owner: dict[tuple[str, int], str | None] = {}
         jobs = {lim.job_id for lim in known.limits}
         pids = {(s.uuid, p) for s in stats for p in s.processes}
@@ -166,7 +181,11 @@ class Watch:
         return res
 
     # -- NVML's windows ------------------------------------------------------------
-    def _windows(self, stats: list[GpuStats]) -> list[Window]:
+    def _windows(self, stats: list[GpuStats], now: float) -> list[Window]:
+        """NVML's new windows, each split among the processes that ran (where
+        NVML names one process a sample period, by the jobs' gates, `split`).
+        A window split while a job's cost was still being learnt is marked:
+        its gates rested on a guess then (docs/compute.md)."""
         if self._utilization is None:
             return []
         out = []
@@ -178,10 +197,17 @@ class Watch:
                 continue
             if w is None or w.duration_s <= 0:
                 continue
+            learning = False
+            if self._split is not None:
+                try:
+                    w, settled = self._split(s.uuid, w)
+                    learning = not settled
+                except Exception as e:  # noqa: BLE001 - taken as NVML gave it
+                    log.debug("splitting a window of %s: %s", s.uuid, e)
             # A coarse window (several sample periods in one read) only
             # bounds the busy time: take its lower bound.
             busy = w.low_s if w.low_s is not None else w.busy_s
-            out.append(Window(s.uuid, w.start_s, w.end_s, dict(busy)))
+            out.append(Window(s.uuid, w.start_s, w.end_s, dict(busy), learning))
         return out
 
     # -- attribution ---------------------------------------------------------------

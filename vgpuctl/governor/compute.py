@@ -4,18 +4,21 @@ of the hook's token bucket, from NVML's per-process utilization.
 The daemon calls `ComputeGovernor.tick` every tick (~100 ms) with every job
 on every GPU and writes each returned `Gate` into the job's region. The
 arithmetic lives in `vgpuctl.core.controller` (pure); NVML reading in
-`vgpuctl.governor.sampler`; this module is the thin layer between them. See
-docs/compute.md.
+`vgpuctl.governor.sampler`; whose busy time a window's is, where NVML does
+not say, in `vgpuctl.core.attribution`; this module is the thin layer
+between them. See docs/compute.md.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vgpuctl.core import attribution
 from vgpuctl.core import controller as ctl
 from vgpuctl.errors import NvmlUnavailable
 from vgpuctl.governor.sampler import Sampler, Window
@@ -31,6 +34,43 @@ MAX_LAUNCH_RATE = 2_000_000
 # A job first seen this soon after its region was made has its history
 # start at the region's making (_start_history).
 START_HISTORY_S = 1.0
+# Evidence for a job's cost: each window whose busy time was its own counts
+# in proportion to the job's share of it, fully from OWN_SHARE (NVML's whole
+# percents are then a small part of it); certainty 1 - e^(-2 x evidence).
+# It fades with this half-life (its kernels may change), faster while the
+# claims miss the device's busy time by more than DRIFT (a share of them).
+OWN_SHARE = 0.2
+CERTAIN_HALFLIFE_S = 300.0
+DRIFT = 0.1
+DRIFT_WEIGHT = 0.1      # of a window in the running miss
+DRIFT_FORGET = 0.5
+# Probes (where NVML names one process a period, two to MAX_PROBED jobs are
+# active on the GPU, and one's cost is uncertain): the others are held for a
+# whole sample period, so that it runs alone and its cost is learnt as its
+# own; from LEAD_S before a period starts (for queued work to end); then
+# none on the GPU for PROBE_GAP periods (the windows after it tell the
+# costs of the others).
+LEAD_S = 0.05
+SETTLE_S = 0.2          # a job gated or let go is steady again after this
+POOL = 0.1              # costs this close are the same cost
+PROBE_GAP = 3.0
+PROBE_AFTER = 3.0       # periods a job is gated before it may be probed
+PROBE_PERIODS = 1       # periods a probe lasts
+# Before probing: whether the split by launches at the costs assumed agrees
+# with which process NVML names. Over ALIKE_WINDOWS one-period windows, each
+# job's count of periods named against its part of the split; a chi-square
+# under ALIKE_CHI per degree of freedom: the costs assumed hold (jobs of one
+# program), and are taken as learnt; above it, the jobs are probed.
+ALIKE_WINDOWS = 15
+ALIKE_CHI = 4.0
+# ...and probed after DIFFER_WINDOWS already, where they disagree by three
+# times as much.
+DIFFER_WINDOWS = 5
+MAX_PROBED = 4
+# A job's state is kept this long after it ended (the watch's window of the
+# tick may still hold some of its busy time).
+GONE_S = 2.0
+
 
 
 @dataclass
@@ -70,6 +110,15 @@ class _State:
     last_now: float | None = None
     last_active: float | None = None
     measured: float = 0.0
+    pids: frozenset[int] = frozenset()
+    own: float = 0.0            # evidence from windows whose busy time was its own...
+    own_busy: float = 0.0       # ...their busy seconds and launches (faded alike): the
+    own_launches: float = 0.0   # cost per launch they show
+    own_at: float | None = None  # ...decayed from this wall time
+    held_from: float = 0.0      # wall times: held for a probe from...
+    held_until: float | None = None  # ...until
+    held_end: float = 0.0       # ...when the last hold ended
+    assumed: bool = False       # its cost is the split's assumption, agreed by NVML's names
 
 
 def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
@@ -117,7 +166,23 @@ class ComputeGovernor:
         self._states: dict[tuple[str, str], _State] = {}
         self._capacity: dict[str, ctl.Capacity] = {}
         self._scale = _token_scale()
-        # each GPU's NVML window read this tick (None: none new)
+        # Per GPU: its NVML splits busy time per process (seen once: a
+        # one-period window listing two processes); the processes that
+        # loaded the hook, and those on the GPU without it (the watch's).
+        self._per_process: dict[str, bool] = {}
+        self._hooked: frozenset[int] | None = None
+        self._unhooked: dict[str, frozenset[int]] = {}
+        self._one: dict[str, bool] = {}             # ...or names one process a period
+        self._grid: dict[str, float] = {}           # a sample period's end (wall s)
+        self._gone: dict[tuple[str, str], tuple[_State, float]] = {}   # ended: (state, when)
+        # per GPU: per job [part of the split, periods named] over one-period
+        # windows while some cost is uncertain; and whether they disagreed
+        self._naming: dict[str, dict[str, list[float]]] = {}
+        self._differ: dict[str, bool] = {}
+        self._next_probe: dict[str, float] = {}     # no probe before (wall s)
+        self._miss: dict[str, float] = {}           # running miss of the known costs (+ under)
+        # each GPU's NVML window read this tick, split among the jobs (None:
+        # none new)
         self.windows: dict[str, Window | None] = {}
 
     def close(self) -> None:
@@ -141,6 +206,178 @@ class ComputeGovernor:
         """Each pid's share of this GPU in the newest NVML window."""
         return self._sampler.last_shares(uuid)
 
+    def note_processes(self, hooked: frozenset[int] | None,
+                       unhooked: dict[str, frozenset[int]]) -> None:
+        """From the violation watch: the pids that loaded the hook (in a slot
+        of their job's region), and per GPU those on it without it."""
+        self._hooked = hooked
+        self._unhooked = dict(unhooked)
+
+    def splits_per_process(self, uuid: str) -> bool:
+        """Whether this GPU's NVML has been seen to split busy time per
+        process (a one-period window listing two processes busy)."""
+        return self._per_process.get(uuid, False)
+
+    def attribute(self, uuid: str, window: Window | None) -> Window | None:
+        """The window with each pid's busy time its own: NVML's split where
+        it splits per process, else the device's busy time split by what
+        the jobs' hooks account (vgpuctl.core.attribution)."""
+        if window is None:
+            return None
+        return self._attribute(uuid, window, learn=False)[0]
+
+    def split_window(self, uuid: str, window: Window) -> tuple[Window, bool]:
+        """For the violation watch's windows, which it reads itself: the
+        window attributed, and whether that split is settled (NVML splits
+        per process, or every job that launched has a certain cost)."""
+        w, _, settled = self._attribute(uuid, window, learn=False)
+        return w, settled
+
+    def _attribute(self, uuid: str, window: Window,
+                   learn: bool) -> tuple[Window, frozenset[str], bool]:
+        """The window attributed, the jobs whose busy time in it is NVML's
+        own figure, and whether the split is settled."""
+        if (not window.coarse and window.periods <= 1.5
+                and sum(1 for b in window.busy_s.values() if b > 0) >= 2):
+            self._per_process[uuid] = True      # one-process-a-period drivers never do
+        d = window.duration_s
+        claims: list[attribution.Claim] = []
+        # (with the jobs that ended since the window began: it holds some of
+        # their busy time too)
+        states = {k: st for k, st in self._states.items() if k[1] == uuid}
+        for k, (st, gone_at) in self._gone.items():
+            if k[1] == uuid and k not in states and window.start_s < gone_at:
+                states[k] = st
+        pooled = _pooled_costs({k[0]: st for k, st in states.items()})
+        for (job_id, _), st in states.items():
+            loop = st.loop
+            launches = allowed = None
+            if loop.rate is not None:
+                # None where the window began before its gate counted its
+                # launches (it ran unseen: as an ungated job)
+                launches = st.history.between(window.start_s, window.end_s)
+                allowed = loop.rate * d
+            # (a cost not learnt from its own windows is not the job's: the
+            # split would keep whatever its first windows gave it; unknown,
+            # it claims at the known ones' cost, or all alike)
+            cost = pooled.get(job_id)
+            claims.append(attribution.Claim(job_id, st.pids, launches, cost,
+                                            _certainty(st, window.end_s), allowed))
+        if (learn and not window.coarse and window.periods <= 1.5
+                and sum(1 for b in window.busy_s.values() if b > 0) == 1
+                and sum(1 for c in claims if (c.launches or 0) >= 3) >= 2):
+            self._one[uuid] = True      # two jobs ran, one was named
+        res = attribution.split(window.busy_s, d, claims, self._per_process.get(uuid, False),
+                                self._hooked, self._unhooked.get(uuid, ()))
+        if learn and res.split:
+            self._compare_names(uuid, window, claims, res.busy)
+        # Learnt from steady windows only: no rate that counts jumped just
+        # before (what a job launched then runs now, or what it launches now
+        # runs later): the job's own, and where its part is the rest of the
+        # others' claims, theirs.
+        others_steady = all(states[(c.job_id, uuid)].loop.settle == 0
+                            for c in claims if c.launches)
+        if learn:
+            for job_id in res.own:
+                st = self._states.get((job_id, uuid))
+                if (st is None or st.loop.rate is None or not st.history.points
+                        or (res.split and not others_steady)
+                        or window.start_s < st.history.points[0][0] + SETTLE_S
+                        or window.start_s < st.held_end + SETTLE_S):
+                    # (just gated, or let go: what it launched before runs
+                    # now, or what it launches now runs later; no steady cost)
+                    continue
+                n = st.history.between(window.start_s, window.end_s)
+                if n and d > 0:
+                    _certainty(st, window.end_s)
+                    mine = sum(res.busy.get(p, 0.0) for p in st.pids)
+                    if st.assumed:
+                        st.own = st.own_busy = st.own_launches = 0.0
+                        st.assumed = False
+                    st.own += min(1.0, mine / d / OWN_SHARE)
+                    st.own_busy += mine
+                    st.own_launches += n
+                    log.debug("job %s on %s ran alone %.3f-%.3f: %.1f ms in %.1f launches",
+                              job_id, uuid, window.start_s, window.end_s, 1000 * mine, n)
+            miss = self._miss.get(uuid, 0.0)
+            calm = others_steady and all(
+                (st := states[(c.job_id, uuid)]).held_until is None
+                and window.start_s >= st.held_end + SETTLE_S for c in claims)
+            if res.split and calm:
+                miss += DRIFT_WEIGHT * (res.off - miss)
+                self._miss[uuid] = miss
+            if abs(miss) > DRIFT:
+                log.debug("costs on %s miss by %+.0f %%: learnt again", uuid, 100 * miss)
+                self._miss[uuid] = 0.0
+                # The costs no longer add up to what the device ran: some
+                # job's kernels changed. Its cost is to be learnt again.
+                for c in claims:
+                    st = self._states.get((c.job_id, uuid))
+                    if st is not None and c.launches:
+                        st.own *= DRIFT_FORGET
+                        st.own_busy *= DRIFT_FORGET
+                        st.own_launches *= DRIFT_FORGET
+        settled = (self._per_process.get(uuid, False) or not res.split
+                   or all(c.cost is not None and c.certainty >= attribution.CERTAIN
+                          for c in claims if c.launches))
+        if not res.split:
+            return window, res.own, settled
+        low = None
+        if window.low_s is not None:
+            hi, lo = sum(window.busy_s.values()), sum(window.low_s.values())
+            f = lo / hi if hi > 0 else 0.0
+            low = {p: b * f for p, b in res.busy.items()}
+        return replace(window, busy_s=res.busy, low_s=low), res.own, settled
+
+    def _compare_names(self, uuid: str, window: Window, claims: list[attribution.Claim],
+                       busy: dict[int, float]) -> None:
+        """Whether the costs the split assumes agree with the process NVML
+        named (a one-process-a-period NVML names the process on the GPU when
+        the period closes: each job about as often as its part of the
+        time). Agreeing over ALIKE_WINDOWS windows: the uncertain jobs' costs
+        are taken as learnt; disagreeing: they are to be probed."""
+        named = [p for p, b in window.busy_s.items() if b > 0]
+        active = [c for c in claims if c.launches is not None and c.launches >= 1.0]
+        # (costs not learnt from windows of their own: uncertain, or taken
+        # from an earlier agreement, which a later disagreement undoes)
+        doubtful = [c for c in active if c.cost is None or c.certainty < attribution.CERTAIN
+                    or ((st := self._states.get((c.job_id, uuid))) is not None and st.assumed)]
+        total = sum(busy.values())
+        if (window.coarse or window.periods > 1.5 or len(named) != 1 or len(active) < 2
+                or not doubtful or total <= 0):
+            return
+        tally = self._naming.setdefault(uuid, {})
+        for c in active:
+            t = tally.setdefault(c.job_id, [0.0, 0.0])
+            t[0] += sum(busy.get(p, 0.0) for p in c.pids) / total
+            t[1] += 1.0 if named[0] in c.pids else 0.0
+        n = sum(t[1] for t in tally.values())
+        chi = sum((o - e) ** 2 / e for e, o in tally.values() if e > 0)
+        bound = ALIKE_CHI * max(1, len(tally) - 1)
+        if n < ALIKE_WINDOWS and not (n >= DIFFER_WINDOWS and chi >= 3 * bound):
+            return
+        self._naming.pop(uuid, None)
+        if chi < bound:
+            # What the split assumed holds: each uncertain job's cost is its
+            # claim's, as if learnt from windows of its own (watched on).
+            for c in doubtful:
+                st = self._states.get((c.job_id, uuid))
+                if st is None or not c.launches or st.assumed:
+                    continue
+                mine = sum(busy.get(p, 0.0) for p in c.pids)
+                st.own, st.own_busy, st.own_launches = 1.0, mine, c.launches
+                st.own_at, st.assumed = window.end_s, True
+            log.debug("costs on %s agree with NVML's names (chi-square %.1f)", uuid, chi)
+        else:
+            for c in doubtful:
+                st = self._states.get((c.job_id, uuid))
+                if st is not None and st.assumed:
+                    st.own = st.own_busy = st.own_launches = 0.0
+                    st.assumed = False
+            self._differ[uuid] = True
+            log.debug("costs on %s disagree with NVML's names (chi-square %.1f): probes",
+                      uuid, chi)
+
     def tick(self, jobs: list[JobDevice], now: float,
              gpus: Iterable[str] = ()) -> dict[tuple[str, str], Gate]:
         """One control step for every (job, GPU); returns the gate of each,
@@ -157,6 +394,8 @@ class ComputeGovernor:
         for uuid, group in by_gpu.items():
             window = self._sampler.read(uuid)
             self.windows[uuid] = window
+            for j in group:
+                self._states.setdefault((j.job_id, j.uuid), _State()).pids = j.pids
             out.update(self._tick_gpu(group, window, now, wall_s))
         gang(out)
         watched = set(gpus)
@@ -164,10 +403,19 @@ class ComputeGovernor:
             self._sampler.read(uuid)        # only to keep its baseline current
         live = set(out)
         for key in [k for k in self._states if k not in live]:
-            del self._states[key]
+            self._gone[key] = (self._states.pop(key), wall_s)
+        for key in [k for k, (_, t) in self._gone.items() if wall_s - t > GONE_S]:
+            del self._gone[key]
         for uuid in list(self._capacity):
             if uuid not in by_gpu:
                 self._capacity.pop(uuid, None)
+                self._per_process.pop(uuid, None)
+                self._grid.pop(uuid, None)
+                self._one.pop(uuid, None)
+                self._miss.pop(uuid, None)
+                self._next_probe.pop(uuid, None)
+                self._naming.pop(uuid, None)
+                self._differ.pop(uuid, None)
         for uuid in self._sampler.gpus():
             if uuid not in by_gpu and uuid not in watched:
                 self._sampler.forget(uuid)
@@ -177,6 +425,15 @@ class ComputeGovernor:
                   wall_s: float) -> dict[tuple[str, str], Gate]:
         """One step for the jobs of one GPU, given its new NVML window."""
         seen = [self._observe(j, window, now, wall_s) for j in group]
+        if window is not None:
+            self._grid[group[0].uuid] = window.end_s
+            # Whose busy time it was, where NVML's entries don't say.
+            attributed, _, _ = self._attribute(group[0].uuid, window, learn=True)
+            if attributed is not window:
+                window = attributed
+                self.windows[group[0].uuid] = window
+                seen = [(c, self._remeasure(j, o, window))
+                        for j, (c, o) in zip(group, seen, strict=True)]
         capacity = self._capacity.setdefault(group[0].uuid, ctl.Capacity())
         if window is not None and window.duration_s > 0 and not window.coarse:
             util = sum(window.busy_s.values()) / window.duration_s
@@ -201,7 +458,58 @@ class ComputeGovernor:
                 # region's device counter: a window that overlaps ungated
                 # time has launches missing, so none of it may feed the cost.
                 st.history.points.clear()
+        self._probe(group[0].uuid, [c for c, _ in seen], gates, wall_s)
         return gates
+
+    def _probe(self, uuid: str, claims: list[ctl.Claim],
+               gates: dict[tuple[str, str], Gate], wall_s: float) -> None:
+        """Where NVML names one process a sample period and a gated job's
+        cost is uncertain beside others (two to MAX_PROBED active), hold the
+        others for a whole sample period (docs/compute.md, probes): its busy
+        time is then its own. Holds the gates of the jobs held (one launch
+        at most, then none) until the period is over."""
+        for key, g in gates.items():
+            st = self._states[key]
+            if st.held_until is not None and wall_s >= st.held_until:
+                st.held_until = None
+                st.held_end = wall_s
+            # held from the last tick before held_from (the next is too late)
+            if (st.held_until is not None and wall_s >= st.held_from - self.tick_s
+                    and g.throttle):
+                gates[key] = Gate(True, 1, self._scale, g.measured, g.target)
+        if (self._per_process.get(uuid, False) or not self._one.get(uuid, False)
+                or not self._differ.get(uuid, False)
+                or wall_s < self._next_probe.get(uuid, 0.0)):
+            return
+        period = self._sampler.period_s(uuid)
+        active = [c for c in claims
+                  if self._states[c.key].loop.rate is not None
+                  and (self._states[c.key].history.between(wall_s - IDLE_S, wall_s) or 0) > 0]
+        # (a job gated for a few periods only may learn its cost from the rest
+        # of the others' first: a probe holds them)
+        unsure = [c for c in active
+                  if _certainty(self._states[c.key], wall_s) < attribution.CERTAIN
+                  and self._states[c.key].history.points
+                  and self._states[c.key].history.points[0][0] <= wall_s - PROBE_AFTER * period]
+        grid = self._grid.get(uuid)
+        if not unsure or not 2 <= len(active) <= MAX_PROBED or grid is None:
+            return
+        # The first period that starts more than two ticks and LEAD_S from
+        # now: the hold is in place LEAD_S and a tick before it (the launch
+        # counts of the tick before it are then those of the held GPU), and
+        # its end.
+        k = math.ceil((wall_s + 2 * self.tick_s + LEAD_S - grid) / period)
+        start = grid + k * period
+        until = start + PROBE_PERIODS * period + LEAD_S
+        target = max(unsure, key=lambda c: (c.share, str(c.key)))
+        for c in active:
+            if c is target:
+                continue
+            st = self._states[c.key]
+            st.held_from, st.held_until = start - LEAD_S - self.tick_s, until
+        self._next_probe[uuid] = until + PROBE_GAP * period
+        log.debug("probe on %s: %s runs, %s held until %.3f", uuid, target.key[0],
+                  [c.key[0] for c in active if c is not target], until)
 
     def _observe(self, j: JobDevice, window: Window | None, now: float,
                  wall_s: float) -> tuple[ctl.Claim, ctl.Observation]:
@@ -269,6 +577,19 @@ class ComputeGovernor:
                               measured_low=measured_low)
         return claim, obs
 
+    def _remeasure(self, j: JobDevice, obs: ctl.Observation,
+                   window: Window) -> ctl.Observation:
+        """The job's observation from the attributed window."""
+        st = self._states[(j.job_id, j.uuid)]
+        measured = min(sum(window.share(p) for p in j.pids), 1.0)
+        low = busy = None
+        if window.coarse:
+            low = min(sum(window.share_low(p) for p in j.pids), measured)
+        else:
+            busy = sum(window.busy_s.get(p, 0.0) for p in j.pids)
+        st.measured = measured
+        return replace(obs, measured=measured, measured_low=low, busy_s=busy)
+
     def _held_back(self, claim: ctl.Claim, obs: ctl.Observation) -> bool:
         """Held back by the device: gated, active, below its target, and not
         using what its bucket allows."""
@@ -331,6 +652,41 @@ def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
         st.history.add(j.created - START_HISTORY_S, 0.0)
         st.history.add(j.created, 0.0)
     st.history.add(wall_s, st.count)
+
+
+def _pooled_costs(states: dict[str, _State]) -> dict[str, float]:
+    """Each job's cost per launch from the windows whose busy time was its
+    own; jobs whose costs are within POOL of each other (what one or two
+    windows of NVML's whole percents and of whole launches can tell apart)
+    are taken to cost alike, their pooled cost."""
+    own = sorted((st.own_busy / st.own_launches, j, st) for j, st in states.items()
+                 if st.own_launches > 0 and st.own_busy > 0)
+    out: dict[str, float] = {}
+    group: list[tuple[float, str, _State]] = []
+
+    def close() -> None:
+        if group:
+            c = (sum(g[2].own_busy for g in group) / sum(g[2].own_launches for g in group))
+            out.update({g[1]: c for g in group})
+    for item in own:
+        if group and item[0] > group[0][0] * (1.0 + POOL):
+            close()
+            group = []
+        group.append(item)
+    close()
+    return out
+
+
+def _certainty(st: _State, now: float) -> float:
+    """0..1: how much of a job's cost was learnt from windows whose busy time
+    was its own; its evidence decayed to now."""
+    if st.own_at is not None and now > st.own_at:
+        fade = 0.5 ** ((now - st.own_at) / CERTAIN_HALFLIFE_S)
+        st.own *= fade
+        st.own_busy *= fade
+        st.own_launches *= fade
+    st.own_at = now if st.own_at is None else max(st.own_at, now)
+    return 1.0 - math.exp(-2.0 * st.own)
 
 
 def _open_nvml() -> Any:

@@ -75,6 +75,7 @@ class SimStats:
     processes: list[ProcessStats]
     tags: list[TagStats]
     util_idle: str = "average"  # VGPU_SIM_UTIL_IDLE: idle periods averaged in or skipped
+    util_procs: str = "last"    # VGPU_SIM_UTIL_PROCS: which processes a period names
     timeslice_us: int = 0       # VGPU_SIM_TIMESLICE_US: time slice between processes
     switch_us: int = 0          # VGPU_SIM_SWITCH_US: what a switch costs
     ckpt_rate: int = 0          # VGPU_SIM_CKPT_RATE: checkpoint copies, bytes/s
@@ -105,6 +106,7 @@ def parse_stats(text: str) -> SimStats:
                    for p in d["processes"]],
         tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
         util_idle=d.get("util_idle", "average"),
+        util_procs=d.get("util_procs", "each"),
         timeslice_us=d.get("timeslice_us", 0), switch_us=d.get("switch_us", 0),
         ckpt_rate=d.get("checkpoint", {}).get("rate", 0),
         ckpt_pairs=d.get("checkpoint", {}).get("pairs", "checkpointed"),

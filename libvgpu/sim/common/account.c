@@ -95,8 +95,9 @@ void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes)
 }
 
 /* Add [start, end) of pid's kernel time to the utilization sample periods it
- * covers. Periods more than VGPU_SIM_PERIODS/2 ahead are not kept (a kernel
- * longer than that is counted up to there). */
+ * covers, and make pid the one that ran last in each. Periods more than
+ * VGPU_SIM_PERIODS/2 ahead are not kept (a kernel longer than that is
+ * counted up to there). */
 static void add_period_busy(struct vgpu_sim_state *s, struct vgpu_sim_device *d, int32_t pid,
                             uint64_t now, uint64_t start, uint64_t end)
 {
@@ -123,6 +124,8 @@ static void add_period_busy(struct vgpu_sim_state *s, struct vgpu_sim_device *d,
             per->n++;
         }
         per->e[i].busy_ns += busy;
+        /* Kernels are reserved in timeline order: this one runs last so far. */
+        per->last = i;
     }
 }
 

@@ -89,9 +89,13 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         sim_timeline_catch_up((int)d);
     put(&o, "{\"path\": ");
     put_string(&o, sim_state_path(path, sizeof path));
-    put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\"",
+    put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\", "
+            "\"util_procs\": \"%s\"",
         s->count, (unsigned long long)s->memory, (unsigned long long)(s->sample_ns / 1000000),
-        s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average");
+        s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average",
+        s->util_procs == VGPU_SIM_UTIL_PROCS_EACH      ? "each"
+        : s->util_procs == VGPU_SIM_UTIL_PROCS_BUSIEST ? "busiest"
+                                                       : "last");
     put(&o, ", \"checkpoint\": {\"rate\": %llu, \"pairs\": \"%s\", \"refused\": \"%s\"}",
         (unsigned long long)s->ckpt_rate,
         s->ckpt_flags & VGPU_SIM_CKPT_F_PAIRS_ALL ? "all" : "checkpointed",

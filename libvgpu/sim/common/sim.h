@@ -95,6 +95,9 @@ int sim_slot_alive(int i);
  * reused pid apart; 0 if the process is gone. */
 uint64_t sim_proc_start_time(int pid);
 
+/* pid is alive and holds a context or memory on device dev. Needs the lock. */
+int sim_proc_on_device(int dev, int32_t pid);
+
 /* Parse "2x16G" (count x size per GPU, the size as vgpu/size.h reads it);
  * 0 on success. */
 int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);

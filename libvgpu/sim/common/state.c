@@ -123,6 +123,25 @@ static uint32_t util_idle_from_env(int *given)
     return VGPU_SIM_UTIL_IDLE_AVERAGE;
 }
 
+/* VGPU_SIM_UTIL_PROCS: last (default), busiest or each; anything else is
+ * said once on stderr and read as the default. */
+static uint32_t util_procs_from_env(int *given)
+{
+    static const char *const names[] = {"last", "busiest", "each"};
+    const char *s = getenv("VGPU_SIM_UTIL_PROCS");
+    *given = 0;
+    if (!s || !*s)
+        return VGPU_SIM_UTIL_PROCS_LAST;
+    for (uint32_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *given = 1;
+            return i;
+        }
+    fprintf(stderr, "vgpu-sim: VGPU_SIM_UTIL_PROCS=%s: expected last, busiest or each; "
+                    "using last\n", s);
+    return VGPU_SIM_UTIL_PROCS_LAST;
+}
+
 /* The checkpoint settings: VGPU_SIM_CKPT_RATE (a size per second, default
  * SIM_DEFAULT_CKPT_RATE), VGPU_SIM_CKPT_PAIRS (checkpointed | all) and
  * VGPU_SIM_CKPT_REFUSED (failed | locked). A value not understood is said
@@ -307,6 +326,17 @@ static void reclaim_dead(struct vgpu_sim_state *s)
     }
 }
 
+int sim_proc_on_device(int dev, int32_t pid)
+{
+    struct vgpu_sim_state *s = sim_state();
+    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
+        const struct vgpu_sim_proc *p = &s->procs[i];
+        if (p->pid == pid)
+            return (p->contexts[dev] || p->used[dev]) && (is_self(i) || proc_alive(p, i));
+    }
+    return 0;
+}
+
 /* Live processes using the state, this one aside. */
 static int live_processes(struct vgpu_sim_state *s)
 {
@@ -442,9 +472,9 @@ void sim_unlock(void)
 /* ---- creating and mapping the file ---- */
 
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
-                       uint64_t sample_ns, uint32_t util_idle, uint64_t slice_ns,
-                       uint64_t switch_ns, uint64_t ckpt_rate, uint32_t ckpt_flags,
-                       const char *driver, int32_t cuda)
+                       uint64_t sample_ns, uint32_t util_idle, uint32_t util_procs,
+                       uint64_t slice_ns, uint64_t switch_ns, uint64_t ckpt_rate,
+                       uint32_t ckpt_flags, const char *driver, int32_t cuda)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -453,6 +483,7 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     s->memory = memory;
     s->sample_ns = sample_ns;
     s->util_idle = util_idle;
+    s->util_procs = util_procs;
     s->slice_ns = slice_ns;
     s->switch_ns = switch_ns;
     s->ckpt_rate = ckpt_rate;
@@ -539,6 +570,8 @@ static struct vgpu_sim_state *open_state(int as_is)
     uint64_t sample_ns = sample_ns_from_env(&sample_given);
     int idle_given;
     uint32_t util_idle = util_idle_from_env(&idle_given);
+    int procs_given;
+    uint32_t util_procs = util_procs_from_env(&procs_given);
     int ckpt_given;
     uint64_t ckpt_rate;
     uint32_t ckpt_flags;
@@ -579,11 +612,12 @@ static struct vgpu_sim_state *open_state(int as_is)
             return NULL;
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
-            init_state(s, count, memory, sample_ns, util_idle, slice_ns, switch_ns, ckpt_rate,
-                       ckpt_flags, driver, cuda);
+            init_state(s, count, memory, sample_ns, util_idle, util_procs, slice_ns, switch_ns,
+                       ckpt_rate, ckpt_flags, driver, cuda);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
                               (sample_given && s->sample_ns != sample_ns) ||
                               (idle_given && s->util_idle != util_idle) ||
+                              (procs_given && s->util_procs != util_procs) ||
                               (slice_given && s->slice_ns != slice_ns) ||
                               (switch_given && s->switch_ns != switch_ns) ||
                               (ckpt_given && (s->ckpt_rate != ckpt_rate ||

@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 6
+#define VGPU_SIM_LAYOUT 7
 #define VGPU_SIM_MAX_DEVICES 16
 #define VGPU_SIM_MAX_PROCS 256
 #define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
@@ -37,6 +37,15 @@
  * skipped. */
 #define VGPU_SIM_UTIL_IDLE_AVERAGE 0
 #define VGPU_SIM_UTIL_IDLE_SKIP 1
+
+/* Which processes a sample period's per-process utilization names
+ * (VGPU_SIM_UTIL_PROCS): one, the process whose work ran last in the period,
+ * with the whole device's utilization (what an H100 with driver 580 does);
+ * one, the process that ran most in it, with the same; or each process that
+ * ran, with its own busy time. */
+#define VGPU_SIM_UTIL_PROCS_LAST 0
+#define VGPU_SIM_UTIL_PROCS_BUSIEST 1
+#define VGPU_SIM_UTIL_PROCS_EACH 2
 
 /* One stretch of a device's timeline during which one process's kernels
  * ran (CLOCK_MONOTONIC ns); a kernel preempted at the end of a time slice
@@ -71,7 +80,7 @@ struct vgpu_sim_queue {
 struct vgpu_sim_period {
     uint64_t index; /* period number: start = index * sample_ns */
     uint32_t n;
-    uint32_t pad;
+    uint32_t last;  /* e[] index of the process whose kernel ran last in it */
     struct {
         int32_t pid;
         uint32_t pad;
@@ -176,7 +185,7 @@ struct vgpu_sim_state {
                                 (VGPU_SIM_CKPT_RATE) */
     char driver[32];         /* the driver version reported (VGPU_SIM_DRIVER) */
     int32_t cuda_version;    /* ...and the CUDA version it supports (13000) */
-    uint32_t pad1;
+    uint32_t util_procs;     /* VGPU_SIM_UTIL_PROCS_* */
     int64_t realtime_offset_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
     union {
         pthread_mutex_t lock;

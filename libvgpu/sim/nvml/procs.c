@@ -16,7 +16,9 @@
  * timeStamp the newest period it ran in, its smUtil its busy time averaged
  * over the window. Whether a period of the window in which it ran nothing
  * counts as a zero (average, the default) or not at all (skip) is
- * VGPU_SIM_UTIL_IDLE (docs/simulator.md says why average).
+ * VGPU_SIM_UTIL_IDLE (docs/simulator.md says why average). Which processes a
+ * period names is VGPU_SIM_UTIL_PROCS: by default one, with the device's
+ * whole utilization, as an H100 does (collect_util).
  */
 #include <string.h>
 
@@ -89,8 +91,47 @@ static unsigned long long period_end_us(const struct vgpu_sim_state *s, uint64_t
                                 1000);
 }
 
+/* Add a period's busy time to pid's account in acc[0..*n); ran: it ran in
+ * the period (a period of the window it is only named in, with nothing run,
+ * is one `skip` leaves out). hint: where pid was last time (processes tend
+ * to keep their place from period to period). */
+static void add_busy(struct util_acc *acc, unsigned int *n, unsigned int hint, int32_t pid,
+                     uint64_t busy, uint64_t idx, int ran)
+{
+    unsigned int j = hint < *n && acc[hint].pid == pid ? hint : 0;
+    while (j < *n && acc[j].pid != pid)
+        j++;
+    if (j == *n) {
+        if (*n == MAX_UTIL_PIDS)
+            return;
+        acc[(*n)++] = (struct util_acc){.pid = pid};
+    }
+    acc[j].periods += (uint32_t)(ran != 0);
+    acc[j].busy_ns += busy;
+    acc[j].newest = idx;
+}
+
+/* Needs the lock. The process a period names in the one-process modes: the
+ * one whose kernel ran last in it, or (busiest) the one that ran most. */
+static int32_t named_process(const struct vgpu_sim_state *s, const struct vgpu_sim_period *per)
+{
+    uint32_t k = per->last < per->n ? per->last : 0;
+    if (s->util_procs == VGPU_SIM_UTIL_PROCS_BUSIEST)
+        for (uint32_t i = 0; i < per->n; i++)
+            if (per->e[i].busy_ns > per->e[k].busy_ns)
+                k = i;
+    return per->e[k].pid;
+}
+
 /* The entries newer than last_seen on dev, into out (MAX_UTIL_PIDS); returns
- * how many. */
+ * how many.
+ *
+ * VGPU_SIM_UTIL_PROCS=each: every process that ran in a period of the window
+ * has its own busy time there. last or busiest (one process per period, as
+ * an H100 answers): a period names one process, with the busy time of every
+ * process that ran in it, the device's; a period in which nothing ran names
+ * the process named before, with nothing, while it still has a context on
+ * the device (an H100 lists an idle process at 0). */
 static unsigned int collect_util(int dev, unsigned long long last_seen, struct util_entry *out)
 {
     static __thread struct util_acc acc[MAX_UTIL_PIDS];
@@ -98,38 +139,43 @@ static unsigned int collect_util(int dev, unsigned long long last_seen, struct u
     uint64_t P = s->sample_ns;
     unsigned int n = 0;
     uint64_t window = 0; /* published periods newer than last_seen */
+    int one = s->util_procs != VGPU_SIM_UTIL_PROCS_EACH;
+    int32_t carry = 0;   /* one: the process the latest period named */
     sim_lock(0);
     sim_timeline_catch_up(dev);
     uint64_t now = sim_now_ns();
     uint64_t pub_idx = now > SIM_SAMPLE_LAG_NS ? (now - SIM_SAMPLE_LAG_NS) / P : 0;
     uint64_t first = pub_idx > VGPU_SIM_PERIODS / 2 ? pub_idx - VGPU_SIM_PERIODS / 2 : 0;
     for (uint64_t idx = first; idx < pub_idx; idx++) {
-        if (period_end_us(s, idx) <= last_seen)
-            continue;
-        window++;
+        int in = period_end_us(s, idx) > last_seen;
+        window += (uint64_t)in;
         const struct vgpu_sim_period *per = &s->dev[dev].periods[idx % VGPU_SIM_PERIODS];
-        if (per->index != idx)
-            continue; /* nobody ran in it */
-        for (uint32_t i = 0; i < per->n; i++) {
-            /* processes tend to keep their place from one period to the next */
-            unsigned int j = i < n && acc[i].pid == per->e[i].pid ? i : 0;
-            while (j < n && acc[j].pid != per->e[i].pid)
-                j++;
-            if (j == n) {
-                if (n == MAX_UTIL_PIDS)
-                    continue;
-                acc[n++] = (struct util_acc){.pid = per->e[i].pid};
-            }
-            acc[j].periods++;
-            acc[j].busy_ns += per->e[i].busy_ns;
-            acc[j].newest = idx;
+        int ran = per->index == idx && per->n > 0;
+        if (!one) {
+            for (uint32_t i = 0; in && ran && i < per->n; i++)
+                add_busy(acc, &n, i, per->e[i].pid, per->e[i].busy_ns, idx, 1);
+            continue;
         }
+        uint64_t busy = 0;
+        if (ran) {
+            carry = named_process(s, per);
+            for (uint32_t i = 0; i < per->n; i++)
+                busy += per->e[i].busy_ns;
+            if (busy > P)
+                busy = P;
+        } else if (carry && !sim_proc_on_device(dev, carry)) {
+            carry = 0;
+        }
+        if (in && carry)
+            add_busy(acc, &n, 0, carry, busy, idx, ran);
     }
     int skip = s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP;
     for (unsigned int j = 0; j < n; j++)
         out[j] = (struct util_entry){
             .pid = (unsigned int)acc[j].pid,
-            .sm = percent(acc[j].busy_ns, (skip ? acc[j].periods : window) * P),
+            .sm = skip && acc[j].periods == 0
+                      ? 0
+                      : percent(acc[j].busy_ns, (skip ? acc[j].periods : window) * P),
             .ts = period_end_us(s, acc[j].newest),
         };
     sim_unlock();

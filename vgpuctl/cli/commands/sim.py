@@ -51,9 +51,12 @@ def stats(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st.to_json()))
         return
+    names = {"last": "one process a period (the last to run)",
+             "busiest": "one process a period (the busiest)", "each": "each process"}
     click.echo(f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms, "
                f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}, "
-               f"time slice {st.timeslice_us} us, switch {st.switch_us} us")
+               f"time slice {st.timeslice_us} us, switch {st.switch_us} us, "
+               f"utilization of {names.get(st.util_procs, st.util_procs)}")
     if st.nvml_error_count:
         left = "until cleared" if st.nvml_error_count < 0 else f"{st.nvml_error_count} more"
         click.echo(f"fault: NVML calls return {st.nvml_error} ({left})")
