@@ -13,9 +13,12 @@ PERIOD_FAST_US = 166_667       # 1/6 s: the shortest sample period NVIDIA docume
 PERIOD_SLOW_US = 1_000_000     # 1 s: the longest
 IDLE_TREATMENTS = ("average", "skip")
 # Which processes a period names: each that ran, with its own busy time; or
-# one, with the device's (an H100 with driver 580), here the busiest of the
-# period: the reading that misleads the most.
-PROCS = ("each", "busiest")
+# one, with the device's (an H100 with driver 580): the busiest of the
+# period (the reading that misleads the most about shares), or the one that
+# ran the most kernels in it (names that follow the launches, not the time:
+# whatever the jobs' costs, they agree with a split that takes every launch
+# to cost alike).
+PROCS = ("each", "busiest", "kernels")
 
 
 class NVMLError(Exception):
@@ -47,7 +50,8 @@ class UtilBuffer:
     window, those it ran nothing in as zeros) or of only the periods it ran in
     (``idle="skip"``); NVML_ERROR_NOT_FOUND when nobody ran. With
     ``procs="busiest"`` a period names one pid, its busiest, with the busy
-    time of every pid of the period (the device's)."""
+    time of every pid of the period (the device's); with ``procs="kernels"``
+    the pid that ran the most kernels in it (`run`'s ``kernels``)."""
 
     def __init__(self, period_us: int = PERIOD_FAST_US, idle: str = "average",
                  keep: int = 32, procs: str = "each") -> None:
@@ -57,6 +61,7 @@ class UtilBuffer:
         self.procs = procs
         self.keep = keep
         self.busy: dict[int, dict[int, float]] = {}     # period -> pid -> busy us
+        self.kernels: dict[int, dict[int, float]] = {}  # period -> pid -> kernels run
         self.published = 0                               # periods [0, published) closed
         self.extra: list[Sample] = []                    # odd entries a driver adds to
                                                          # every answer
@@ -65,9 +70,12 @@ class UtilBuffer:
         """The timestamp of period k (its end)."""
         return T0 + (k + 1) * self.period_us
 
-    def run(self, pid: int, start_us: float, end_us: float, share: float = 1.0) -> None:
-        """pid was busy `share` of the time between start_us and end_us."""
+    def run(self, pid: int, start_us: float, end_us: float, share: float = 1.0,
+            kernels: float = 1.0) -> None:
+        """pid was busy `share` of the time between start_us and end_us,
+        running ``kernels`` kernels (spread evenly over it)."""
         P = self.period_us
+        span = max(end_us - start_us, 1e-9)
         k = int((start_us - T0) // P)
         while True:
             a, b = T0 + k * P, T0 + (k + 1) * P
@@ -76,6 +84,8 @@ class UtilBuffer:
                 break
             per = self.busy.setdefault(k, {})
             per[pid] = per.get(pid, 0.0) + share * (hi - lo)
+            ran = self.kernels.setdefault(k, {})
+            ran[pid] = ran.get(pid, 0.0) + kernels * (hi - lo) / span
             k += 1
 
     def period(self, k: int, utils: dict[int, float]) -> None:
@@ -94,8 +104,12 @@ class UtilBuffer:
         acc: dict[int, list[float]] = {}                # pid -> [busy, periods, newest]
         for k in ks:
             per = self.busy.get(k, {})
-            if self.procs == "busiest" and per:
-                top = max(per, key=lambda p: (per[p], -p))
+            if self.procs != "each" and per:
+                ran = self.kernels.get(k, {})
+                if self.procs == "kernels":
+                    top = max(per, key=lambda p: (ran.get(p, 0.0), -p))
+                else:
+                    top = max(per, key=lambda p: (per[p], -p))
                 per = {top: min(sum(per.values()), float(self.period_us))}
             for pid, b in per.items():
                 if b <= 0:

@@ -145,6 +145,8 @@ class ShareLoop:
     life_s: float | None = None     # seconds since the job's first launch (None: none yet)...
     life_launches: float = 0.0      # ...and its launches since
     catching_up: bool = True        # its start may still be made up (catch_up_s)
+    catch_until: float = 0.0        # ...or until this far into its life (a hold for a
+                                    # probe, made up after it: catch_up_after)
     owing: bool = False             # last step it was making up its start
     window_s: float | None = None   # the shortest measurement window seen
 
@@ -346,7 +348,19 @@ def catch_up_by(loop: ShareLoop, gains: Gains) -> float:
     """How long after its first launch a job's start is made up by:
     catch_up_s, or catch_up_periods of NVML's sample period if that is
     longer (the first cost can't come before the first period closes)."""
-    return max(gains.catch_up_s, gains.catch_up_periods * (loop.window_s or 0.0))
+    return max(gains.catch_up_s, gains.catch_up_periods * (loop.window_s or 0.0),
+               loop.catch_until)
+
+
+def catch_up_after(loop: ShareLoop, seconds: float) -> None:
+    """The job was held back (a probe held it for a sample period, docs/
+    compute.md): what that left it short of its share over its life is made
+    up as a start is, within the next ``seconds``, with GPU time no share
+    claims (start_room) only."""
+    if loop.life_s is None:
+        return
+    loop.catching_up = True
+    loop.catch_until = loop.life_s + seconds
 
 
 def _certain_error(target: float, measured: float, low: float | None) -> float:

@@ -39,7 +39,7 @@ START_HISTORY_S = 1.0
 # percents are then a small part of it); certainty 1 - e^(-2 x evidence).
 # It fades with this half-life (its kernels may change), faster while the
 # claims miss the device's busy time by more than DRIFT (a share of them).
-OWN_SHARE = 0.2
+OWN_SHARE = 0.1
 CERTAIN_HALFLIFE_S = 300.0
 DRIFT = 0.1
 DRIFT_WEIGHT = 0.1      # of a window in the running miss
@@ -53,19 +53,19 @@ DRIFT_FORGET = 0.5
 LEAD_S = 0.05
 SETTLE_S = 0.2          # a job gated or let go is steady again after this
 POOL = 0.1              # costs this close are the same cost
-PROBE_GAP = 3.0
-PROBE_AFTER = 3.0       # periods a job is gated before it may be probed
+PROBE_GAP = 6.0
+PROBE_GAP_MANY = 1.0    # ...or this, while two or more others are uncertain
+PROBE_AFTER = 3.0       # periods a job is gated before it may be probed...
+PROBE_ALONE_AFTER = 12.0  # ...or, the only uncertain one, before it is (its part
+                        # too small to learn its cost from the rest)
+PROBE_ALONE_MAX_S = 4.0   # (at most this long: a job's launch history keeps 5 s)
 PROBE_PERIODS = 1       # periods a probe lasts
-# Before probing: whether the split by launches at the costs assumed agrees
-# with which process NVML names. Over ALIKE_WINDOWS one-period windows, each
-# job's count of periods named against its part of the split; a chi-square
-# under ALIKE_CHI per degree of freedom: the costs assumed hold (jobs of one
-# program), and are taken as learnt; above it, the jobs are probed.
-ALIKE_WINDOWS = 15
-ALIKE_CHI = 4.0
-# ...and probed after DIFFER_WINDOWS already, where they disagree by three
-# times as much.
-DIFFER_WINDOWS = 5
+# A part left by the others' claims is a job's cost only this many sample
+# periods after any hold there ended (what the jobs held had queued runs
+# then, and the GPU is full), and while none makes up a hold.
+RESIDUAL_CALM = 3.0
+MAKE_UP_S = 3.0         # a job held for a probe makes it up within this, with
+                        # GPU time no share claims
 MAX_PROBED = 4
 # A job's state is kept this long after it ended (the watch's window of the
 # tick may still hold some of its busy time).
@@ -118,7 +118,9 @@ class _State:
     held_from: float = 0.0      # wall times: held for a probe from...
     held_until: float | None = None  # ...until
     held_end: float = 0.0       # ...when the last hold ended
-    assumed: bool = False       # its cost is the split's assumption, agreed by NVML's names
+    pinned_from: float = 0.0    # wall times: the job probed runs at its gate of
+    pinned_until: float | None = None  # the probe's start from... until
+    gate: Gate | None = None    # its gate of the last tick
 
 
 def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
@@ -175,10 +177,10 @@ class ComputeGovernor:
         self._one: dict[str, bool] = {}             # ...or names one process a period
         self._grid: dict[str, float] = {}           # a sample period's end (wall s)
         self._gone: dict[tuple[str, str], tuple[_State, float]] = {}   # ended: (state, when)
-        # per GPU: per job [part of the split, periods named] over one-period
-        # windows while some cost is uncertain; and whether they disagreed
-        self._naming: dict[str, dict[str, list[float]]] = {}
-        self._differ: dict[str, bool] = {}
+        # per GPU: the sample period a probe runs a job alone in (wall s):
+        # the window before it, in which the others' queued work ended, is
+        # not the job's alone
+        self._probing: dict[str, float] = {}
         self._next_probe: dict[str, float] = {}     # no probe before (wall s)
         self._miss: dict[str, float] = {}           # running miss of the known costs (+ under)
         # each GPU's NVML window read this tick, split among the jobs (None:
@@ -269,8 +271,6 @@ class ComputeGovernor:
             self._one[uuid] = True      # two jobs ran, one was named
         res = attribution.split(window.busy_s, d, claims, self._per_process.get(uuid, False),
                                 self._hooked, self._unhooked.get(uuid, ()))
-        if learn and res.split:
-            self._compare_names(uuid, window, claims, res.busy)
         # Learnt from steady windows only: no rate that counts jumped just
         # before (what a job launched then runs now, or what it launches now
         # runs later): the job's own, and where its part is the rest of the
@@ -278,27 +278,37 @@ class ComputeGovernor:
         others_steady = all(states[(c.job_id, uuid)].loop.settle == 0
                             for c in claims if c.launches)
         if learn:
+            live = sum(1 for k in self._states if k[1] == uuid)
+            # a part left by the others is the job's once the queues a hold
+            # or a making up left have run out: RESIDUAL_CALM periods after
+            # every hold there, none making up
+            period = self._sampler.period_s(uuid)
+            calm_rest = all(
+                window.start_s >= (st2 := states[(c.job_id, uuid)]).held_end
+                + RESIDUAL_CALM * period and not st2.loop.owing
+                for c in claims if (c.job_id, uuid) in states)
             for job_id in res.own:
                 st = self._states.get((job_id, uuid))
                 if (st is None or st.loop.rate is None or not st.history.points
                         or (res.split and not others_steady)
+                        or (res.split and not calm_rest)
                         or window.start_s < st.history.points[0][0] + SETTLE_S
-                        or window.start_s < st.held_end + SETTLE_S):
+                        or window.start_s < st.held_end + SETTLE_S
+                        or self._lead_in(uuid, window)):
                     # (just gated, or let go: what it launched before runs
                     # now, or what it launches now runs later; no steady cost)
                     continue
                 n = st.history.between(window.start_s, window.end_s)
                 if n and d > 0:
-                    _certainty(st, window.end_s)
                     mine = sum(res.busy.get(p, 0.0) for p in st.pids)
-                    if st.assumed:
-                        st.own = st.own_busy = st.own_launches = 0.0
-                        st.assumed = False
+                    was = _certainty(st, window.end_s)
                     st.own += min(1.0, mine / d / OWN_SHARE)
                     st.own_busy += mine
                     st.own_launches += n
                     log.debug("job %s on %s ran alone %.3f-%.3f: %.1f ms in %.1f launches",
                               job_id, uuid, window.start_s, window.end_s, 1000 * mine, n)
+                    if live > 1:
+                        _adopt(st, was, window.end_s)
             miss = self._miss.get(uuid, 0.0)
             calm = others_steady and all(
                 (st := states[(c.job_id, uuid)]).held_until is None
@@ -329,54 +339,15 @@ class ComputeGovernor:
             low = {p: b * f for p, b in res.busy.items()}
         return replace(window, busy_s=res.busy, low_s=low), res.own, settled
 
-    def _compare_names(self, uuid: str, window: Window, claims: list[attribution.Claim],
-                       busy: dict[int, float]) -> None:
-        """Whether the costs the split assumes agree with the process NVML
-        named (a one-process-a-period NVML names the process on the GPU when
-        the period closes: each job about as often as its part of the
-        time). Agreeing over ALIKE_WINDOWS windows: the uncertain jobs' costs
-        are taken as learnt; disagreeing: they are to be probed."""
-        named = [p for p, b in window.busy_s.items() if b > 0]
-        active = [c for c in claims if c.launches is not None and c.launches >= 1.0]
-        # (costs not learnt from windows of their own: uncertain, or taken
-        # from an earlier agreement, which a later disagreement undoes)
-        doubtful = [c for c in active if c.cost is None or c.certainty < attribution.CERTAIN
-                    or ((st := self._states.get((c.job_id, uuid))) is not None and st.assumed)]
-        total = sum(busy.values())
-        if (window.coarse or window.periods > 1.5 or len(named) != 1 or len(active) < 2
-                or not doubtful or total <= 0):
-            return
-        tally = self._naming.setdefault(uuid, {})
-        for c in active:
-            t = tally.setdefault(c.job_id, [0.0, 0.0])
-            t[0] += sum(busy.get(p, 0.0) for p in c.pids) / total
-            t[1] += 1.0 if named[0] in c.pids else 0.0
-        n = sum(t[1] for t in tally.values())
-        chi = sum((o - e) ** 2 / e for e, o in tally.values() if e > 0)
-        bound = ALIKE_CHI * max(1, len(tally) - 1)
-        if n < ALIKE_WINDOWS and not (n >= DIFFER_WINDOWS and chi >= 3 * bound):
-            return
-        self._naming.pop(uuid, None)
-        if chi < bound:
-            # What the split assumed holds: each uncertain job's cost is its
-            # claim's, as if learnt from windows of its own (watched on).
-            for c in doubtful:
-                st = self._states.get((c.job_id, uuid))
-                if st is None or not c.launches or st.assumed:
-                    continue
-                mine = sum(busy.get(p, 0.0) for p in c.pids)
-                st.own, st.own_busy, st.own_launches = 1.0, mine, c.launches
-                st.own_at, st.assumed = window.end_s, True
-            log.debug("costs on %s agree with NVML's names (chi-square %.1f)", uuid, chi)
-        else:
-            for c in doubtful:
-                st = self._states.get((c.job_id, uuid))
-                if st is not None and st.assumed:
-                    st.own = st.own_busy = st.own_launches = 0.0
-                    st.assumed = False
-            self._differ[uuid] = True
-            log.debug("costs on %s disagree with NVML's names (chi-square %.1f): probes",
-                      uuid, chi)
+    def _lead_in(self, uuid: str, window: Window) -> bool:
+        """The window ends in a probe's lead-in: the jobs held have launched
+        nothing since a little before it, but what they had queued may have
+        run in it; it is nobody's alone."""
+        start = self._probing.get(uuid)
+        if start is None:
+            return False
+        period = self._sampler.period_s(uuid)
+        return start - period - LEAD_S - 2 * self.tick_s < window.end_s < start + 0.25 * period
 
     def tick(self, jobs: list[JobDevice], now: float,
              gpus: Iterable[str] = ()) -> dict[tuple[str, str], Gate]:
@@ -414,8 +385,7 @@ class ComputeGovernor:
                 self._one.pop(uuid, None)
                 self._miss.pop(uuid, None)
                 self._next_probe.pop(uuid, None)
-                self._naming.pop(uuid, None)
-                self._differ.pop(uuid, None)
+                self._probing.pop(uuid, None)
         for uuid in self._sampler.gpus():
             if uuid not in by_gpu and uuid not in watched:
                 self._sampler.forget(uuid)
@@ -424,6 +394,7 @@ class ComputeGovernor:
     def _tick_gpu(self, group: list[JobDevice], window: Window | None, now: float,
                   wall_s: float) -> dict[tuple[str, str], Gate]:
         """One step for the jobs of one GPU, given its new NVML window."""
+        uuid = group[0].uuid
         seen = [self._observe(j, window, now, wall_s) for j in group]
         if window is not None:
             self._grid[group[0].uuid] = window.end_s
@@ -440,14 +411,33 @@ class ComputeGovernor:
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
                              window.duration_s)
         targets = ctl.class_targets([c for c, _ in seen], capacity.value)
+        # (what a probe's hold cost a job is made up once every cost there is
+        # known: making it up earlier fills the GPU, and a cost can't be
+        # learnt from the rest of a full GPU)
+        learning = not self._per_process.get(uuid, False) and any(
+            c.active and self._states[c.key].loop.rate is not None
+            and _certainty(self._states[c.key], wall_s) < attribution.CERTAIN
+            for c, _ in seen)
         room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
-                              [c.key for c, _ in seen if self._states[c.key].loop.catching_up])
+                              [c.key for c, _ in seen if self._states[c.key].loop.catching_up
+                               and not (learning and self._states[c.key].loop.catch_until)])
         gates: dict[tuple[str, str], Gate] = {}
         for claim, o in seen:
             key = claim.key
             st = self._states[key]
             target = targets[key]
-            cmd = ctl.step(st.loop, replace(o, target=target, owed_cap=room.get(key)), self.gains)
+            if st.pinned_until is not None and wall_s >= st.pinned_until:
+                st.pinned_until = None
+            if (st.pinned_until is not None and wall_s >= st.pinned_from - self.tick_s
+                    and st.gate is not None and st.gate.throttle
+                    and target >= ctl.FULL):
+                # probed, and the others' hold would let it go (a soft job
+                # alone is not gated): it stays gated as it was, its
+                # launches counted, so that the probe learns its cost
+                gates[key] = st.gate
+                continue
+            cap = room.get(key, 0.0 if st.loop.catching_up else None)
+            cmd = ctl.step(st.loop, replace(o, target=target, owed_cap=cap), self.gains)
             if cmd.throttle:
                 rate = min(ctl.to_tokens(cmd.rate, self._scale), 2**62)
                 bucket = min(ctl.to_tokens(cmd.bucket, self._scale), 2**62)
@@ -459,6 +449,9 @@ class ComputeGovernor:
                 # time has launches missing, so none of it may feed the cost.
                 st.history.points.clear()
         self._probe(group[0].uuid, [c for c, _ in seen], gates, wall_s)
+        for key, g in gates.items():
+            if self._states[key].pinned_until is None:
+                self._states[key].gate = g
         return gates
 
     def _probe(self, uuid: str, claims: list[ctl.Claim],
@@ -473,18 +466,23 @@ class ComputeGovernor:
             if st.held_until is not None and wall_s >= st.held_until:
                 st.held_until = None
                 st.held_end = wall_s
+                ctl.catch_up_after(st.loop, MAKE_UP_S)
             # held from the last tick before held_from (the next is too late)
             if (st.held_until is not None and wall_s >= st.held_from - self.tick_s
                     and g.throttle):
                 gates[key] = Gate(True, 1, self._scale, g.measured, g.target)
         if (self._per_process.get(uuid, False) or not self._one.get(uuid, False)
-                or not self._differ.get(uuid, False)
                 or wall_s < self._next_probe.get(uuid, 0.0)):
             return
         period = self._sampler.period_s(uuid)
         active = [c for c in claims
                   if self._states[c.key].loop.rate is not None
                   and (self._states[c.key].history.between(wall_s - IDLE_S, wall_s) or 0) > 0]
+        if any(c.active and c not in active for c in claims):
+            # a job there runs ungated (a soft one lent the GPU), or has not
+            # launched yet (it may start any moment): no hold would leave
+            # another alone
+            return
         # (a job gated for a few periods only may learn its cost from the rest
         # of the others' first: a probe holds them)
         unsure = [c for c in active
@@ -492,6 +490,11 @@ class ComputeGovernor:
                   and self._states[c.key].history.points
                   and self._states[c.key].history.points[0][0] <= wall_s - PROBE_AFTER * period]
         grid = self._grid.get(uuid)
+        if len(unsure) == 1 and _first_launch(self._states[unsure[0].key]) > (
+                wall_s - min(PROBE_ALONE_AFTER * period, PROBE_ALONE_MAX_S)):
+            # one uncertain beside known costs: it learns its cost from the
+            # rest, unless its part is too small for that
+            return
         if not unsure or not 2 <= len(active) <= MAX_PROBED or grid is None:
             return
         # The first period that starts more than two ticks and LEAD_S from
@@ -503,11 +506,17 @@ class ComputeGovernor:
         until = start + PROBE_PERIODS * period + LEAD_S
         target = max(unsure, key=lambda c: (c.share, str(c.key)))
         for c in active:
-            if c is target:
-                continue
             st = self._states[c.key]
+            if c is target:
+                st.pinned_from, st.pinned_until = start - LEAD_S - self.tick_s, until
+                continue
             st.held_from, st.held_until = start - LEAD_S - self.tick_s, until
-        self._next_probe[uuid] = until + PROBE_GAP * period
+        # (while two or more others are uncertain, none of them can learn its
+        # cost from the rest: the next probe comes as soon as the windows
+        # after this one are steady)
+        gap = PROBE_GAP if len(unsure) <= 2 else PROBE_GAP_MANY
+        self._next_probe[uuid] = until + gap * period
+        self._probing[uuid] = start
         log.debug("probe on %s: %s runs, %s held until %.3f", uuid, target.key[0],
                   [c.key[0] for c in active if c is not target], until)
 
@@ -654,6 +663,11 @@ def _start_history(st: _State, j: JobDevice, wall_s: float) -> None:
     st.history.add(wall_s, st.count)
 
 
+def _first_launch(st: _State) -> float:
+    """When the job's history first counts a launch (wall s; inf: none)."""
+    return next((t for t, n in st.history.points if n > 0), math.inf)
+
+
 def _pooled_costs(states: dict[str, _State]) -> dict[str, float]:
     """Each job's cost per launch from the windows whose busy time was its
     own; jobs whose costs are within POOL of each other (what one or two
@@ -675,6 +689,23 @@ def _pooled_costs(states: dict[str, _State]) -> dict[str, float]:
         group.append(item)
     close()
     return out
+
+
+def _adopt(st: _State, was: float, now: float) -> None:
+    """A job's cost just became certain (its own windows): the loop's own
+    estimate, from splits that rested on a guess until now, starts again
+    from it, and its integral with it (otherwise the loop's average, which
+    holds at least cost_min_launches launches, takes seconds to forget the
+    guess for long kernels)."""
+    if was >= attribution.CERTAIN or _certainty(st, now) < attribution.CERTAIN:
+        return
+    if st.own_launches <= 0 or st.own_busy <= 0:
+        return
+    cost = st.own_busy / st.own_launches
+    loop = st.loop
+    if loop.launch_sum > 0 and (loop.cost is None or abs(loop.cost - cost) > POOL * cost):
+        loop.busy_sum = cost * loop.launch_sum
+        loop.integral = 0.0
 
 
 def _certainty(st: _State, now: float) -> float:
