@@ -146,7 +146,9 @@ class ShareLoop:
     life_launches: float = 0.0      # ...and its launches since
     catching_up: bool = True        # its start may still be made up (catch_up_s)
     catch_until: float = 0.0        # ...or until this far into its life (a hold for a
-                                    # probe, made up after it: catch_up_after)
+                                    # probe, made up after it: catch_up_after)...
+    owe_from: tuple[float, float] | None = None  # ...counted from this (life_s,
+                                    # life_launches): from the hold, not the start
     owing: bool = False             # last step it was making up its start
     window_s: float | None = None   # the shortest measurement window seen
 
@@ -322,7 +324,11 @@ def start_owed(loop: ShareLoop, target: float, gains: Gains) -> float:
     the job below its share)."""
     if not loop.catching_up or loop.life_s is None or loop.cost is None:
         return 0.0
-    owed_s = target * loop.life_s - loop.cost * loop.life_launches
+    life_s, launches = loop.life_s, loop.life_launches
+    if loop.owe_from is not None:
+        life_s -= loop.owe_from[0]
+        launches -= loop.owe_from[1]
+    owed_s = target * life_s - loop.cost * launches
     left = catch_up_by(loop, gains) - loop.life_s
     return max(0.0, owed_s / max(gains.catch_up_min_s, left))
 
@@ -352,12 +358,19 @@ def catch_up_by(loop: ShareLoop, gains: Gains) -> float:
                loop.catch_until)
 
 
+def hold_begins(loop: ShareLoop) -> None:
+    """The job is about to be held back (a probe holds it for a sample
+    period, docs/compute.md): what it is owed after is counted from now."""
+    if loop.life_s is not None:
+        loop.owe_from = (loop.life_s, loop.life_launches)
+
+
 def catch_up_after(loop: ShareLoop, seconds: float) -> None:
-    """The job was held back (a probe held it for a sample period, docs/
-    compute.md): what that left it short of its share over its life is made
-    up as a start is, within the next ``seconds``, with GPU time no share
-    claims (start_room) only."""
-    if loop.life_s is None:
+    """The hold is over: what it left the job short of its share since
+    hold_begins is made up as a start is, within the next ``seconds``, with
+    GPU time no share claims (start_room) only. (Not what its whole life
+    left it short of: a job idle for a while was not owed that time.)"""
+    if loop.life_s is None or loop.owe_from is None:
         return
     loop.catching_up = True
     loop.catch_until = loop.life_s + seconds

@@ -511,6 +511,7 @@ class ComputeGovernor:
                 st.pinned_from, st.pinned_until = start - LEAD_S - self.tick_s, until
                 continue
             st.held_from, st.held_until = start - LEAD_S - self.tick_s, until
+            ctl.hold_begins(st.loop)
         # (while two or more others are uncertain, none of them can learn its
         # cost from the rest: the next probe comes as soon as the windows
         # after this one are steady)
