@@ -407,38 +407,29 @@ def test_two_hard_jobs_when_nvml_names_one_process_a_period(period_us: int, idle
 
 
 @pytest.mark.parametrize(("period_us", "idle"), NVMLS)
-def test_jobs_of_other_kernels_started_together_are_probed(period_us: int, idle: str) -> None:
-    """NVML names one process a period, and three jobs of 50 us, 500 us and
-    5 ms kernels start together: no window says what any of them costs, so
-    the governor holds all but one for a sample period, for each of them in
-    turn, and learns each's cost (docs/compute.md, probes)."""
-    a = Job("1", 101, 20, cost_s=50e-6)
-    b = Job("2", 102, 30, cost_s=500e-6)
-    c = Job("3", 103, 50, cost_s=5e-3)
-    w = World([a, b, c], period_us=period_us, idle=idle, procs="busiest")
+@pytest.mark.parametrize(("procs", "costs"), [
+    ("busiest", {20: 50e-6, 30: 500e-6, 50: 5e-3}),
+    # vgpuctl demo's jobs
+    ("kernels", {50: 500e-6, 30: 2e-3, 20: 5e-3}),
+])
+def test_jobs_of_other_kernels_started_together_are_probed(period_us: int, idle: str, procs: str,
+                                                           costs: dict[int, float]) -> None:
+    """NVML names one process a period, and three jobs of different kernels
+    start together: no window says what any of them costs, so the governor
+    holds all but one for a sample period, for each of them in turn, and
+    learns each's cost (docs/compute.md, probes). Whatever the names say:
+    names of the busiest process disagree with a split that takes each
+    launch to cost alike, names of the process that ran the most kernels
+    agree with it whatever the costs. Taken as evidence, such names once
+    left `vgpuctl demo`'s jobs (50 % of 500 us kernels, 30 % of 2 ms, 20 %
+    of 5 ms) at 14, 32 and 52 % for good on the simulator: `etl` at 2.5
+    times its hard cap."""
+    jobs = [Job(str(i), 101 + i, share, cost_s=cost)
+            for i, (share, cost) in enumerate(costs.items(), 1)]
+    w = World(jobs, period_us=period_us, idle=idle, procs=procs)
     n = probed(period_us, 3)
     run(w, governor(w), n + 60)
-    for j in (a, b, c):
-        assert mean(j.got[n:]) == pytest.approx(j.share / 100, abs=0.015), j.job_id
-
-
-@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
-def test_names_that_follow_the_kernels_are_no_evidence_of_costs(period_us: int,
-                                                                  idle: str) -> None:
-    """NVML names one process a period, the one that ran the most kernels:
-    its names agree with a split that takes each launch to cost alike,
-    whatever the costs. Taken as evidence that the costs were alike, they
-    once left `vgpuctl demo`'s jobs (30 % of 2 ms kernels, 50 % of 500 us,
-    20 % of 5 ms) at 32, 14 and 52 % for good on the simulator: `etl` at
-    2.5 times its hard cap. The jobs are probed as where the names
-    disagree."""
-    a = Job("1", 101, 50, cost_s=500e-6)
-    b = Job("2", 102, 30, cost_s=2e-3)
-    c = Job("3", 103, 20, cost_s=5e-3)
-    w = World([a, b, c], period_us=period_us, idle=idle, procs="kernels")
-    n = probed(period_us, 3)
-    run(w, governor(w), n + 60)
-    for j in (a, b, c):
+    for j in jobs:
         assert mean(j.got[n:]) == pytest.approx(j.share / 100, abs=0.015), j.job_id
 
 
