@@ -53,6 +53,7 @@ class Job:
     gate: Gate | None = None
     got: list[float] = field(default_factory=list)   # true share per tick
     promised: bool = True       # its share is a promise (asked for)
+    program: str | None = None  # its user and command line (JobDevice.program)
 
 
 class World:
@@ -183,7 +184,8 @@ def run(world: World, gov: ComputeGovernor, ticks: int) -> dict[tuple[str, str],
     for _ in range(ticks):
         world.run_tick()
         devs = [JobDevice(j.job_id, j.uuid, j.pids or frozenset({j.pid}), j.share, j.policy,
-                          int(j.launches), j.promised, created=world.created_us / 1e6)
+                          int(j.launches), j.promised, created=world.created_us / 1e6,
+                          program=j.program)
                 for j in world.jobs]
         # as the daemon: every GPU of the node, with jobs or not
         gates = gov.tick(devs, world.now_us / 1e6, sorted(world.gpus))
@@ -451,6 +453,31 @@ def test_a_job_held_for_a_probe_makes_it_up(idle: str, monkeypatch: pytest.Monke
     without, got = first_8_s(0.0), first_8_s(MAKE_UP_S)
     assert mean(got) - mean(without) == pytest.approx(0.11 / 8, abs=0.004)
     assert max(mean(got[k:k + 10]) for k in range(0, 70, 10)) < 0.42   # 30 + 10 + noise
+
+
+@pytest.mark.parametrize(("period_us", "idle"), NVMLS)
+def test_jobs_of_one_program_are_not_probed(period_us: int, idle: str) -> None:
+    """Two jobs of one user and one command line (two replicas, a Slurm
+    array's tasks) start together at 30/60 where NVML names one process a
+    period: they cost alike, as the split takes them to, so neither is held
+    for a probe and each has its share; a third job of another program is
+    probed, and the one probe says what both replicas cost."""
+    a = Job("1", 101, 30, cost_s=500e-6, program="1000 train.py")
+    b = Job("2", 102, 60, cost_s=500e-6, program="1000 train.py")
+    w = World([a, b], period_us=period_us, idle=idle, procs="busiest")
+    gov = governor(w)
+    n = settled(period_us)
+    run(w, gov, n + 40)
+    assert all(st.held_end == 0.0 and st.held_until is None for st in gov._states.values())
+    assert mean(a.got[n:]) == pytest.approx(0.30, abs=0.01)
+    assert mean(b.got[n:]) == pytest.approx(0.60, abs=0.01)
+    # another user's job of the same command line is another program
+    c = Job("3", 103, 10, cost_s=5e-3, program="1001 train.py")
+    w.jobs.append(c)
+    run(w, gov, probed(period_us, 2) + 40)
+    assert any(st.held_end > 0.0 for st in gov._states.values())
+    for j in (a, b, c):
+        assert mean(j.got[-40:]) == pytest.approx(j.share / 100, abs=0.015), j.job_id
 
 
 @pytest.mark.parametrize(("period_us", "idle"), NVMLS)

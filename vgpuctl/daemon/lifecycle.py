@@ -397,7 +397,8 @@ class Daemon:
             # every GPU, with jobs or not: NVML's periods followed while idle
             # make a new job's first window one period (its first cost)
             jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
-                                    i.promised, created=self._created(i.job_id))
+                                    i.promised, created=self._created(i.job_id),
+                                    program=self._program(i.job_id))
                   for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
                                                [g.uuid for g in sup.gpus])
@@ -443,6 +444,16 @@ class Daemon:
         history starts there, for the governor's first cost estimate)."""
         job = self.sup.table.find(job_id)
         return job.rec.created if job is not None else None
+
+    def _program(self, job_id: str) -> str | None:
+        """Its user and command line: jobs of one user with the same one are
+        taken to cost alike per launch until a probe says otherwise (the
+        governor's program groups; a user can't make another's job look
+        like one of theirs)."""
+        job = self.sup.table.find(job_id)
+        if job is None:
+            return None
+        return f"{job.rec.uid}\0" + "\0".join(str(a) for a in job.rec.command)
 
     async def _resume_loop(self) -> None:
         """Resume the jobs that wait for room (preempted, drained) as soon as

@@ -86,6 +86,8 @@ class JobDevice:
     promised: bool = True       # its share is a promise (asked for; normal or high)
     created: float | None = None  # wall time the job's region was made, gated
                                   # (initial_gate), with no launch counted yet
+    program: str | None = None  # its user and command line: jobs of one program
+                                # are taken to cost alike (None: a program of its own)
 
 
 @dataclass
@@ -121,6 +123,7 @@ class _State:
     pinned_from: float = 0.0    # wall times: the job probed runs at its gate of
     pinned_until: float | None = None  # the probe's start from... until
     gate: Gate | None = None    # its gate of the last tick
+    program: str | None = None  # JobDevice.program
 
 
 def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
@@ -251,6 +254,7 @@ class ComputeGovernor:
             if k[1] == uuid and k not in states and window.start_s < gone_at:
                 states[k] = st
         pooled = _pooled_costs({k[0]: st for k, st in states.items()})
+        certainty = _group_certainty(states, pooled, window.end_s)
         for (job_id, _), st in states.items():
             loop = st.loop
             launches = allowed = None
@@ -264,7 +268,7 @@ class ComputeGovernor:
             # it claims at the known ones' cost, or all alike)
             cost = pooled.get(job_id)
             claims.append(attribution.Claim(job_id, st.pids, launches, cost,
-                                            _certainty(st, window.end_s), allowed))
+                                            certainty[job_id], allowed))
         if (learn and not window.coarse and window.periods <= 1.5
                 and sum(1 for b in window.busy_s.values() if b > 0) == 1
                 and sum(1 for c in claims if (c.launches or 0) >= 3) >= 2):
@@ -339,6 +343,14 @@ class ComputeGovernor:
             low = {p: b * f for p, b in res.busy.items()}
         return replace(window, busy_s=res.busy, low_s=low), res.own, settled
 
+    def _unsure(self, uuid: str, wall_s: float) -> set[tuple[str, str]]:
+        """The jobs on the GPU whose cost is uncertain: neither learnt from
+        windows of their own nor from a job of their program's."""
+        states = {k: st for k, st in self._states.items() if k[1] == uuid}
+        pooled = _pooled_costs({k[0]: st for k, st in states.items()})
+        certainty = _group_certainty(states, pooled, wall_s)
+        return {k for k in states if certainty[k[0]] < attribution.CERTAIN}
+
     def _lead_in(self, uuid: str, window: Window) -> bool:
         """The window ends in a probe's lead-in: the jobs held have launched
         nothing since a little before it, but what they had queued may have
@@ -366,7 +378,8 @@ class ComputeGovernor:
             window = self._sampler.read(uuid)
             self.windows[uuid] = window
             for j in group:
-                self._states.setdefault((j.job_id, j.uuid), _State()).pids = j.pids
+                st = self._states.setdefault((j.job_id, j.uuid), _State())
+                st.pids, st.program = j.pids, j.program
             out.update(self._tick_gpu(group, window, now, wall_s))
         gang(out)
         watched = set(gpus)
@@ -414,9 +427,9 @@ class ComputeGovernor:
         # (what a probe's hold cost a job is made up once every cost there is
         # known: making it up earlier fills the GPU, and a cost can't be
         # learnt from the rest of a full GPU)
+        unsure = self._unsure(uuid, wall_s)
         learning = not self._per_process.get(uuid, False) and any(
-            c.active and self._states[c.key].loop.rate is not None
-            and _certainty(self._states[c.key], wall_s) < attribution.CERTAIN
+            c.active and self._states[c.key].loop.rate is not None and c.key in unsure
             for c, _ in seen)
         room = ctl.start_room([c for c, _ in seen], targets, capacity.value,
                               [c.key for c, _ in seen if self._states[c.key].loop.catching_up
@@ -485,15 +498,21 @@ class ComputeGovernor:
             return
         # (a job gated for a few periods only may learn its cost from the rest
         # of the others' first: a probe holds them)
+        uncertain = self._unsure(uuid, wall_s)
         unsure = [c for c in active
-                  if _certainty(self._states[c.key], wall_s) < attribution.CERTAIN
+                  if c.key in uncertain
                   and self._states[c.key].history.points
                   and self._states[c.key].history.points[0][0] <= wall_s - PROBE_AFTER * period]
         grid = self._grid.get(uuid)
-        if len(unsure) == 1 and _first_launch(self._states[unsure[0].key]) > (
+        programs = {self._states[c.key].program or c.key for c in unsure}
+        if len(programs) == 1 and all(c in unsure for c in active):
+            # every job there is of one program: they cost alike, as the
+            # split takes them to
+            return
+        if len(programs) == 1 and min(_first_launch(self._states[c.key]) for c in unsure) > (
                 wall_s - min(PROBE_ALONE_AFTER * period, PROBE_ALONE_MAX_S)):
-            # one uncertain beside known costs: it learns its cost from the
-            # rest, unless its part is too small for that
+            # one uncertain program beside known costs: it learns its cost
+            # from the rest, unless its part is too small for that
             return
         if not unsure or not 2 <= len(active) <= MAX_PROBED or grid is None:
             return
@@ -515,7 +534,7 @@ class ComputeGovernor:
         # (while two or more others are uncertain, none of them can learn its
         # cost from the rest: the next probe comes as soon as the windows
         # after this one are steady)
-        gap = PROBE_GAP if len(unsure) <= 2 else PROBE_GAP_MANY
+        gap = PROBE_GAP if len(programs) <= 2 else PROBE_GAP_MANY
         self._next_probe[uuid] = until + gap * period
         self._probing[uuid] = start
         log.debug("probe on %s: %s runs, %s held until %.3f", uuid, target.key[0],
@@ -669,11 +688,27 @@ def _first_launch(st: _State) -> float:
     return next((t for t, n in st.history.points if n > 0), math.inf)
 
 
+def _group_certainty(states: dict[tuple[str, str], _State], pooled: dict[str, float],
+                     now: float) -> dict[str, float]:
+    """Each job's certainty of its cost (job_id -> 0..1); a job's program
+    (its user and command line) shares its best: jobs of one program cost
+    alike, so one probed or alone says what the others cost."""
+    own = {k[0]: _certainty(st, now) for k, st in states.items()}
+    best: dict[str, float] = {}
+    for k, st in states.items():
+        if st.program is not None and k[0] in pooled:
+            best[st.program] = max(best.get(st.program, 0.0), own[k[0]])
+    return {k[0]: max(own[k[0]], best.get(st.program, 0.0) if st.program else 0.0)
+            for k, st in states.items()}
+
+
 def _pooled_costs(states: dict[str, _State]) -> dict[str, float]:
     """Each job's cost per launch from the windows whose busy time was its
     own; jobs whose costs are within POOL of each other (what one or two
     windows of NVML's whole percents and of whole launches can tell apart)
-    are taken to cost alike, their pooled cost."""
+    are taken to cost alike, their pooled cost. A job of no such window
+    takes the cost of its program (JobDevice.program), where one of the
+    program's jobs has one."""
     own = sorted((st.own_busy / st.own_launches, j, st) for j, st in states.items()
                  if st.own_launches > 0 and st.own_busy > 0)
     out: dict[str, float] = {}
@@ -689,6 +724,14 @@ def _pooled_costs(states: dict[str, _State]) -> dict[str, float]:
             group = []
         group.append(item)
     close()
+    by_program: dict[str, list[float]] = {}
+    for j, st in states.items():
+        if st.program is not None and j in out:
+            by_program.setdefault(st.program, []).append(out[j])
+    for j, st in states.items():
+        if j not in out and st.program in by_program:
+            costs = by_program[st.program]
+            out[j] = sum(costs) / len(costs)
     return out
 
 
