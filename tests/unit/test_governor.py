@@ -54,6 +54,7 @@ class Job:
     got: list[float] = field(default_factory=list)   # true share per tick
     promised: bool = True       # its share is a promise (asked for)
     program: str | None = None  # its user and command line (JobDevice.program)
+    high: bool = False          # of the high class (JobDevice.high)
 
 
 class World:
@@ -185,7 +186,7 @@ def run(world: World, gov: ComputeGovernor, ticks: int) -> dict[tuple[str, str],
         world.run_tick()
         devs = [JobDevice(j.job_id, j.uuid, j.pids or frozenset({j.pid}), j.share, j.policy,
                           int(j.launches), j.promised, created=world.created_us / 1e6,
-                          program=j.program)
+                          program=j.program, high=j.high)
                 for j in world.jobs]
         # as the daemon: every GPU of the node, with jobs or not
         gates = gov.tick(devs, world.now_us / 1e6, sorted(world.gpus))
@@ -478,6 +479,22 @@ def test_jobs_of_one_program_are_not_probed(period_us: int, idle: str) -> None:
     assert any(st.held_end > 0.0 for st in gov._states.values())
     for j in (a, b, c):
         assert mean(j.got[-40:]) == pytest.approx(j.share / 100, abs=0.015), j.job_id
+
+
+def test_a_high_class_job_is_never_held_for_a_probe() -> None:
+    """A latency-sensitive job and a trainer of other kernels start together
+    where NVML names one process a period: a probe would stall the one or
+    the other's requests for a sample period, so none is made while the
+    high job runs (their costs stay the split's guess)."""
+    a = Job("1", 101, 30, cost_s=1e-3, high=True)
+    b = Job("2", 102, 60, cost_s=5e-3)
+    w = World([a, b], procs="busiest")
+    gov = governor(w)
+    run(w, gov, probed(PERIOD_FAST_US, 2))
+    assert all(st.held_end == 0.0 and st.held_until is None for st in gov._states.values())
+    a.high = False
+    run(w, gov, probed(PERIOD_FAST_US, 2))
+    assert any(st.held_end > 0.0 for st in gov._states.values())
 
 
 @pytest.mark.parametrize(("period_us", "idle"), NVMLS)

@@ -398,7 +398,8 @@ class Daemon:
             # make a new job's first window one period (its first cost)
             jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
                                     i.promised, created=self._created(i.job_id),
-                                    program=self._program(i.job_id))
+                                    program=self._program(i.job_id),
+                                    high=self._high(i.job_id))
                   for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
                                                [g.uuid for g in sup.gpus])
@@ -454,6 +455,11 @@ class Daemon:
         if job is None:
             return None
         return f"{job.rec.uid}\0" + "\0".join(str(a) for a in job.rec.command)
+
+    def _high(self, job_id: str) -> bool:
+        """Whether the job is of the high class (never held for a probe)."""
+        job = self.sup.table.find(job_id)
+        return job is not None and job.rec.priority == "high"
 
     async def _resume_loop(self) -> None:
         """Resume the jobs that wait for room (preempted, drained) as soon as

@@ -88,6 +88,7 @@ class JobDevice:
                                   # (initial_gate), with no launch counted yet
     program: str | None = None  # its user and command line: jobs of one program
                                 # are taken to cost alike (None: a program of its own)
+    high: bool = False          # of the high class: never held for a probe
 
 
 @dataclass
@@ -124,6 +125,7 @@ class _State:
     pinned_until: float | None = None  # the probe's start from... until
     gate: Gate | None = None    # its gate of the last tick
     program: str | None = None  # JobDevice.program
+    high: bool = False          # JobDevice.high
 
 
 def initial_gate(core_share: int, policy: str, gains: ctl.Gains | None = None,
@@ -379,7 +381,7 @@ class ComputeGovernor:
             self.windows[uuid] = window
             for j in group:
                 st = self._states.setdefault((j.job_id, j.uuid), _State())
-                st.pids, st.program = j.pids, j.program
+                st.pids, st.program, st.high = j.pids, j.program, j.high
             out.update(self._tick_gpu(group, window, now, wall_s))
         gang(out)
         watched = set(gpus)
@@ -491,6 +493,10 @@ class ComputeGovernor:
         active = [c for c in claims
                   if self._states[c.key].loop.rate is not None
                   and (self._states[c.key].history.between(wall_s - IDLE_S, wall_s) or 0) > 0]
+        if any(self._states[c.key].high for c in active):
+            # a latency-sensitive job is never held a sample period: the
+            # costs there stay a guess while it runs (docs/compute.md)
+            return
         if any(c.active and c not in active for c in claims):
             # a job there runs ungated (a soft one lent the GPU), or has not
             # launched yet (it may start any moment): no hold would leave
