@@ -438,8 +438,9 @@ def test_jobs_of_other_kernels_started_together_are_probed(period_us: int, idle:
 
 @pytest.mark.parametrize("idle", IDLE_TREATMENTS)
 def test_a_job_held_for_a_probe_makes_it_up(idle: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two hard jobs at 30/60 of one program start together where NVML names
-    one process a period: the 60 % job is probed, the 30 % one held for a
+    """Two hard jobs at 30/60 of two programs (of kernels alike) start
+    together where NVML names one process a period: the 60 % job is
+    probed, the 30 % one held for a
     sample period (about 0.37 s, 0.11 GPU-seconds of its share). What the
     hold cost it is made up with the 10 % no share claims once both costs
     are known, and only that (not what its start cost it, nor time it was
