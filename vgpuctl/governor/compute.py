@@ -412,15 +412,15 @@ class ComputeGovernor:
         uuid = group[0].uuid
         seen = [self._observe(j, window, now, wall_s) for j in group]
         if window is not None:
-            self._grid[group[0].uuid] = window.end_s
+            self._grid[uuid] = window.end_s
             # Whose busy time it was, where NVML's entries don't say.
-            attributed, _, _ = self._attribute(group[0].uuid, window, learn=True)
+            attributed, _, _ = self._attribute(uuid, window, learn=True)
             if attributed is not window:
                 window = attributed
-                self.windows[group[0].uuid] = window
+                self.windows[uuid] = window
                 seen = [(c, self._remeasure(j, o, window))
                         for j, (c, o) in zip(group, seen, strict=True)]
-        capacity = self._capacity.setdefault(group[0].uuid, ctl.Capacity())
+        capacity = self._capacity.setdefault(uuid, ctl.Capacity())
         if window is not None and window.duration_s > 0 and not window.coarse:
             util = sum(window.busy_s.values()) / window.duration_s
             capacity.observe(util, any(self._held_back(c, o) for c, o in seen),
@@ -463,19 +463,21 @@ class ComputeGovernor:
                 # region's device counter: a window that overlaps ungated
                 # time has launches missing, so none of it may feed the cost.
                 st.history.points.clear()
-        self._probe(group[0].uuid, [c for c, _ in seen], gates, wall_s)
+        self._probe(uuid, [c for c, _ in seen], gates, wall_s, unsure)
         for key, g in gates.items():
             if self._states[key].pinned_until is None:
                 self._states[key].gate = g
         return gates
 
     def _probe(self, uuid: str, claims: list[ctl.Claim],
-               gates: dict[tuple[str, str], Gate], wall_s: float) -> None:
+               gates: dict[tuple[str, str], Gate], wall_s: float,
+               uncertain: set[tuple[str, str]]) -> None:
         """Where NVML names one process a sample period and a gated job's
         cost is uncertain beside others (two to MAX_PROBED active), hold the
         others for a whole sample period (docs/compute.md, probes): its busy
         time is then its own. Holds the gates of the jobs held (one launch
-        at most, then none) until the period is over."""
+        at most, then none) until the period is over. uncertain: the jobs
+        there whose cost is uncertain (_unsure, this tick)."""
         for key, g in gates.items():
             st = self._states[key]
             if st.held_until is not None and wall_s >= st.held_until:
@@ -504,7 +506,6 @@ class ComputeGovernor:
             return
         # (a job gated for a few periods only may learn its cost from the rest
         # of the others' first: a probe holds them)
-        uncertain = self._unsure(uuid, wall_s)
         unsure = [c for c in active
                   if c.key in uncertain
                   and self._states[c.key].history.points
