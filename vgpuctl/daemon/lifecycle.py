@@ -36,7 +36,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
@@ -53,6 +53,9 @@ from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths, slurm
 from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import Nvml
+
+if TYPE_CHECKING:
+    from vgpuctl.daemon.gates import Input
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -396,11 +399,7 @@ class Daemon:
         if self.governor is not None:
             # every GPU, with jobs or not: NVML's periods followed while idle
             # make a new job's first window one period (its first cost)
-            jd = [compute.JobDevice(i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches,
-                                    i.promised, created=self._created(i.job_id),
-                                    program=self._program(i.job_id),
-                                    high=self._high(i.job_id))
-                  for i in inputs]
+            jd = [self._job_device(i) for i in inputs]
             gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
                                                [g.uuid for g in sup.gpus])
             if inputs:
@@ -440,26 +439,22 @@ class Daemon:
             self.metrics_box.set(sup.metrics_snapshot(
                 acc.gpu_seconds if acc is not None else (lambda j, u: None)))
 
-    def _created(self, job_id: str) -> float | None:
-        """When a job's region was made (gated from then on: its launch
-        history starts there, for the governor's first cost estimate)."""
-        job = self.sup.table.find(job_id)
-        return job.rec.created if job is not None else None
-
-    def _program(self, job_id: str) -> str | None:
-        """Its user and command line: jobs of one user with the same one are
-        taken to cost alike per launch until a probe says otherwise (the
-        governor's program groups; a user can't make another's job look
-        like one of theirs)."""
-        job = self.sup.table.find(job_id)
-        if job is None:
-            return None
-        return f"{job.rec.uid}\0" + "\0".join(str(a) for a in job.rec.command)
-
-    def _high(self, job_id: str) -> bool:
-        """Whether the job is of the high class (never held for a probe)."""
-        job = self.sup.table.find(job_id)
-        return job is not None and job.rec.priority == "high"
+    def _job_device(self, i: Input) -> compute.JobDevice:
+        """The governor's view of one job on one GPU (a gates input), with
+        from its record: when its region was made (gated from then on: its
+        launch history starts there, for the first cost estimate); its
+        program, its user and command line (jobs of one program are taken
+        to cost alike until a probe says otherwise; a user can't make
+        another's job look like one of theirs); and whether it is of the
+        high class (never held for a probe)."""
+        job = self.sup.table.find(i.job_id)
+        rec = job.rec if job is not None else None
+        return compute.JobDevice(
+            i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches, i.promised,
+            created=rec.created if rec is not None else None,
+            program=(f"{rec.uid}\0" + "\0".join(str(a) for a in rec.command)
+                     if rec is not None else None),
+            high=rec is not None and rec.priority == "high")
 
     async def _resume_loop(self) -> None:
         """Resume the jobs that wait for room (preempted, drained) as soon as
