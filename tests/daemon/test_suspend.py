@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from support.daemon import wait_for
+from support.talk import Talker
 
 G = 1 << 30
 M = 1 << 20
@@ -73,52 +73,26 @@ for line in sys.stdin:
 """
 
 
-class Job:
+class Job(Talker):
     """A JOB under `vgpuctl run`, talked to through its stdin and stdout."""
+
+    what = "the job"
 
     def __init__(self, daemon, *run_args: str, size: int = G, managed: bool = False,
                  ipc: bool = False):
         args = [str(size)] + (["managed"] if managed else []) + (["ipc"] if ipc else [])
-        self.proc = daemon.popen("run", *run_args, "--", sys.executable, "-c", JOB, *args,
-                                 stdin=subprocess.PIPE)
-        self.sel = selectors.DefaultSelector()
-        assert self.proc.stdout is not None
-        self.fd = self.proc.stdout.fileno()
-        self.sel.register(self.fd, selectors.EVENT_READ)
-        self.buf = b""
+        self.listen(daemon.popen("run", *run_args, "--", sys.executable, "-c", JOB, *args,
+                                 stdin=subprocess.PIPE))
         self.pid = self.reply(120)["pid"]
         self.id = wait_for(lambda: next((j["id"] for j in daemon.jobs()
                                          if self.pid in j["pids"]), None),
                            30, "the job in ps")
 
-    def reply(self, timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sel.select(left):
-                raise AssertionError(f"the job said nothing within {timeout} s")
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                raise AssertionError(f"the job ended: {self.proc.stderr.read()}")  # type: ignore
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return json.loads(line)
-
-    def pending(self) -> bool:
-        if self.sel.select(0):
-            self.buf += os.read(self.fd, 65536)
-        return b"\n" in self.buf
-
     def ask(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("check\n")
-        self.proc.stdin.flush()
+        self.send("check")
 
     def nvml(self) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("nvml\n")
-        self.proc.stdin.flush()
-        return self.reply()
+        return self.talk("nvml")
 
     def check(self, timeout: float = 60) -> Any:
         self.ask()

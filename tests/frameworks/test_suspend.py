@@ -9,16 +9,12 @@ training step, a graph replay, a kernel launch) on the new GPU."""
 
 from __future__ import annotations
 
-import json
-import os
-import selectors
 import subprocess
 import sys
-import time
-from typing import Any
 
 import pytest
 from support.daemon import needs_native, wait_for
+from support.talk import Talker
 
 pytestmark = needs_native
 
@@ -110,34 +106,13 @@ for line in sys.stdin:
 """
 
 
-class Job:
+class Job(Talker):
+    what = "the job"
+    reply_s = 300.0
+
     def __init__(self, daemon, code: str, *args: str, env: dict[str, str] | None = None):
-        self.proc = daemon.popen("run", "--mem", "6G", "--gpu", "0", "--", sys.executable,
-                                 "-c", code, *args, stdin=subprocess.PIPE, env=env)
-        self.sel = selectors.DefaultSelector()
-        assert self.proc.stdout is not None
-        self.fd = self.proc.stdout.fileno()
-        self.sel.register(self.fd, selectors.EVENT_READ)
-        self.buf = b""
-
-    def reply(self, timeout: float = 300) -> Any:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sel.select(left):
-                raise AssertionError(f"the job said nothing within {timeout} s")
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                raise AssertionError(f"the job ended: {self.proc.stderr.read()}")  # type: ignore
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return json.loads(line)
-
-    def talk(self, what: str) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(what + "\n")
-        self.proc.stdin.flush()
-        return self.reply()
+        self.listen(daemon.popen("run", "--mem", "6G", "--gpu", "0", "--", sys.executable,
+                                 "-c", code, *args, stdin=subprocess.PIPE, env=env))
 
     def close(self) -> None:
         if self.proc.stdin:

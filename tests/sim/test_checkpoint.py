@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
 from support.sim import VGPUCTL, run_py, script
+from support.talk import Talker
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -145,55 +144,23 @@ def errors(results: list[list[Any]]) -> list[str]:
     return [r[0] for r in results]
 
 
-class Target:
+class Target(Talker):
     """The TARGET program, running; talk() sends a command, reply() reads a line."""
+
+    what = "the target"
+    reply_s = 30.0
 
     def __init__(self, env: dict[str, str], hold: list[tuple[int, int]], managed: bool = False,
                  export: bool = False):
         code = script(f"HOLD = {hold!r}\nMANAGED = {managed}\nEXPORT = {export}\n"
                       f"SPIN_PTX = {SPIN_PTX!r}\n", TARGET)
-        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.sel = selectors.DefaultSelector()
-        assert self.proc.stdout is not None
-        self.fd = self.proc.stdout.fileno()
-        self.buf = b""
-        self.sel.register(self.fd, selectors.EVENT_READ)
+        self.listen(subprocess.Popen([sys.executable, "-c", code], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
         first = self.reply(60)
         self.pid: int = first["pid"]
         self.ptrs: list[int] = first["ptrs"]
         self.ipc: str | None = first["ipc"]
-
-    def send(self, cmd: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-
-    def reply(self, timeout: float = 30) -> Any:
-        """The next line; fails the test after timeout seconds."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.sel.select(left):
-                raise AssertionError(f"the target said nothing within {timeout} s")
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                raise AssertionError(f"the target ended: {self.proc.stderr.read()}")  # type: ignore
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return json.loads(line)
-
-    def pending(self) -> bool:
-        """Whether a line is waiting (without blocking)."""
-        if b"\n" in self.buf:
-            return True
-        if self.sel.select(0):
-            self.buf += os.read(self.fd, 65536)
-        return b"\n" in self.buf
-
-    def talk(self, cmd: str) -> Any:
-        self.send(cmd)
-        return self.reply()
 
     def close(self) -> None:
         if self.proc.poll() is None:
