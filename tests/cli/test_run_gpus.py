@@ -35,13 +35,16 @@ PROBE = textwrap.dedent("""
     ck(cu.cuCtxSetCurrent(ctx))
     free, total = ck(cu.cuMemGetInfo())
     ptr, = ck(cu.cuMemAlloc(int(sys.argv[2])))
-    print("count", n, "total", total, "uuid", bytes(uuid.bytes).hex(), "pid", os.getpid(),
-          flush=True)
+    def say(*words):
+        # one write a line: two ranks share the pipe, and with
+        # PYTHONUNBUFFERED print writes each word apart
+        os.write(1, (" ".join(str(w) for w in words) + "\\n").encode())
+    say("count", n, "total", total, "uuid", bytes(uuid.bytes).hex(), "pid", os.getpid())
     deadline = time.monotonic() + 120
     while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
         time.sleep(0.05)
     err, _ = cu.cuMemAlloc(total)
-    print("over", err.name, flush=True)
+    say("over", err.name)
 """)
 
 
