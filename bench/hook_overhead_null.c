@@ -5,7 +5,16 @@
  * (queues, locks, mmap) than the hook adds, and that cost varies by more than
  * the hook's whole share. Run against this driver, whose calls return at
  * once, "hooked minus direct" is the hook's own cost. Only what
- * hook_overhead.c and libvgpu.so call is here.
+ * hook_overhead.c and libvgpu.so call is here, the entry points of a gated
+ * launch's slow path included (libvgpu/hook/launch.c, turns.c, flight.c):
+ * no stream captures, an event is done as soon as it is recorded, and the
+ * time between two is VGPU_NULL_SPAN_MS, tiny, so that a turn's credit
+ * never runs out and a gated launch never waits.
+ *
+ * Events are fake handles (nothing is allocated for them); the hook keeps
+ * its own pool of them, reusing each once it has measured it, so a run
+ * creates a few and no more: vgpu_null_events_created counts them, and
+ * hook_overhead.c reports it.
  */
 #include <stdint.h>
 #include <string.h>
@@ -17,6 +26,11 @@
 static CUcontext const CTX = (CUcontext)0x1000;
 static unsigned long long next_ptr = 1ull << 40;
 static volatile unsigned long long launches;
+
+/* The time between any two events, in ms: 10 ns. */
+#define VGPU_NULL_SPAN_MS 1e-5f
+/* Events created so far (each a fake handle: 0x100000 + 16 * n). */
+API unsigned long vgpu_null_events_created;
 
 API CUresult cuInit(unsigned int flags) { return flags ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS; }
 API CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
@@ -75,5 +89,34 @@ API CUresult cuMemGetInfo_v2(size_t *f, size_t *t)
 {
     *f = 79ull << 30;
     *t = 80ull << 30;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    (void)s;
+    *status = 0;   /* CU_STREAM_CAPTURE_STATUS_NONE */
+    return CUDA_SUCCESS;
+}
+API CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    (void)flags;
+    unsigned long n = __atomic_fetch_add(&vgpu_null_events_created, 1, __ATOMIC_RELAXED);
+    *e = (CUevent)(uintptr_t)(0x100000ul + 16ul * n);
+    return CUDA_SUCCESS;
+}
+API CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    (void)e;
+    (void)s;
+    return CUDA_SUCCESS;
+}
+API CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
+API CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end)
+{
+    (void)start;
+    (void)end;
+    *ms = VGPU_NULL_SPAN_MS;
     return CUDA_SUCCESS;
 }

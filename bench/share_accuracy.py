@@ -26,14 +26,35 @@ first kernel, as the simulator's timeline records it):
   9  two jobs 30 / 60 hard (500 us kernels),     each +- 2 of its share, as
      started together, 8 s each                  throughput against one job
                                                  alone (ungated)
- 10  `vgpuctl demo --seconds 3` (daemon          each job's "GPU share"
-     harness only)                               within +- 3 of its limit
+ 10  `vgpuctl demo --seconds 3`                  each job's "GPU share"
+                                                 within +- 3 of its limit
+ 12  three unlike jobs filling the GPU, 30 / 50  each: whole 8 s life +- 2,
+     / 20 hard, kernels of 50 us, 5 ms, 500 us,  first second +- 5
+     started together, 8 s each
+ 13  50 us kernels at 60 hard beside 5 ms        each: whole 8 s life +- 2,
+     kernels at 30 hard, 8 s each                first second +- 5
+ 14  one job 20 hard beside a job without        the hard job's whole 8 s
+     --core (1 ms kernels), 8 s each             life +- 2 (its neighbour's
+                                                 shown)
 
-Two harnesses:
-  daemon  (default) a private daemon on a temporary socket; jobs started with
-          ``vgpuctl run --core N --policy P``, scenario 5 with ``vgpuctl set``.
-  direct  no daemon: regions created here, jobs run with the hook preloaded,
-          and this process drives ``ComputeGovernor.tick`` itself.
+(12 to 14: a job's life is its busy time on the timeline over vgpu-burn's
+own "seconds", first launch to last completion, as scenario 8's), and what
+vgpuctl itself says of a job:
+
+ 15  two jobs 30 / 60 hard, 8 s each: the        largest difference from the
+     daemon's `ps` reply (what `vgpuctl ps       job's first second on within
+     --json` prints: per_gpu[0].core_measured,   2 points, for each job and
+     the job's GPU time over its last second     each figure
+     as its own hooks measured it) every 0.5 s,
+     and the job's own GPU time (busy_ns in its
+     usage region), against the timeline over
+     the same second
+
+The jobs run under a private daemon on a temporary socket, started with
+``vgpuctl run --core N --policy P`` (scenario 14's neighbour with neither),
+scenario 5 changed with ``vgpuctl set``. The daemon gives each job a turn
+of each 50 ms cycle and the job's hook launches only in it
+(vgpuctl/core/turns.py).
 
 The simulated NVML's sample period is ``--sample-ms`` (167: 1/6 s, the
 shortest NVIDIA documents; 1000: the longest; an H100 samples every 200),
@@ -41,17 +62,21 @@ how it averages a process's idle periods ``--util-idle`` (average, the
 simulator's default, or skip), which processes a period names
 ``--util-procs`` (last: one, the last to run, with the device's whole
 utilization, as an H100 does and the simulator's default; busiest: one, the
-busiest; each: every process its own busy time).
+busiest; each: every process its own busy time; none: per-process
+utilization answers NOT_SUPPORTED, as on a MIG instance).
+``--cpu-load N`` runs N CPU-burning processes (Python busy loops) beside the
+jobs for the whole run.
 
 Prints a table and writes bench/results/share_accuracy_<sample-ms>ms.json
-(``_skip`` added with ``--util-idle skip``, ``_each``/``_busiest`` with
-``--util-procs``).
-One run takes about 100 s. Timings are not pass/fail for
-the test suite.
+(``_skip`` added with ``--util-idle skip``, ``_each``/``_busiest``/``_none``
+with ``--util-procs``, ``_cpuN`` with ``--cpu-load N``).
+A whole run takes a few minutes. Timings are not pass/fail for the test
+suite.
 
-    python bench/share_accuracy.py [--harness daemon|direct] [--only 1,3]
-                                   [--sample-ms 167|1000] [--util-idle average|skip]
-                                   [--util-procs last|busiest|each]
+    python bench/share_accuracy.py [--only 1,3] [--sample-ms 167|1000]
+                                   [--util-idle average|skip]
+                                   [--util-procs last|busiest|each|none]
+                                   [--cpu-load N]
 """
 
 from __future__ import annotations
@@ -65,7 +90,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +120,7 @@ def inflight(kernel_us: int) -> int:
 @dataclass
 class JobSpec:
     name: str
-    core: int
+    core: int | None                   # None: `vgpuctl run` without --core (nor --policy)
     policy: str = "hard"
     kernel_us: int = DEFAULT_KERNEL_US
     graph: int = 0                     # kernels per CUDA-graph launch (0: plain launches)
@@ -130,11 +154,24 @@ SCENARIOS = [
     Scenario(10, "the 3 s demo", []),
     Scenario(11, "two jobs 30/60 hard, CUDA graphs of 4 x 1 ms kernels",
              [JobSpec("a", 30, graph=4), JobSpec("b", 60, graph=4)]),
+    Scenario(12, "three unlike jobs filling the GPU: 30/50/20 hard, 50us/5ms/500us, whole life",
+             [JobSpec("a", 30, kernel_us=50), JobSpec("b", 50, kernel_us=5000),
+              JobSpec("c", 20, kernel_us=500)]),
+    Scenario(13, "50us kernels at 60 hard beside 5ms kernels at 30 hard, whole life",
+             [JobSpec("a", 60, kernel_us=50), JobSpec("b", 30, kernel_us=5000)]),
+    Scenario(14, "one job 20 hard beside a job without --core, whole life",
+             [JobSpec("a", 20), JobSpec("n", None)]),
+    Scenario(15, "the job's own GPU time vs the simulator's timeline: two jobs 30/60 hard",
+             [JobSpec("a", 30), JobSpec("b", 60)]),
 ]
-LIFE_S = 8.0               # scenarios 8 and 9: each job's run
+TOGETHER = (12, 13, 14)    # jobs started together, judged over their whole lives
+LIFE_S = 8.0               # scenarios 8, 9, 12 to 15: each job's run
 FIRST_POLL_S = 0.01        # scenario 8: the timeline read this often
 SLIDE_S = 0.5              # scenario 8: windows judged from 0.5 s on
 DEMO_S = 3.0
+PS_EVERY_S = 0.5           # scenario 15: the daemon's `ps` read this often
+MEASURE_WINDOW_S = 1.0     # scenario 15: the second a figure is compared over
+FIND_EVERY_S = 0.1         # scenario 15: `ps` read this often until the jobs' regions are open
 CROWD_START_S = 60.0       # scenario 7: the most its 64 jobs may take to start
 
 
@@ -208,122 +245,11 @@ def remove_regions(runtime: Path) -> None:
             Region.discard(p)
 
 
-class Harness:
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
-        self.tmp = tmp
-        self.env = env
-
-    def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
-        raise NotImplementedError
-
-    def set_core(self, job: Running, core: int) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-    def burn_cmd(self, spec: JobSpec, seconds: float) -> list[str]:
-        if spec.graph:
-            # a graph launch is a step of several kernels: graphs queued
-            return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
-                    "--seconds", f"{seconds:g}", "--graph", str(spec.graph),
-                    "--inflight", str(inflight(spec.kernel_us * spec.graph))]
-        return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
-                "--seconds", f"{seconds:g}", "--inflight", str(inflight(spec.kernel_us))]
-
-
-class DirectHarness(Harness):
-    """Regions made here; the governor driven by a thread of this process."""
-
-    def __init__(self, tmp: Path, env: dict[str, str], tick_s: float = 0.1) -> None:
-        super().__init__(tmp, env)
-        from vgpuctl.governor.compute import ComputeGovernor
-
-        self.tick_s = tick_s
-        self.gov = ComputeGovernor(tick_s=tick_s)
-        import pynvml
-
-        self.uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
-        if isinstance(self.uuid, bytes):
-            self.uuid = self.uuid.decode()
-        self.jobs: list[Running] = []
-        self.trace: list[tuple[Any, ...]] | None = [] if os.environ.get("SHARE_TRACE") else None
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-        self.n = 0
-
-    def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
-        from vgpuctl.system.region import DeviceLimit, Region, const
-
-        self.n += 1
-        job_id = str(self.n)
-        path = self.tmp / "jobs" / job_id
-        policy = const("VGPU_POLICY_SOFT") if spec.policy == "soft" else const("VGPU_POLICY_HARD")
-        from vgpuctl.governor.compute import initial_gate
-
-        gate = initial_gate(spec.core, spec.policy)   # as the daemon's admission makes it
-        region = Region.create(path, job_id, os.getuid(),
-                               [DeviceLimit(uuid=self.uuid, core_share=spec.core, policy=policy,
-                                            throttle=gate.throttle, refill_rate=gate.refill_rate,
-                                            bucket_size=gate.bucket_size)])
-        env = dict(self.env)
-        env.update(LD_PRELOAD=str(native.hook_library()), VGPU_REGION=str(path),
-                   VGPU_JOB=job_id, VGPU_SIM_TAG=tag, CUDA_VISIBLE_DEVICES=self.uuid)
-        proc = subprocess.Popen(self.burn_cmd(spec, seconds), env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        job = Running(spec, tag, proc, job_id, {"region": region, "core": spec.core,
-                                                "created": time.time()})
-        with self.lock:
-            self.jobs.append(job)
-        return job
-
-    def set_core(self, job: Running, core: int) -> None:
-        with self.lock:
-            job.extra["core"] = core
-            job.extra["region"].update_device(0, core_share=core)
-
-    def _loop(self) -> None:
-        from vgpuctl.governor.compute import JobDevice
-
-        nxt = time.monotonic()
-        while not self.stop.is_set():
-            with self.lock:
-                live = [j for j in self.jobs if j.proc.poll() is None]
-                jd = []
-                for j in live:
-                    u = j.extra["region"].read_usage()
-                    jd.append(JobDevice(j.job_id, self.uuid, frozenset({j.proc.pid}),
-                                        j.extra["core"], j.spec.policy, u.devices[0].launches,
-                                        created=j.extra["created"]))
-                now = time.monotonic()
-                # as the daemon: the GPU is read with jobs on it or not
-                gates = self.gov.tick(jd, now, [self.uuid])
-                for j, d in zip(live, jd, strict=True):
-                    g = gates[(j.job_id, self.uuid)]
-                    j.extra["region"].update_device(0, throttle=g.throttle,
-                                                    refill_rate=g.refill_rate,
-                                                    bucket_size=g.bucket_size)
-                    j.extra["measured"] = g.measured
-                    if self.trace is not None:
-                        self.trace.append((round(now, 3), j.tag, round(g.measured, 4),
-                                           g.throttle, g.refill_rate, g.bucket_size,
-                                           d.launches))
-            nxt += self.tick_s
-            self.stop.wait(max(0.0, nxt - time.monotonic()))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.gov.close()
-
-
-class DaemonHarness(Harness):
+class DaemonHarness:
     """A private daemon; jobs through `vgpuctl run`, changes through `set`."""
 
     def __init__(self, tmp: Path, env: dict[str, str]) -> None:
-        super().__init__(tmp, env)
+        self.tmp = tmp
         self.sock = tmp / "vgpud.sock"
         self.env = dict(env)
         self.env.update(VGPU_SOCKET=str(self.sock), VGPU_RUNTIME_DIR=str(tmp / "run"),
@@ -342,6 +268,15 @@ class DaemonHarness(Harness):
                                    + (tmp / "daemon.log").read_text()[-2000:])
             time.sleep(0.05)
 
+    def burn_cmd(self, spec: JobSpec, seconds: float) -> list[str]:
+        if spec.graph:
+            # a graph launch is a step of several kernels: graphs queued
+            return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
+                    "--seconds", f"{seconds:g}", "--graph", str(spec.graph),
+                    "--inflight", str(inflight(spec.kernel_us * spec.graph))]
+        return [str(native.burn_program()), "--kernel-us", str(spec.kernel_us),
+                "--seconds", f"{seconds:g}", "--inflight", str(inflight(spec.kernel_us))]
+
     def _vgpuctl(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*VGPUCTL, *args], env=self.env, check=False,
                               capture_output=True, text=True, timeout=30)
@@ -349,8 +284,8 @@ class DaemonHarness(Harness):
     def start(self, spec: JobSpec, tag: str, seconds: float) -> Running:
         env = dict(self.env)
         env["VGPU_SIM_TAG"] = tag
-        cmd = [*VGPUCTL, "run", "--mem", "1G",
-               "--core", str(spec.core), "--policy", spec.policy, "--name", tag, "--",
+        share = [] if spec.core is None else ["--core", str(spec.core), "--policy", spec.policy]
+        cmd = [*VGPUCTL, "run", "--mem", "1G", *share, "--name", tag, "--",
                *self.burn_cmd(spec, seconds)]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -390,7 +325,7 @@ class DaemonHarness(Harness):
 
 # ---- scenarios ------------------------------------------------------------------
 
-def run_scenario(sc: Scenario, harness: Harness, record: DeviceRecord, settle: float,
+def run_scenario(sc: Scenario, harness: DaemonHarness, record: DeviceRecord, settle: float,
                  seconds: float, run_id: str, ungated: bool = False) -> dict[str, Any]:
     total = settle + seconds + 1.5 + (CROWD_START_S if sc.crowd else 0.0)
     jobs = []
@@ -516,7 +451,7 @@ def life_figures(pts: list[tuple[float, int]], life_s: float, target: float,
                                                        if abs(w / 100 - target) > tol)}
 
 
-def first_seconds(sc: Scenario, harness: Harness, record: DeviceRecord,
+def first_seconds(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
                   run_id: str, warm_up: bool = False) -> dict[str, Any]:
     """Scenario 8: each kernel length in turn, a job alone from its start.
     warm_up (scenario 8 run first): a job runs 1 s before, as on a node in
@@ -552,7 +487,7 @@ def first_seconds(sc: Scenario, harness: Harness, record: DeviceRecord,
     return {"runs": runs}
 
 
-def pair_life(sc: Scenario, harness: Harness, record: DeviceRecord,
+def pair_life(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
               run_id: str) -> dict[str, Any]:
     """Scenario 9: one job alone, ungated (its throughput is the GPU's),
     then the two started together, each for LIFE_S; each job's share is its
@@ -581,6 +516,200 @@ def pair_life(sc: Scenario, harness: Harness, record: DeviceRecord,
     alone_busy = round(a.get("rate", 0.0) * a.get("kernel_us", 0) / 1e4, 2)
     return {"alone": a, "alone_busy_pct": alone_busy, "burn": got, "shares": shares,
             "busy_pct": busy}
+
+
+def _stop(jobs: list[Running]) -> None:
+    """End the jobs still running (SIGTERM, then SIGKILL after 10 s)."""
+    for j in jobs:
+        if j.proc.poll() is None:
+            j.proc.send_signal(signal.SIGTERM)
+    for j in jobs:
+        try:
+            j.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            j.proc.kill()
+            j.proc.wait()
+
+
+def _first_kernel(pts: list[tuple[float, int]]) -> float | None:
+    """When a job's first kernel ran: the reading before its first busy one."""
+    first = next((i for i, (_, b) in enumerate(pts) if b > 0), None)
+    return None if first is None else pts[max(0, first - 1)][0]
+
+
+def _last_kernel(pts: list[tuple[float, int]]) -> float | None:
+    """When a job's last kernel ended: the first reading of its final busy time."""
+    if not pts or pts[-1][1] <= 0:
+        return None
+    return next(t for t, b in pts if b == pts[-1][1])
+
+
+def _share_over(pts: list[tuple[float, int]], a: float, b: float) -> float:
+    """The share, 0..1, over [a, b] of a series of (time, busy ns)."""
+    return (_busy_at(pts, b) - _busy_at(pts, a)) / ((b - a) * 1e9)
+
+
+def together_life(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
+                  run_id: str) -> dict[str, Any]:
+    """Scenarios 12 to 14: the jobs started together, each for LIFE_S, the
+    timeline read every FIRST_POLL_S; each job's share over its first
+    second and over its whole life (its busy time over vgpu-burn's
+    "seconds", first launch to last completion, as scenario 8's)."""
+    jobs = [harness.start(spec, f"s{sc.number}{run_id}-{spec.name}", LIFE_S)
+            for spec in sc.jobs]
+    pts: dict[str, list[tuple[float, int]]] = {j.tag: [] for j in jobs}
+    deadline = time.monotonic() + LIFE_S + 60
+    try:
+        while any(j.proc.poll() is None for j in jobs) and time.monotonic() < deadline:
+            t, busy = record.busy_ns()
+            for j in jobs:
+                pts[j.tag].append((t, busy.get(j.tag, 0)))
+            time.sleep(FIRST_POLL_S)
+    finally:
+        _stop(jobs)
+    t, busy = record.busy_ns()
+    for j in jobs:
+        pts[j.tag].append((t, busy.get(j.tag, 0)))
+    runs: dict[str, Any] = {}
+    for j in jobs:
+        burn = _burn_line(j)
+        res = life_figures(pts[j.tag], LIFE_S, (j.spec.core or 100) / 100)
+        res["burn"] = burn
+        if burn and burn.get("seconds"):
+            res["life"] = round(pts[j.tag][-1][1] / (burn["seconds"] * 1e9) * 100, 2)
+        runs[j.spec.name] = {"kernel_us": j.spec.kernel_us, "core": j.spec.core,
+                             "policy": j.spec.policy if j.spec.core is not None else None,
+                             **res}
+    # the GPU's busy time while every job ran (from the last one's first
+    # kernel to the first one's last): how full the jobs kept it
+    starts = [x for x in (_first_kernel(pts[j.tag]) for j in jobs) if x is not None]
+    ends = [x for x in (_last_kernel(pts[j.tag]) for j in jobs) if x is not None]
+    out: dict[str, Any] = {"runs": runs}
+    if len(starts) == len(ends) == len(jobs):
+        a, b = max(starts), min(ends)
+        if b - a > 0.5:
+            out["all_running_s"] = round(b - a, 3)
+            out["gpu_busy_all_running_pct"] = round(
+                sum(_share_over(pts[j.tag], a, b) for j in jobs) * 100, 2)
+    return out
+
+
+def measured_vs_timeline(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
+                         run_id: str) -> dict[str, Any]:
+    """Scenario 15: the jobs started together, each for LIFE_S. Every
+    PS_EVERY_S, the daemon's `ps` reply (what `vgpuctl ps --json` prints,
+    asked on the daemon's socket from here, so that its time is known
+    within milliseconds): each job's per_gpu[0].core_measured, its GPU
+    time over about the last second as its own hooks measured it. Every
+    FIRST_POLL_S, the timeline and each job's own GPU time (busy_ns of its
+    GPU in its usage region, which the daemon reads). Each figure is
+    compared with the timeline's share over the second before it was read,
+    from the job's first second on (the second within its life)."""
+    from vgpuctl.client.connection import Client
+    from vgpuctl.errors import VgpuError
+    from vgpuctl.system.region import Region
+
+    jobs = [harness.start(spec, f"s{sc.number}{run_id}-{spec.name}", LIFE_S)
+            for spec in sc.jobs]
+    by_tag = {j.tag: j for j in jobs}
+    line: dict[str, list[tuple[float, int]]] = {j.tag: [] for j in jobs}
+    own: dict[str, list[tuple[float, int]]] = {j.tag: [] for j in jobs}
+    regions: dict[str, Any] = {}
+    samples: list[tuple[float, str, float | None]] = []
+    errors: list[str] = []
+    w = MEASURE_WINDOW_S
+    deadline = time.monotonic() + LIFE_S + 60
+    next_ps = next_find = time.monotonic()
+    try:
+        while any(j.proc.poll() is None for j in jobs) and time.monotonic() < deadline:
+            t, busy = record.busy_ns()
+            for j in jobs:
+                line[j.tag].append((t, busy.get(j.tag, 0)))
+            for tag, reg in list(regions.items()):
+                if reg is None:
+                    continue
+                if by_tag[tag].proc.poll() is not None:   # the daemon discards it
+                    reg.close()
+                    regions[tag] = None
+                    continue
+                ta = time.monotonic()
+                try:
+                    ns = reg.read_devices()[0].busy_ns
+                except (OSError, ValueError, IndexError) as e:
+                    errors.append(f"{tag}: region read: {e}")
+                    reg.close()
+                    regions[tag] = None
+                    continue
+                own[tag].append(((ta + time.monotonic()) / 2, ns))
+            now = time.monotonic()
+            # until every job's region is open, the reply is asked for every
+            # FIND_EVERY_S (for the jobs' ids); its figures every PS_EVERY_S
+            sample = now >= next_ps
+            if sample or (now >= next_find and any(t not in regions for t in by_tag)):
+                next_find = now + FIND_EVERY_S
+                if sample:
+                    next_ps += PS_EVERY_S
+                try:
+                    with Client.connect(harness.sock, timeout=5) as cl:
+                        reply: dict[str, Any] | None = cl.call("ps")
+                except (OSError, VgpuError, ValueError) as e:
+                    errors.append(f"ps: {e}")
+                    reply = None
+                tm = (now + time.monotonic()) / 2
+                for row in (reply or {}).get("jobs", []):
+                    tag = row.get("name")
+                    if tag not in by_tag:
+                        continue
+                    if sample:
+                        per = row.get("per_gpu") or []
+                        m = per[0].get("core_measured") if per else row.get("core_measured")
+                        samples.append((tm, tag, m))
+                    if tag not in regions and by_tag[tag].proc.poll() is None:
+                        try:       # tried again at the next reply when it fails
+                            regions[tag] = Region.open(harness.tmp / "run" / "jobs"
+                                                       / str(row.get("id")))
+                        except (OSError, ValueError) as e:
+                            errors.append(f"{tag}: region open: {e}")
+            time.sleep(FIRST_POLL_S)
+    finally:
+        for reg in regions.values():
+            if reg is not None:
+                reg.close()
+        _stop(jobs)
+    t, busy = record.busy_ns()
+    for j in jobs:
+        line[j.tag].append((t, busy.get(j.tag, 0)))
+    runs: dict[str, Any] = {}
+    for j in jobs:
+        pts = line[j.tag]
+        t0, t1 = _first_kernel(pts), _last_kernel(pts)
+        got: list[dict[str, Any]] = []
+        if t0 is not None and t1 is not None:
+            mine = own[j.tag]
+            for ts, tag, m in samples:
+                if tag != j.tag or m is None or ts - w < t0 or ts > t1:
+                    continue
+                tl = _share_over(pts, ts - w, ts) * 100
+                e: dict[str, Any] = {"t": round(ts - t0, 3), "core_measured": round(m * 100, 2),
+                                     "timeline": round(tl, 2), "diff": round(m * 100 - tl, 2)}
+                if mine and mine[0][0] <= ts - w and mine[-1][0] >= ts:
+                    o = _share_over(mine, ts - w, ts) * 100
+                    e["own"] = round(o, 2)
+                    e["own_diff"] = round(o - tl, 2)
+                got.append(e)
+        worst = max(got, key=lambda e: abs(e["diff"]), default=None)
+        worst_own = max((e for e in got if "own_diff" in e), key=lambda e: abs(e["own_diff"]),
+                        default=None)
+        runs[j.spec.name] = {
+            "core": j.spec.core, "kernel_us": j.spec.kernel_us, "burn": _burn_line(j),
+            "life": (round(pts[-1][1] / ((t1 - t0) * 1e9) * 100, 2)
+                     if t0 is not None and t1 is not None and t1 > t0 else None),
+            "samples": got,
+            "largest_diff": worst["diff"] if worst else None,
+            "largest_diff_at_s": worst["t"] if worst else None,
+            "largest_own_diff": worst_own["own_diff"] if worst_own else None,
+            "own_samples": sum(1 for e in got if "own_diff" in e)}
+    return {"runs": runs, "ps_every_s": PS_EVERY_S, "window_s": w, "errors": errors[:20]}
 
 
 def demo_run() -> dict[str, Any]:
@@ -730,6 +859,37 @@ def judge(sc: Scenario, res: dict[str, Any], solo: dict[str, Any] | None) -> lis
         for name, j in res["jobs"].items():
             rows.append(_row(sc, f"demo {name} ({j['core']}% {j['policy']})", j["core"],
                              j["share"] or 0.0, 3.0))
+    elif sc.number in TOGETHER:
+        for spec in sc.jobs:
+            r = res["runs"].get(spec.name, {})
+            what = f"job {spec.name} ({spec.kernel_us} us"
+            if spec.core is None:
+                rows.append({"scenario": sc.number,
+                             "what": f"{what}, no --core): whole {LIFE_S:g} s life (shown)",
+                             "target": "none", "measured": r.get("life"), "error": None,
+                             "ok": None})
+                continue
+            what += f", {spec.core} {spec.policy})"
+            if sc.number != 14:
+                rows.append(_row(sc, f"{what}: first second", spec.core,
+                                 r.get("first_s", 0.0), 5.0))
+            rows.append(_row(sc, f"{what}: whole {LIFE_S:g} s life", spec.core,
+                             r.get("life", 0.0), 2.0))
+    elif sc.number == 15:
+        for spec in sc.jobs:
+            r = res["runs"].get(spec.name, {})
+            n = len(r.get("samples", []))
+            for key, what in (("largest_diff", "ps core_measured"),
+                              ("largest_own_diff", "own GPU time (region busy_ns)")):
+                d = r.get(key)
+                k = n if key == "largest_diff" else r.get("own_samples", 0)
+                label = (f"job {spec.name} ({spec.core}): {what} - timeline, largest "
+                         f"difference, {k} samples (points)")
+                if d is None:
+                    rows.append({"scenario": 15, "what": label, "target": 0, "measured": None,
+                                 "error": None, "ok": False})
+                else:
+                    rows.append(_row(sc, label, 0, d, 2.0))
     elif sc.number == 7:
         got = sorted((sh[spec.name] * 100, spec.name) for spec in sc.jobs)
         n = len(got)
@@ -767,7 +927,6 @@ def print_table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--harness", choices=("daemon", "direct"), default="daemon")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=2.0)
     ap.add_argument("--only", default="", help="comma-separated scenario numbers")
@@ -776,26 +935,31 @@ def main(argv: list[str] | None = None) -> int:
                          "1000)")
     ap.add_argument("--util-idle", choices=("average", "skip"), default="average",
                     help="how the simulated NVML averages a process's idle periods")
-    ap.add_argument("--util-procs", choices=("last", "busiest", "each"), default="last",
+    ap.add_argument("--util-procs", choices=("last", "busiest", "each", "none"), default="last",
                     help="which processes the simulated NVML names in a sample period: one "
-                         "(the last to run, as an H100; or the busiest), or each")
+                         "(the last to run, as an H100; or the busiest), each, or none "
+                         "(per-process utilization not supported, as on a MIG instance)")
+    ap.add_argument("--cpu-load", type=int, default=0, metavar="N",
+                    help="run N CPU-burning processes beside the jobs for the whole run")
     ap.add_argument("--out", default=None,
                     help="the JSON file (default bench/results/share_accuracy_<sample-ms>ms"
-                         "[_skip].json)")
+                         "[_skip][_each|_busiest|_none][_cpuN].json)")
     args = ap.parse_args(argv)
+    if args.cpu_load < 0:
+        ap.error("--cpu-load: N must be 0 or more")
     if args.out is None:
         idle = "" if args.util_idle == "average" else f"_{args.util_idle}"
         procs = "" if args.util_procs == "last" else f"_{args.util_procs}"
+        cpu = f"_cpu{args.cpu_load}" if args.cpu_load else ""
         args.out = str(HERE / "results"
-                       / f"share_accuracy_{args.sample_ms}ms{idle}{procs}.json")
+                       / f"share_accuracy_{args.sample_ms}ms{idle}{procs}{cpu}.json")
     only = {int(x) for x in args.only.split(",") if x.strip()}
 
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-share-"))
     try:
         return _run(args, only, tmp)
     finally:
-        for d in (tmp / "run", tmp):          # the daemon's regions, and DirectHarness's
-            remove_regions(d)
+        remove_regions(tmp / "run")           # the daemon's regions
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -810,12 +974,41 @@ def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HERE.parent), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     record = DeviceRecord(env)
-    harness: Harness = (DirectHarness(tmp, env) if args.harness == "direct"
-                        else DaemonHarness(tmp, env))
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    burners = start_cpu_load(args.cpu_load)
+    try:
+        return _scenarios(args, only, tmp, env, record, load_before)
+    finally:
+        stop_cpu_load(burners)
+
+
+# A busy loop that ends itself once its parent (this benchmark) is gone, so
+# that a benchmark killed outright leaves no process spinning.
+CPU_BURNER = ("import os\np = os.getppid()\nwhile os.getppid() == p:\n"
+              "    for _ in range(1000000):\n        pass\n")
+
+
+def start_cpu_load(n: int) -> list[subprocess.Popen]:
+    """N processes burning a CPU each (pure Python busy loops)."""
+    return [subprocess.Popen([sys.executable, "-c", CPU_BURNER], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(n)]
+
+
+def stop_cpu_load(burners: list[subprocess.Popen]) -> None:
+    for b in burners:
+        if b.poll() is None:
+            b.kill()
+    for b in burners:
+        b.wait()
+
+
+def _scenarios(args: argparse.Namespace, only: set[int], tmp: Path, env: dict[str, str],
+               record: DeviceRecord, load_before: list[float]) -> int:
+    harness = DaemonHarness(tmp, env)
     rows: list[dict[str, Any]] = []
     results: dict[str, Any] = {}
     t0 = time.monotonic()
-    load_before = [round(x, 2) for x in os.getloadavg()]
     try:
         solo = None
         for sc in SCENARIOS:
@@ -831,9 +1024,11 @@ def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
             elif sc.number == 9:
                 res = pair_life(sc, harness, record, "")
             elif sc.number == 10:
-                if args.harness != "daemon":
-                    continue
                 res = demo_run()
+            elif sc.number in TOGETHER:
+                res = together_life(sc, harness, record, "")
+            elif sc.number == 15:
+                res = measured_vs_timeline(sc, harness, record, "")
             else:
                 res = run_scenario(sc, harness, record, args.settle, args.seconds, "")
             results[str(sc.number)] = res
@@ -844,16 +1039,14 @@ def _run(args: argparse.Namespace, only: set[int], tmp: Path) -> int:
     finally:
         harness.close()
     table = print_table(rows)
-    trace = getattr(harness, "trace", None)
-    if trace:
-        results["trace"] = trace
     out = {
         "benchmark": "share_accuracy",
-        "harness": args.harness,
+        "harness": "daemon",
         "device": f"simulated GPU (VGPU_SIM={SIM_SPEC})",
         "sample_ms": args.sample_ms,
         "util_idle": args.util_idle,
         "util_procs": args.util_procs,
+        "cpu_load": args.cpu_load,
         "cpus": os.cpu_count(),
         "settle_s": args.settle,
         "seconds": args.seconds,

@@ -9,8 +9,11 @@
  *   alloctab.c   the process's allocations and what each reserved
  *   vmm.c        VMM handles: charged until released and unmapped
  *   memory.c     allocating entry points, their frees, memory info
+ *   pool.c       stream-ordered pools: what their reserve holds
  *   context.c    contexts: measured, reserved, given back
- *   launch.c     the launch gate (token bucket)
+ *   launch.c     the launch gate: fast path, or the slow one below
+ *   flight.c     work in flight, GPU time measured by events
+ *   turns.c      turns: when a gated job may launch
  *   priority.c   classes: held launches, the job's signal
  *   nvml.c       NVML memory info and process lists
  *   log.c        "vgpu:" messages, each once
@@ -246,6 +249,43 @@ static inline void vgpu_leave_hook(int *unused)
     __attribute__((cleanup(vgpu_leave_hook))) int guard_ = 1; \
     (void)guard_
 
+/* ---- work in flight and GPU time (flight.c) ------------------------------------ */
+/* A job's turn on one device, as this process keeps it: turns_rule.h. */
+#include "turns_rule.h"
+/* What is in flight on a device, polled (with the flight lock held). */
+struct vgpu_flight_view {
+    uint32_t n;             /* launches in flight */
+    int measured;           /* cost_ns was measured (else a default) */
+    uint64_t cost_ns;       /* GPU time of one launch */
+    uint64_t pending_ns;    /* estimated GPU time of what is in flight */
+    CUevent head;           /* the oldest launch's mark; NULL when none */
+    struct vgpu_turn_state *turn;
+};
+void vgpu_flight_lock(void);
+void vgpu_flight_unlock(void);
+/* Take in the completed launches and describe what is in flight (lock held);
+ * 0 when out of memory. */
+int vgpu_flight_poll(int d, struct vgpu_flight_view *v);
+/* The GPU time one launch takes, as measured (*measured 0: a default). */
+uint64_t vgpu_flight_cost(int d, int *measured);
+/* Before a tracked launch into s: start a stretch if nothing is in flight. */
+void vgpu_flight_begin(int d, CUstream s);
+/* After it: mark it (own: in the job's turn, else borrowed time). */
+void vgpu_flight_track(int d, CUstream s, int own);
+/* Wait for a mark, counting the wait as throttled since `since`. */
+void vgpu_flight_wait(CUevent ev, int d, uint64_t since);
+void vgpu_flight_atfork_child(void);
+
+/* ---- turns (turns.c) -------------------------------------------------------------- */
+enum { VGPU_GO_CLOSED = -1, VGPU_GO_UNTRACKED = 0, VGPU_GO_OWN = 1, VGPU_GO_BORROWED = 2 };
+/* Before a launch on d into s of a job gated by turns: wait for its turn
+ * (or an open span); VGPU_GO_*. */
+int vgpu_turn_gate(int d, CUstream s);
+/* Whether a launch into s is captured (runs nothing now: neither gated nor
+ * tracked). */
+int vgpu_capturing(CUstream s);
+void vgpu_turns_atfork_child(void);
+
 /* ---- priority classes (priority.c) ------------------------------------------------ */
 /* The job's own signal (NULL without a region of the daemon's). */
 extern struct vgpu_signal *vgpu_g_signal;
@@ -255,11 +295,9 @@ const struct vgpu_signal *vgpu_attach_signal(int id);
 /* A launch on region device d of a job with lower classes beside it: stamp
  * its signal. */
 void vgpu_prio_signal(int d);
-/* Before a launch on d into stream s of a job with higher classes beside it:
- * wait while they need the GPU; 1 when the launch is to be tracked
- * (vgpu_prio_track after it succeeded), 0 when not (a capturing stream). */
-int vgpu_prio_hold(int d, CUstream s);
-void vgpu_prio_track(int d, CUstream s);
+/* Before a launch on d of a job with higher classes beside it: wait while
+ * they need the GPU. */
+void vgpu_prio_hold(int d);
 void vgpu_priority_atfork_child(void);
 
 /* ---- logging (log.c) -------------------------------------------------------- */

@@ -65,30 +65,30 @@ static struct vgpu_limits priv_limits;
 static struct vgpu_usage priv_usage;
 
 /* ---- layout checks: a change to region.h must be seen here -------------- */
-_Static_assert(sizeof(struct vgpu_dev_limit) == 184 + 8 * 48, "vgpu_dev_limit layout");
+_Static_assert(sizeof(struct vgpu_dev_limit) == 360 + 8 * 48, "vgpu_dev_limit layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) == 124, "hold");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 144, "priority");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 184, "holders");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, turn_gen) == 128, "turn_gen");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, open) == 200, "open");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 328, "priority");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 360, "holders");
 _Static_assert(sizeof(struct vgpu_holder) == 48, "vgpu_holder layout");
 _Static_assert(__builtin_offsetof(struct vgpu_holder, signal_id) == 40, "holder.signal_id");
 _Static_assert(sizeof(struct vgpu_signal) == 16 + 16 * 32, "vgpu_signal layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, mem_limit) == 96, "mem_limit");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, throttle) == 120, "throttle");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, refill_rate) == 128, "refill_rate");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, bucket_size) == 136, "bucket_size");
-_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 568, "vgpu_limits layout");
+_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 744, "vgpu_limits layout");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, generation) == 48, "generation");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
 _Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_usage, tokens) == 16, "tokens");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_usage, busy_ns) == 16, "busy_ns");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_usage, oom_refusals) == 48, "oom_refusals");
-_Static_assert(sizeof(struct vgpu_proc_slot) == 16 + 3 * 16 * 8 + 16, "vgpu_proc_slot layout");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 16 + 4 * 16 * 8 + 16, "vgpu_proc_slot layout");
 _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, used) == 16, "slot.used");
-_Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 400, "slot.allocs");
+_Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 528, "slot.allocs");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
-_Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 416, "vgpu_usage layout");
-_Static_assert(VGPU_REGION_VERSION == 2, "libvgpu/hook follows region layout version 2");
+_Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 544, "vgpu_usage layout");
+_Static_assert(VGPU_REGION_VERSION == 3, "libvgpu/hook follows region layout version 3");
 
 /* ---- helpers -------------------------------------------------------------- */
 uint64_t vgpu_now_ns(void)
@@ -569,6 +569,8 @@ static void after_fork_child(void)
     vgpu_alloctab_atfork_child();
     vgpu_context_atfork_child();
     vgpu_devmap_atfork_child();
+    vgpu_flight_atfork_child();
+    vgpu_turns_atfork_child();
     vgpu_priority_atfork_child();
     if (vgpu_g_private)
         memset(priv_usage.dev, 0, sizeof(priv_usage.dev));

@@ -523,4 +523,4 @@ def test_run_loads_only_what_it_needs(daemon):
     assert not loaded & heavy
     assert {m for m in loaded if m.startswith("vgpuctl.cli.commands")} == {
         "vgpuctl.cli.commands", "vgpuctl.cli.commands.run"}
-    assert not {m for m in loaded if m.startswith(("vgpuctl.daemon", "vgpuctl.governor"))}
+    assert not {m for m in loaded if m.startswith(("vgpuctl.daemon", "vgpuctl.system.busy"))}

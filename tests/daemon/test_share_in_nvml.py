@@ -20,8 +20,8 @@ def test_a_core_30_job_reads_30_in_nvml_over_two_seconds(daemon_factory):
     try:
         job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
                        timeout=30, what="the job to start")
-        # Held at its share by the daemon's own measure first (the governor
-        # settles within a second or two).
+        # Held at its share by its turns, by the daemon's own measure first
+        # (the job's hook-measured GPU time over about a second).
         wait_for(lambda: abs((daemon.job(job["id"])["core_measured"] or 0) - 0.30) < 0.03,
                  timeout=30, what="the job to settle at its share")
         env = {**daemon.env,

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from support.daemon import read_line, wait_for
 
-from vgpuctl.core import placement
+from vgpuctl.core import placement, turns
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, SlurmConfig, UserLimits
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.governor.compute import Gate
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region, shm_stat
 from vgpuctl.system.region import ffi as region_ffi
+from vgpuctl.system.turns import read_turn
 
 G = 1 << 30
 DEVICES = [GpuStats(0, "GPU-00000000-aaaa", "Sim GPU", 16 * G),
@@ -95,9 +95,9 @@ def test_run_places_creates_the_region_and_returns_the_env(tmp_path):
     assert r["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
     reg = Region.open(env["VGPU_REGION"])
     d = reg.device(0)
-    # gated from the start (the governor's cautious first rate)
+    # gated by turns from the start (its share is a cap even alone)
     assert (d.uuid, d.mem_limit, d.core_share, d.throttle) == (DEVICES[0].uuid, 4 * G, 30,
-                                                               True)
+                                                               turns.TURNS)
     assert oct(os.stat(Path(env["VGPU_REGION"]) / "region").st_mode & 0o777) == "0o644"
     assert oct(shm_stat(reg.limits_id).perm.mode & 0o777) == "0o644"
     assert oct(shm_stat(reg.usage_id).perm.mode & 0o777) == "0o600"
@@ -268,64 +268,114 @@ def test_garbage_gets_an_error_reply(tmp_path):
     assert sup.handle_line(ME, P.encode_request("ping"))["ok"] is True
 
 
-def test_core_100_hard_gets_no_gate(tmp_path, procs):
-    """Whatever the governor asks, a job promised core 100 hard keeps the
-    hook's fast path; at core 30 it gets the gate the governor asks for."""
-    sup = make(tmp_path)
-    r = run(sup, mem=G, core=100)
-    jid = r["job"]["id"]
-    call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
-    inputs = sup.gates.inputs()                  # as the daemon's tick loop does
-    [inp] = inputs
-    assert inp.uuid == DEVICES[0].uuid
-    limits = Region.open(r["env"]["VGPU_REGION"])  # what the hook reads
-    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.5, 1.0)})
-    assert limits.device(0).throttle is False
-    assert call(sup, ME, "ps", job=jid)["jobs"][0]["core_measured"] == 0.5
-    call(sup, ME, "set", job=jid, core=30)
-    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.25, 0.3)})
-    d = limits.device(0)
-    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
+def turn_of(r, i: int = 0) -> turns.Turn:
+    """The gate and turn a job's hook reads from its region now."""
+    reg = Region.open(r["env"]["VGPU_REGION"])
+    try:
+        return read_turn(reg, i)
+    finally:
+        reg.close()
 
 
-def test_a_job_with_no_promise_is_gated_when_the_governor_says(tmp_path, procs):
-    """A job run without --core has no promise: it keeps the fast path while
-    the governor leaves it ungated, and gets the gate it sets when promised
-    jobs beside it need their shares."""
-    sup = make(tmp_path)
-    r = run(sup, mem=G)
-    jid = r["job"]["id"]
-    assert r["job"]["promised"] is False and r["job"]["core"] == 100
-    call(sup, ME, "started", job=jid, pid=procs("sleep", "60").pid)
-    [inp] = inputs = sup.gates.inputs()
-    assert inp.promised is False
-    limits = Region.open(r["env"]["VGPU_REGION"])
-    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(False, 0, 0, 0.5, 1.0)})
-    assert limits.device(0).throttle is False
-    sup.gates.apply(inputs, {(jid, inp.uuid): Gate(True, 5000, 1000, 0.5, 0.8)})
-    d = limits.device(0)
-    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, 5000, 1000)
+CYCLE = turns.CYCLE_NS
 
 
-def test_a_new_region_is_gated_from_its_first_launch(tmp_path):
-    """A job's region is made gated, at the governor's cautious first rate
-    for its share (no job runs unpaced until the first tick), and its
-    launch ledger starts from that gate; a hard 100 % job has none."""
-    from vgpuctl.governor.compute import initial_gate
-
+def test_a_job_is_gated_by_its_turn_before_run_answers(tmp_path):
+    """No job runs ungated until the first tick: by the time `run` answers
+    (and the job's command can launch), its region holds its turn."""
     sup = make(tmp_path)
     r = run(sup, mem=G, core=30)
-    jid = r["job"]["id"]
-    d = Region.open(r["env"]["VGPU_REGION"]).device(0)
-    want = initial_gate(30, "hard")
-    assert want.throttle and want.refill_rate > 0
-    assert (d.throttle, d.refill_rate, d.bucket_size) == (True, want.refill_rate,
-                                                          want.bucket_size)
-    ledger = sup.table.find(jid).ledgers[0]
-    assert (ledger.gate.throttle, ledger.gate.refill_rate, ledger.gate.bucket_size) == \
-        (True, want.refill_rate, want.bucket_size)
-    full = run(sup, mem=G, core=100, policy="hard")
-    assert Region.open(full["env"]["VGPU_REGION"]).device(0).throttle is False
+    t = turn_of(r)
+    assert t.gate == turns.TURNS
+    assert (t.start_ns, t.len_ns, t.credit_ns, t.cycle_ns) == (0, 3 * CYCLE // 10,
+                                                               3 * CYCLE // 10, CYCLE)
+    assert t.share == pytest.approx(0.30)
+    assert not t.borrow and t.open == ()          # hard: its turn, nothing more
+    assert sup.trust.gate(sup.table.get(r["job"]["id"]), 0) == t
+    assert r["job"]["state"] == "starting"        # before it even started
+
+
+def test_core_100_hard_alone_is_not_gated(tmp_path):
+    """A job promised all of its GPU keeps the hook's fast path, and so
+    does one that asked for no share."""
+    sup = make(tmp_path)
+    full = run(sup, mem=G, core=100, policy="hard", gpu="0")
+    assert turn_of(full) == turns.OPEN_TURN
+    assert Region.open(full["env"]["VGPU_REGION"]).device(0).throttle == turns.OPEN
+    plain = run(sup, mem=G, gpu="1")
+    assert plain["job"]["promised"] is False
+    assert turn_of(plain) == turns.OPEN_TURN
+
+
+def test_two_jobs_get_turns_apart_and_one_ending_replans_the_other(tmp_path):
+    sup = make(tmp_path)
+    a = run(sup, mem=G, core=30, gpu="0")
+    b = run(sup, mem=G, core=60, gpu="0")
+    ta, tb = turn_of(a), turn_of(b)
+    assert ta.gate == tb.gate == turns.TURNS
+    assert ta.epoch_ns == tb.epoch_ns and ta.cycle_ns == tb.cycle_ns == CYCLE
+    assert (ta.start_ns, ta.len_ns) == (0, 3 * CYCLE // 10)
+    assert (tb.start_ns, tb.len_ns) == (3 * CYCLE // 10, 6 * CYCLE // 10)
+    # apart: one ends where the other begins
+    assert ta.start_ns + ta.len_ns <= tb.start_ns
+    # A job on the other GPU has nothing to do with them.
+    other = run(sup, mem=G, core=50, gpu="1")
+    assert turn_of(other).start_ns == 0 and turn_of(a) == ta and turn_of(b) == tb
+    # The first ends: the second's turn is planned again at once (no tick).
+    call(sup, ME, "exited", job=a["job"]["id"], code=0)
+    tb2 = turn_of(b)
+    assert tb2.gate == turns.TURNS and (tb2.start_ns, tb2.len_ns) == (0, 6 * CYCLE // 10)
+    assert tb2.epoch_ns == tb.epoch_ns            # the GPU's cycles stay where they were
+    # ...and so when a share is set: 60 -> 100 hard alone is no cap at all.
+    call(sup, ME, "set", job=b["job"]["id"], core=100)
+    assert turn_of(b) == turns.OPEN_TURN
+
+
+def test_a_job_with_no_promise_borrows_beside_a_promised_one(tmp_path, procs):
+    """A job run without --core keeps the fast path alone; beside a job
+    promised a share it gets no turn and runs in the rest of the cycle."""
+    sup = make(tmp_path)
+    r = run(sup, mem=G, gpu="0")
+    assert r["job"]["promised"] is False and r["job"]["core"] == 100
+    call(sup, ME, "started", job=r["job"]["id"], pid=procs("sleep", "60").pid)
+    assert turn_of(r) == turns.OPEN_TURN
+    hard = run(sup, mem=G, core=20, gpu="0")
+    t = turn_of(r)
+    assert t.gate == turns.TURNS and t.len_ns == 0 and t.credit_ns == 0
+    assert t.borrow and t.borrow_ns == turns.BORROW_NS
+    assert t.open == ((CYCLE // 5, CYCLE - CYCLE // 5),)
+    assert (turn_of(hard).start_ns, turn_of(hard).len_ns) == (0, CYCLE // 5)
+    # The promised job ends: alone again, the first is ungated again.
+    call(sup, ME, "exited", job=hard["job"]["id"], code=0)
+    assert turn_of(r) == turns.OPEN_TURN
+
+
+def test_a_flagged_jobs_gate_is_closed_and_stays_closed(tmp_path):
+    sup = make(tmp_path)
+    bad = run(sup, mem=G, core=30, gpu="0")
+    good = run(sup, mem=G, core=40, gpu="0")
+    before = turn_of(good)
+    reg = Region.open(bad["env"]["VGPU_REGION"], writable_usage=True)
+    reg.poke_usage(0, b"garbage!")
+    reg.close()
+    call(sup, ME, "started", job=bad["job"]["id"], pid=os.getpid())
+    sup.gates.step(sup.gates.inputs())           # a tick reads the region
+    assert "header" in call(sup, ME, "ps", job=bad["job"]["id"])["jobs"][0]["region_error"]
+    assert turn_of(bad) == turns.CLOSED_TURN
+    assert Region.open(bad["env"]["VGPU_REGION"]).device(0).throttle == turns.CLOSED
+    # Planning again (a tick, a change on its GPU) never opens it again.
+    for _ in range(3):
+        sup.refresh_gpus()
+        sup.gates.step(sup.gates.inputs())
+    # Its neighbour keeps its turn.
+    assert turn_of(good) == before
+    # A share set for it (here, by its owner) opens nothing either; the
+    # neighbour keeps its turn of its share wherever it now lies (the
+    # hand-over guard aside, now that the turns fill the cycle).
+    call(sup, ME, "set", job=bad["job"]["id"], core=60, policy="soft")
+    assert turn_of(bad) == turns.CLOSED_TURN
+    t = turn_of(good)
+    assert t.gate == turns.TURNS and t.share == pytest.approx(0.40, rel=0.02)
 
 
 def test_job_env_puts_the_hook_and_libraries_first_once():
@@ -516,15 +566,16 @@ def test_views_never_change_a_job(tmp_path):
     assert "header" in call(sup, ME, "ps", job=jid)["jobs"][0]["region_error"]
 
 
-def test_a_starting_job_is_in_the_governors_inputs_with_its_launcher(tmp_path, procs):
+def test_a_starting_job_is_in_the_gates_inputs_with_its_launcher(tmp_path, procs):
     sup = make(tmp_path)
     launcher = procs("sleep", "60")
     jid = run(sup, peer=Peer(launcher.pid, ME.uid, ME.gid), mem=G, core=5)["job"]["id"]
     [inp] = sup.gates.inputs()
     assert (inp.job_id, inp.core) == (jid, 5) and launcher.pid in inp.pids
-    sup.gates.apply([inp], {(jid, inp.uuid): Gate(True, 5000, 1000, 0.9, 0.05)})
-    d = Region.open(sup.table.get(jid).rec.region).device(0)
-    assert (d.throttle, d.refill_rate) == (True, 5000)
+    sup.gates.step([inp])
+    reg = Region.open(sup.table.get(jid).rec.region)
+    t = read_turn(reg, 0)
+    assert (t.gate, t.len_ns) == (turns.TURNS, CYCLE * 5 // 100)
 
 
 def test_a_user_flooding_admissions_is_capped_and_others_get_in(tmp_path):

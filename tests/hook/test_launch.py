@@ -1,17 +1,38 @@
-"""The launch gate of libvgpu.so (issue 5, hook side): every launch path is
-counted, and when the job's region throttles a GPU every path waits for
-tokens from the bucket the daemon refills; only the launching thread waits,
-and changes of the rate apply while it waits. No timing is asserted."""
+"""The launch gate of libvgpu.so, hook side: every launch path is counted;
+a GPU whose gate is open takes the fast path; a GPU gated by turns
+(docs/compute.md, "Turns") launches only in the job's turn of the cycle,
+up to its credit of GPU time a cycle, on every launch path, and only the
+launching thread waits; a closed gate fails the launch.
+
+The shares are measured by the simulator's own timeline (each process's
+kernel time, under its VGPU_SIM_TAG), never by the hook: over whole cycles
+of the turns while vgpu-burn saturates the GPU (the only waits on the clock
+here are the ends of that window); the hook's own measure of its GPU time
+(busy_ns) is checked against the same timeline over a fixed run."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
 import pytest
 from support.hook import (
-    TOKEN_SCALE,
+    CUDA_ERROR_NOT_PERMITTED,
     GiB,
+    Sim,
     slot_of,
     wait_for,
 )
+
+from vgpuctl.core.turns import CLOSED, OPEN_TURN, TURNS, Turn
+from vgpuctl.system import native
+from vgpuctl.system.region import Region
+from vgpuctl.system.turns import write_turn
 
 # cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch (each
 # also _ptsz), and the launches before cuLaunchKernel: cuLaunch, cuLaunchGrid,
@@ -19,6 +40,35 @@ from support.hook import (
 PATHS = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz",
          "legacy", "grid", "gridasync"]
 
+MS = 1_000_000
+CYCLE_NS = 50 * MS
+TOLERANCE = 3.0          # percentage points of the device
+
+
+def turn(start_ms: float, len_ms: float, epoch_ns: int, cycle_ns: int = CYCLE_NS) -> Turn:
+    """A hard job's turn: [start, start + len) of each cycle from epoch_ns, its
+    credit the turn's length."""
+    return Turn(gate=TURNS, epoch_ns=epoch_ns, cycle_ns=cycle_ns, start_ns=int(start_ms * MS),
+                len_ns=int(len_ms * MS), credit_ns=int(len_ms * MS))
+
+
+def far_turn() -> Turn:
+    """A turn that does not come while a test runs: 1 s of a 10 minute
+    cycle, 5 minutes from now."""
+    return Turn(gate=TURNS, epoch_ns=time.monotonic_ns(), cycle_ns=600_000 * MS,
+                start_ns=300_000 * MS, len_ns=1000 * MS, credit_ns=1000 * MS)
+
+
+def whole_cycle() -> Turn:
+    """A turn of the whole cycle: the job may use all of the GPU."""
+    return turn(0, 50, time.monotonic_ns())
+
+
+def waited(region: Region) -> bool:
+    return region.read_usage().devices[0].throttled_ns > 0
+
+
+# ---- the fast path ------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", PATHS)
 def test_unthrottled_launches_are_counted(path, sim, clients, client_factory):
@@ -29,47 +79,70 @@ def test_unthrottled_launches_are_counted(path, sim, clients, client_factory):
     c.until("hold")
     assert slot_of(region, c.pid).launches[0] == 5
     dev = region.read_usage().devices[0]
-    assert dev.launches == 0 and dev.throttled_ns == 0   # the bucket was not touched
+    # the fast path: nothing gated, nothing waited for, nothing measured
+    assert dev.launches == 0 and dev.throttled_ns == 0 and dev.busy_ns == 0
 
+
+# ---- every launch path keeps to the gate ---------------------------------------------
 
 @pytest.mark.parametrize("path", PATHS)
-def test_throttled_launch_path_waits_for_tokens(path, sim, clients, client_factory):
-    """With no refill the launch cannot proceed; once the daemon gives a rate
-    (live) it does, each launch having taken its tokens."""
-    region = sim.region([GiB, GiB], throttle=True, refill_rate=0, bucket_size=2 * TOKEN_SCALE)
+def test_every_launch_path_waits_for_its_turn(path, sim, clients, client_factory):
+    """Out of its turn no launch goes, whatever the path; once the daemon
+    gives the job a turn that has come (live), every launch goes through
+    the gate."""
+    region = sim.region([GiB, GiB], turn={0: far_turn()})
     c = client_factory(clients["direct"], ["ctx", "0", "launch", path, "3", "hold"],
                        sim.job_env(region.path))
     c.until("ctx")
-    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0 or c.printed("launch"),
-             what="the launch to wait")
-    assert not c.printed("launch"), "a launch returned with no tokens to take"
+    wait_for(lambda: waited(region) or c.printed("launch"), what="the launch to wait")
+    assert not c.printed("launch"), "a launch returned out of its turn"
     assert region.read_usage().devices[0].launches == 0
-    region.update_device(0, refill_rate=1_000_000 * TOKEN_SCALE)
+    write_turn(region, 0, whole_cycle())
     assert c.until("launch") == ["0"]
     c.until("hold")
-    dev = region.read_usage().devices[0]
-    assert dev.launches == 3                 # launches that took tokens
-    assert 0 <= dev.tokens <= 2 * TOKEN_SCALE
+    assert region.read_usage().devices[0].launches == 3       # all through the gate
     assert slot_of(region, c.pid).launches[0] == 3
 
 
-def test_lifting_the_throttle_releases_a_waiting_launch(sim, clients, client_factory):
-    region = sim.region([GiB, GiB], throttle=True, refill_rate=0, bucket_size=TOKEN_SCALE)
-    c = client_factory(clients["direct"], ["ctx", "0", "launch", "kernel", "2"],
+@pytest.mark.parametrize("path", PATHS)
+def test_a_closed_gate_fails_every_launch_path(path, sim, clients, client_factory):
+    """A job whose gate the daemon closed (its region was tampered with)
+    gets CUDA_ERROR_NOT_PERMITTED from every launch, nothing runs on the
+    GPU, and the hook says why."""
+    region = sim.region([GiB, GiB], throttle=CLOSED)
+    c = client_factory(clients["gpa_v2"], ["ctx", "0", "launch", path, "3", "hold"],
+                       sim.job_env(region.path))
+    assert c.until("launch") == [str(CUDA_ERROR_NOT_PERMITTED)]
+    c.until("hold")
+    proc = next(p for p in sim.stats()["processes"] if p["pid"] == c.pid)
+    assert proc["devices"][0]["busy_ns"] == 0          # the simulator ran nothing
+    assert region.read_usage().devices[0].launches == 0
+    c.go()
+    rc, _, err = c.finish()
+    assert rc == 0
+    assert "compute gate" in err
+
+
+def test_lifting_the_gate_releases_a_waiting_launch(sim, clients, client_factory):
+    region = sim.region([GiB, GiB], turn={0: far_turn()})
+    c = client_factory(clients["direct"], ["ctx", "0", "launch", "kernel", "2", "hold"],
                        sim.job_env(region.path))
     c.until("ctx")
-    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0, what="the launch to wait")
-    region.update_device(0, throttle=False)
+    wait_for(lambda: waited(region) or c.printed("launch"), what="the launch to wait")
+    assert not c.printed("launch"), "a launch returned out of its turn"
+    write_turn(region, 0, OPEN_TURN)
     assert c.until("launch") == ["0"]
-    # Counted in its process's slot, but not as a gated launch: the daemon
-    # bounds those by the tokens its gate granted (vgpuctl.core.trust).
-    assert region.read_usage().devices[0].launches == 0
+    c.until("hold")
+    assert slot_of(region, c.pid).launches[0] == 2
+    # the launch that waited went through the gate; the next, the fast path
+    assert region.read_usage().devices[0].launches == 1
 
 
 def test_only_the_launching_thread_waits(sim, clients, client_factory):
-    """A thread's launch waits for tokens while the other threads go on: the
-    main thread's calls return, and its join waits for the launching thread."""
-    region = sim.region([GiB, GiB], throttle=True, refill_rate=0, bucket_size=TOKEN_SCALE)
+    """A thread's launch waits for its turn while the other threads go on:
+    the main thread's calls return, and its join waits for the launching
+    thread."""
+    region = sim.region([GiB, GiB], turn={0: far_turn()})
     c = client_factory(clients["direct"], ["ctx", "0", "bglaunch", "kernel", "2", "info",
                                            "alloc", "1M", "launch", "graph", "0", "join"],
                        sim.job_env(region.path))
@@ -77,23 +150,121 @@ def test_only_the_launching_thread_waits(sim, clients, client_factory):
     assert c.until("info")[0] == "0"        # the process goes on meanwhile
     assert c.until("alloc")[0] == "0"
     assert c.until("launch") == ["0"]
-    wait_for(lambda: region.read_usage().devices[0].throttled_ns > 0 or c.printed("join"),
-             what="the launch to wait")
-    assert not c.printed("join"), "the launching thread finished with no tokens to take"
-    region.update_device(0, refill_rate=1_000_000 * TOKEN_SCALE)
+    wait_for(lambda: waited(region) or c.printed("join"), what="the launch to wait")
+    assert not c.printed("join"), "the launching thread finished out of its turn"
+    write_turn(region, 0, whole_cycle())
     assert c.until("join") == ["0"]
     assert region.read_usage().devices[0].launches == 2
 
 
-@pytest.mark.parametrize("path", ["kernel", "grid"])
-def test_a_slow_rate_still_lets_every_launch_through(path, sim, clients, client_factory):
-    """A rate of 200 launches/s and a bucket of 2: 20 launches all complete,
-    each paying its tokens."""
-    region = sim.region([GiB, GiB], throttle=True, refill_rate=200 * TOKEN_SCALE,
-                        bucket_size=2 * TOKEN_SCALE)
-    c = client_factory(clients["dlsym"], ["ctx", "0", "launch", path, "20", "hold"],
-                       sim.job_env(region.path))
-    assert c.until("launch", timeout=60) == ["0"]
-    c.until("hold")
+# ---- the shares, by the simulator's timeline -----------------------------------------
+
+def start_burn(sim: Sim, region: Region, tag: str, kernel_us: int,
+               seconds: float) -> subprocess.Popen[str]:
+    """vgpu-burn saturating GPU 0 (4 kernels queued) in the job of region."""
+    return subprocess.Popen([str(native.burn_program()), "--device", "0", "--kernel-us",
+                             str(kernel_us), "--seconds", str(seconds)],
+                            env=sim.job_env(region.path, VGPU_SIM_TAG=tag),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def burn_result(p: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, (out, err)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@contextmanager
+def burning(sim: Sim, jobs: dict[str, tuple[Region, int]]) -> Iterator[None]:
+    """vgpu-burn saturating GPU 0 in each job (tag -> its region and kernel
+    length in us) for the block; each run must still be going at its end."""
+    procs = [start_burn(sim, region, tag, kernel_us, 60)
+             for tag, (region, kernel_us) in jobs.items()]
+    try:
+        yield
+        for p in procs:
+            assert p.poll() is None, burn_result(p)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=30)
+
+
+def sleep_until(t_ns: int) -> None:
+    time.sleep(max(0.0, (t_ns - time.monotonic_ns()) / 1e9))
+
+
+def shares(sim: Sim, epoch_ns: int, tags: list[str], cycles: int,
+           phase_ns: int = 47 * MS + MS // 2) -> dict[str, float]:
+    """Each tag's percent of GPU 0 by the simulator's timeline, over `cycles`
+    whole cycles of the turns from epoch_ns, once every tag's job runs: from
+    a reading at phase_ns of a cycle to one at the same phase `cycles` later
+    (a phase where no turn of the tests' runs, so neither reading cuts a
+    turn's kernels; the run's start and end, where a job waits for its
+    first turn or for its last, are left out)."""
+    with sim.probe() as probe:
+        wait_for(lambda: all(probe.busy_ns(tags)[1].values()), what="every job to run kernels")
+        # two cycles more: each hook has measured its launches' cost
+        after = time.monotonic_ns() + 2 * CYCLE_NS - epoch_ns - phase_ns
+        start = epoch_ns + phase_ns + -(-after // CYCLE_NS) * CYCLE_NS
+        sleep_until(start)
+        t0, b0 = probe.busy_ns(tags)
+        sleep_until(start + cycles * CYCLE_NS)
+        t1, b1 = probe.busy_ns(tags)
+    return {tag: 100.0 * (b1[tag] - b0[tag]) / (t1 - t0) for tag in tags}
+
+
+def test_a_turn_of_30_percent_gets_30_percent_of_the_device(sim):
+    """A saturating job whose turn is 15 ms of each 50 ms cycle gets 30 %
+    of the device, 1 ms kernels and all (40 cycles: 2 s)."""
+    epoch = time.monotonic_ns()
+    region = sim.region([GiB], turn=turn(0, 15, epoch))
+    with burning(sim, {"job-30": (region, 1000)}):
+        got = shares(sim, epoch, ["job-30"], 40)["job-30"]
+    assert abs(got - 30.0) <= TOLERANCE, f"{got:.2f} % of the device"
+
+
+def test_the_hook_measures_the_gpu_time_the_simulator_ran(sim):
+    """The job's GPU time as its hook measured it (usage busy_ns, from its
+    events) is what the simulator's timeline ran for it, within 3 % of the
+    run (a run of 2 s)."""
+    region = sim.region([GiB], turn=turn(0, 15, time.monotonic_ns()))
+    res = burn_result(start_burn(sim, region, "job-m", 1000, 2))
+    truth = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
+                 if t["name"] == "job-m")
     dev = region.read_usage().devices[0]
-    assert dev.launches == 20 and dev.throttled_ns > 0
+    elapsed_ns = res["seconds"] * 1e9
+    assert truth > 0 and dev.launches >= res["kernels"]
+    assert abs(dev.busy_ns - truth) <= 0.03 * elapsed_ns, \
+        f"hook {dev.busy_ns / 1e6:.1f} ms, simulator {truth / 1e6:.1f} ms of " \
+        f"{elapsed_ns / 1e6:.0f} ms"
+    assert dev.borrowed_ns == 0                # a hard job borrows nothing
+    assert 900_000 <= dev.cost_ns <= 1_100_000  # one launch: a 1 ms kernel
+
+
+def test_two_jobs_get_their_turns(sim):
+    """Two saturating jobs, turns 0-15 ms and 15-45 ms of the same cycle:
+    30 % and 60 % of the device (40 cycles: 2 s). Each turn waits for the
+    work in flight of the turn before it (its signal), as the daemon's plan
+    has it."""
+    epoch = time.monotonic_ns()
+    a = sim.region([GiB], name="a")
+    b = sim.region([GiB], name="b")
+    write_turn(a, 0, replace(turn(0, 15, epoch), prev_signal_id=b.signal_id))
+    write_turn(b, 0, replace(turn(15, 30, epoch), prev_signal_id=a.signal_id))
+    with burning(sim, {"job-a": (a, 1000), "job-b": (b, 1000)}):
+        got = shares(sim, epoch, ["job-a", "job-b"], 40)
+    assert abs(got["job-a"] - 30.0) <= TOLERANCE and abs(got["job-b"] - 60.0) <= TOLERANCE, \
+        f"a {got['job-a']:.2f} %, b {got['job-b']:.2f} %"
+
+
+def test_a_kernel_longer_than_the_turn_runs_and_later_turns_pay(sim):
+    """5 ms kernels, a turn of 2.5 ms of each 50 ms cycle (5 %): each kernel
+    still runs (alone, with credit left), and the turns after it pay for
+    it: 5 % of the device on average (60 cycles: 3 s)."""
+    epoch = time.monotonic_ns()
+    region = sim.region([GiB], turn=turn(0, 2.5, epoch))
+    with burning(sim, {"job-5": (region, 5000)}):
+        got = shares(sim, epoch, ["job-5"], 60)["job-5"]
+    assert abs(got - 5.0) <= 1.5, f"{got:.2f} % of the device"

@@ -419,6 +419,57 @@ def test_utilization_procs_setting_shows_in_stats(sim_env):
     assert "utilization of each process" in text
 
 
+def test_utilization_procs_none_is_not_supported(sim_env, burn_program):
+    """VGPU_SIM_UTIL_PROCS=none: a device without per-process utilization,
+    as a MIG instance answers: both calls NVML_ERROR_NOT_SUPPORTED while a
+    process runs, the size query too, after the checks a caller's own
+    mistakes meet anywhere (uninitialised, bad handle, bad arguments); the
+    device's own utilization is still there."""
+    sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
+    sim_env["VGPU_SIM_UTIL_PROCS"] = "none"
+    procs = _burners(sim_env, burn_program, 1, 1000)
+    try:
+        out = run_py(sim_env, UTIL, """
+            rates = wait_for(lambda: N.nvmlDeviceGetUtilizationRates(h).gpu or None,
+                             what="the device busy")
+            def per_process(info):
+                try:
+                    util(0, info)
+                except N.NVMLError_NotSupported:
+                    return "not supported"
+                return "answered"
+            res = {"rates": rates, "sample": per_process(False), "info": per_process(True)}
+            vt, ss = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+            res["samples"] = max(s.sampleValue.uiVal for s in ss)
+            res["size"] = size_query(0)
+            res["no_count"] = raw(h, None, None, ctypes.c_ulonglong(0))
+            res["bad_handle"] = raw(None, None, ctypes.byref(ctypes.c_uint(0)),
+                                    ctypes.c_ulonglong(0))
+            info = N.c_nvmlProcessesUtilizationInfo_v1_t()
+            info.version = N.ProcessesUtilizationInfo_v1
+            res["info_raw"] = raw_info(h, ctypes.byref(info))
+            res["info_none"] = raw_info(h, None)
+            info.version = 0x01000010
+            res["info_version"] = raw_info(h, ctypes.byref(info))
+            N.nvmlShutdown()
+            res["uninit"] = size_query(0)[0]
+            out(res)
+        """)
+    finally:
+        _stop(procs)
+    not_supported, invalid, version_mismatch, uninitialized = 3, 2, 25, 1
+    assert out["rates"] > 0 and out["samples"] > 0, out
+    assert out["sample"] == out["info"] == "not supported"
+    assert out["size"] == [not_supported, 0]           # no count to size
+    assert out["info_raw"] == not_supported
+    assert out["no_count"] == out["bad_handle"] == out["info_none"] == invalid
+    assert out["info_version"] == version_mismatch
+    assert out["uninit"] == uninitialized
+    res = subprocess.run([*VGPUCTL, "sim", "stats", "--json"], env=sim_env, check=True,
+                         capture_output=True, text=True)
+    assert json.loads(res.stdout)["util_procs"] == "none"
+
+
 def test_injected_nvml_errors(sim_env):
     out = run_py(sim_env, f"""
         import subprocess, pynvml as N

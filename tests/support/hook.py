@@ -22,8 +22,10 @@ import pytest
 
 from support import C_DIR, REPO
 from support import daemon as daemon_fixture
+from vgpuctl.core.turns import OPEN, Turn
 from vgpuctl.system import native
 from vgpuctl.system.region import DeviceLimit, Region
+from vgpuctl.system.turns import write_turn
 
 INCLUDE = REPO / "libvgpu" / "include"
 
@@ -33,7 +35,7 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NOT_FOUND = 500
 CUDA_ERROR_DEVICE_UNAVAILABLE = 46
-TOKEN_SCALE = 1000
+CUDA_ERROR_NOT_PERMITTED = 800
 
 # How the client reaches the driver: linked, dlopen+dlsym, cuGetProcAddress(_v2).
 CLIENT_MODES = {
@@ -120,24 +122,36 @@ class Sim:
         assert res.returncode == 0, res.stderr
         return json.loads(res.stdout)
 
+    def probe(self) -> StatsProbe:
+        """A process that reads the simulator's record on demand, within a
+        millisecond or so (stats() starts a process each time)."""
+        return StatsProbe(self.env)
+
     def process_used(self, pid: int, gpu: int = 0) -> int:
         for p in self.stats()["processes"]:
             if p["pid"] == pid:
                 return int(p["devices"][gpu]["used"])
         return 0
 
-    def region(self, limits: list[int] | dict[int, int], throttle: bool = False,
-               refill_rate: int = 0, bucket_size: int = 0, ctx_overhead: int = 0,
-               name: str = "region", owner: int | None = None) -> Region:
+    def region(self, limits: list[int] | dict[int, int], throttle: int = OPEN,
+               ctx_overhead: int = 0, name: str = "region", owner: int | None = None,
+               turn: Turn | dict[int, Turn] | None = None) -> Region:
         """A job region in root/name. limits: bytes per GPU index, in order
-        (a list) or for some GPUs (a dict: physical index -> bytes)."""
+        (a list) or for some GPUs (a dict: physical index -> bytes).
+        throttle: every device's gate (VGPU_GATE_*: OPEN, TURNS, CLOSED).
+        turn: written after creation, as the daemon writes turns (its gate
+        replaces throttle): one Turn for every device of the region, or a
+        dict for some (the region's device index -> Turn)."""
         items = limits.items() if isinstance(limits, dict) else enumerate(limits)
         devs = [DeviceLimit(uuid=self.uuids[i], mem_limit=b, throttle=throttle,
-                            refill_rate=refill_rate, bucket_size=bucket_size,
                             ctx_overhead=ctx_overhead) for i, b in items]
         region = Region.create(self.root / name, "job-test",
                                os.getuid() if owner is None else owner, devs)
         self.made.append(region)
+        if turn is not None:
+            turns = turn if isinstance(turn, dict) else dict.fromkeys(range(len(devs)), turn)
+            for i, t in turns.items():
+                write_turn(region, i, t)
         return region
 
     def remove_regions(self) -> None:
@@ -146,6 +160,66 @@ class Sim:
         for r in self.made:
             r.remove()
         self.made.clear()
+
+
+class StatsProbe:
+    """The simulator's own record (vgpu_sim_ctl_stats), read on demand by one
+    process started for it without the hook: a reading is taken within a
+    millisecond or so of the request, so that a test can time a window of
+    the timeline (compute shares over whole cycles of turns)."""
+
+    CODE = (
+        "import ctypes, sys\n"
+        "lib = ctypes.CDLL(sys.argv[1])\n"
+        "lib.cuInit(0)\n"
+        "buf = ctypes.create_string_buffer(1 << 20)\n"
+        "for _ in sys.stdin:\n"
+        "    n = lib.vgpu_sim_ctl_stats(buf, len(buf))\n"
+        "    sys.stdout.write((buf.value.decode() if n >= 0 else 'null') + '\\n')\n"
+        "    sys.stdout.flush()\n")
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE, str(native.sim_libdir() / "libcuda.so.1")],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+
+    def read(self) -> tuple[int, dict[str, Any]]:
+        """(CLOCK_MONOTONIC ns when it was read, the record)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        t0 = time.monotonic_ns()
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        line = daemon_fixture.read_line(self.proc.stdout, timeout=30)
+        t1 = time.monotonic_ns()
+        if not line:
+            raise AssertionError(f"the stats probe ended: {self.stderr_now()}")
+        return (t0 + t1) // 2, json.loads(line)
+
+    def busy_ns(self, tags: list[str], gpu: int = 0) -> tuple[int, dict[str, int]]:
+        """(when, each tag's kernel time on GPU gpu so far; 0 before any)."""
+        when, stats = self.read()
+        busy = {t["name"]: int(t["devices"][gpu]["busy_ns"]) for t in stats["tags"]}
+        return when, {tag: busy.get(tag, 0) for tag in tags}
+
+    def stderr_now(self) -> str:
+        if self.proc.poll() is None or self.proc.stderr is None:
+            return "(running)"
+        return self.proc.stderr.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+    def __enter__(self) -> StatsProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def make_sim(root: Path, spec: str = "2x16G", **extra: str) -> Sim:

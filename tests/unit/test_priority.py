@@ -1,6 +1,5 @@
 """Priority classes, the pure part (vgpuctl.core.priority): who may use which
-class, who may change it, whom each job on a GPU heeds, and the cost of a
-launch the hooks count work in flight by."""
+class, who may change it, and whom each job on a GPU heeds."""
 
 from __future__ import annotations
 
@@ -53,15 +52,3 @@ def test_at_most_max_holders_the_highest_classes_first():
     held = P.holds(ms, max_holders=3)["me"].holders
     assert held == (("99", 0, 2), ("1", 0, 1), ("2", 0, 1))
 
-
-def test_launch_cost_is_busy_time_over_launches():
-    c = P.LaunchCost()
-    assert c.value is None
-    for _ in range(10):
-        c.observe(0.1, 100, 1 / 6)        # 100 launches of 1 ms in a window
-    assert c.value == pytest.approx(1e-3)
-    for _ in range(40):
-        c.observe(0.05, 100, 1 / 6)       # they became 0.5 ms
-    assert c.value == pytest.approx(5e-4, rel=0.05)
-    c.observe(-1.0, 5, 0.1)               # nonsense changes nothing
-    assert c.value == pytest.approx(5e-4, rel=0.05)

@@ -1,4 +1,4 @@
-"""The pure core: sizes, placement, the compute controller, the wire
+"""The pure core: sizes, placement, the turns, the wire
 protocol, the accounting integrator, report arithmetic and config checking.
 
 Rule (checked by tests/unit/test_layers.py): no I/O, no clock, no

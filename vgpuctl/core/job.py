@@ -240,6 +240,9 @@ class DeviceUsage:
     launches: int = 0
     throttled_ns: int = 0
     oom_refusals: int = 0
+    busy_ns: int = 0            # GPU time the job's hooks measured
+    borrowed_ns: int = 0        # ...of which in open spans
+    cost_ns: int = 0            # one launch's, as last measured
 
 
 @dataclass(frozen=True)

@@ -108,29 +108,3 @@ def holds(members: Iterable[Member], max_holders: int = MAX_HOLDERS) -> dict[Has
 
 def _id_order(job_id: str) -> tuple[int, str]:
     return (int(job_id), job_id) if job_id.isdigit() else (1 << 62, job_id)
-
-
-@dataclass
-class LaunchCost:
-    """GPU seconds one launch of a job takes, learnt as the ratio of two
-    exponentially weighted sums (busy seconds, launches) over the same
-    windows, as the share loop does (vgpuctl.core.controller.ShareLoop)."""
-    halflife_s: float = 0.4
-    min_launches: float = 50.0
-    busy: float = 0.0
-    launches: float = 0.0
-
-    @property
-    def value(self) -> float | None:
-        if self.busy <= 0.0 or self.launches <= 0.0:
-            return None
-        return self.busy / self.launches
-
-    def observe(self, busy_s: float, launches: float, window_s: float) -> None:
-        if busy_s < 0.0 or launches < 0.0 or (busy_s == 0.0 and launches == 0.0):
-            return
-        decay = 0.5 ** (max(window_s, 0.0) / self.halflife_s)
-        if self.launches > 0.0:
-            decay = min(1.0, max(decay, (self.min_launches - launches) / self.launches))
-        self.busy = self.busy * decay + busy_s
-        self.launches = self.launches * decay + launches

@@ -27,7 +27,6 @@ from vgpuctl.daemon import tracking
 from vgpuctl.daemon.jobs import POLICY_CODES, JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import AdmissionBusy, AdmissionRefused, StateError, UsageError
-from vgpuctl.governor.compute import initial_gate
 from vgpuctl.system.region import DeviceLimit, Region
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -203,8 +202,8 @@ class Admission:
 
     def create(self, rec: JobRecord) -> LiveJob:
         """Record an admitted job, create its region, and make it live. The
-        region holds the job's first gate (the governor's cautious start,
-        docs/compute.md), which its ledger takes from it."""
+        region is made open; the supervisor writes the job's turns (its
+        GPUs' plans, vgpuctl.daemon.gates) before the job is told to start."""
         self._hook_library()            # NativeMissing before anything is admitted
         self._table.insert(rec)
         job_dir = self._table.jobs_dir / rec.id
@@ -212,14 +211,8 @@ class Admission:
             if job_dir.exists():       # left by a database that was deleted
                 Region.discard(job_dir)
             limits = rec.limits_by_uuid()
-            # one pace on all its GPUs from the start, as the governor gates
-            # a job on several (its smallest share's)
-            gate = initial_gate(min((c for _, c in limits.values()), default=rec.core_share),
-                                rec.policy)
             region = Region.create(job_dir, rec.id, rec.uid, [DeviceLimit(
-                uuid=u, mem_limit=mem, core_share=core, policy=POLICY_CODES[rec.policy],
-                throttle=gate.throttle, refill_rate=gate.refill_rate,
-                bucket_size=gate.bucket_size)
+                uuid=u, mem_limit=mem, core_share=core, policy=POLICY_CODES[rec.policy])
                 for u, (mem, core) in limits.items()])
         except (OSError, ValueError) as e:
             rec.state, rec.ended = ENDED, self._clock()

@@ -1,24 +1,38 @@
-"""The tick's compute step on the daemon's side: what the governor is given
-of each live job (its counters, read once a tick through region trust, and
-its processes), and the gates it sets, written back through region trust.
+"""The compute step on the daemon's side: each GPU's turns (vgpuctl.core.turns
+plans them) written into the regions of the jobs on it, through region trust,
+and each job's GPU time as its hooks measured it (their events while it held
+the GPU: busy_ns in its usage region), read once a tick.
 
-A job is gated and measured from its admission, not from its `started`: a
-starting job's processes (the children of its `vgpuctl run`, and that
-launcher itself, which holds the job's environment) are measured and its
-gate set like any other's. Its launcher counts in its measured share for as
-long as it lives: whatever a job's launcher runs on the GPU is the job's.
+Turns are planned again whenever the jobs on a GPU change (admitted, ended,
+suspended, resumed, moved, a share or class changed) and at every tick,
+which lends the turn of a job that launched nothing for `IDLE_S` to the
+jobs that may borrow, and takes it back as soon as the job launches again.
+A job is gated from its admission: the supervisor plans its GPUs before it
+answers `run`, so the job's first launch already keeps to its turn.
+
+A job's measured share is its GPU time over the last `WINDOW_S` of wall
+time (`measured`); it is the job's own figure, from its own hooks: a job
+that lies about it misleads its own view and its own bill, and nothing of
+its neighbours (their turns are the daemon's, and their hooks measure their
+own time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from vgpuctl.core import turns
 from vgpuctl.core.job import DeviceUsage, promised
-from vgpuctl.core.trust import CLOSED, OPEN, Gate
-from vgpuctl.daemon.jobs import JobTable
+from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
+
+# A job that launched nothing for this long lends its turn.
+IDLE_S = 0.5
+# A measured share is the GPU time over this much wall time.
+WINDOW_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -27,17 +41,58 @@ class Input:
     job_id: str
     index: int              # the GPU's place in the job's region
     uuid: str
-    pids: frozenset[int]    # what the governor measures: its processes and its launcher
+    pids: frozenset[int]    # its processes and its launcher
     core: int
     policy: str
     usage: DeviceUsage      # its counters (zeros when unknown)
     promised: bool = True   # its share is a promise (asked for; normal or high class)
 
 
+@dataclass
+class _Meter:
+    """One job on one GPU: its GPU time over the last window, and when it
+    last launched."""
+    samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
+    launches: int = -1
+    launched_at: float = 0.0
+    new_ns: int = 0             # GPU time since the previous tick
+
+    def add(self, now: float, busy_ns: int, launches: int) -> None:
+        if launches != self.launches:
+            self.launches, self.launched_at = launches, now
+        last = self.samples[-1][1] if self.samples else busy_ns
+        self.new_ns = max(0, busy_ns - last)
+        self.samples.append((now, busy_ns))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_S:
+            self.samples.popleft()
+
+    def share(self) -> float | None:
+        if len(self.samples) < 2:
+            return None
+        (t0, b0), (t1, b1) = self.samples[0], self.samples[-1]
+        if t1 <= t0:
+            return None
+        return max(0.0, (b1 - b0) / 1e9 / (t1 - t0))
+
+    def idle(self, now: float) -> bool:
+        return now - self.launched_at >= IDLE_S
+
+
+def _signal_id(job: LiveJob) -> int:
+    return int(job.region.signal_id) if job.region is not None else -1
+
+
 class Gates:
-    def __init__(self, table: JobTable, trust: Trust) -> None:
+    def __init__(self, table: JobTable, trust: Trust,
+                 clock: Callable[[], float] = time.monotonic,
+                 cycle_ns: Callable[[], int] = lambda: turns.CYCLE_NS) -> None:
         self._table = table
         self._trust = trust
+        self._clock = clock
+        self._cycle_ns = cycle_ns
+        self._meters: dict[tuple[str, str], _Meter] = {}
+        # the cycles' epoch, one for every GPU (a job's ranks' turns line up)
+        self._epoch = time.monotonic_ns()
 
     def inputs(self) -> list[Input]:
         """Every live job with a region, on each of its GPUs; reads each
@@ -55,30 +110,55 @@ class Gates:
                                  promised(rec)))
         return out
 
-    def apply(self, inputs: list[Input], gates: Mapping[tuple[str, str], Any]) -> None:
-        """Write the governor's gates (keyed by job id and GPU UUID): a
-        closed gate stays closed, a hard share of 100 % has none (the hook's
-        fast path)."""
-        for inp in inputs:
-            job = self._table.find(inp.job_id)
-            g = gates.get((inp.job_id, inp.uuid))
-            if job is None or g is None:
+    def step(self, inputs: list[Input]) -> None:
+        """One tick: take in each job's counters (its measured share, whether
+        it is idle), then plan every GPU again and write what changed."""
+        now = self._clock()
+        live = set()
+        for i in inputs:
+            key = (i.job_id, i.uuid)
+            live.add(key)
+            m = self._meters.get(key)
+            if m is None:
+                m = self._meters[key] = _Meter(launched_at=now)
+            m.add(now, i.usage.busy_ns, i.usage.launches)
+            job = self._table.find(i.job_id)
+            share = m.share()
+            if job is not None and share is not None:
+                job.measured[i.uuid] = share
+        for key in [k for k in self._meters if k not in live]:
+            del self._meters[key]
+        self.replan()
+
+    def replan(self) -> None:
+        """Plan every GPU's turns from the live jobs now, and write them."""
+        now = self._clock()
+        by_gpu: dict[str, list[tuple[LiveJob, int]]] = {}
+        for job in self._table:
+            if job.region is None or job.rec.suspended:
                 continue
-            if g.measured is not None:
-                job.measured[inp.uuid] = g.measured
-            target = getattr(g, "target", None)
-            if target is not None:
-                job.target[inp.uuid] = target
-            if job.rec.region_error is not None:
-                gate = CLOSED
-            elif job.rec.gpu_core_share(inp.index) >= 100 and job.rec.policy == "hard" and (
-                    inp.promised or not g.throttle):
-                # a hard share of 100 % is no gate, unless it is no promise
-                # and promised jobs beside it need their shares
-                gate = OPEN
-            else:
-                gate = Gate(bool(g.throttle), int(g.refill_rate), int(g.bucket_size))
-            self._trust.write_gate(job, inp.index, gate)
+            for i, uuid in enumerate(job.uuids()):
+                by_gpu.setdefault(uuid, []).append((job, i))
+        for uuid, jobs in by_gpu.items():
+            epoch = self._epoch
+            members = [self._member(job, i, uuid, now) for job, i in jobs]
+            signals = {(job.id, i): (_signal_id(job), i) for job, i in jobs}
+            plan = turns.plan(members, epoch, self._cycle_ns(), signal_of=signals.get)
+            for job, i in jobs:
+                t = plan[(job.id, i)]
+                job.target[uuid] = t.share if t.gate == turns.TURNS else 1.0
+                self._trust.write_gate(job, i, t)
+
+    def _member(self, job: LiveJob, i: int, uuid: str, now: float) -> turns.Member:
+        rec = job.rec
+        m = self._meters.get((job.id, uuid))
+        return turns.Member((job.id, i), rec.gpu_core_share(i), rec.policy, rec.priority,
+                            idle=m is not None and m.idle(now), gpus=len(job.uuids()))
+
+    def busy_s(self, job_id: str, uuid: str) -> float:
+        """The job's GPU time on that GPU since the previous tick."""
+        m = self._meters.get((job_id, uuid))
+        return m.new_ns / 1e9 if m is not None else 0.0
 
     def measured(self, job_id: str, uuid: str) -> float:
         job = self._table.find(job_id)

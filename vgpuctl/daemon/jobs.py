@@ -18,7 +18,7 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord, promised
-from vgpuctl.core.trust import LaunchLedger
+from vgpuctl.core.turns import Turn
 from vgpuctl.errors import NotFound
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.region import Region
@@ -39,7 +39,7 @@ class LiveJob:
     rec: JobRecord
     region: Region | None = None
     usage: list[DeviceUsage] = field(default_factory=list)   # last trusted, per GPU
-    ledgers: list[LaunchLedger] = field(default_factory=list)  # per GPU (daemon.trust)
+    turns: list[Turn] = field(default_factory=list)   # per GPU: its gate as written
     measured: dict[str, float] = field(default_factory=dict)  # uuid -> share 0..1
     target: dict[str, float] = field(default_factory=dict)    # uuid -> share 0..1
     violations: list[dict[str, Any]] = field(default_factory=list)  # newest last, capped

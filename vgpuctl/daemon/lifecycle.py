@@ -8,9 +8,10 @@ file keeps the old one); SIGTERM/SIGINT stop the daemon and leave the jobs
 running under their last limits, their regions on disk for the next start.
 
 Loops (the blocking parts run in the default executor):
-  tick      every tick_ms: the compute governor's gates into each region,
-            the violation watch (NVML against the jobs), accounting samples,
-            the metrics snapshot
+  tick      every tick_ms: each job's counters read once (its GPU time, as
+            its hooks measured it), each GPU's turns planned and written
+            where they changed, the violation watch (NVML against the jobs),
+            accounting samples, the metrics snapshot
   track     every 0.5 s while jobs exist: one /proc scan -> job processes,
             jobs whose processes are all gone end
   inventory every 1 s: NVML memory, utilization and per-process memory; and
@@ -36,7 +37,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
@@ -46,16 +47,12 @@ from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.daemon.violations import Watch
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
-from vgpuctl.governor import compute
-from vgpuctl.governor.sampler import Sampler
 from vgpuctl.store import retention, usage
 from vgpuctl.store.jobs import Store
 from vgpuctl.system import native, notify, paths, slurm
+from vgpuctl.system.busy import DeviceBusy
 from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import Nvml
-
-if TYPE_CHECKING:
-    from vgpuctl.daemon.gates import Input
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -169,7 +166,6 @@ class Daemon:
         self.dp = dp
         self.config = config
         self.stop_event: asyncio.Event | None = None
-        self.governor: Any = None
         self.accountant: Any = None
         self.metrics: Any = None
         self.metrics_box: Any = None
@@ -200,17 +196,11 @@ class Daemon:
                          sim_env=sim_set, sim_prepend=sim_prepend,
                          context_mem=_context_mem())
         self.sup = sup
-        self._start_compute(loop)
-        # The watch reads NVML's per-process utilization with a sampler of
-        # its own (NVML answers each reader from its own last-seen time),
-        # each window's busy time attributed as the governor does (where
-        # NVML names one process a sample period, by the jobs' hooks).
-        gov = self.governor
-        if gov is not None:
-            self.watch = Watch(nvml.snapshot, Sampler(nvml.module).read,
-                               processes=gov.note_processes, split=gov.split_window)
-        else:
-            self.watch = Watch(nvml.snapshot, None)
+        # The watch takes each job's GPU time from its hooks and the
+        # device's busy time from NVML (exact on the H100; per-process
+        # figures are not needed, docs/compute.md): what no hook accounts
+        # for is the busy time of the processes that went through none.
+        self.watch = Watch(nvml.snapshot, DeviceBusy(nvml.module).read)
         self._start_accounting(store)
         sup.on_config = self._config_changed
         sup.table.on_end.append(lambda job: self._job_ended(job.id))
@@ -232,10 +222,9 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         loop.add_signal_handler(signal.SIGHUP, self._sighup)
-        log.info("vgpud %s listening on %s (%d GPU%s, %s daemon, config %s, compute %s)",
+        log.info("vgpud %s listening on %s (%d GPU%s, %s daemon, config %s)",
                  os.getpid(), self.dp.socket, len(devices), "" if len(devices) == 1 else "s",
-                 "system" if self.dp.system else "user", self.config.source,
-                 "on" if self.governor else "off")
+                 "system" if self.dp.system else "user", self.config.source)
         notify.ready(f"{len(sup.live_ids())} jobs, {len(devices)} GPUs")
         tasks = [asyncio.ensure_future(c) for c in
                  (self._tick_loop(), self._track_loop(), self._inventory_loop(nvml),
@@ -258,8 +247,6 @@ class Daemon:
                     log.exception("accounting flush failed")
             if self.metrics is not None:
                 self.metrics.stop()
-            if self.governor is not None:
-                self.governor.close()
             sup.close()
             if store.pending:
                 store.retry_pending()
@@ -279,16 +266,6 @@ class Daemon:
             pass
 
     # -- optional parts -----------------------------------------------------------
-    def _start_compute(self, loop: asyncio.AbstractEventLoop) -> None:
-        # Without NVML's per-process utilization the daemon still serves
-        # memory limits: no throttling, and "measured" unknown.
-        try:
-            self.governor = compute.ComputeGovernor(tick_s=self.config.tick_ms / 1000)
-            self.sup.compute = True
-        except Exception as e:
-            log.error("compute limits off: %s", e)
-            self.governor = None
-
     def _start_accounting(self, store: Store) -> None:
         try:
             try:
@@ -317,16 +294,11 @@ class Daemon:
     def _config_changed(self, config: Config) -> None:
         self.config = config
         logging.getLogger("vgpuctl").setLevel(config.log_level.upper())
-        if self.governor is not None:
-            self.governor.tick_s = config.tick_ms / 1000
 
     def _job_ended(self, job_id: str) -> None:
         if self.accountant is not None:
-            # Measured shares trail the work by about one NVML sample period.
-            gov = self.governor
-            lag = max((gov.sample_period_s(g.uuid) for g in self.sup.gpus), default=0.0) \
-                if gov is not None else 0.0
-            self.accountant.end_job(job_id, time.time(), lag)
+            # A job's GPU time is its hooks' own figure: it trails nothing.
+            self.accountant.end_job(job_id, time.time(), 0.0)
             try:   # a report right after the job's end sees all of it
                 usage.flush(self.store.conn, self.accountant)
             except StateError as e:
@@ -395,17 +367,7 @@ class Daemon:
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         sup = self.sup
         inputs = sup.gates.inputs()
-        now = time.monotonic()
-        if self.governor is not None:
-            # every GPU, with jobs or not: NVML's periods followed while idle
-            # make a new job's first window one period (its first cost)
-            jd = [self._job_device(i) for i in inputs]
-            gates = await loop.run_in_executor(None, self.governor.tick, jd, now,
-                                               [g.uuid for g in sup.gpus])
-            if inputs:
-                sup.gates.apply(inputs, gates)
-                sup.priority.observe(self.governor.windows, self.governor.wall_s(),
-                                     self.governor.splits_per_process)
+        sup.gates.step(inputs)
         if inputs:
             sup.priority.refresh()
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
@@ -413,9 +375,8 @@ class Daemon:
         sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
-            # Bills from the driver's figures: the busy time and memory NVML
-            # reports for the job's processes, attributed by the watch.
-            utilization = self.governor is not None
+            # Bills from each job's GPU time as its hooks measured it, and
+            # the memory NVML reports for its processes.
             for i in inputs:
                 job = sup.table.find(i.job_id)
                 # suspended (or moved) since the tick began: its rows are
@@ -423,10 +384,8 @@ class Daemon:
                 if job is not None and not job.rec.suspended and i.uuid in job.uuids():
                     key = (i.job_id, i.uuid)
                     self.accountant.observe(
-                        i.job_id, i.uuid, wall,
-                        res.share.get(key, sup.gates.measured(i.job_id, i.uuid)),
-                        res.memory.get(key, 0),
-                        busy_s=res.busy.get(key, 0.0) if utilization else None)
+                        i.job_id, i.uuid, wall, sup.gates.measured(i.job_id, i.uuid),
+                        res.memory.get(key, 0), busy_s=sup.gates.busy_s(i.job_id, i.uuid))
             try:
                 if usage.maybe_flush(self.store.conn, self.accountant, wall):
                     sup.checkpoint(self.accountant, wall)   # a copy and a small file per job
@@ -438,23 +397,6 @@ class Daemon:
             acc = self.accountant
             self.metrics_box.set(sup.metrics_snapshot(
                 acc.gpu_seconds if acc is not None else (lambda j, u: None)))
-
-    def _job_device(self, i: Input) -> compute.JobDevice:
-        """The governor's view of one job on one GPU (a gates input), with
-        from its record: when its region was made (gated from then on: its
-        launch history starts there, for the first cost estimate); its
-        program, its user and command line (jobs of one program are taken
-        to cost alike until a probe says otherwise; a user can't make
-        another's job look like one of theirs); and whether it is of the
-        high class (never held for a probe)."""
-        job = self.sup.table.find(i.job_id)
-        rec = job.rec if job is not None else None
-        return compute.JobDevice(
-            i.job_id, i.uuid, i.pids, i.core, i.policy, i.usage.launches, i.promised,
-            created=rec.created if rec is not None else None,
-            program=(f"{rec.uid}\0" + "\0".join(str(a) for a in rec.command)
-                     if rec is not None else None),
-            high=rec is not None and rec.priority == "high")
 
     async def _resume_loop(self) -> None:
         """Resume the jobs that wait for room (preempted, drained) as soon as

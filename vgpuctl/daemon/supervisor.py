@@ -10,7 +10,7 @@ The daemon is split by concern, each part behind a small interface:
 - `slurm.SlurmJobs`: Slurm's jobs (Prolog, TaskProlog, Epilog, squeue);
 - `trust.Trust`: the usage regions read and judged, the gates written;
 - `tracking.Tracker`: which processes are a job's, and when it has ended;
-- `gates.Gates`: what the compute governor is given and sets each tick;
+- `gates.Gates`: each GPU's turns, planned and written; each job's GPU time;
 - `violations`: NVML's figures against the jobs (the watch) and their record;
 - `views`: what `ps` and the metrics show (pure reads);
 - `suspend.Suspender`: suspend, resume, move and drain through the driver's
@@ -88,7 +88,7 @@ class Supervisor:
         self.paths = paths
         self.clock = clock
         self.started = clock()
-        self.compute = False            # set by the shell when a governor runs
+        self.compute = True             # compute shares are enforced (turns)
         self.on_config: Callable[[Config], None] | None = None
         self.gpus = [placement.Gpu(d.index, d.uuid, d.name, d.memory_total) for d in devices]
         self.stats: dict[str, GpuStats] = {d.uuid: d for d in devices}
@@ -100,7 +100,7 @@ class Supervisor:
         self.tracker = Tracker(self.table, self.trust, lambda: self.config)
         self.gates = Gates(self.table, self.trust)
         self.priority = Priorities(self.table, lambda: self.config)
-        self.table.on_end.append(lambda job: self.priority.refresh())
+        self.table.on_end.append(lambda job: self.refresh_gpus())
         # Who hears that a job was suspended (the accountant closes its rows).
         self.on_suspend: list[Callable[[LiveJob, float], None]] = []
         self.suspender = Suspender(lambda: self.config, self.gpus, self.table, self.tracker,
@@ -120,6 +120,12 @@ class Supervisor:
             P.SlurmRelease: self.op_slurm_release,
         }
 
+
+    def refresh_gpus(self) -> None:
+        """The jobs on some GPU changed (admitted, ended, suspended, resumed,
+        moved, a share or class set): their turns and classes, written now."""
+        self.gates.replan()
+        self.priority.refresh()
     def _may_resume_on(self, job: LiveJob) -> set[str]:
         """The GPUs a suspended job may resume on: a Slurm job's own (Slurm
         gave it them), a plain job's those a plain run may use."""
@@ -186,7 +192,7 @@ class Supervisor:
         self._authorize(peer, job, "suspend")
         async with self.suspender.lock:
             out = await self.suspender.suspend(job, "asked")
-        self.priority.refresh()
+        self.refresh_gpus()
         return P.ok(job=self.view(job), outcome=out.wire())
 
     async def op_resume(self, peer: Peer, req: P.Resume) -> dict[str, Any]:
@@ -194,7 +200,7 @@ class Supervisor:
         self._authorize(peer, job, "resume")
         async with self.suspender.lock:
             out = await self.suspender.resume(job, req.gpu)
-        self.priority.refresh()
+        self.refresh_gpus()
         return P.ok(job=self.view(job), outcome=out.wire())
 
     async def op_drain(self, peer: Peer, req: P.Drain) -> dict[str, Any]:
@@ -209,7 +215,7 @@ class Supervisor:
                 outcomes = await self.suspender.drain(req.gpu)
         if req.undo:
             outcomes = await self.suspender.resume_waiting()
-        self.priority.refresh()
+        self.refresh_gpus()
         return P.ok(gpu=g.index, drained=not req.undo,
                     jobs=[o.wire() for o in outcomes])
 
@@ -294,7 +300,7 @@ class Supervisor:
                 raise AdmissionRefused(
                     f"no room for {format_size(mem)} on GPU {gpu.index} unless its low jobs "
                     f"{', '.join(ids)} are suspended, and that failed: {e}") from None
-        self.priority.refresh()
+        self.refresh_gpus()
         log.info("job %s admitted on GPU %d by suspending low job(s) %s", job.id, gpu.index,
                  ", ".join(ids))
         warnings.append(f"job(s) {', '.join(ids)} of class low on GPU {gpu.index} were "
@@ -306,7 +312,7 @@ class Supervisor:
         if not self.is_admin(peer):
             self._check_cooldown(peer.uid)
         job, warnings = self.admission.run(peer.pid, peer.uid, self.is_admin(peer), req)
-        self.priority.refresh()     # its neighbours heed it (or it them) from now on
+        self.refresh_gpus()     # its neighbours heed it (or it them) from now on
         env, prepend = self.admission.job_env(job)
         return P.ok(job=self.view(job), env=env, prepend=prepend, warnings=warnings)
 
@@ -411,7 +417,7 @@ class Supervisor:
         if core is not None and prio.promises(cls):
             self.admission.check_core(job, core)
         changes = self.table.change_limits(job, req.mem, req.core, req.policy, req.priority)
-        self.priority.refresh()
+        self.refresh_gpus()
         warnings = []
         usage = self.trust.read(job) if req.mem is not None else []
         used = max(u.used for u in usage) if usage else None
@@ -480,7 +486,7 @@ class Supervisor:
         if peer.uid != 0 and not (self.is_admin(peer) and req.uid == peer.uid):
             raise PermissionDenied("only root may register a Slurm job (from its Prolog)")
         job, existing = self.slurm.register(req)
-        self.priority.refresh()
+        self.refresh_gpus()
         return P.ok(job=self.view(job), existing=existing)
 
     def op_slurm_attach(self, peer: Peer, req: P.SlurmAttach) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Region trust: the daemon's side of vgpuctl.core.trust. Every tick it reads
 each live job's usage counters once (a private copy, validated), checks them
 against what the hook can have written, keeps the reading for the views and
-the governor, and writes every gate the governor sets, recording each write
-in the job's launch ledger. A job found tampering is flagged here and only
-here: its counters are ignored from then on and its gate is closed for good.
+the compute step, and writes every gate and turn the compute step sets. A
+job found tampering is flagged here and only here: its counters are ignored
+from then on and its gate is closed for good.
 
 Views never read a region: they show the last reading (`LiveJob.usage`).
 """
@@ -11,54 +11,47 @@ Views never read a region: they show the last reading (`LiveJob.usage`).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import replace
 
 from vgpuctl.core.job import ENDED, DeviceUsage
-from vgpuctl.core.trust import CLOSED, OPEN, Gate, LaunchLedger, check_counters
+from vgpuctl.core.trust import check_counters, went_back
+from vgpuctl.core.turns import CLOSED_TURN, OPEN_TURN, Turn
 from vgpuctl.daemon.jobs import JobTable, LiveJob
-from vgpuctl.system.procfs import thread_count
 from vgpuctl.system.region import MAX_BYTES, BadRegion
+from vgpuctl.system.turns import read_turn, write_turn
 
 log = logging.getLogger("vgpuctl.daemon")
 
 
 class Trust:
-    def __init__(self, table: JobTable, totals: Mapping[str, int],
-                 clock: Callable[[], float] = time.monotonic,
-                 threads: Callable[[int], int] = thread_count) -> None:
+    def __init__(self, table: JobTable, totals: Mapping[str, int]) -> None:
         self._table = table
         self._totals = dict(totals)          # GPU uuid -> its memory
-        self._clock = clock
-        self._threads = threads
 
-    # -- the ledger ------------------------------------------------------------------
+    # -- the gates ---------------------------------------------------------------------
     def watch(self, job: LiveJob) -> None:
-        """Start a job's ledgers from the gates its region holds now (a new
-        region, or one a previous daemon left)."""
-        now = self._clock()
-        gates = []
+        """Start from the gates its region holds now (a new region, or one a
+        previous daemon left)."""
+        job.turns = []
         if job.region is not None:
-            for d in job.region.devices():
-                gates.append(Gate(d.throttle, d.refill_rate, d.bucket_size))
-        job.ledgers = [LaunchLedger(g, now) for g in gates]
+            for i in range(len(job.region.devices())):
+                job.turns.append(read_turn(job.region, i))
 
-    def write_gate(self, job: LiveJob, i: int, gate: Gate) -> None:
-        """Write device i's gate into the job's region, when it changed."""
-        if job.region is None or job.rec.state == ENDED or i >= len(job.ledgers):
+    def write_gate(self, job: LiveJob, i: int, turn: Turn) -> None:
+        """Write device i's gate and turn into the job's region, when they
+        changed; a job flagged or being ended keeps its gate closed."""
+        if job.region is None or job.rec.state == ENDED or i >= len(job.turns):
             return
         if job.rec.region_error is not None or job.stopped is not None:
-            gate = CLOSED
-        ledger = job.ledgers[i]
-        if ledger.gate == gate:
+            turn = CLOSED_TURN
+        if job.turns[i] == turn:
             return
-        t0 = self._clock()
-        job.region.update_device(i, throttle=gate.throttle, refill_rate=gate.refill_rate,
-                                 bucket_size=gate.bucket_size)
-        ledger.wrote(t0, self._clock(), gate)
+        write_turn(job.region, i, turn)
+        job.turns[i] = turn
 
-    def gate(self, job: LiveJob, i: int) -> Gate:
-        return job.ledgers[i].gate if i < len(job.ledgers) else OPEN
+    def gate(self, job: LiveJob, i: int) -> Turn:
+        return job.turns[i] if i < len(job.turns) else OPEN_TURN
 
     # -- reading -----------------------------------------------------------------------
     def read(self, job: LiveJob) -> list[DeviceUsage]:
@@ -69,45 +62,28 @@ class Trust:
         if reg is None or not reg.usage_readable or job.rec.region_error:
             job.usage = []
             return []
-        t0 = self._clock()
         try:
             raw = reg.read_devices()
         except BadRegion as e:
             self.flag(job, str(e))
             return []
-        t1 = self._clock()
         uuids = job.uuids()
         devs = [DeviceUsage(used=d.used, peak=d.peak, launches=d.launches,
-                            throttled_ns=d.throttled_ns, oom_refusals=d.oom_refusals)
+                            throttled_ns=d.throttled_ns, oom_refusals=d.oom_refusals,
+                            busy_ns=d.busy_ns, borrowed_ns=min(d.borrowed_ns, d.busy_ns),
+                            cost_ns=d.cost_ns)
                 for d in raw[:len(uuids)]]
         totals = [self._totals.get(u, MAX_BYTES) for u in uuids[:len(devs)]]
         why = check_counters(devs, totals,
                              [job.rec.gpu_mem_limit(i) for i in range(len(devs))])
-        if why is None:
-            why = self._overrun(job, devs, uuids, t0, t1)
+        if why is None and job.usage:
+            why = went_back(job.usage, devs)
         if why is not None:
             self.flag(job, why)
             return []
-        job.usage = [DeviceUsage(used=min(d.used, t), peak=min(d.peak, t), launches=d.launches,
-                                 throttled_ns=d.throttled_ns, oom_refusals=d.oom_refusals)
+        job.usage = [replace(d, used=min(d.used, t), peak=min(d.peak, t))
                      for d, t in zip(devs, totals, strict=True)]
         return job.usage
-
-    def _overrun(self, job: LiveJob, devs: list[DeviceUsage], uuids: list[str],
-                 t0: float, t1: float) -> str | None:
-        for i, d in enumerate(devs):
-            if i >= len(job.ledgers):
-                break
-            over = job.ledgers[i].read(t0, t1, d.launches)
-            if over is None:
-                continue
-            threads = sum(self._threads(p) for p in job.rec.pids) or 1
-            if over.proven(threads):
-                return over.describe(uuids[i], threads)
-            log.debug("job %s: %d gated launches in %.2f s against a bound of %.0f "
-                      "(%d threads): within their slack", job.id, over.launched,
-                      over.t1 - over.t0, over.bound, threads)
-        return None
 
     def slot_pids(self, job: LiveJob) -> list[tuple[int, int]]:
         """(pid, start time) of the process slots the job's processes claimed
@@ -128,8 +104,8 @@ class Trust:
         if job.stopped is not None:
             return
         job.stopped = why
-        for i in range(len(job.ledgers)):
-            self.write_gate(job, i, CLOSED)
+        for i in range(len(job.turns)):
+            self.write_gate(job, i, CLOSED_TURN)
 
     # -- the verdict ---------------------------------------------------------------------
     def flag(self, job: LiveJob, why: str) -> None:
@@ -145,5 +121,5 @@ class Trust:
         log.warning("job %s (%s) of %s: its usage region was tampered with (%s): "
                     "its counters are ignored and its kernel launches fail",
                     job.id, job.rec.name, job.rec.user, why)
-        for i in range(len(job.ledgers)):
-            self.write_gate(job, i, CLOSED)
+        for i in range(len(job.turns)):
+            self.write_gate(job, i, CLOSED_TURN)

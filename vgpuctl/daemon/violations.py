@@ -1,6 +1,18 @@
 """The daemon's violation watch: every tick, in a worker thread, NVML's
-per-process memory and busy time on every managed GPU against the jobs the
-daemon knows (the rules are vgpuctl.core.violations').
+per-process memory and the device's busy time on every managed GPU against
+the jobs the daemon knows (the rules are vgpuctl.core.violations').
+
+**Whose busy time.** A job's GPU time is what its hooks measured (their
+events while the job held its turns, docs/compute.md): the daemon hands the
+watch each job's counter (`Known.claims`). The device's busy time is NVML's
+(exact on a real GPU whoever ran). What the device ran beyond everything the
+hooks claim, past the noise of two clocks (`UNCLAIMED_MIN` of the window,
+`UNCLAIMED_REL` of the claims), went through no hook: it is the busy time of
+the processes on the GPU that loaded none (NVML's process list against the
+jobs' slots), shared among them. A job whose process bypassed its hook runs
+up a debt that way, and one that never loaded it is ungated; busy time with
+no such process to give it to is nobody's (it is left out, not pinned on an
+honest job). No per-process utilization is read.
 
 **Attribution at the time of the sample.** Each process NVML lists (a
 compute process holding memory, or a pid in a utilization window) is given
@@ -69,6 +81,10 @@ REMEMBER_S = 10.0
 LAUNCHER_AFTER_S = 0.5
 # Rounds of stop-rescan within one kill of a job (children forked meanwhile).
 STOP_ROUNDS = 4
+# Busy time beyond the claims below this is the noise of NVML's whole percents
+# and of two clocks that don't tick together.
+UNCLAIMED_MIN = 0.05        # of the window
+UNCLAIMED_REL = 0.1         # of what the hooks claim in it
 # Slurm's job cgroup (task/cgroup, v1 and v2): .../job_<id>/...
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 
@@ -93,6 +109,8 @@ class Known:
     jobs: Mapping[str, JobProcs] = field(default_factory=dict)
     reserve: int = 0                         # bytes kept aside per GPU (config)
     hooked: Mapping[int, int] | None = None  # pid -> start: processes in their job's slots
+    # (job id, uuid) -> the job's GPU time there so far, as its hooks measured it (ns)
+    claims: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,24 +126,20 @@ class Result:
     debts: dict[str, float] = field(default_factory=dict)   # job -> compute debt, GPU-s
 
 
-Utilization = Callable[[str], Any]   # uuid -> a sampler Window (or None)
-# (the pids that loaded the hook, or None; per GPU the pids on it without it)
-Processes = Callable[[frozenset[int] | None, dict[str, frozenset[int]]], None]
-# uuid, a sampler Window -> (the window split among the processes that ran,
-# whether that split is settled: every job's cost known)
-Split = Callable[[str, Any], tuple[Any, bool]]
+Busy = Callable[[str], Any]   # uuid -> a vgpuctl.system.busy.Window (or None)
 
 
 class Watch:
+    _claim_pids: set[int]
+
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
-                 utilization: Utilization | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 processes: Processes | None = None, split: Split | None = None) -> None:
+                 busy: Busy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._claim_pids = set()
         self._snapshot = snapshot
-        self._utilization = utilization
-        self._processes = processes
-        self._split = split
+        self._busy = busy
         self._clock = clock
+        self._claimed: dict[tuple[str, str], int] = {}   # each job's counter at the last window
         self._checker = Checker()
         # pid -> (its start time, its job, when NVML last listed it)
         self._verdicts: dict[int, tuple[int | None, str | None, float]] = {}
@@ -138,20 +152,12 @@ class Watch:
         stats = self._snapshot()
         mono = self._clock()
         memory = {s.uuid: dict(s.processes) for s in stats}
-        if self._processes is not None:
-            # Whose a window's busy time is, where NVML names one process a
-            # sample period, depends on which processes loaded the hook.
-            hooked = frozenset(known.hooked) if known.hooked is not None else None
-            self._processes(hooked, {s.uuid: frozenset(p for p in s.processes
-                                                       if hooked is None or p not in hooked)
-                                     for s in stats})
-        windows = self._windows(stats, now)
         owner: dict[tuple[str, int], str | None] = {}
         jobs = {lim.job_id for lim in known.limits}
-        pids = {(s.uuid, p) for s in stats for p in s.processes}
-        pids |= {(w.uuid, p) for w in windows for p in w.busy}
-        for uuid, pid in pids:
-            owner[(uuid, pid)] = self._attribute(pid, known, jobs, mono)
+        for s in stats:
+            for pid in s.processes:
+                owner[(s.uuid, pid)] = self._attribute(pid, known, jobs, mono)
+        windows = self._windows(stats, known, owner)
         self._forget(mono)
         found, new = self._checker.check(now, known.limits, memory, windows, owner,
                                          self._gated(known, windows))
@@ -180,35 +186,66 @@ class Watch:
         self._do(todo, known, owner, res, mono)
         return res
 
-    # -- NVML's windows ------------------------------------------------------------
-    def _windows(self, stats: list[GpuStats], now: float) -> list[Window]:
-        """NVML's new windows, each split among the processes that ran (where
-        NVML names one process a sample period, by the jobs' gates, `split`).
-        A window split while a job's cost was still being learnt is marked:
-        its gates rested on a guess then (docs/compute.md)."""
-        if self._utilization is None:
+    # -- the windows -----------------------------------------------------------------
+    def _windows(self, stats: list[GpuStats], known: Known,
+                 owner: dict[tuple[str, int], str | None]) -> list[Window]:
+        """Each GPU's new busy window, split: each job's claim (its hooks'
+        GPU time since the previous window) to one of its processes, what
+        the device ran beyond the claims to the processes on it that loaded
+        no hook (the module's docstring). A job's claim goes to its process
+        NVML lists there, else to a pid of its own (owner is told)."""
+        self._claim_pids: set[int] = set()
+        if self._busy is None:
             return []
         out = []
+        hooked = known.hooked
         for s in stats:
             try:
-                w = self._utilization(s.uuid)
+                w = self._busy(s.uuid)
             except Exception as e:  # noqa: BLE001 - a sampling error skips this GPU
-                log.debug("utilization of %s: %s", s.uuid, e)
+                log.debug("busy time of %s: %s", s.uuid, e)
                 continue
             if w is None or w.duration_s <= 0:
                 continue
-            learning = False
-            if self._split is not None:
-                try:
-                    w, settled = self._split(s.uuid, w)
-                    learning = not settled
-                except Exception as e:  # noqa: BLE001 - taken as NVML gave it
-                    log.debug("splitting a window of %s: %s", s.uuid, e)
-            # A coarse window (several sample periods in one read) only
-            # bounds the busy time: take its lower bound.
-            busy = w.low_s if w.low_s is not None else w.busy_s
-            out.append(Window(s.uuid, w.start_s, w.end_s, dict(busy), learning))
+            busy: dict[int, float] = {}
+            claimed = 0.0
+            for lim in known.limits:
+                if lim.uuid != s.uuid:
+                    continue
+                key = (lim.job_id, s.uuid)
+                now_ns = known.claims.get(key, 0)
+                new = max(0, now_ns - self._claimed.get(key, now_ns)) / 1e9
+                self._claimed[key] = now_ns
+                new = min(new, w.duration_s)
+                if new <= 0.0:
+                    continue
+                pid = self._pid_for(lim.job_id, s, known, owner)
+                self._claim_pids.add(pid)
+                busy[pid] = busy.get(pid, 0.0) + new
+                claimed += new
+            beyond = w.busy_s - claimed
+            free = [p for p in s.processes
+                    if hooked is not None and p not in hooked]
+            if free and beyond > max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * claimed):
+                for p in free:
+                    busy[p] = busy.get(p, 0.0) + beyond / len(free)
+            out.append(Window(s.uuid, w.start_s, w.end_s, busy))
+        live = {(lim.job_id, lim.uuid) for lim in known.limits}
+        for key in [k for k in self._claimed if k not in live]:
+            del self._claimed[key]
         return out
+
+    @staticmethod
+    def _pid_for(job_id: str, s: GpuStats, known: Known,
+                 owner: dict[tuple[str, int], str | None]) -> int:
+        mine = [p for p in s.processes if owner.get((s.uuid, p)) == job_id
+                and (known.hooked is None or p in known.hooked)]
+        if mine:
+            return max(mine, key=lambda p: s.processes[p])
+        procs = known.jobs.get(job_id)
+        pid = min(procs.seeds) if procs is not None and procs.seeds else -1
+        owner[(s.uuid, pid)] = job_id
+        return pid
 
     # -- attribution ---------------------------------------------------------------
     def _attribute(self, pid: int, known: Known, jobs: set[str], now: float) -> str | None:
@@ -269,9 +306,11 @@ class Watch:
             if pid not in live and pid in self._verdicts:
                 live[pid] = start
         self._hooked = live
-        out = set()
+        out = set(self._claim_pids)     # a job's claim went through its hooks
         for w in windows:
             for pid in w.busy:
+                if pid in out:
+                    continue
                 v = self._verdicts.get(pid)
                 if pid in self._hooked and (v is None or v[0] is None
                                             or self._hooked[pid] == v[0]):
@@ -397,11 +436,15 @@ def known(table: JobTable, reserve: int = 0,
     """What the watch needs of the live jobs, copied for its thread;
     hooked: the processes in their jobs' region slots (pid -> start)."""
     limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
+    claims: dict[tuple[str, str], int] = {}
     for job in table:
         rec = job.rec
-        for u, (mem, core) in rec.limits_by_uuid().items():
-            share = max(core / 100, job.target.get(u, 0.0))
+        for i, (u, (mem, core)) in enumerate(rec.limits_by_uuid().items()):
+            # a job that may borrow (soft, or no share) may use what is open
+            share = 1.0 if rec.policy == "soft" or core >= 100 else core / 100
             limits.append(JobLimits(job.id, u, mem, share, rec.uid))
+            if i < len(job.usage):
+                claims[(job.id, u)] = job.usage[i].busy_ns
         for p, start in rec.pids.items():
             pids[p] = job.id
             starts[p] = start
@@ -413,7 +456,7 @@ def known(table: JobTable, reserve: int = 0,
             slurm[rec.slurm_job] = job.id
         jobs[job.id] = JobProcs(rec.uid, dict(rec.pids), launcher)
     return Known(limits, pids, starts, launchers, slurm, jobs, reserve,
-                 dict(hooked) if hooked is not None else None)
+                 dict(hooked) if hooked is not None else None, claims)
 
 
 class Record:

@@ -6,7 +6,6 @@ magic is no reading."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vgpuctl.system.region import Region, const, ffi
@@ -21,7 +20,6 @@ class ClassFields:
     holders: tuple[tuple[str, int, int, int], ...] = ()
     budget_ns: int = 0
     holdoff_ns: int = 0
-    launch_cost_ns: int = 0
 
 
 def write_class(region: Region, i: int, c: ClassFields) -> None:
@@ -46,7 +44,6 @@ def write_class(region: Region, i: int, c: ClassFields) -> None:
     dev.priority = c.priority
     dev.budget_ns = c.budget_ns
     dev.holdoff_ns = c.holdoff_ns
-    dev.launch_cost_ns = c.launch_cost_ns
     dev.hold = c.hold
     region.limits.generation += 1
 
@@ -60,8 +57,7 @@ def read_class(region: Region, i: int) -> ClassFields:
         holders=tuple((f.string(dev.holders[k].job_id).decode(), int(dev.holders[k].dev),
                        int(dev.holders[k].priority), int(dev.holders[k].signal_id))
                       for k in range(n)),
-        budget_ns=int(dev.budget_ns), holdoff_ns=int(dev.holdoff_ns),
-        launch_cost_ns=int(dev.launch_cost_ns))
+        budget_ns=int(dev.budget_ns), holdoff_ns=int(dev.holdoff_ns))
 
 
 @dataclass(frozen=True)
@@ -85,8 +81,3 @@ def read_signal(region: Region, ndevices: int) -> list[SignalDev] | None:
     n = min(ndevices, const("VGPU_MAX_DEVICES"))
     return [SignalDev(int(buf.dev[k].last_launch_ns), int(buf.dev[k].busy_until_ns),
                       int(buf.dev[k].launches)) for k in range(n)]
-
-
-def signal_launches(region: Region, ndevices: int) -> Sequence[int] | None:
-    sig = read_signal(region, ndevices)
-    return None if sig is None else [s.launches for s in sig]

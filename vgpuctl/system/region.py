@@ -246,9 +246,7 @@ class DeviceLimit:
     mem_limit: int = 0          # bytes, 0 = none
     core_share: int = 100       # percent
     policy: int = 0             # VGPU_POLICY_HARD / VGPU_POLICY_SOFT
-    throttle: bool = False
-    refill_rate: int = 0        # tokens per second
-    bucket_size: int = 0
+    throttle: int = 0           # VGPU_GATE_*: open, turns, closed
     ctx_overhead: int = 0
 
 
@@ -262,16 +260,19 @@ class ProcUsage:
     allocs: int
     get_proc_calls: int
     features: int = 0           # VGPU_FEATURE_* bits: what can't be checkpointed
+    busy_ns: list[int] = field(default_factory=list)   # GPU time its hook measured
 
 
 @dataclass
 class DeviceUsage:
     used: int
     peak: int
-    tokens: int
     launches: int
     throttled_ns: int
     oom_refusals: int
+    busy_ns: int = 0            # GPU time the job's hooks measured (job-written)
+    cost_ns: int = 0            # one launch's, as last measured
+    borrowed_ns: int = 0        # part of busy_ns run in open spans
 
 
 @dataclass
@@ -293,8 +294,10 @@ def _count(v: int) -> int:
 def _device_usage(d: Any) -> DeviceUsage:
     used = _bytes(d.used, "used")
     peak = _bytes(d.peak, "peak")
-    return DeviceUsage(used=used, peak=max(peak, used), tokens=int(d.tokens),
+    return DeviceUsage(used=used, peak=max(peak, used),
                        launches=_count(d.launches), throttled_ns=_count(d.throttled_ns),
+                       busy_ns=_count(d.busy_ns), cost_ns=_count(d.cost_ns),
+                       borrowed_ns=_count(d.borrowed_ns),
                        oom_refusals=_count(d.oom_refusals))
 
 
@@ -524,6 +527,7 @@ class Region:
         lim = self.limits
         for i, d in enumerate(devices):
             self._write_dev(i, d)
+            lim.dev[i].prev_signal_id = -1     # no turn before (vgpuctl.system.turns)
         for i in range(len(devices), const("VGPU_MAX_DEVICES")):
             f.memmove(lim.dev[i].uuid, b"\0" * const("VGPU_UUID_LEN"),
                       const("VGPU_UUID_LEN"))
@@ -540,9 +544,7 @@ class Region:
         dev.ctx_overhead = d.ctx_overhead
         dev.core_share = d.core_share
         dev.policy = d.policy
-        dev.refill_rate = d.refill_rate
-        dev.bucket_size = d.bucket_size
-        dev.throttle = 1 if d.throttle else 0
+        dev.throttle = int(d.throttle)
 
     def update_device(self, i: int, **changes: Any) -> None:
         """Change some fields of device i's limits live."""
@@ -560,8 +562,7 @@ class Region:
         dev = self.limits.dev[i]
         return DeviceLimit(
             uuid=f.string(dev.uuid).decode(), mem_limit=dev.mem_limit,
-            core_share=dev.core_share, policy=dev.policy, throttle=bool(dev.throttle),
-            refill_rate=dev.refill_rate, bucket_size=dev.bucket_size,
+            core_share=dev.core_share, policy=dev.policy, throttle=int(dev.throttle),
             ctx_overhead=dev.ctx_overhead)
 
     def devices(self) -> list[DeviceLimit]:
@@ -642,7 +643,8 @@ class Region:
                     ctx_bytes=[_bytes(s.ctx_bytes[j], "slot ctx_bytes") for j in range(n)],
                     launches=[_count(s.launches[j]) for j in range(n)],
                     allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls),
-                    features=int(s.features)))
+                    features=int(s.features),
+                    busy_ns=[_count(s.busy_ns[j]) for j in range(n)]))
         return Usage(devs, procs)
 
     def slot_pids(self) -> list[tuple[int, int]]:

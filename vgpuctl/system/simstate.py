@@ -76,6 +76,7 @@ class SimStats:
     tags: list[TagStats]
     util_idle: str = "average"  # VGPU_SIM_UTIL_IDLE: idle periods averaged in or skipped
     util_procs: str = "last"    # VGPU_SIM_UTIL_PROCS: which processes a period names
+                                # (last, busiest, each; none: not supported)
     timeslice_us: int = 0       # VGPU_SIM_TIMESLICE_US: time slice between processes
     switch_us: int = 0          # VGPU_SIM_SWITCH_US: what a switch costs
     ckpt_rate: int = 0          # VGPU_SIM_CKPT_RATE: checkpoint copies, bytes/s

@@ -40,7 +40,7 @@
 
 #define VGPU_REGION_MAGIC 0x55504756
 #define VGPU_SIGNAL_MAGIC 0x4c474953
-#define VGPU_REGION_VERSION 2
+#define VGPU_REGION_VERSION 3
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 128
 #define VGPU_UUID_LEN 96
@@ -55,6 +55,11 @@
 #define VGPU_PRIORITY_NORMAL 1
 #define VGPU_PRIORITY_HIGH 2
 
+/* vgpu_dev_limit.throttle: the compute gate */
+#define VGPU_GATE_OPEN 0     /* launches are not gated: the fast path (with hold 0) */
+#define VGPU_GATE_TURNS 1    /* launches keep to the job's turns (below) */
+#define VGPU_GATE_CLOSED 2   /* the daemon found the region tampered with: launches fail */
+
 /* vgpu_dev_limit.hold: bits; 0 with throttle 0 is the launch fast path */
 #define VGPU_HOLD_HELD 1     /* jobs of a higher class are on this GPU (holders):
                                 keep at most budget_ns in flight while one is
@@ -64,9 +69,14 @@
 
 #define VGPU_MAX_HOLDERS 8
 
-/* One launch costs VGPU_TOKEN_SCALE tokens; refill_rate is in tokens per
- * second, so the rate can express fractions of a launch per second. */
-#define VGPU_TOKEN_SCALE 1000
+/* Spans of a GPU's cycle of turns that no job holds now (open[]). */
+#define VGPU_MAX_OPEN 8
+
+/* A span of the cycle: from start_ns after the cycle's start, len_ns long. */
+struct vgpu_span {
+    uint64_t start_ns;
+    uint64_t len_ns;
+};
 
 /* A job of a higher class on the same GPU, whose signal a held job reads:
  * the segment signal_id (the daemon made it: shm_perm.cuid), its dev[dev]. */
@@ -78,7 +88,18 @@ struct vgpu_holder {
     uint32_t pad0;
 };
 
-/* Written by the daemon only. */
+/* Written by the daemon only.
+ *
+ * Turns (throttle == VGPU_GATE_TURNS; docs/compute.md): the GPU's time is a
+ * cycle of cycle_ns from epoch_ns (CLOCK_MONOTONIC), the same for every job
+ * on it. The job's turn is [turn_start_ns, turn_start_ns + turn_len_ns) of
+ * each cycle: it launches there, up to turn_credit_ns of GPU time a cycle
+ * (measured by its own hook's events), and nothing outside it, except in
+ * the open spans when borrow is 1 (soft jobs, jobs without a share), with
+ * at most borrow_ns of work in flight. Its turn begins once the job of the
+ * turn before (prev_signal_id) has no work in flight, a few ms at most, and
+ * ends as much later. turn_gen is odd while the daemon rewrites these
+ * fields (a seqlock). */
 struct vgpu_dev_limit {
     char uuid[VGPU_UUID_LEN];  /* physical GPU UUID, "GPU-..."; "" = unused */
     uint64_t mem_limit;        /* bytes for the whole job on this GPU; 0 = none */
@@ -86,18 +107,27 @@ struct vgpu_dev_limit {
                                   from NVML; 0 = not yet measured */
     uint32_t core_share;       /* target share of compute, percent 1..100 */
     uint32_t policy;           /* VGPU_POLICY_* */
-    uint32_t throttle;         /* 0: launches are not gated (fast path) */
+    uint32_t throttle;         /* VGPU_GATE_*; 0: launches are not gated */
     uint32_t hold;             /* VGPU_HOLD_* bits; 0: no class to heed */
-    uint64_t refill_rate;      /* tokens per second (see VGPU_TOKEN_SCALE) */
-    uint64_t bucket_size;      /* tokens the bucket holds at most */
+    uint64_t turn_gen;         /* odd while the turn fields are rewritten */
+    uint64_t epoch_ns;         /* CLOCK_MONOTONIC at which a cycle began */
+    uint64_t cycle_ns;         /* the cycle's length */
+    uint64_t turn_start_ns;    /* this job's turn in the cycle */
+    uint64_t turn_len_ns;      /* ...its length; 0: none (it only borrows) */
+    uint64_t turn_credit_ns;   /* GPU time it may use a cycle in its turn */
+    uint64_t borrow_ns;        /* work it may keep in flight in an open span */
+    uint32_t borrow;           /* 1: it may launch in the open spans */
+    uint32_t nopen;            /* entries of open[] in use */
+    int32_t prev_signal_id;    /* the signal of the job whose turn ends where this
+                                  one begins (see turns.c); -1: none */
+    uint32_t prev_dev;         /* ...its device there */
+    struct vgpu_span open[VGPU_MAX_OPEN];
     uint32_t priority;         /* VGPU_PRIORITY_*: this job's class */
     uint32_t nholders;         /* entries of holders[] in use */
     uint64_t holders_gen;      /* odd while holders[] is being rewritten */
     uint64_t budget_ns;        /* GPU time it may keep in flight while a holder
                                   is active */
     uint64_t holdoff_ns;       /* a holder is active this long after it launched */
-    uint64_t launch_cost_ns;   /* the daemon's estimate of the GPU time one launch
-                                  of this job takes; 0: none yet */
     struct vgpu_holder holders[VGPU_MAX_HOLDERS];
 };
 
@@ -116,13 +146,13 @@ struct vgpu_dev_usage {
     uint64_t used;             /* bytes reserved by all processes of the job,
                                   contexts included */
     uint64_t peak;             /* highest value of used */
-    int64_t tokens;            /* token bucket level */
-    uint64_t last_refill_ns;   /* CLOCK_MONOTONIC of the last refill */
-    uint64_t launches;         /* launches that went through the token bucket
-                                  (throttled); every launch is in procs[] */
+    uint64_t busy_ns;          /* GPU time of the job's launched work, measured
+                                  by its hooks' events (docs/compute.md) */
+    uint64_t cost_ns;          /* the GPU time of one launch, as last measured */
+    uint64_t launches;         /* launches that went through the gate */
     uint64_t throttled_ns;     /* time launching threads spent waiting */
     uint64_t oom_refusals;     /* allocations refused for the limit */
-    uint64_t pad0;
+    uint64_t borrowed_ns;      /* part of busy_ns run in open spans */
 };
 
 /* vgpu_proc_slot.features: what the process used that the driver can't
@@ -141,6 +171,7 @@ struct vgpu_proc_slot {
     uint64_t used[VGPU_MAX_DEVICES];      /* bytes this process reserved */
     uint64_t ctx_bytes[VGPU_MAX_DEVICES]; /* part of used[] for contexts */
     uint64_t launches[VGPU_MAX_DEVICES];
+    uint64_t busy_ns[VGPU_MAX_DEVICES];   /* this process's part of busy_ns */
     uint64_t allocs;           /* allocation calls through the hook */
     uint64_t get_proc_calls;   /* cuGetProcAddress lookups through the hook */
 };
@@ -156,8 +187,8 @@ struct vgpu_usage {
 /* Written by the job's hook (its own segment; readable by all). */
 struct vgpu_signal_dev {
     uint64_t last_launch_ns;   /* CLOCK_MONOTONIC of its last launch */
-    uint64_t busy_until_ns;    /* when the work it launched should be done (each
-                                  launch adds its launch_cost_ns) */
+    uint64_t busy_until_ns;    /* when the work it has in flight should be done
+                                  (its launches at their measured cost) */
     uint64_t launches;         /* launches counted here (held or signalling) */
     uint64_t pad0;
 };

@@ -95,6 +95,7 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         s->util_idle == VGPU_SIM_UTIL_IDLE_SKIP ? "skip" : "average",
         s->util_procs == VGPU_SIM_UTIL_PROCS_EACH      ? "each"
         : s->util_procs == VGPU_SIM_UTIL_PROCS_BUSIEST ? "busiest"
+        : s->util_procs == VGPU_SIM_UTIL_PROCS_NONE    ? "none"
                                                        : "last");
     put(&o, ", \"checkpoint\": {\"rate\": %llu, \"pairs\": \"%s\", \"refused\": \"%s\"}",
         (unsigned long long)s->ckpt_rate,

@@ -123,11 +123,12 @@ static uint32_t util_idle_from_env(int *given)
     return VGPU_SIM_UTIL_IDLE_AVERAGE;
 }
 
-/* VGPU_SIM_UTIL_PROCS: last (default), busiest or each; anything else is
- * said once on stderr and read as the default. */
+/* VGPU_SIM_UTIL_PROCS: last (default), busiest, each or none (in the order
+ * of VGPU_SIM_UTIL_PROCS_*); anything else is said once on stderr and read
+ * as the default. */
 static uint32_t util_procs_from_env(int *given)
 {
-    static const char *const names[] = {"last", "busiest", "each"};
+    static const char *const names[] = {"last", "busiest", "each", "none"};
     const char *s = getenv("VGPU_SIM_UTIL_PROCS");
     *given = 0;
     if (!s || !*s)
@@ -137,7 +138,7 @@ static uint32_t util_procs_from_env(int *given)
             *given = 1;
             return i;
         }
-    fprintf(stderr, "vgpu-sim: VGPU_SIM_UTIL_PROCS=%s: expected last, busiest or each; "
+    fprintf(stderr, "vgpu-sim: VGPU_SIM_UTIL_PROCS=%s: expected last, busiest, each or none; "
                     "using last\n", s);
     return VGPU_SIM_UTIL_PROCS_LAST;
 }

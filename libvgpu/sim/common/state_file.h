@@ -41,11 +41,13 @@
 /* Which processes a sample period's per-process utilization names
  * (VGPU_SIM_UTIL_PROCS): one, the process whose work ran last in the period,
  * with the whole device's utilization (what an H100 with driver 580 does);
- * one, the process that ran most in it, with the same; or each process that
- * ran, with its own busy time. */
+ * one, the process that ran most in it, with the same; each process that
+ * ran, with its own busy time; or none: per-process utilization is not
+ * supported (NVML_ERROR_NOT_SUPPORTED, as on a MIG instance). */
 #define VGPU_SIM_UTIL_PROCS_LAST 0
 #define VGPU_SIM_UTIL_PROCS_BUSIEST 1
 #define VGPU_SIM_UTIL_PROCS_EACH 2
+#define VGPU_SIM_UTIL_PROCS_NONE 3
 
 /* One stretch of a device's timeline during which one process's kernels
  * ran (CLOCK_MONOTONIC ns); a kernel preempted at the end of a time slice

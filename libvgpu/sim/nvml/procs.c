@@ -18,7 +18,8 @@
  * counts as a zero (average, the default) or not at all (skip) is
  * VGPU_SIM_UTIL_IDLE (docs/simulator.md says why average). Which processes a
  * period names is VGPU_SIM_UTIL_PROCS: by default one, with the device's
- * whole utilization, as an H100 does (collect_util).
+ * whole utilization, as an H100 does (collect_util); none: neither call is
+ * supported (per_process_supported).
  */
 #include <string.h>
 
@@ -123,6 +124,16 @@ static int32_t named_process(const struct vgpu_sim_state *s, const struct vgpu_s
     return per->e[k].pid;
 }
 
+/* VGPU_SIM_UTIL_PROCS=none: a device without per-process utilization, as a
+ * MIG instance (or some drivers) answers: both calls NVML_ERROR_NOT_SUPPORTED,
+ * after the checks of the library, the handle and the arguments, so that a
+ * caller's own mistakes read as they would anywhere. The device's own
+ * utilization (rates, samples) is still there. */
+static int per_process_supported(void)
+{
+    return sim_state()->util_procs != VGPU_SIM_UTIL_PROCS_NONE;
+}
+
 /* The entries newer than last_seen on dev, into out (MAX_UTIL_PIDS); returns
  * how many.
  *
@@ -190,6 +201,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     NVML_DEVICE(d, dev);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (!per_process_supported())
+        return NVML_ERROR_NOT_SUPPORTED;
     static __thread struct util_entry e[MAX_UTIL_PIDS];
     unsigned int n = collect_util(dev, last_seen, e);
     if (n == 0)
@@ -213,6 +226,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d,
         return NVML_ERROR_INVALID_ARGUMENT;
     if (info->version != nvmlProcessesUtilizationInfo_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!per_process_supported())
+        return NVML_ERROR_NOT_SUPPORTED;
     static __thread struct util_entry e[MAX_UTIL_PIDS];
     unsigned int n = collect_util(dev, info->lastSeenTimeStamp, e);
     if (n == 0)

@@ -52,7 +52,8 @@ def stats(as_json: bool) -> None:
         click.echo(json.dumps(st.to_json()))
         return
     names = {"last": "one process a period (the last to run)",
-             "busiest": "one process a period (the busiest)", "each": "each process"}
+             "busiest": "one process a period (the busiest)", "each": "each process",
+             "none": "no process (per-process utilization not supported)"}
     click.echo(f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms, "
                f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}, "
                f"time slice {st.timeslice_us} us, switch {st.switch_us} us, "

@@ -1,0 +1,271 @@
+/*
+ * flight.c - a gated job's work in flight, and its GPU time measured by its
+ * own events (docs/compute.md, "Each job's GPU time").
+ *
+ * Every gated launch (turns, or a class to heed) is followed by a timing
+ * event recorded into its stream: a mark. cuEventQuery tells which marks
+ * have completed, in launch order; cuEventElapsedTime between a mark and
+ * the one completed before it is the GPU time of the launch between them.
+ * A stretch of back-to-back work starts with an event recorded just before
+ * its first launch, when nothing of the process is in flight on the device
+ * (polled right then), so the time the GPU sat idle between two stretches
+ * is never counted. The spans add up to the time the process had work on
+ * the GPU: its own GPU time while it holds the GPU alone, which turns make
+ * the rule; while another context's work time-slices with it, a span holds
+ * the other's slices too (one device clock), which is why turns keep what a
+ * job has in flight outside its turn small.
+ *
+ * What is measured goes to the job's usage (busy_ns, per device and per
+ * process), to the turn's credit (turns.c) and to the cost of one launch
+ * (an average that follows the kernels as they change), by which the work
+ * still in flight is estimated.
+ *
+ * One mutex guards the marks; it is taken only on the slow path.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hook.h"
+
+#define MAX_MARKS 1024                  /* launches tracked in flight (a queue's depth) */
+#define POOL_MAX 256
+#define COST_WEIGHT 0.125               /* of a new launch's span in the cost's average */
+#define DEFAULT_COST_NS 1000000ull      /* a launch's GPU time before any was measured */
+
+struct mark {
+    CUevent ev;
+    CUcontext ctx;
+    uint32_t own;       /* run in the job's turn (1) or borrowed (0) */
+};
+
+struct flight {
+    struct mark m[MAX_MARKS];
+    uint32_t head, n;
+    CUevent ref;        /* the last completed event of this stretch: spans start here */
+    CUcontext ref_ctx;
+    double cost_ns;     /* 0: none measured yet */
+    struct vgpu_turn_state turn;   /* turns.c's */
+};
+
+static pthread_mutex_t flight_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct flight *g_flight[VGPU_MAX_DEVICES];
+static struct {
+    CUevent ev;
+    CUcontext ctx;
+} g_pool[POOL_MAX];
+static int g_npool;
+
+void vgpu_flight_lock(void)
+{
+    pthread_mutex_lock(&flight_lock);
+}
+
+void vgpu_flight_unlock(void)
+{
+    pthread_mutex_unlock(&flight_lock);
+}
+
+static struct flight *flight_of(int d)
+{
+    if (g_flight[d] == NULL)
+        g_flight[d] = calloc(1, sizeof(struct flight));
+    return g_flight[d];
+}
+
+static void pool_put(CUevent ev, CUcontext ctx)
+{
+    if (ev != NULL && g_npool < POOL_MAX) {
+        g_pool[g_npool].ev = ev;
+        g_pool[g_npool].ctx = ctx;
+        g_npool++;
+    }   /* else: leaked, as a pool that is full never happens */
+}
+
+static CUevent pool_get(CUcontext ctx)
+{
+    for (int i = g_npool - 1; i >= 0; i--) {
+        if (g_pool[i].ctx == ctx) {
+            CUevent ev = g_pool[i].ev;
+            g_pool[i] = g_pool[--g_npool];
+            return ev;
+        }
+    }
+    CUevent ev = NULL;
+    if (REAL(cuEventCreate)(&ev, CU_EVENT_BLOCKING_SYNC) != CUDA_SUCCESS)
+        return NULL;
+    return ev;
+}
+
+static void add_busy(int d, uint64_t ns, int own)
+{
+    __atomic_fetch_add(&vgpu_g_usage->dev[d].busy_ns, ns, __ATOMIC_RELAXED);
+    if (!own)
+        __atomic_fetch_add(&vgpu_g_usage->dev[d].borrowed_ns, ns, __ATOMIC_RELAXED);
+    if (vgpu_g_slot != NULL)
+        __atomic_fetch_add(&vgpu_g_slot->busy_ns[d], ns, __ATOMIC_RELAXED);
+}
+
+/* A completed mark: the span since the stretch's last completed event. */
+static void measure(int d, struct flight *f, struct mark *m)
+{
+    float ms = -1.0f;
+    int ok = f->ref != NULL && f->ref_ctx == m->ctx &&
+             REAL(cuEventElapsedTime)(&ms, f->ref, m->ev) == CUDA_SUCCESS;
+    if (ok && ms < 0.0f) {
+        /* completed before the reference (another stream's): its time is
+         * inside a span already counted */
+        pool_put(m->ev, m->ctx);
+        return;
+    }
+    uint64_t span = ok ? (uint64_t)((double)ms * 1e6)
+                       : (uint64_t)(f->cost_ns > 0.0 ? f->cost_ns : 0.0);
+    if (ok) {
+        f->cost_ns = f->cost_ns > 0.0 ? f->cost_ns + ((double)span - f->cost_ns) * COST_WEIGHT
+                                      : (double)span;
+        __atomic_store_n(&vgpu_g_usage->dev[d].cost_ns, (uint64_t)f->cost_ns, __ATOMIC_RELAXED);
+    }
+    add_busy(d, span, (int)m->own);
+    if (m->own)
+        f->turn.credit_ns -= (int64_t)span;
+    pool_put(f->ref, f->ref_ctx);
+    f->ref = m->ev;
+    f->ref_ctx = m->ctx;
+}
+
+/* Until when this job's work in flight should run, into its signal: the job
+ * of the next turn waits for it (turns.c), and the lower classes do
+ * (priority.c). Before a launch was measured, at most GUESS_HORIZON_NS. */
+#define GUESS_HORIZON_NS 20000000ull
+static void publish(int d, struct flight *f)
+{
+    struct vgpu_signal *sig = vgpu_g_signal;
+    if (sig == NULL)
+        return;
+    uint64_t now = vgpu_now_ns();
+    double cost = f->cost_ns > 0.0 ? f->cost_ns : (double)DEFAULT_COST_NS;
+    uint64_t pending = (uint64_t)(cost * f->n);
+    if (f->cost_ns <= 0.0 && pending > GUESS_HORIZON_NS)
+        pending = GUESS_HORIZON_NS;
+    __atomic_store_n(&sig->dev[d].busy_until_ns, now + pending, __ATOMIC_RELAXED);
+}
+
+/* Take in the marks that have completed (flight_lock held). */
+static void poll(int d, struct flight *f)
+{
+    uint32_t n0 = f->n;
+    while (f->n > 0) {
+        struct mark *m = &f->m[f->head];
+        CUresult rc = REAL(cuEventQuery)(m->ev);
+        if (rc == CUDA_ERROR_NOT_READY)
+            break;
+        if (rc == CUDA_SUCCESS)
+            measure(d, f, m);
+        /* else its context is gone, and the event with it */
+        f->head = (f->head + 1) % MAX_MARKS;
+        f->n--;
+    }
+    if (f->n != n0)
+        publish(d, f);
+}
+
+int vgpu_flight_poll(int d, struct vgpu_flight_view *v)
+{
+    struct flight *f = flight_of(d);
+    if (f == NULL)
+        return 0;
+    poll(d, f);
+    double cost = f->cost_ns > 0.0 ? f->cost_ns : (double)DEFAULT_COST_NS;
+    v->n = f->n;
+    v->cost_ns = (uint64_t)cost;
+    v->measured = f->cost_ns > 0.0;
+    v->pending_ns = (uint64_t)(cost * f->n);
+    v->head = f->n > 0 ? f->m[f->head].ev : NULL;
+    v->turn = &f->turn;
+    return 1;
+}
+
+uint64_t vgpu_flight_cost(int d, int *measured)
+{
+    /* the job's figure (any of its processes), not this process's: read
+     * without the lock, on the signalling path */
+    uint64_t c = __atomic_load_n(&vgpu_g_usage->dev[d].cost_ns, __ATOMIC_RELAXED);
+    *measured = c > 0;
+    return c > 0 ? c : DEFAULT_COST_NS;
+}
+
+static CUcontext current_ctx(void)
+{
+    CUcontext ctx = NULL;
+    if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS)
+        return NULL;
+    return ctx;
+}
+
+void vgpu_flight_begin(int d, CUstream s)
+{
+    CUcontext ctx = current_ctx();
+    if (ctx == NULL)
+        return;
+    pthread_mutex_lock(&flight_lock);
+    struct flight *f = flight_of(d);
+    if (f != NULL) {
+        poll(d, f);
+        if (f->n == 0) {
+            /* nothing in flight: a new stretch starts with this launch */
+            CUevent ev = pool_get(ctx);
+            if (ev != NULL && REAL(cuEventRecord)(ev, s) == CUDA_SUCCESS) {
+                pool_put(f->ref, f->ref_ctx);
+                f->ref = ev;
+                f->ref_ctx = ctx;
+            } else {
+                pool_put(ev, ctx);
+            }
+        }
+    }
+    pthread_mutex_unlock(&flight_lock);
+}
+
+void vgpu_flight_track(int d, CUstream s, int own)
+{
+    __atomic_fetch_add(&vgpu_g_usage->dev[d].launches, 1, __ATOMIC_RELAXED);
+    CUcontext ctx = current_ctx();
+    if (ctx == NULL)
+        return;
+    pthread_mutex_lock(&flight_lock);
+    struct flight *f = flight_of(d);
+    CUevent ev = f != NULL && f->n < MAX_MARKS ? pool_get(ctx) : NULL;
+    if (ev != NULL) {
+        if (REAL(cuEventRecord)(ev, s) == CUDA_SUCCESS) {
+            struct mark *m = &f->m[(f->head + f->n) % MAX_MARKS];
+            m->ev = ev;
+            m->ctx = ctx;
+            m->own = (uint32_t)own;
+            f->n++;
+            publish(d, f);
+        } else {
+            pool_put(ev, ctx);   /* another context's stream, say: not tracked */
+        }
+    }
+    pthread_mutex_unlock(&flight_lock);
+}
+
+void vgpu_flight_wait(CUevent ev, int d, uint64_t since)
+{
+    /* the event may be reused meanwhile: then this waits for a later
+     * launch's work, which is no harm */
+    REAL(cuEventSynchronize)(ev);
+    __atomic_fetch_add(&vgpu_g_usage->dev[d].throttled_ns, vgpu_now_ns() - since,
+                       __ATOMIC_RELAXED);
+}
+
+/* A forked child has no context, no events and no work in flight. */
+void vgpu_flight_atfork_child(void)
+{
+    pthread_mutex_init(&flight_lock, NULL);
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
+        if (g_flight[d] != NULL)
+            memset(g_flight[d], 0, sizeof(struct flight));
+    g_npool = 0;
+}

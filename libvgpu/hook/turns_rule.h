@@ -1,0 +1,58 @@
+/*
+ * turns_rule.h - the rule of turns (turns_rule.c): pure, no driver, no
+ * clock, so that tests/c/turns_table.c drives it case by case.
+ */
+#ifndef VGPU_TURNS_RULE_H
+#define VGPU_TURNS_RULE_H
+
+#include <stdint.h>
+
+#include "vgpu/region.h"
+
+/* A device's schedule, as read from the job's limits. */
+struct vgpu_schedule {
+    uint64_t gen;
+    uint64_t epoch_ns, cycle_ns;
+    uint64_t start_ns, len_ns, credit_ns;
+    uint64_t borrow_ns;
+    uint32_t borrow, nopen;
+    int prev;               /* a job's turn ends where this one begins */
+    struct vgpu_span open[VGPU_MAX_OPEN];
+};
+
+#ifndef VGPU_TURN_STATE_DEFINED
+#define VGPU_TURN_STATE_DEFINED
+struct vgpu_turn_state {
+    int64_t credit_ns;      /* GPU time it may still use in its turn */
+    uint64_t k;             /* the turn it was last credited for */
+    uint64_t gen;           /* the schedule's generation then */
+    uint64_t late_ns;       /* this turn began this late, for the turn before */
+    int began;              /* this turn's first launch went */
+    int init;
+};
+#endif
+
+enum { VGPU_TURN_GO_OWN = 1, VGPU_TURN_GO_BORROWED, VGPU_TURN_WAIT_HEAD, VGPU_TURN_NAP };
+
+struct vgpu_verdict {
+    int action;             /* VGPU_TURN_* */
+    uint64_t nap_ns;        /* VGPU_TURN_NAP: until the next chance */
+};
+
+/* Credit carried beyond a turn's: what is left when the next launch did not
+ * fit, up to one launch (or this, if more). */
+#define VGPU_TURN_CARRY_MIN_NS 1000000ull
+/* The longest a turn waits for the work in flight of the turn before it
+ * (and so begins, and ends, later): what that job may carry past its turn's
+ * end, and no more, whatever it writes into its signal. */
+#define VGPU_TURN_WAIT_MAX_NS 10000000ull
+
+/* Whether a launch may go now: the job's schedule, its turn state (updated:
+ * credit at turn starts), the time, what it has in flight (n launches,
+ * pending_ns of estimated GPU time, cost_ns one launch's), and until when
+ * the job of the turn before says its work runs (prev_busy_ns; 0: none). */
+struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu_turn_state *ts,
+                                     uint64_t now, uint32_t n, uint64_t cost_ns,
+                                     uint64_t pending_ns, uint64_t prev_busy_ns);
+
+#endif /* VGPU_TURNS_RULE_H */

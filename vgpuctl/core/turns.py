@@ -1,0 +1,174 @@
+"""Turns: how a GPU's time is divided among the jobs on it. Pure: the daemon
+(vgpuctl.daemon.gates) hands in the jobs of one GPU and writes what this
+returns into each job's limits, and the hooks keep to it on their own
+(libvgpu/hook/turns.c). See docs/compute.md, "Turns".
+
+The GPU's time is a cycle (`cycle_ns`, 50 ms by default) that repeats from
+an epoch on the monotonic clock, the same for every job on the GPU. Each job
+with a share below 100 % gets a **turn**, a span of the cycle of its share's
+length, the turns one after another from the cycle's start; in its turn it
+launches alone, up to its share of GPU time a cycle as its own hook measures
+it, and nothing outside it. The rest of the cycle, and the turns of jobs
+seen idle, are **open**: jobs that may borrow (soft ones, jobs without a
+share) launch there, with a little in flight at most.
+
+- ``hard``: its turn, nothing more.
+- ``soft``: its turn, and the open spans.
+- no share (100 %): no turn; the open spans. Alone on a GPU with nothing
+  gated, a job is not gated at all (the launch fast path).
+- class ``high``: no turn: it launches when it wants (the lower classes
+  make way, vgpuctl.core.priority), a hard share below 100 % being its GPU
+  time a cycle; a job of the high class with none is not gated by turns.
+- class ``low``: a turn after the normal jobs', of what is left.
+
+A GPU whose jobs need no turn has none: every job there runs ungated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+# region.h VGPU_GATE_*
+OPEN = 0
+TURNS = 1
+CLOSED = 2
+# region.h VGPU_MAX_OPEN
+MAX_OPEN = 8
+
+CYCLE_NS = 50_000_000
+# A turn is at least this long (the cycle grows for small shares, up to
+# MAX_CYCLE_NS): a launching thread woken on a loaded host is late by a
+# fraction of it, not by all of it.
+MIN_TURN_NS = 2_000_000
+MAX_CYCLE_NS = 500_000_000
+# What a job may keep in flight in an open span: a job whose turn it is
+# waits at most about this for the GPU when it comes back.
+BORROW_NS = 1_000_000
+# Kept out of the turns when they would fill the cycle: what handing the GPU
+# from one job to the next costs (a context switch, tens of us) and what a
+# turn carried past its end has to be made up in.
+GUARD_NS = 50_000           # a turn
+GUARD_MIN = 0.005           # of the cycle
+
+
+@dataclass(frozen=True)
+class Member:
+    """A job on one GPU, as the turns see it."""
+    key: Hashable
+    share: int = 100                 # percent, 1..100
+    policy: str = "hard"             # "hard" | "soft"
+    cls: str = "normal"              # priority class
+    idle: bool = False               # launched nothing for a while: its turn is lent
+    gpus: int = 1                    # GPUs the job is on (its ranks' turns line up)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one job on one GPU keeps to (region.h vgpu_dev_limit): gate
+    OPEN (no gate), TURNS (the rest applies) or CLOSED."""
+    gate: int = OPEN
+    epoch_ns: int = 0
+    cycle_ns: int = 0
+    start_ns: int = 0
+    len_ns: int = 0
+    credit_ns: int = 0
+    borrow: bool = False
+    borrow_ns: int = 0
+    open: tuple[tuple[int, int], ...] = ()
+    prev_signal_id: int = -1         # the job whose turn ends where this one begins
+    prev_dev: int = 0
+
+    @property
+    def share(self) -> float:
+        """The GPU time a cycle it is promised, 0..1."""
+        return self.credit_ns / self.cycle_ns if self.cycle_ns else 0.0
+
+
+OPEN_TURN = Turn()
+CLOSED_TURN = Turn(gate=CLOSED)
+
+
+def needs_turns(members: Iterable[Member]) -> bool:
+    """Whether a GPU's jobs need turns: a hard share below 100 % (a cap
+    even alone), or jobs of which one is promised a share below 100 %
+    beside another."""
+    ms = list(members)
+    if any(m.policy == "hard" and m.share < 100 for m in ms):
+        return True
+    return len(ms) > 1 and any(m.share < 100 for m in ms)
+
+
+def cycle_for(members: Iterable[Member], cycle_ns: int = CYCLE_NS) -> int:
+    """The cycle for a GPU's jobs: cycle_ns, longer where a share is so small
+    that its turn would be shorter than MIN_TURN_NS."""
+    small = min((m.share for m in members if m.cls != "high" and m.share < 100), default=100)
+    return min(max(cycle_ns, MIN_TURN_NS * 100 // max(small, 1)), MAX_CYCLE_NS)
+
+
+Signals = Callable[[Hashable], "tuple[int, int] | None"]
+
+
+def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
+         borrow_ns: int = BORROW_NS,
+         signal_of: Signals = lambda key: (-1, 0)) -> dict[Hashable, Turn]:
+    """Each job's turn on one GPU (signal_of: a job's signal segment and its
+    device there, which the job of the next turn waits on)."""
+    ms = list(members)
+    if not needs_turns(ms):
+        return {m.key: OPEN_TURN for m in ms}
+    cycle_ns = cycle_for(ms, cycle_ns)
+    out: dict[Hashable, Turn] = {}
+    turned = [m for m in ms if m.cls != "high" and m.share < 100]
+    # normal before low; jobs on several GPUs first, so that where the same
+    # jobs share the same GPUs their ranks' turns begin together on each
+    # (a collective's ranks wait for each other); else the order they came
+    turned.sort(key=lambda m: (m.cls == "low", m.gpus == 1))
+    room = cycle_ns - max(GUARD_NS * len(turned), int(GUARD_MIN * cycle_ns))
+    asked = sum(cycle_ns * m.share // 100 for m in turned)
+    spans: dict[Hashable, tuple[int, int]] = {}
+    at = 0
+    for m in turned:
+        length = cycle_ns * m.share // 100
+        if asked > room:
+            length = length * room // asked
+        length = min(length, cycle_ns - at)
+        spans[m.key] = (at, length)
+        at += length
+    idle = {m.key for m in turned if m.idle}
+    held = sorted((s, n) for k, (s, n) in spans.items() if n > 0 and k not in idle)
+    gaps = _complement(held, cycle_ns)
+    # each turn waits for the work in flight of the turn before it, across
+    # a gap too (the gap is where a turn carried past its end runs)
+    order = sorted((s, k) for k, (s, n) in spans.items() if n > 0 and k not in idle)
+    before_of = {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
+    for m in ms:
+        if m.cls == "high":
+            hard = m.policy == "hard" and m.share < 100
+            out[m.key] = Turn(TURNS, epoch_ns, cycle_ns, 0, cycle_ns,
+                              cycle_ns * m.share // 100, False, 0, ()) if hard else OPEN_TURN
+            continue
+        start, length = spans.get(m.key, (0, 0))
+        borrow = m.policy == "soft" or m.share >= 100
+        before = before_of.get(m.key)
+        sig = signal_of(before) if before is not None and before != m.key else None
+        sid, dev = sig if sig is not None else (-1, 0)
+        out[m.key] = Turn(TURNS, epoch_ns, cycle_ns, start, length, length, borrow,
+                          borrow_ns if borrow else 0, gaps if borrow else (), sid, dev)
+    return out
+
+
+def _complement(held: list[tuple[int, int]], cycle_ns: int) -> tuple[tuple[int, int], ...]:
+    """The spans of [0, cycle) outside the held ones (sorted, apart), at
+    most MAX_OPEN of them: the longest kept."""
+    gaps = []
+    at = 0
+    for start, length in held:
+        if start > at:
+            gaps.append((at, start - at))
+        at = max(at, start + length)
+    if at < cycle_ns:
+        gaps.append((at, cycle_ns - at))
+    if len(gaps) > MAX_OPEN:
+        gaps = sorted(sorted(gaps, key=lambda g: -g[1])[:MAX_OPEN])
+    return tuple(gaps)
