@@ -96,7 +96,7 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
         ts->k = (uint64_t)k;
         ts->gen = sc->gen;
         ts->late_ns = 0;
-        ts->began = 1;          /* (no waiting for the turn before mid-turn) */
+        ts->began = 0;
         ts->init = 1;
     }
     /* A turn that begins late (its launching thread woke late on a loaded
@@ -126,8 +126,13 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
 
     if (in_turn && sc->credit_ns > 0) {
         ts->began = 1;
+        /* A launch that finds nothing in flight goes on what is left if at
+         * least half of it is covered (so it overruns by at most half a
+         * launch, as often as a turn falls short by as much), or if it is
+         * longer than the whole turn (it could never be covered). */
         int64_t left = ts->credit_ns - (int64_t)pending_ns - (int64_t)cost_ns;
-        if (left >= 0 || (n == 0 && ts->credit_ns > 0))
+        if (left >= 0 || (n == 0 && ts->credit_ns > 0 &&
+                          (2 * ts->credit_ns >= (int64_t)cost_ns || cost_ns > sc->credit_ns)))
             return go_own;
         if (n > 0)
             return (struct vgpu_verdict){VGPU_TURN_WAIT_HEAD, 0};

@@ -14,14 +14,16 @@ share) launch there, with a little in flight at most.
 
 - ``hard``: its turn, nothing more.
 - ``soft``: its turn, and the open spans.
-- no share (100 %): no turn; the open spans. Alone on a GPU with nothing
-  gated, a job is not gated at all (the launch fast path).
-- class ``high``: no turn: it launches when it wants (the lower classes
-  make way, vgpuctl.core.priority), a hard share below 100 % being its GPU
-  time a cycle; a job of the high class with none is not gated by turns.
+- no share (100 %): no turn; the open spans (the whole cycle where no job
+  has a share, with no bound on what it keeps in flight).
+- class ``high``: no turn of its own: the whole cycle is its turn, and it
+  launches when it wants (the lower classes make way,
+  vgpuctl.core.priority), a hard share below 100 % being its GPU time a
+  cycle.
 - class ``low``: a turn after the normal jobs', of what is left.
 
-A GPU whose jobs need no turn has none: every job there runs ungated.
+A job alone on its GPU, without a hard share below 100 %, is not gated at
+all (the hook's launch fast path): its GPU time is the device's busy time.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ BORROW_NS = 1_000_000
 # Kept out of the turns when they would fill the cycle: what handing the GPU
 # from one job to the next costs (a context switch, tens of us) and what a
 # turn carried past its end has to be made up in.
-GUARD_NS = 50_000           # a turn
-GUARD_MIN = 0.005           # of the cycle
+GUARD_NS = 100_000          # a turn
+GUARD_MIN = 0.01            # of the cycle
 
 
 @dataclass(frozen=True)
@@ -90,13 +92,11 @@ CLOSED_TURN = Turn(gate=CLOSED)
 
 
 def needs_turns(members: Iterable[Member]) -> bool:
-    """Whether a GPU's jobs need turns: a hard share below 100 % (a cap
-    even alone), or jobs of which one is promised a share below 100 %
-    beside another."""
+    """Whether a GPU's jobs are gated: a hard share below 100 % (a cap even
+    alone), or two jobs or more (each one's GPU time is then its hook's
+    measure; a job alone has the device's)."""
     ms = list(members)
-    if any(m.policy == "hard" and m.share < 100 for m in ms):
-        return True
-    return len(ms) > 1 and any(m.share < 100 for m in ms)
+    return len(ms) > 1 or any(m.policy == "hard" and m.share < 100 for m in ms)
 
 
 def cycle_for(members: Iterable[Member], cycle_ns: int = CYCLE_NS) -> int:
@@ -135,6 +135,8 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
         length = min(length, cycle_ns - at)
         spans[m.key] = (at, length)
         at += length
+    if not turned:
+        borrow_ns = cycle_ns        # no turn to make way for: no bound in flight
     idle = {m.key for m in turned if m.idle}
     held = sorted((s, n) for k, (s, n) in spans.items() if n > 0 and k not in idle)
     gaps = _complement(held, cycle_ns)
@@ -144,9 +146,11 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     before_of = {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
     for m in ms:
         if m.cls == "high":
+            # the whole cycle is its turn; a hard share bounds its GPU time a
+            # cycle, else nothing does (twice the cycle: never reached)
             hard = m.policy == "hard" and m.share < 100
             out[m.key] = Turn(TURNS, epoch_ns, cycle_ns, 0, cycle_ns,
-                              cycle_ns * m.share // 100, False, 0, ()) if hard else OPEN_TURN
+                              cycle_ns * m.share // 100 if hard else 2 * cycle_ns)
             continue
         start, length = spans.get(m.key, (0, 0))
         borrow = m.policy == "soft" or m.share >= 100

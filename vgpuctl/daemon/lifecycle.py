@@ -375,8 +375,9 @@ class Daemon:
         sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
-            # Bills from each job's GPU time as its hooks measured it, and
-            # the memory NVML reports for its processes.
+            # Bills from each job's GPU time as the watch splits the device's:
+            # its hooks' measure, and for a job alone on its GPU ungated,
+            # the device's busy time; memory as NVML reports its processes'.
             for i in inputs:
                 job = sup.table.find(i.job_id)
                 # suspended (or moved) since the tick began: its rows are
@@ -385,7 +386,7 @@ class Daemon:
                     key = (i.job_id, i.uuid)
                     self.accountant.observe(
                         i.job_id, i.uuid, wall, sup.gates.measured(i.job_id, i.uuid),
-                        res.memory.get(key, 0), busy_s=sup.gates.busy_s(i.job_id, i.uuid))
+                        res.memory.get(key, 0), busy_s=res.busy.get(key, 0.0))
             try:
                 if usage.maybe_flush(self.store.conn, self.accountant, wall):
                     sup.checkpoint(self.accountant, wall)   # a copy and a small file per job

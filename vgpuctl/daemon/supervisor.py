@@ -41,6 +41,7 @@ from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import RUNNING, STARTING
 from vgpuctl.core.sizes import format_size
+from vgpuctl.core.turns import OPEN
 from vgpuctl.daemon import logs, metrics, outage, tracking, views
 from vgpuctl.daemon import violations as watch
 from vgpuctl.daemon.admission import Admission, user_name
@@ -533,6 +534,10 @@ class Supervisor:
         self.update_stats(res.stats)
         for job in self.table:
             job.held = {u: res.memory.get((job.id, u), 0) for u in job.uuids()}
+            for i, u in enumerate(job.uuids()):
+                # ungated (alone on its GPU): its share is the device's
+                if self.trust.gate(job, i).gate == OPEN and (job.id, u) in res.share:
+                    job.measured[u] = res.share[(job.id, u)]
             job.peak_debt = max(job.peak_debt, res.debts.get(job.id, 0.0))
         self.violations.apply(res, self.table, self.clock(), self.trust.stop)
 

@@ -226,6 +226,13 @@ class Watch:
             beyond = w.busy_s - claimed
             free = [p for p in s.processes
                     if hooked is not None and p not in hooked]
+            if not free:
+                # a job alone on the GPU (ungated: the device's busy time is
+                # its), or one whose process passes for hooked but claims
+                # nothing of what ran
+                jobs_here = {owner.get((s.uuid, p)) for p in s.processes} - {None}
+                if len(jobs_here) == 1:
+                    free = [self._pid_for(jobs_here.pop(), s, known, owner, hooked_only=False)]
             if free and beyond > max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * claimed):
                 for p in free:
                     busy[p] = busy.get(p, 0.0) + beyond / len(free)
@@ -237,13 +244,15 @@ class Watch:
 
     @staticmethod
     def _pid_for(job_id: str, s: GpuStats, known: Known,
-                 owner: dict[tuple[str, int], str | None]) -> int:
+                 owner: dict[tuple[str, int], str | None], hooked_only: bool = True) -> int:
         mine = [p for p in s.processes if owner.get((s.uuid, p)) == job_id
-                and (known.hooked is None or p in known.hooked)]
+                and (not hooked_only or known.hooked is None or p in known.hooked)]
         if mine:
             return max(mine, key=lambda p: s.processes[p])
         procs = known.jobs.get(job_id)
-        pid = min(procs.seeds) if procs is not None and procs.seeds else -1
+        # a pid of its own, else a stand-in no process has (one per job)
+        pid = min(procs.seeds) if procs is not None and procs.seeds else \
+            -1 - sum(job_id.encode()) * 7919 % 1_000_000_007
         owner[(s.uuid, pid)] = job_id
         return pid
 
