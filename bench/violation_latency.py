@@ -20,11 +20,11 @@ start_daemon) and measures:
    median of ten one-second shares (a machine shared with other work
    inflates some of them).
 5. busy cost: the same with --jobs jobs on the GPU (hooked vgpu-burn at
-   --core 10, each busy 5 % of the time), the governor and the watch at
+   --core 10, each busy 5 % of the time), the turns and the watch at
    work on every tick.
 6. the watch's own cost: with those jobs running, a Watch of this process
    checks them every 100 ms for 10 s, as the daemon's does (its own NVML
-   reads, utilization sampler, attribution and rules, and the reads of the
+   reads, the device's busy time, the split by claims and rules, and the reads of the
    jobs' slots the daemon makes for it); its thread's CPU time over the
    wall time, the median of one-second shares. Target: under 3 % of one
    core.
@@ -198,13 +198,13 @@ def watch_cost(env: dict[str, str], sock: Path, seconds: float) -> float:
 
     from vgpuctl.core.violations import JobLimits
     from vgpuctl.daemon.violations import JobProcs, Known, Watch
-    from vgpuctl.governor.sampler import Sampler
+    from vgpuctl.system.busy import DeviceBusy
     from vgpuctl.system.nvml import Nvml
     from vgpuctl.system.region import Region
 
     os.environ.update({k: env[k] for k in ("VGPU_SIM", "VGPU_SIM_STATE")})
     nv = Nvml()
-    watch = Watch(nv.snapshot, Sampler(nv.module).read)
+    watch = Watch(nv.snapshot, DeviceBusy(nv.module).read)
     jobs = ps(sock)["jobs"]
     limits = [JobLimits(j["id"], j["gpu_uuid"], j["mem_limit"], j["core"] / 100, j["uid"])
               for j in jobs]

@@ -21,15 +21,19 @@
  * both (w: throttle in the low half, hold in the high half). VGPU_GO_*:
  * VGPU_GO_CLOSED fails the launch; VGPU_GO_UNTRACKED launches it as it is
  * (a captured launch runs nothing now); the others launch and mark it. */
+static int closed(void)
+{
+    vgpu_log(VGPU_LOG_ERROR, "the daemon closed this job's compute gate (see "
+             "region_error in vgpuctl ps --json); kernel launches fail");
+    return VGPU_GO_CLOSED;
+}
+
 static __attribute__((noinline)) int gate_slow(int d, uint64_t w, CUstream s)
 {
     uint32_t throttle = (uint32_t)w, hold = (uint32_t)(w >> 32);
     __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
-    if (VGPU_UNLIKELY(throttle == VGPU_GATE_CLOSED)) {
-        vgpu_log(VGPU_LOG_ERROR, "the daemon closed this job's compute gate (see "
-                 "region_error in vgpuctl ps --json); kernel launches fail");
-        return VGPU_GO_CLOSED;
-    }
+    if (VGPU_UNLIKELY(throttle == VGPU_GATE_CLOSED))
+        return closed();
     if (vgpu_capturing(s))
         return VGPU_GO_UNTRACKED;
     if (hold & VGPU_HOLD_SIGNAL)
@@ -37,8 +41,8 @@ static __attribute__((noinline)) int gate_slow(int d, uint64_t w, CUstream s)
     if (hold & VGPU_HOLD_HELD)
         vgpu_prio_hold(d);
     int go = throttle == VGPU_GATE_TURNS ? vgpu_turn_gate(d, s) : VGPU_GO_OWN;
-    if (go == VGPU_GO_CLOSED)
-        return go;
+    if (go == VGPU_GO_CLOSED)   /* closed while it waited for its turn */
+        return closed();
     vgpu_flight_begin(d, s);
     return go;
 }

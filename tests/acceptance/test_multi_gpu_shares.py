@@ -68,3 +68,33 @@ def test_two_jobs_on_two_gpus_get_their_shares_on_each(daemon_factory):
     assert abs(total - sum(r["gpu_seconds"] for r in by_gpu)) < 1e-3
     for r in by_job:
         assert len(r["gpus"]) == 2
+
+
+def test_a_job_busy_on_one_of_its_two_gpus_gets_its_share_there(daemon_factory):
+    """A `--gpus 2 --core 30` job that works on GPU 0 only (rank 0 evaluating
+    alone, an idle pipeline stage) gets its 30 % there, beside a neighbour
+    at 60 % on both GPUs: its turn on each GPU is its own, kept and measured
+    there (it was held to a fifth of its share when one pace held both)."""
+    d = daemon_factory(gpus="2x16G")
+    burn = native.burn_program()
+    one = f"VGPU_SIM_TAG=one-0 {burn} --device 0 --kernel-us 1000 --seconds 60 >/dev/null"
+    jobs = [d.popen("run", "--gpus", "2", "--mem", "1G", "--core", "30", "--policy", "hard",
+                    "--name", "one", "--", "sh", "-c", one),
+            d.popen("run", "--gpus", "2", "--mem", "1G", "--core", "60", "--policy", "hard",
+                    "--name", "j60", "--", "sh", "-c", ranks("j60"))]
+    try:
+        def settled() -> bool:
+            rows = {j["name"]: j for j in d.jobs()}
+            return len(rows) == 2 and abs(
+                (rows["one"]["per_gpu"][0]["core_measured"] or 0) - 0.30) < 0.03
+        wait_for(settled, timeout=60, what="the one-GPU job to settle at its share")
+        t0, a = time.monotonic(), busy_by_tag(d.env)
+        time.sleep(WINDOW_S / 2)  # the measurement window
+        t1, b = time.monotonic(), busy_by_tag(d.env)
+    finally:
+        d.cleanup_jobs()
+        for j in jobs:
+            j.wait(timeout=30)
+    share = 100 * (b["one-0"] - a["one-0"]) / (t1 - t0)
+    print(f"the one-GPU job's share of GPU 0: {share:.2f}", file=sys.stderr)
+    assert abs(share - 30) <= 3

@@ -105,11 +105,12 @@ def test_a_job_without_a_share_beside_a_hard_one_borrows_the_rest():
     [Member("a", 30, "soft")],                  # a lone soft job may use it all
     [Member("a", 100, "soft")],
     [Member("a", 100, "hard")],                 # a lone job promised it all
-    [Member("a", 100, "hard"), Member("b", 100, "soft")],   # no one promised less
-    [Member("a", 100, "hard", "low"), Member("b", 100, "hard", "high")],
-], ids=["soft-30", "soft-100", "hard-100", "two-100", "two-100-classes"])
-def test_jobs_that_need_no_turns_are_not_gated(members):
-    """The launch fast path: a GPU whose jobs need no turns has none."""
+    [Member("a", 100, "hard", "high")],
+    [Member("a", 60, "soft", "low")],
+], ids=["soft-30", "soft-100", "hard-100", "high-100", "low-soft-60"])
+def test_a_lone_job_that_needs_no_turns_is_not_gated(members):
+    """The launch fast path: a job alone on its GPU with no hard cap has
+    no turns."""
     assert not needs_turns(members)
     assert set(plan(members, EPOCH).values()) == {OPEN_TURN}
     assert OPEN_TURN.gate == OPEN
@@ -137,10 +138,15 @@ def test_a_high_job_is_not_held_to_a_window():
 
 
 @pytest.mark.parametrize("share,policy", [(40, "soft"), (100, "hard"), (100, "soft")])
-def test_a_high_job_without_a_hard_cap_is_not_gated(share, policy):
+def test_a_high_job_without_a_hard_cap_is_not_held_back(share, policy):
+    """Not gated at all, or gated with the whole cycle for its turn and a
+    GPU time a cycle it never reaches."""
     p = plan([Member("hi", share, policy, "high"), Member("n", 30, "hard")], EPOCH)
-    assert p["hi"] == OPEN_TURN
-    assert p["n"].gate == TURNS
+    hi = p["hi"]
+    assert hi == OPEN_TURN or (
+        hi.gate == TURNS and (hi.start_ns, hi.len_ns) == (0, hi.cycle_ns)
+        and hi.credit_ns >= hi.cycle_ns), hi
+    assert p["n"].gate == TURNS and (p["n"].start_ns, p["n"].len_ns) == (0, pct(30))
 
 
 def test_low_jobs_turns_come_after_the_normal_ones():
@@ -163,9 +169,10 @@ def test_low_jobs_shrink_to_what_is_left():
     assert all(t.start_ns >= pct(80) for t in lows if t.len_ns)
     assert all(t.credit_ns == t.len_ns for t in lows)
     # the low ones share what is left (the cycle's last 20 %, the hand-over
-    # guard aside): they shrink, the first first
+    # guard aside), in proportion to their shares
     assert sum(t.len_ns for t in lows) <= pct(20)
-    assert p["l1"].len_ns >= p["l2"].len_ns >= p["l3"].len_ns
+    assert p["l2"].len_ns >= p["l1"].len_ns >= p["l3"].len_ns
+    assert abs(p["l2"].len_ns - 2 * p["l1"].len_ns) <= 2
     assert p["l3"].len_ns < pct(10) and not p["l3"].borrow and p["l2"].borrow
     spans = [(t.start_ns, t.len_ns) for t in p.values() if t.len_ns]
     assert spans_apart(spans) and sum(n for _, n in spans) < C
@@ -293,7 +300,7 @@ def test_min_turn_a_tiny_share_still_gets_a_turn_a_late_thread_can_use():
     for share in (1, 2, 3):
         p = plan([Member("tiny", share, "hard"), Member("big", 100 - share, "hard")], EPOCH)
         assert p["tiny"].len_ns >= 1 * MS, (share, p["tiny"])
-        assert p["tiny"].share == pytest.approx(share / 100, rel=0.01)
+        assert p["tiny"].share == pytest.approx(share / 100, rel=0.02)
 
 
 def test_max_cycle_no_share_stretches_the_cycle_past_half_a_second():

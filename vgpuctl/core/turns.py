@@ -50,7 +50,7 @@ BORROW_NS = 1_000_000
 # Kept out of the turns when they would fill the cycle: what handing the GPU
 # from one job to the next costs (a context switch, tens of us) and what a
 # turn carried past its end has to be made up in.
-GUARD_NS = 100_000          # a turn
+GUARD_NS = 50_000           # a turn
 GUARD_MIN = 0.01            # of the cycle
 
 
@@ -125,16 +125,20 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     # (a collective's ranks wait for each other); else the order they came
     turned.sort(key=lambda m: (m.cls == "low", m.gpus == 1))
     room = cycle_ns - max(GUARD_NS * len(turned), int(GUARD_MIN * cycle_ns))
-    asked = sum(cycle_ns * m.share // 100 for m in turned)
     spans: dict[Hashable, tuple[int, int]] = {}
     at = 0
-    for m in turned:
-        length = cycle_ns * m.share // 100
-        if asked > room:
-            length = length * room // asked
-        length = min(length, cycle_ns - at)
-        spans[m.key] = (at, length)
-        at += length
+    # the normal jobs' turns first (their shares are promises), scaled to the
+    # room only if they overfill it; the low jobs' in what is left of it
+    for low in (False, True):
+        cls = [m for m in turned if (m.cls == "low") == low]
+        asked = sum(cycle_ns * m.share // 100 for m in cls)
+        left = max(room - at, 0)
+        for m in cls:
+            length = cycle_ns * m.share // 100
+            if asked > left:
+                length = length * left // asked
+            spans[m.key] = (at, length)
+            at += length
     if not turned:
         borrow_ns = cycle_ns        # no turn to make way for: no bound in flight
     idle = {m.key for m in turned if m.idle}

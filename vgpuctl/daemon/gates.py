@@ -10,11 +10,14 @@ jobs that may borrow, and takes it back as soon as the job launches again.
 A job is gated from its admission: the supervisor plans its GPUs before it
 answers `run`, so the job's first launch already keeps to its turn.
 
-A job's measured share is its GPU time over the last `WINDOW_S` of wall
-time (`measured`); it is the job's own figure, from its own hooks: a job
-that lies about it misleads its own view and its own bill, and nothing of
-its neighbours (their turns are the daemon's, and their hooks measure their
-own time).
+A job's measured share (`measured`) is its GPU time over the last
+`WINDOW_S` of wall time (or `WINDOW_CYCLES` of its GPU's cycles, if longer:
+a cycle stretched for a tiny share holds one turn of each job); it is the
+job's own figure, from its own hooks: a job that lies about it misleads its
+own view and nothing of its neighbours (their turns are the daemon's, and
+their hooks measure their own time). Bills come from the violation watch's
+split of the device's busy time, which believes a claim only as far as the
+device ran (vgpuctl.daemon.violations).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vgpuctl.daemon.trust import Trust
 IDLE_S = 0.5
 # A measured share is the GPU time over this much wall time.
 WINDOW_S = 1.0
+WINDOW_CYCLES = 10
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,13 @@ class _Meter:
     launched_at: float = 0.0
     new_ns: int = 0             # GPU time since the previous tick
 
-    def add(self, now: float, busy_ns: int, launches: int) -> None:
+    def add(self, now: float, busy_ns: int, launches: int, window: float = WINDOW_S) -> None:
         if launches != self.launches:
             self.launches, self.launched_at = launches, now
         last = self.samples[-1][1] if self.samples else busy_ns
         self.new_ns = max(0, busy_ns - last)
         self.samples.append((now, busy_ns))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_S:
+        while len(self.samples) > 2 and now - self.samples[1][0] >= window:
             self.samples.popleft()
 
     def share(self) -> float | None:
@@ -93,6 +97,7 @@ class Gates:
         self._meters: dict[tuple[str, str], _Meter] = {}
         # the cycles' epoch, one for every GPU (a job's ranks' turns line up)
         self._epoch = time.monotonic_ns()
+        self._cycles: dict[str, int] = {}     # uuid -> its cycle now (ns)
 
     def inputs(self) -> list[Input]:
         """Every live job with a region, on each of its GPUs; reads each
@@ -121,7 +126,8 @@ class Gates:
             m = self._meters.get(key)
             if m is None:
                 m = self._meters[key] = _Meter(launched_at=now)
-            m.add(now, i.usage.busy_ns, i.usage.launches)
+            cycle = self._cycles.get(i.uuid, 0) / 1e9
+            m.add(now, i.usage.busy_ns, i.usage.launches, max(WINDOW_S, WINDOW_CYCLES * cycle))
             job = self._table.find(i.job_id)
             share = m.share()
             if job is not None and share is not None:
@@ -144,6 +150,7 @@ class Gates:
             members = [self._member(job, i, uuid, now) for job, i in jobs]
             signals = {(job.id, i): (_signal_id(job), i) for job, i in jobs}
             plan = turns.plan(members, epoch, self._cycle_ns(), signal_of=signals.get)
+            self._cycles[uuid] = max((t.cycle_ns for t in plan.values()), default=0)
             for job, i in jobs:
                 t = plan[(job.id, i)]
                 job.target[uuid] = t.share if t.gate == turns.TURNS else 1.0

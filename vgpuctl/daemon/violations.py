@@ -111,6 +111,8 @@ class Known:
     hooked: Mapping[int, int] | None = None  # pid -> start: processes in their job's slots
     # (job id, uuid) -> the job's GPU time there so far, as its hooks measured it (ns)
     claims: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # (job id, uuid) -> the share of the GPU its own turn holds (0: none)
+    turns: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -207,8 +209,7 @@ class Watch:
                 continue
             if w is None or w.duration_s <= 0:
                 continue
-            busy: dict[int, float] = {}
-            claimed = 0.0
+            claims: dict[tuple[str, int], float] = {}
             for lim in known.limits:
                 if lim.uuid != s.uuid:
                     continue
@@ -216,13 +217,25 @@ class Watch:
                 now_ns = known.claims.get(key, 0)
                 new = max(0, now_ns - self._claimed.get(key, now_ns)) / 1e9
                 self._claimed[key] = now_ns
-                new = min(new, w.duration_s)
-                if new <= 0.0:
-                    continue
-                pid = self._pid_for(lim.job_id, s, known, owner)
+                on_gpu = any(owner.get((s.uuid, p)) == lim.job_id for p in s.processes)
+                if new > 0.0 and on_gpu:
+                    # (a job with no process on the GPU ran nothing there,
+                    # whatever its counter says)
+                    pid = self._pid_for(lim.job_id, s, known, owner)
+                    claims[(lim.job_id, pid)] = min(new, w.duration_s)
+            slack = max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * w.busy_s)
+            if sum(claims.values()) > w.busy_s + slack:
+                # More is claimed than the device ran: a job's counter (its
+                # own to write) lies. Claims are then believed only as far
+                # as the claimant's own turn goes, so that a lie can hide no
+                # one's busy time; beyond its turn it is nobody's.
+                claims = {(j, p): min(c, known.turns.get((j, s.uuid), 0.0) * w.duration_s)
+                          for (j, p), c in claims.items()}
+            busy: dict[int, float] = {}
+            for (_, pid), c in claims.items():
                 self._claim_pids.add(pid)
-                busy[pid] = busy.get(pid, 0.0) + new
-                claimed += new
+                busy[pid] = busy.get(pid, 0.0) + c
+            claimed = sum(claims.values())
             beyond = w.busy_s - claimed
             free = [p for p in s.processes
                     if hooked is not None and p not in hooked]
@@ -446,9 +459,12 @@ def known(table: JobTable, reserve: int = 0,
     hooked: the processes in their jobs' region slots (pid -> start)."""
     limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
     claims: dict[tuple[str, str], int] = {}
+    turns: dict[tuple[str, str], float] = {}
     for job in table:
         rec = job.rec
         for i, (u, (mem, core)) in enumerate(rec.limits_by_uuid().items()):
+            if i < len(job.turns) and job.turns[i].len_ns > 0:
+                turns[(job.id, u)] = min(job.turns[i].share, 1.0)
             # a job that may borrow (soft, or no share) may use what is open
             share = 1.0 if rec.policy == "soft" or core >= 100 else core / 100
             limits.append(JobLimits(job.id, u, mem, share, rec.uid))
@@ -465,7 +481,7 @@ def known(table: JobTable, reserve: int = 0,
             slurm[rec.slurm_job] = job.id
         jobs[job.id] = JobProcs(rec.uid, dict(rec.pids), launcher)
     return Known(limits, pids, starts, launchers, slurm, jobs, reserve,
-                 dict(hooked) if hooked is not None else None, claims)
+                 dict(hooked) if hooked is not None else None, claims, turns)
 
 
 class Record:
