@@ -29,15 +29,27 @@ static uint64_t until_span(uint64_t pos, uint64_t start, uint64_t len, uint64_t 
     return cycle - into;
 }
 
-/* What is left of the open span pos is in (0: in none). */
+/* What is left of the open span pos is in (0: in none), with the span it
+ * runs on into across the cycle's end (a span that is the whole cycle never
+ * ends). */
 static uint64_t left_open(const struct vgpu_schedule *sc, uint64_t pos)
 {
-    uint64_t best = 0;
-    for (uint32_t i = 0; i < sc->nopen && i < VGPU_MAX_OPEN; i++) {
-        uint64_t len = sc->open[i].len_ns;
-        uint64_t into = (pos + sc->cycle_ns - sc->open[i].start_ns % sc->cycle_ns) % sc->cycle_ns;
-        if (into < len && len - into > best)
-            best = len - into;
+    uint64_t cycle = sc->cycle_ns, best = 0;
+    uint32_t n = sc->nopen < VGPU_MAX_OPEN ? sc->nopen : VGPU_MAX_OPEN;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t start = sc->open[i].start_ns % cycle, len = sc->open[i].len_ns;
+        uint64_t into = (pos + cycle - start) % cycle;
+        if (into >= len)
+            continue;
+        if (len >= cycle)
+            return UINT64_MAX / 4;
+        uint64_t left = len - into;
+        if (start + len >= cycle)       /* on into a span that begins the cycle */
+            for (uint32_t j = 0; j < n; j++)
+                if (j != i && sc->open[j].start_ns % cycle == 0)
+                    left += sc->open[j].len_ns;
+        if (left > best)
+            best = left;
     }
     return best;
 }

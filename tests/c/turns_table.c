@@ -164,6 +164,17 @@ static const struct row rows[] = {
     {"an open span across the cycle's end: in it", .cycle = 50 * MS, .borrow = 1,
      .borrow_ns = 1 * MS, .nopen = 1, .open = {{45 * MS, 10 * MS}}, .at = 2 * MS,
      .cost = 1 * MS, .action = VGPU_TURN_GO_BORROWED},
+    {"a whole-cycle open span never ends: 16 ms queued at its 'end'", .cycle = 50 * MS,
+     .borrow = 1, .borrow_ns = 50 * MS, .nopen = 1, .open = {{0, 50 * MS}}, .at = 48 * MS,
+     .n = 16, .cost = 1 * MS, .pending = 16 * MS, .action = VGPU_TURN_GO_BORROWED},
+    {"an open span to the cycle's end runs on into one beginning it", .cycle = 50 * MS,
+     .borrow = 1, .borrow_ns = 10 * MS, .nopen = 2, .open = {{0, 5 * MS}, {40 * MS, 10 * MS}},
+     .at = 48 * MS, .n = 4, .cost = 1 * MS, .pending = 4 * MS,
+     .action = VGPU_TURN_GO_BORROWED},
+    {"...but borrowed work must end in it", .cycle = 50 * MS, .borrow = 1,
+     .borrow_ns = 10 * MS, .nopen = 2, .open = {{0, 5 * MS}, {40 * MS, 10 * MS}},
+     .at = 48 * MS, .n = 7, .cost = 1 * MS, .pending = 7 * MS,
+     .action = VGPU_TURN_WAIT_HEAD},
 
     /* ---- credit: a turn's worth a turn begun, capped ---- */
     {"a turn begun: one turn's worth", TURN_0_15, .credit_before = 0, .k_before = -1,

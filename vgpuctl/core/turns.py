@@ -29,7 +29,7 @@ all (the hook's launch fast path): its GPU time is the device's busy time.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # region.h VGPU_GATE_*
 OPEN = 0
@@ -118,19 +118,57 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     if not needs_turns(ms):
         return {m.key: OPEN_TURN for m in ms}
     cycle_ns = cycle_for(ms, cycle_ns)
-    out: dict[Hashable, Turn] = {}
     turned = [m for m in ms if m.cls != "high" and m.share < 100]
-    # normal before low; jobs on several GPUs first, so that where the same
-    # jobs share the same GPUs their ranks' turns begin together on each
-    # (a collective's ranks wait for each other); else the order they came
-    turned.sort(key=lambda m: (m.cls == "low", m.gpus == 1))
-    room = cycle_ns - max(GUARD_NS * len(turned), int(GUARD_MIN * cycle_ns))
+    spans = _lay_out(turned, cycle_ns)
+    if not turned:
+        borrow_ns = cycle_ns        # no turn to make way for: no bound in flight
+    held = {k: span for k, span in spans.items()
+            if span[1] > 0 and k not in {m.key for m in turned if m.idle}}
+    gaps = _complement(sorted(held.values()), cycle_ns)
+    # each turn waits for the work in flight of the turn before it, across
+    # a gap too (the gap is where a turn carried past its end runs)
+    order = sorted((s, k) for k, (s, _) in held.items())
+    before_of = {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
+    base = Turn(TURNS, epoch_ns, cycle_ns)
+    out: dict[Hashable, Turn] = {}
+    for m in ms:
+        before = before_of.get(m.key)
+        sig = signal_of(before) if before is not None and before != m.key else None
+        out[m.key] = _turn_of(m, base, spans.get(m.key, (0, 0)), borrow_ns, gaps,
+                              sig if sig is not None else (-1, 0))
+    return out
+
+
+def _turn_of(m: Member, base: Turn, span: tuple[int, int], borrow_ns: int,
+             gaps: tuple[tuple[int, int], ...], prev: tuple[int, int]) -> Turn:
+    cycle = base.cycle_ns
+    if m.cls == "high":
+        # the whole cycle is its turn; a hard share bounds its GPU time a
+        # cycle, else nothing does (twice the cycle: never reached)
+        hard = m.policy == "hard" and m.share < 100
+        return replace(base, len_ns=cycle,
+                       credit_ns=cycle * m.share // 100 if hard else 2 * cycle)
+    if m.policy == "soft" or m.share >= 100:
+        return replace(base, start_ns=span[0], len_ns=span[1], credit_ns=span[1], borrow=True,
+                       borrow_ns=borrow_ns, open=gaps, prev_signal_id=prev[0],
+                       prev_dev=prev[1])
+    return replace(base, start_ns=span[0], len_ns=span[1], credit_ns=span[1],
+                   prev_signal_id=prev[0], prev_dev=prev[1])
+
+
+def _lay_out(turned: list[Member], cycle_ns: int) -> dict[Hashable, tuple[int, int]]:
+    """The turns' spans (start, length), one after another from the cycle's
+    start: normal before low; jobs on several GPUs first, so that where the
+    same jobs share the same GPUs their ranks' turns begin together on each
+    (a collective's ranks wait for each other); else the order they came.
+    The normal jobs' turns (promises) are scaled to the room only if they
+    overfill it; the low jobs' share what is left of it."""
+    order = sorted(turned, key=lambda m: (m.cls == "low", m.gpus == 1))
+    room = cycle_ns - max(GUARD_NS * len(order), int(GUARD_MIN * cycle_ns))
     spans: dict[Hashable, tuple[int, int]] = {}
     at = 0
-    # the normal jobs' turns first (their shares are promises), scaled to the
-    # room only if they overfill it; the low jobs' in what is left of it
     for low in (False, True):
-        cls = [m for m in turned if (m.cls == "low") == low]
+        cls = [m for m in order if (m.cls == "low") == low]
         asked = sum(cycle_ns * m.share // 100 for m in cls)
         left = max(room - at, 0)
         for m in cls:
@@ -139,31 +177,7 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
                 length = length * left // asked
             spans[m.key] = (at, length)
             at += length
-    if not turned:
-        borrow_ns = cycle_ns        # no turn to make way for: no bound in flight
-    idle = {m.key for m in turned if m.idle}
-    held = sorted((s, n) for k, (s, n) in spans.items() if n > 0 and k not in idle)
-    gaps = _complement(held, cycle_ns)
-    # each turn waits for the work in flight of the turn before it, across
-    # a gap too (the gap is where a turn carried past its end runs)
-    order = sorted((s, k) for k, (s, n) in spans.items() if n > 0 and k not in idle)
-    before_of = {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
-    for m in ms:
-        if m.cls == "high":
-            # the whole cycle is its turn; a hard share bounds its GPU time a
-            # cycle, else nothing does (twice the cycle: never reached)
-            hard = m.policy == "hard" and m.share < 100
-            out[m.key] = Turn(TURNS, epoch_ns, cycle_ns, 0, cycle_ns,
-                              cycle_ns * m.share // 100 if hard else 2 * cycle_ns)
-            continue
-        start, length = spans.get(m.key, (0, 0))
-        borrow = m.policy == "soft" or m.share >= 100
-        before = before_of.get(m.key)
-        sig = signal_of(before) if before is not None and before != m.key else None
-        sid, dev = sig if sig is not None else (-1, 0)
-        out[m.key] = Turn(TURNS, epoch_ns, cycle_ns, start, length, length, borrow,
-                          borrow_ns if borrow else 0, gaps if borrow else (), sid, dev)
-    return out
+    return spans
 
 
 def _complement(held: list[tuple[int, int]], cycle_ns: int) -> tuple[tuple[int, int], ...]:

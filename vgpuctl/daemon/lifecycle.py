@@ -375,9 +375,10 @@ class Daemon:
         sup.record_violations(res)
         wall = time.time()
         if self.accountant is not None:
-            # Bills from each job's GPU time as the watch splits the device's:
-            # its hooks' measure, and for a job alone on its GPU ungated,
-            # the device's busy time; memory as NVML reports its processes'.
+            # Bills: each job's GPU time as its hooks measured it, and what
+            # the watch gave it of the device's busy time beyond every hook's
+            # claim (its unhooked processes; alone and ungated, the device's);
+            # memory as NVML reports its processes'.
             for i in inputs:
                 job = sup.table.find(i.job_id)
                 # suspended (or moved) since the tick began: its rows are
@@ -386,7 +387,8 @@ class Daemon:
                     key = (i.job_id, i.uuid)
                     self.accountant.observe(
                         i.job_id, i.uuid, wall, sup.gates.measured(i.job_id, i.uuid),
-                        res.memory.get(key, 0), busy_s=res.busy.get(key, 0.0))
+                        res.memory.get(key, 0),
+                        busy_s=sup.gates.busy_s(i.job_id, i.uuid) + res.beyond.get(key, 0.0))
             try:
                 if usage.maybe_flush(self.store.conn, self.accountant, wall):
                     sup.checkpoint(self.accountant, wall)   # a copy and a small file per job

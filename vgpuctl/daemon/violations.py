@@ -125,6 +125,9 @@ class Result:
     memory: dict[tuple[str, str], int] = field(default_factory=dict)    # (job, uuid) -> bytes
     busy: dict[tuple[str, str], float] = field(default_factory=dict)    # ... GPU-seconds
     share: dict[tuple[str, str], float] = field(default_factory=dict)   # ... last window's
+    # ... GPU-seconds no hook of the job claimed (its unhooked processes, or
+    # the device's time while it is alone on the GPU, ungated)
+    beyond: dict[tuple[str, str], float] = field(default_factory=dict)
     debts: dict[str, float] = field(default_factory=dict)   # job -> compute debt, GPU-s
 
 
@@ -133,11 +136,13 @@ Busy = Callable[[str], Any]   # uuid -> a vgpuctl.system.busy.Window (or None)
 
 class Watch:
     _claim_pids: set[int]
+    _beyond: dict[tuple[str, int], float]
 
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
                  busy: Busy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._claim_pids = set()
+        self._beyond = {}
         self._snapshot = snapshot
         self._busy = busy
         self._clock = clock
@@ -164,6 +169,10 @@ class Watch:
         found, new = self._checker.check(now, known.limits, memory, windows, owner,
                                          self._gated(known, windows))
         res = Result(stats, found, new, debts=self._checker.debts())
+        for (uuid, pid), b in self._beyond.items():
+            job = owner.get((uuid, pid))
+            if job is not None:
+                res.beyond[(job, uuid)] = res.beyond.get((job, uuid), 0.0) + b
         for (uuid, pid), job in owner.items():
             if job is None:
                 continue
@@ -196,11 +205,11 @@ class Watch:
         the device ran beyond the claims to the processes on it that loaded
         no hook (the module's docstring). A job's claim goes to its process
         NVML lists there, else to a pid of its own (owner is told)."""
-        self._claim_pids: set[int] = set()
+        self._claim_pids = set()
+        self._beyond = {}
         if self._busy is None:
             return []
         out = []
-        hooked = known.hooked
         for s in stats:
             try:
                 w = self._busy(s.uuid)
@@ -209,51 +218,63 @@ class Watch:
                 continue
             if w is None or w.duration_s <= 0:
                 continue
-            claims: dict[tuple[str, int], float] = {}
-            for lim in known.limits:
-                if lim.uuid != s.uuid:
-                    continue
-                key = (lim.job_id, s.uuid)
-                now_ns = known.claims.get(key, 0)
-                new = max(0, now_ns - self._claimed.get(key, now_ns)) / 1e9
-                self._claimed[key] = now_ns
-                on_gpu = any(owner.get((s.uuid, p)) == lim.job_id for p in s.processes)
-                if new > 0.0 and on_gpu:
-                    # (a job with no process on the GPU ran nothing there,
-                    # whatever its counter says)
-                    pid = self._pid_for(lim.job_id, s, known, owner)
-                    claims[(lim.job_id, pid)] = min(new, w.duration_s)
-            slack = max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * w.busy_s)
-            if sum(claims.values()) > w.busy_s + slack:
-                # More is claimed than the device ran: a job's counter (its
-                # own to write) lies. Claims are then believed only as far
-                # as the claimant's own turn goes, so that a lie can hide no
-                # one's busy time; beyond its turn it is nobody's.
-                claims = {(j, p): min(c, known.turns.get((j, s.uuid), 0.0) * w.duration_s)
-                          for (j, p), c in claims.items()}
+            claims = self._claims(s, w, known, owner)
             busy: dict[int, float] = {}
             for (_, pid), c in claims.items():
                 self._claim_pids.add(pid)
                 busy[pid] = busy.get(pid, 0.0) + c
             claimed = sum(claims.values())
             beyond = w.busy_s - claimed
-            free = [p for p in s.processes
-                    if hooked is not None and p not in hooked]
-            if not free:
-                # a job alone on the GPU (ungated: the device's busy time is
-                # its), or one whose process passes for hooked but claims
-                # nothing of what ran
-                jobs_here = {owner.get((s.uuid, p)) for p in s.processes} - {None}
-                if len(jobs_here) == 1:
-                    free = [self._pid_for(jobs_here.pop(), s, known, owner, hooked_only=False)]
-            if free and beyond > max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * claimed):
+            if beyond > max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * claimed):
+                free = self._unhooked(s, known, owner)
                 for p in free:
                     busy[p] = busy.get(p, 0.0) + beyond / len(free)
+                    self._beyond[(s.uuid, p)] = beyond / len(free)
             out.append(Window(s.uuid, w.start_s, w.end_s, busy))
         live = {(lim.job_id, lim.uuid) for lim in known.limits}
         for key in [k for k in self._claimed if k not in live]:
             del self._claimed[key]
         return out
+
+    def _claims(self, s: GpuStats, w: Any, known: Known,
+                owner: dict[tuple[str, int], str | None]) -> dict[tuple[str, int], float]:
+        """(job, the pid it is put on) -> the GPU time its hooks claim on the
+        GPU since the last window, as far as it is believed."""
+        claims: dict[tuple[str, int], float] = {}
+        for lim in known.limits:
+            if lim.uuid != s.uuid:
+                continue
+            key = (lim.job_id, s.uuid)
+            now_ns = known.claims.get(key, 0)
+            new = max(0, now_ns - self._claimed.get(key, now_ns)) / 1e9
+            self._claimed[key] = now_ns
+            # (a job with no process on the GPU ran nothing there, whatever
+            # its counter says)
+            if new > 0.0 and any(owner.get((s.uuid, p)) == lim.job_id for p in s.processes):
+                pid = self._pid_for(lim.job_id, s, known, owner)
+                claims[(lim.job_id, pid)] = min(new, w.duration_s)
+        slack = max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * w.busy_s)
+        if sum(claims.values()) > w.busy_s + slack:
+            # More is claimed than the device ran: a job's counter (its own
+            # to write) lies. Claims are then believed only as far as the
+            # claimant's own turn goes, so that a lie can hide no one's busy
+            # time; beyond its turn it is nobody's.
+            claims = {(j, p): min(c, known.turns.get((j, s.uuid), 0.0) * w.duration_s)
+                      for (j, p), c in claims.items()}
+        return claims
+
+    def _unhooked(self, s: GpuStats, known: Known,
+                  owner: dict[tuple[str, int], str | None]) -> list[int]:
+        """Whose the busy time beyond the claims is: the processes on the GPU
+        that loaded no hook; else, where one job alone has processes there,
+        that job's (ungated alone, or a process that passes for hooked)."""
+        free = [p for p in s.processes if known.hooked is not None and p not in known.hooked]
+        if free:
+            return free
+        jobs_here = {owner.get((s.uuid, p)) for p in s.processes} - {None}
+        if len(jobs_here) == 1:
+            return [self._pid_for(jobs_here.pop(), s, known, owner, hooked_only=False)]
+        return []
 
     @staticmethod
     def _pid_for(job_id: str, s: GpuStats, known: Known,
