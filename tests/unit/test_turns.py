@@ -234,16 +234,17 @@ def test_64_jobs_at_1_percent_all_get_turns_apart():
 
 def test_the_turn_after_waits_for_the_one_before():
     """Each turn names the job of the turn before it (its signal, which the
-    hook waits on while that job's work is still in flight); a job seen
-    idle is waited on by no one, and a turn alone waits on no one."""
+    hook waits on while that job's work is still in flight), idle or not (a
+    job going idle changes no one else's turn: an idle one has nothing in
+    flight to wait for), and a turn alone waits on no one."""
     sig = {"a": (11, 0), "b": (22, 1), "c": (33, 0)}
     p = plan([Member("a", 30, "hard"), Member("b", 20, "hard"), Member("c", 10, "hard")],
              EPOCH, signal_of=lambda k: sig[k])
     assert (p["b"].prev_signal_id, p["c"].prev_signal_id) == (11, 22)
     assert p["c"].prev_dev == 1
-    p = plan([Member("a", 30, "hard", idle=True), Member("b", 20, "hard"),
+    q = plan([Member("a", 30, "hard", idle=True), Member("b", 20, "hard"),
               Member("c", 10, "hard", idle=True)], EPOCH, signal_of=lambda k: sig[k])
-    assert p["b"].prev_signal_id == -1
+    assert all(q[k].prev_signal_id == p[k].prev_signal_id for k in "abc")
     [t] = plan([Member("a", 30, "hard")], EPOCH, signal_of=lambda k: sig[k]).values()
     assert t.prev_signal_id == -1
 

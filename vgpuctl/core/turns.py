@@ -126,8 +126,10 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
             if span[1] > 0 and k not in {m.key for m in turned if m.idle}}
     gaps = _complement(sorted(held.values()), cycle_ns)
     # each turn waits for the work in flight of the turn before it, across
-    # a gap too (the gap is where a turn carried past its end runs)
-    order = sorted((s, k) for k, (s, _) in held.items())
+    # a gap too (the gap is where a turn carried past its end runs), idle or
+    # not (a job going idle changes no one else's turn; an idle one has
+    # nothing in flight to wait for)
+    order = sorted((s, k) for k, (s, n) in spans.items() if n > 0)
     before_of = {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
     base = Turn(TURNS, epoch_ns, cycle_ns)
     out: dict[Hashable, Turn] = {}
