@@ -153,7 +153,11 @@ class Gates:
             self._cycles[uuid] = max((t.cycle_ns for t in plan.values()), default=0)
             for job, i in jobs:
                 t = plan[(job.id, i)]
-                job.target[uuid] = t.share if t.gate == turns.TURNS else 1.0
+                # its turn's share of the cycle (a guard may shave a full
+                # GPU's); without a turn, its cap
+                cap = job.rec.gpu_core_share(i) / 100
+                job.target[uuid] = min(t.share, cap) if t.gate == turns.TURNS and t.len_ns \
+                    else cap
                 self._trust.write_gate(job, i, t)
 
     def _member(self, job: LiveJob, i: int, uuid: str, now: float) -> turns.Member:

@@ -85,6 +85,9 @@ STOP_ROUNDS = 4
 # and of two clocks that don't tick together.
 UNCLAIMED_MIN = 0.05        # of the window
 UNCLAIMED_REL = 0.1         # of what the hooks claim in it
+# ...and, for a gated job alone on its GPU (its claims and the device's
+# window a tick apart), this much of the window
+SOLO_NOISE = 0.25
 # Slurm's job cgroup (task/cgroup, v1 and v2): .../job_<id>/...
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 
@@ -225,8 +228,12 @@ class Watch:
                 busy[pid] = busy.get(pid, 0.0) + c
             claimed = sum(claims.values())
             beyond = w.busy_s - claimed
-            if beyond > max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * claimed):
-                free = self._unhooked(s, known, owner)
+            floor = max(UNCLAIMED_MIN * w.duration_s, UNCLAIMED_REL * claimed)
+            if beyond > floor:
+                free, solo = self._unhooked(s, known, owner)
+                if solo and claimed > 0 and beyond <= SOLO_NOISE * w.duration_s:
+                    free = []       # a gated job alone: its claims and NVML's window
+                                    # are a tick apart, no more
                 for p in free:
                     busy[p] = busy.get(p, 0.0) + beyond / len(free)
                     self._beyond[(s.uuid, p)] = beyond / len(free)
@@ -264,17 +271,18 @@ class Watch:
         return claims
 
     def _unhooked(self, s: GpuStats, known: Known,
-                  owner: dict[tuple[str, int], str | None]) -> list[int]:
+                  owner: dict[tuple[str, int], str | None]) -> tuple[list[int], bool]:
         """Whose the busy time beyond the claims is: the processes on the GPU
         that loaded no hook; else, where one job alone has processes there,
-        that job's (ungated alone, or a process that passes for hooked)."""
+        that job's (ungated alone, or a process that passes for hooked:
+        solo)."""
         free = [p for p in s.processes if known.hooked is not None and p not in known.hooked]
         if free:
-            return free
+            return free, False
         jobs_here = {owner.get((s.uuid, p)) for p in s.processes} - {None}
         if len(jobs_here) == 1:
-            return [self._pid_for(jobs_here.pop(), s, known, owner, hooked_only=False)]
-        return []
+            return [self._pid_for(jobs_here.pop(), s, known, owner, hooked_only=False)], True
+        return [], False
 
     @staticmethod
     def _pid_for(job_id: str, s: GpuStats, known: Known,
