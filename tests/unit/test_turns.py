@@ -426,7 +426,7 @@ def test_gates_plan_the_jobs_turns_when_they_come():
         fields(plan([Member(("a", 0), 30)], a.turns[0].epoch_ns)[("a", 0)])]
     assert a.target[GPU] == pytest.approx(0.30)
     b = node.add("b")
-    assert b.turns[0].open == ((pct(30), pct(70)),) and b.target[GPU] == 0.0
+    assert b.turns[0].open == ((pct(30), pct(70)),) and b.target[GPU] == 1.0   # no turn: its cap
     assert a.turns[0].epoch_ns == b.turns[0].epoch_ns     # one cycle for the GPU
 
 
