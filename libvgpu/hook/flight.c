@@ -98,6 +98,12 @@ static CUevent pool_get(CUcontext ctx)
     return ev;
 }
 
+/* One launch's GPU time as measured, or the default before any was. */
+static double cost_of(const struct flight *f)
+{
+    return f->cost_ns > 0.0 ? f->cost_ns : (double)DEFAULT_COST_NS;
+}
+
 static void add_busy(int d, uint64_t ns, int own)
 {
     __atomic_fetch_add(&vgpu_g_usage->dev[d].busy_ns, ns, __ATOMIC_RELAXED);
@@ -144,8 +150,7 @@ static void publish(int d, struct flight *f)
     if (sig == NULL)
         return;
     uint64_t now = vgpu_now_ns();
-    double cost = f->cost_ns > 0.0 ? f->cost_ns : (double)DEFAULT_COST_NS;
-    uint64_t pending = (uint64_t)(cost * f->n);
+    uint64_t pending = (uint64_t)(cost_of(f) * f->n);
     if (f->cost_ns <= 0.0 && pending > GUESS_HORIZON_NS)
         pending = GUESS_HORIZON_NS;
     __atomic_store_n(&sig->dev[d].busy_until_ns, now + pending, __ATOMIC_RELAXED);
@@ -176,7 +181,7 @@ int vgpu_flight_poll(int d, struct vgpu_flight_view *v)
     if (f == NULL)
         return 0;
     poll(d, f);
-    double cost = f->cost_ns > 0.0 ? f->cost_ns : (double)DEFAULT_COST_NS;
+    double cost = cost_of(f);
     v->n = f->n;
     v->cost_ns = (uint64_t)cost;
     v->measured = f->cost_ns > 0.0;

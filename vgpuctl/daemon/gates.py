@@ -82,10 +82,6 @@ class _Meter:
         return now - self.launched_at >= IDLE_S
 
 
-def _signal_id(job: LiveJob) -> int:
-    return int(job.region.signal_id) if job.region is not None else -1
-
-
 class Gates:
     def __init__(self, table: JobTable, trust: Trust,
                  clock: Callable[[], float] = time.monotonic,
@@ -148,7 +144,7 @@ class Gates:
         for uuid, jobs in by_gpu.items():
             epoch = self._epoch
             members = [self._member(job, i, uuid, now) for job, i in jobs]
-            signals = {(job.id, i): (_signal_id(job), i) for job, i in jobs}
+            signals = {(job.id, i): (job.signal_id, i) for job, i in jobs}
             plan = turns.plan(members, epoch, self._cycle_ns(), signal_of=signals.get)
             self._cycles[uuid] = max((t.cycle_ns for t in plan.values()), default=0)
             for job, i in jobs:

@@ -50,6 +50,12 @@ class LiveJob:
     suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
 
     @property
+    def signal_id(self) -> int:
+        """The System V segment of its signal (the hooks of the jobs that
+        heed it attach it); -1 when it has no region."""
+        return int(self.region.signal_id) if self.region is not None else -1
+
+    @property
     def id(self) -> str:
         return self.rec.id
 

@@ -27,13 +27,6 @@ from vgpuctl.system.priority import ClassFields, read_class, write_class
 log = logging.getLogger("vgpuctl.daemon")
 
 
-def _signal_id(job: LiveJob | None) -> int:
-    """The segment of a job's signal; -1 when it has none."""
-    if job is None or job.region is None:
-        return -1
-    return int(job.region.signal_id)
-
-
 class Priorities:
     def __init__(self, table: JobTable, config: Callable[[], Config]) -> None:
         self._table = table
@@ -61,7 +54,7 @@ class Priorities:
         for (job_id, i), hold in holds.items():
             job = jobs[job_id]
             uuid = job.uuids()[i]
-            holders = tuple((hid, d, r, _signal_id(jobs.get(hid)))
+            holders = tuple((hid, d, r, jobs[hid].signal_id if hid in jobs else -1)
                             for hid, d, r in hold.holders)
             fields_ = ClassFields(
                 priority=prio.rank(job.rec.priority), hold=hold.bits, holders=holders,
