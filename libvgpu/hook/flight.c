@@ -20,7 +20,10 @@
  * (an average that follows the kernels as they change), by which the work
  * still in flight is estimated.
  *
- * One mutex guards the marks; it is taken only on the slow path.
+ * One mutex guards the marks; it is taken only on the slow path, twice a
+ * launch: for the gate's poll and the stretch's start, and for the mark.
+ * The slow path reads the clock and the current context once a launch
+ * (struct vgpu_launch).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -144,12 +147,11 @@ static void measure(int d, struct flight *f, struct mark *m)
  * of the next turn waits for it (turns.c), and the lower classes do
  * (priority.c). Before a launch was measured, at most GUESS_HORIZON_NS. */
 #define GUESS_HORIZON_NS 20000000ull
-static void publish(int d, struct flight *f)
+static void publish(int d, struct flight *f, uint64_t now)
 {
     struct vgpu_signal *sig = vgpu_g_signal;
     if (sig == NULL)
         return;
-    uint64_t now = vgpu_now_ns();
     uint64_t pending = (uint64_t)(cost_of(f) * f->n);
     if (f->cost_ns <= 0.0 && pending > GUESS_HORIZON_NS)
         pending = GUESS_HORIZON_NS;
@@ -157,7 +159,7 @@ static void publish(int d, struct flight *f)
 }
 
 /* Take in the marks that have completed (flight_lock held). */
-static void poll(int d, struct flight *f)
+static void poll(int d, struct flight *f, uint64_t now)
 {
     uint32_t n0 = f->n;
     while (f->n > 0) {
@@ -172,15 +174,15 @@ static void poll(int d, struct flight *f)
         f->n--;
     }
     if (f->n != n0)
-        publish(d, f);
+        publish(d, f, now);
 }
 
-int vgpu_flight_poll(int d, struct vgpu_flight_view *v)
+int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v)
 {
     struct flight *f = flight_of(d);
     if (f == NULL)
         return 0;
-    poll(d, f);
+    poll(d, f, now);
     double cost = cost_of(f);
     v->n = f->n;
     v->cost_ns = (uint64_t)cost;
@@ -200,57 +202,54 @@ uint64_t vgpu_flight_cost(int d, int *measured)
     return c > 0 ? c : DEFAULT_COST_NS;
 }
 
-static CUcontext current_ctx(void)
+void vgpu_flight_begin_locked(const struct vgpu_launch *l, uint32_t n)
 {
-    CUcontext ctx = NULL;
-    if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS)
-        return NULL;
-    return ctx;
+    struct flight *f = g_flight[l->d];
+    if (f == NULL || n != 0 || l->ctx == NULL)
+        return;
+    /* nothing in flight: a new stretch starts with this launch */
+    CUevent ev = pool_get(l->ctx);
+    if (ev != NULL && REAL(cuEventRecord)(ev, l->s) == CUDA_SUCCESS) {
+        pool_put(f->ref, f->ref_ctx);
+        f->ref = ev;
+        f->ref_ctx = l->ctx;
+    } else {
+        pool_put(ev, l->ctx);
+    }
 }
 
-void vgpu_flight_begin(int d, CUstream s)
+void vgpu_flight_begin(const struct vgpu_launch *l)
 {
-    CUcontext ctx = current_ctx();
-    if (ctx == NULL)
+    if (l->ctx == NULL)
         return;
     pthread_mutex_lock(&flight_lock);
-    struct flight *f = flight_of(d);
+    struct flight *f = flight_of(l->d);
     if (f != NULL) {
-        poll(d, f);
-        if (f->n == 0) {
-            /* nothing in flight: a new stretch starts with this launch */
-            CUevent ev = pool_get(ctx);
-            if (ev != NULL && REAL(cuEventRecord)(ev, s) == CUDA_SUCCESS) {
-                pool_put(f->ref, f->ref_ctx);
-                f->ref = ev;
-                f->ref_ctx = ctx;
-            } else {
-                pool_put(ev, ctx);
-            }
-        }
+        poll(l->d, f, l->now);
+        vgpu_flight_begin_locked(l, f->n);
     }
     pthread_mutex_unlock(&flight_lock);
 }
 
-void vgpu_flight_track(int d, CUstream s, int own)
+void vgpu_flight_track(const struct vgpu_launch *l, int own)
 {
+    int d = l->d;
     __atomic_fetch_add(&vgpu_g_usage->dev[d].launches, 1, __ATOMIC_RELAXED);
-    CUcontext ctx = current_ctx();
-    if (ctx == NULL)
+    if (l->ctx == NULL)
         return;
     pthread_mutex_lock(&flight_lock);
     struct flight *f = flight_of(d);
-    CUevent ev = f != NULL && f->n < MAX_MARKS ? pool_get(ctx) : NULL;
+    CUevent ev = f != NULL && f->n < MAX_MARKS ? pool_get(l->ctx) : NULL;
     if (ev != NULL) {
-        if (REAL(cuEventRecord)(ev, s) == CUDA_SUCCESS) {
+        if (REAL(cuEventRecord)(ev, l->s) == CUDA_SUCCESS) {
             struct mark *m = &f->m[(f->head + f->n) % MAX_MARKS];
             m->ev = ev;
-            m->ctx = ctx;
+            m->ctx = l->ctx;
             m->own = (uint32_t)own;
             f->n++;
-            publish(d, f);
+            publish(d, f, l->now);
         } else {
-            pool_put(ev, ctx);   /* another context's stream, say: not tracked */
+            pool_put(ev, l->ctx);   /* another context's stream, say: not tracked */
         }
     }
     pthread_mutex_unlock(&flight_lock);

@@ -261,26 +261,39 @@ struct vgpu_flight_view {
     CUevent head;           /* the oldest launch's mark; NULL when none */
     struct vgpu_turn_state *turn;
 };
+/* A launch on the slow path (launch.c): its region device, its stream, the
+ * context current when it was made (NULL: none, not tracked) and the time,
+ * each read once. */
+struct vgpu_launch {
+    int d;
+    CUstream s;
+    CUcontext ctx;
+    uint64_t now;
+};
 void vgpu_flight_lock(void);
 void vgpu_flight_unlock(void);
 /* Take in the completed launches and describe what is in flight (lock held);
  * 0 when out of memory. */
-int vgpu_flight_poll(int d, struct vgpu_flight_view *v);
+int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v);
 /* The GPU time one launch takes, as measured (*measured 0: a default). */
 uint64_t vgpu_flight_cost(int d, int *measured);
-/* Before a tracked launch into s: start a stretch if nothing is in flight. */
-void vgpu_flight_begin(int d, CUstream s);
+/* Before a tracked launch: start a stretch if nothing is in flight. The
+ * _locked form is for a caller that holds the lock and has just polled
+ * (n: what it found in flight). */
+void vgpu_flight_begin(const struct vgpu_launch *l);
+void vgpu_flight_begin_locked(const struct vgpu_launch *l, uint32_t n);
 /* After it: mark it (own: in the job's turn, else borrowed time). */
-void vgpu_flight_track(int d, CUstream s, int own);
+void vgpu_flight_track(const struct vgpu_launch *l, int own);
 /* Wait for a mark, counting the wait as throttled since `since`. */
 void vgpu_flight_wait(CUevent ev, int d, uint64_t since);
 void vgpu_flight_atfork_child(void);
 
 /* ---- turns (turns.c) -------------------------------------------------------------- */
 enum { VGPU_GO_CLOSED = -1, VGPU_GO_UNTRACKED = 0, VGPU_GO_OWN = 1, VGPU_GO_BORROWED = 2 };
-/* Before a launch on d into s of a job gated by turns: wait for its turn
- * (or an open span); VGPU_GO_*. */
-int vgpu_turn_gate(int d, CUstream s);
+/* Before a launch of a job gated by turns: wait for its turn (or an open
+ * span), then start its stretch if nothing is in flight; VGPU_GO_*.
+ * l->now is the time it went. */
+int vgpu_turn_gate(struct vgpu_launch *l);
 /* Whether a launch into s is captured (runs nothing now: neither gated nor
  * tracked). */
 int vgpu_capturing(CUstream s);
@@ -292,12 +305,12 @@ extern struct vgpu_signal *vgpu_g_signal;
 /* Another job's signal segment, attached read-only when the daemon made it
  * (state.c); NULL when not. */
 const struct vgpu_signal *vgpu_attach_signal(int id);
-/* A launch on region device d of a job with lower classes beside it: stamp
- * its signal. */
-void vgpu_prio_signal(int d);
+/* A launch on region device d at `now` of a job with lower classes beside
+ * it: stamp its signal. */
+void vgpu_prio_signal(int d, uint64_t now);
 /* Before a launch on d of a job with higher classes beside it: wait while
- * they need the GPU. */
-void vgpu_prio_hold(int d);
+ * they need the GPU; the time it went (now, if it did not wait). */
+uint64_t vgpu_prio_hold(int d, uint64_t now);
 void vgpu_priority_atfork_child(void);
 
 /* ---- logging (log.c) -------------------------------------------------------- */

@@ -28,22 +28,36 @@ static int closed(void)
     return VGPU_GO_CLOSED;
 }
 
-static __attribute__((noinline)) int gate_slow(int d, uint64_t w, CUstream s)
+static CUcontext current_ctx(void)
 {
+    CUcontext ctx = NULL;
+    if (REAL(cuCtxGetCurrent)(&ctx) != CUDA_SUCCESS)
+        return NULL;
+    return ctx;
+}
+
+static __attribute__((noinline)) int gate_slow(uint64_t w, struct vgpu_launch *l)
+{
+    int d = l->d;
     uint32_t throttle = (uint32_t)w, hold = (uint32_t)(w >> 32);
     __atomic_fetch_add(&vgpu_g_slot->launches[d], 1, __ATOMIC_RELAXED);
     if (VGPU_UNLIKELY(throttle == VGPU_GATE_CLOSED))
         return closed();
-    if (vgpu_capturing(s))
+    if (vgpu_capturing(l->s))
         return VGPU_GO_UNTRACKED;
+    l->ctx = current_ctx();
+    l->now = vgpu_now_ns();
     if (hold & VGPU_HOLD_SIGNAL)
-        vgpu_prio_signal(d);
+        vgpu_prio_signal(d, l->now);
     if (hold & VGPU_HOLD_HELD)
-        vgpu_prio_hold(d);
-    int go = throttle == VGPU_GATE_TURNS ? vgpu_turn_gate(d, s) : VGPU_GO_OWN;
-    if (go == VGPU_GO_CLOSED)   /* closed while it waited for its turn */
+        l->now = vgpu_prio_hold(d, l->now);
+    if (throttle != VGPU_GATE_TURNS) {
+        vgpu_flight_begin(l);
+        return VGPU_GO_OWN;
+    }
+    int go = vgpu_turn_gate(l);   /* the stretch begun too, if it goes */
+    if (go == VGPU_GO_CLOSED)     /* closed while it waited for its turn */
         return closed();
-    vgpu_flight_begin(d, s);
     return go;
 }
 
@@ -84,13 +98,13 @@ static inline __attribute__((always_inline)) uint64_t gate_word(int *dev)
         int dev_; \
         uint64_t w_ = gate_word(&dev_); \
         if (VGPU_UNLIKELY(w_ != 0)) { \
-            CUstream s_ = (stream); \
-            int go_ = gate_slow(dev_, w_, s_); \
+            struct vgpu_launch l_ = {.d = dev_, .s = (stream)}; \
+            int go_ = gate_slow(w_, &l_); \
             if (go_ == VGPU_GO_CLOSED) \
                 return CUDA_ERROR_NOT_PERMITTED; \
             CUresult rc_ = REAL(sym) args; \
             if (go_ != VGPU_GO_UNTRACKED && rc_ == CUDA_SUCCESS) \
-                vgpu_flight_track(dev_, s_, go_ == VGPU_GO_OWN); \
+                vgpu_flight_track(&l_, go_ == VGPU_GO_OWN); \
             return rc_; \
         } \
         return REAL(sym) args; \

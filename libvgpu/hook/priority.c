@@ -61,13 +61,12 @@ static uint64_t or_default(uint64_t v, uint64_t def)
 }
 
 /* ---- this job's signal ---------------------------------------------------------- */
-void vgpu_prio_signal(int d)
+void vgpu_prio_signal(int d, uint64_t now)
 {
     struct vgpu_signal *s = vgpu_g_signal;
     if (s == NULL)
         return;
     struct vgpu_signal_dev *sd = &s->dev[d];
-    uint64_t now = vgpu_now_ns();
     /* busy_until_ns is flight.c's: when the work in flight (this launch's
      * too, once marked) should be done, at its measured cost; until the mark,
      * a launch's worth from now */
@@ -152,22 +151,22 @@ static int holders_active(int d, uint64_t now, uint64_t *busy_until)
 }
 
 /* ---- the held launch ----------------------------------------------------------------- */
-void vgpu_prio_hold(int d)
+uint64_t vgpu_prio_hold(int d, uint64_t now)
 {
     const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
-    for (;;) {
+    for (;; now = vgpu_now_ns()) {
         uint64_t budget = or_default(__atomic_load_n(&l->budget_ns, __ATOMIC_RELAXED),
                                      DEFAULT_BUDGET_NS);
-        uint64_t now = vgpu_now_ns(), busy_until;
+        uint64_t busy_until;
         int active = holders_active(d, now, &busy_until);
         if (!active)
-            return;
+            return now;
         struct vgpu_flight_view v;
         vgpu_flight_lock();
-        int ok = vgpu_flight_poll(d, &v);
+        int ok = vgpu_flight_poll(d, now, &v);
         vgpu_flight_unlock();
         if (!ok)
-            return;
+            return now;
         /* A holder's estimate starts its work when it launched; work of the
          * lower classes in flight then (at most a budget's worth) ran first. */
         if (busy_until != 0)
@@ -179,7 +178,7 @@ void vgpu_prio_hold(int d)
         else if (v.n > 0 && v.pending_ns + v.cost_ns > budget)
             wait_for = v.head;                             /* over the budget */
         if (nap == 0 && wait_for == NULL)
-            return;
+            return now;
         if (wait_for != NULL) {
             vgpu_flight_wait(wait_for, d, now);
             continue;

@@ -65,18 +65,19 @@ static struct vgpu_limits priv_limits;
 static struct vgpu_usage priv_usage;
 
 /* ---- layout checks: a change to region.h must be seen here -------------- */
-_Static_assert(sizeof(struct vgpu_dev_limit) == 360 + 8 * 48, "vgpu_dev_limit layout");
+_Static_assert(sizeof(struct vgpu_dev_limit) == 424 + 8 * 48, "vgpu_dev_limit layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, hold) == 124, "hold");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, turn_gen) == 128, "turn_gen");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, open) == 200, "open");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 328, "priority");
-_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 360, "holders");
+_Static_assert(sizeof(struct vgpu_span) == 24, "vgpu_span layout");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, priority) == 392, "priority");
+_Static_assert(__builtin_offsetof(struct vgpu_dev_limit, holders) == 424, "holders");
 _Static_assert(sizeof(struct vgpu_holder) == 48, "vgpu_holder layout");
 _Static_assert(__builtin_offsetof(struct vgpu_holder, signal_id) == 40, "holder.signal_id");
 _Static_assert(sizeof(struct vgpu_signal) == 16 + 16 * 32, "vgpu_signal layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, mem_limit) == 96, "mem_limit");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_limit, throttle) == 120, "throttle");
-_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 744, "vgpu_limits layout");
+_Static_assert(sizeof(struct vgpu_limits) == 56 + 16 * 808, "vgpu_limits layout");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, generation) == 48, "generation");
 _Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
 _Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
@@ -88,7 +89,7 @@ _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 528, "slot.a
 _Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
 _Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 544, "vgpu_usage layout");
-_Static_assert(VGPU_REGION_VERSION == 3, "libvgpu/hook follows region layout version 3");
+_Static_assert(VGPU_REGION_VERSION == 4, "libvgpu/hook follows region layout version 4");
 
 /* ---- helpers -------------------------------------------------------------- */
 uint64_t vgpu_now_ns(void)

@@ -17,24 +17,27 @@
  * goes if any credit is left (a kernel longer than the whole turn runs, and
  * the turns after it pay).
  *
- * A turn begins when the work in flight of the turn before it has run, as
- * that job's signal says (its hook stamps when its work in flight should be
- * done), at most VGPU_TURN_WAIT_MAX_NS late, and ends as much later: the
- * spans a job measures hold no other job's time-slices, and a job that
- * carried a launch past its turn's end pays for it alone. A job that writes
- * a lie into its signal delays the turn after it by that bound at most, and
- * takes nothing of it.
+ * A turn begins when the turn before it is over, as that job's signal says
+ * (its hook stamps when its work in flight should be done, and when its
+ * turn ends: later if it began late, at once when its credit is spent), at
+ * most VGPU_TURN_WAIT_MAX_NS late, and ends as much later (up to
+ * VGPU_TURN_EXTEND_MAX_NS): the spans a job measures hold no other job's
+ * time-slices, and a job that carried a launch past its turn's end pays for
+ * it alone. A job that writes a lie into its signal delays the turn after
+ * it by that bound at most, and takes nothing of it.
  *
  * Outside its turn a job waits for it; a job that may borrow (soft, or one
  * without a share) launches in the spans no one holds (open[]: the cycle's
  * unpromised part and the turns of jobs the daemon saw idle), keeping at
  * most borrow_ns in flight there, so that a job coming back to its turn
- * waits for little. Borrowed time costs no credit.
+ * waits for little. Borrowed work waits, as a turn does, for the work in
+ * flight of the job whose turn the open span follows (open[].prev_signal_id):
+ * it would time-slice with it, and count in that job's spans. Borrowed time
+ * costs no credit.
  *
  * decide() is the whole rule: pure, driven by tests/c/turns_table.c.
  */
 #define _GNU_SOURCE
-#include <pthread.h>
 #include <sys/shm.h>
 #include <time.h>
 
@@ -67,51 +70,81 @@ static int read_schedule(const struct vgpu_dev_limit *l, struct vgpu_schedule *s
     sc->credit_ns = __atomic_load_n(&l->turn_credit_ns, __ATOMIC_RELAXED);
     sc->borrow_ns = __atomic_load_n(&l->borrow_ns, __ATOMIC_RELAXED);
     sc->borrow = __atomic_load_n(&l->borrow, __ATOMIC_RELAXED);
-    sc->prev = __atomic_load_n(&l->prev_signal_id, __ATOMIC_RELAXED) >= 0;
-    uint32_t n = __atomic_load_n(&l->nopen, __ATOMIC_RELAXED);
+    sc->prev_signal_id = __atomic_load_n(&l->prev_signal_id, __ATOMIC_RELAXED);
+    sc->prev_dev = __atomic_load_n(&l->prev_dev, __ATOMIC_RELAXED);
+    sc->prev = sc->prev_signal_id >= 0;
+    uint32_t n = sc->borrow ? __atomic_load_n(&l->nopen, __ATOMIC_RELAXED) : 0;
     sc->nopen = n > VGPU_MAX_OPEN ? VGPU_MAX_OPEN : n;
     for (uint32_t i = 0; i < sc->nopen; i++) {
         sc->open[i].start_ns = __atomic_load_n(&l->open[i].start_ns, __ATOMIC_RELAXED);
         sc->open[i].len_ns = __atomic_load_n(&l->open[i].len_ns, __ATOMIC_RELAXED);
+        sc->open[i].prev_signal_id =
+            __atomic_load_n(&l->open[i].prev_signal_id, __ATOMIC_RELAXED);
+        sc->open[i].prev_dev = __atomic_load_n(&l->open[i].prev_dev, __ATOMIC_RELAXED);
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     return __atomic_load_n(&l->turn_gen, __ATOMIC_RELAXED) == g1;
 }
 
-/* The job of the turn before: its signal, attached read-only when the daemon
- * made it (state.c), kept while the limits name it. */
+/* Other jobs' signals (the turn before this one's, and those before the
+ * open spans), attached read-only when the daemon made them (state.c) and
+ * kept while the limits name them: a few, the least recently used detached
+ * when a new one is needed. Guarded by the flight lock. */
+#define MAX_SIGNALS 8
 static struct {
-    int32_t id;
-    uint32_t dev;
-    const struct vgpu_signal *sig;
-} g_prev[VGPU_MAX_DEVICES];
-static pthread_mutex_t prev_lock = PTHREAD_MUTEX_INITIALIZER;
+    int32_t id;             /* -1: free */
+    const struct vgpu_signal *sig;   /* NULL: it would not attach */
+    uint64_t used;
+} g_sigs[MAX_SIGNALS] = {[0 ... MAX_SIGNALS - 1] = {.id = -1}};
+static uint64_t g_sig_tick;
 
-/* Until when the job of the turn before says its work runs; 0: unknown. */
-static uint64_t prev_busy(int d, const struct vgpu_dev_limit *l)
+/* Until when a job says its work on its device dev runs or its turn there
+ * lasts, whichever is later; 0: unknown. */
+static uint64_t busy_until(int32_t id, uint32_t dev)
 {
-    int32_t id = __atomic_load_n(&l->prev_signal_id, __ATOMIC_RELAXED);
-    uint32_t dev = __atomic_load_n(&l->prev_dev, __ATOMIC_RELAXED);
     if (id < 0 || dev >= VGPU_MAX_DEVICES)
         return 0;
-    pthread_mutex_lock(&prev_lock);
-    if (g_prev[d].sig == NULL || g_prev[d].id != id) {
-        if (g_prev[d].sig != NULL)
-            shmdt(g_prev[d].sig);
-        g_prev[d].sig = vgpu_attach_signal(id);
-        g_prev[d].id = id;
+    int at = -1, victim = 0;
+    for (int i = 0; i < MAX_SIGNALS; i++) {
+        if (g_sigs[i].id == id) {
+            at = i;
+            break;
+        }
+        if (g_sigs[i].id < 0 || (g_sigs[victim].id >= 0 && g_sigs[i].used < g_sigs[victim].used))
+            victim = i;
     }
-    g_prev[d].dev = dev;
-    const struct vgpu_signal *sig = g_prev[d].sig;
-    pthread_mutex_unlock(&prev_lock);
-    return sig != NULL ? __atomic_load_n(&sig->dev[dev].busy_until_ns, __ATOMIC_RELAXED) : 0;
+    if (at < 0) {
+        at = victim;
+        if (g_sigs[at].sig != NULL)
+            shmdt(g_sigs[at].sig);
+        g_sigs[at].sig = vgpu_attach_signal(id);
+        g_sigs[at].id = id;
+    }
+    g_sigs[at].used = ++g_sig_tick;
+    const struct vgpu_signal *sig = g_sigs[at].sig;
+    if (sig == NULL)
+        return 0;
+    uint64_t busy = __atomic_load_n(&sig->dev[dev].busy_until_ns, __ATOMIC_RELAXED);
+    uint64_t end = __atomic_load_n(&sig->dev[dev].turn_end_ns, __ATOMIC_RELAXED);
+    return busy > end ? busy : end;
+}
+
+/* This job's turn end, for the job of the next turn (and the borrowers of
+ * the open span after it). */
+static void tell_turn_end(int d, uint64_t end)
+{
+    struct vgpu_signal *sig = vgpu_g_signal;
+    if (sig != NULL && end != 0 &&
+        __atomic_load_n(&sig->dev[d].turn_end_ns, __ATOMIC_RELAXED) != end)
+        __atomic_store_n(&sig->dev[d].turn_end_ns, end, __ATOMIC_RELAXED);
 }
 
 void vgpu_turns_atfork_child(void)
 {
-    pthread_mutex_init(&prev_lock, NULL);
-    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
-        g_prev[d].sig = NULL;      /* the attachment is inherited: kept */
+    for (int i = 0; i < MAX_SIGNALS; i++) {
+        g_sigs[i].id = -1;         /* the attachments are inherited: kept */
+        g_sigs[i].sig = NULL;
+    }
 }
 
 static void nap(uint64_t ns)
@@ -124,10 +157,11 @@ static void nap(uint64_t ns)
     nanosleep(&ts, NULL);
 }
 
-int vgpu_turn_gate(int d, CUstream s)
+int vgpu_turn_gate(struct vgpu_launch *ln)
 {
+    int d = ln->d;
     const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
-    for (;;) {
+    for (int tries = 0;; tries++) {
         uint32_t gate = __atomic_load_n(&l->throttle, __ATOMIC_RELAXED);
         if (gate == VGPU_GATE_CLOSED)
             return VGPU_GO_CLOSED;
@@ -138,23 +172,32 @@ int vgpu_turn_gate(int d, CUstream s)
             nap(MIN_NAP_NS);
             continue;
         }
-        uint64_t before = sc.prev ? prev_busy(d, l) : 0;
-        uint64_t now = vgpu_now_ns();
+        uint64_t now = tries == 0 ? ln->now : vgpu_now_ns();
+        ln->now = now;
+        int o = vgpu_turn_open_at(&sc, now);
         struct vgpu_flight_view v;
-        vgpu_flight_lock();
-        if (!vgpu_flight_poll(d, &v)) {
+        vgpu_flight_lock();     /* the signals' cache too */
+        uint64_t before = sc.prev ? busy_until(sc.prev_signal_id, sc.prev_dev) : 0;
+        uint64_t open_before =
+            o >= 0 ? busy_until(sc.open[o].prev_signal_id, sc.open[o].prev_dev) : 0;
+        if (!vgpu_flight_poll(d, now, &v)) {
             vgpu_flight_unlock();
             return VGPU_GO_OWN;
         }
         struct vgpu_verdict vd =
-            vgpu_turn_decide(&sc, v.turn, now, v.n, v.cost_ns, v.pending_ns, before);
+            vgpu_turn_decide(&sc, v.turn, now, v.n, v.cost_ns, v.pending_ns, before,
+                             open_before);
         CUevent head = v.head;
+        tell_turn_end(d, vd.turn_end_ns);
+        int go = vd.action == VGPU_TURN_GO_OWN        ? VGPU_GO_OWN
+                 : vd.action == VGPU_TURN_GO_BORROWED ? VGPU_GO_BORROWED
+                                                      : 0;
+        if (go)
+            vgpu_flight_begin_locked(ln, v.n);
         vgpu_flight_unlock();
+        if (go)
+            return go;
         switch (vd.action) {
-        case VGPU_TURN_GO_OWN:
-            return VGPU_GO_OWN;
-        case VGPU_TURN_GO_BORROWED:
-            return VGPU_GO_BORROWED;
         case VGPU_TURN_WAIT_HEAD:
             if (head != NULL) {
                 vgpu_flight_wait(head, d, now);
@@ -167,6 +210,5 @@ int vgpu_turn_gate(int d, CUstream s)
                                __ATOMIC_RELAXED);
             break;
         }
-        (void)s;
     }
 }

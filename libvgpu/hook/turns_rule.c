@@ -67,11 +67,24 @@ static uint64_t until_open(const struct vgpu_schedule *sc, uint64_t pos)
     return best;
 }
 
+int vgpu_turn_open_at(const struct vgpu_schedule *sc, uint64_t now)
+{
+    if (!sc->borrow || sc->cycle_ns == 0)
+        return -1;
+    uint64_t pos = position(sc, now);
+    for (uint32_t i = 0; i < sc->nopen && i < VGPU_MAX_OPEN; i++)
+        if (sc->open[i].len_ns > 0 &&
+            until_span(pos, sc->open[i].start_ns, sc->open[i].len_ns, sc->cycle_ns) == 0)
+            return (int)i;
+    return -1;
+}
+
 struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu_turn_state *ts,
                                      uint64_t now, uint32_t n, uint64_t cost_ns,
-                                     uint64_t pending_ns, uint64_t prev_busy_ns)
+                                     uint64_t pending_ns, uint64_t prev_busy_ns,
+                                     uint64_t open_prev_busy_ns)
 {
-    struct vgpu_verdict go_own = {VGPU_TURN_GO_OWN, 0};
+    struct vgpu_verdict go_own = {VGPU_TURN_GO_OWN, 0, 0};
     if (sc->cycle_ns == 0)
         return go_own;          /* no schedule: nothing to keep to */
     uint64_t cycle = sc->cycle_ns;
@@ -113,11 +126,15 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
     }
     /* A turn that begins late (its launching thread woke late on a loaded
      * host, or the turn before ran over) ends as much later, up to
-     * WAIT_MAX: what a job gets is its credit, not what is left of its
-     * span. (The job after it waits for its work, and ends later too.) */
+     * EXTEND_MAX: what a job gets is its credit, not what is left of its
+     * span. The job after it waits for its work and for its turn's end
+     * (turn_end_ns, which it tells through its signal), and ends later
+     * too. */
     if (!ts->began && len > 0 && into < len && into > ts->late_ns)
         ts->late_ns = into < VGPU_TURN_WAIT_MAX_NS ? into : VGPU_TURN_WAIT_MAX_NS;
-    int in_turn = len > 0 && into < len + ts->late_ns;
+    uint64_t extend = ts->late_ns < VGPU_TURN_EXTEND_MAX_NS ? ts->late_ns
+                                                            : VGPU_TURN_EXTEND_MAX_NS;
+    int in_turn = len > 0 && into < len + extend;
 
     if (in_turn && sc->credit_ns > 0 && !ts->began && n == 0 && sc->prev &&
         prev_busy_ns > now && ts->late_ns < VGPU_TURN_WAIT_MAX_NS) {
@@ -132,12 +149,16 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
         }
         if (late > ts->late_ns)
             ts->late_ns = late;
-        if (w > 0)
-            return (struct vgpu_verdict){VGPU_TURN_NAP, w};
+        if (w > 0) {
+            uint64_t ext = late < VGPU_TURN_EXTEND_MAX_NS ? late : VGPU_TURN_EXTEND_MAX_NS;
+            return (struct vgpu_verdict){VGPU_TURN_NAP, w, now - into + len + ext};
+        }
     }
 
+    uint64_t turn_end = in_turn ? now - into + len + extend : 0;
     if (in_turn && sc->credit_ns > 0) {
         ts->began = 1;
+        go_own.turn_end_ns = turn_end;
         /* A launch that finds nothing in flight goes on what is left if at
          * least half of it is covered (so it overruns by at most half a
          * launch, as often as a turn falls short by as much), or if it is
@@ -147,17 +168,27 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
                           (2 * ts->credit_ns >= (int64_t)cost_ns || cost_ns > sc->credit_ns)))
             return go_own;
         if (n > 0)
-            return (struct vgpu_verdict){VGPU_TURN_WAIT_HEAD, 0};
+            return (struct vgpu_verdict){VGPU_TURN_WAIT_HEAD, 0, turn_end};
+        turn_end = now;     /* its credit spent, nothing in flight: done */
     }
     uint64_t open_left = sc->borrow ? left_open(sc, pos) : 0;
+    uint64_t open_wait = 0;
+    if (open_left > 0 && open_prev_busy_ns > now) {
+        /* the job whose turn this span follows still has work in flight
+         * (run over its turn's end): borrowed work would time-slice with it
+         * and count in its spans. Wait for it, within the span. */
+        open_wait = open_prev_busy_ns - now < open_left ? open_prev_busy_ns - now
+                                                        : open_left + 1;
+        open_left = 0;
+    }
     if (open_left > 0) {
         /* borrowed work ends in the open span (the turn after it must not
          * find it running), and keeps at most borrow_ns in flight */
         uint64_t budget = sc->borrow_ns < open_left ? sc->borrow_ns : open_left;
         if (pending_ns + cost_ns <= budget || (n == 0 && cost_ns <= open_left))
-            return (struct vgpu_verdict){VGPU_TURN_GO_BORROWED, 0};
+            return (struct vgpu_verdict){VGPU_TURN_GO_BORROWED, 0, turn_end};
         if (n > 0)
-            return (struct vgpu_verdict){VGPU_TURN_WAIT_HEAD, 0};
+            return (struct vgpu_verdict){VGPU_TURN_WAIT_HEAD, 0, turn_end};
     }
     /* wait: for the next turn (its start, when this one is spent), or the
      * next open span */
@@ -167,9 +198,11 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
     if (sc->borrow) {
         /* the next open span (this one, if a launch did not fit what is left
          * of it) */
-        uint64_t u = open_left > 0 ? open_left + 1 : until_open(sc, pos);
+        uint64_t u = open_wait > 0    ? open_wait
+                     : open_left > 0 ? open_left + 1
+                                     : until_open(sc, pos);
         if (u < wait)
             wait = u;
     }
-    return (struct vgpu_verdict){VGPU_TURN_NAP, wait};
+    return (struct vgpu_verdict){VGPU_TURN_NAP, wait, turn_end};
 }

@@ -16,7 +16,9 @@ struct vgpu_schedule {
     uint64_t start_ns, len_ns, credit_ns;
     uint64_t borrow_ns;
     uint32_t borrow, nopen;
-    int prev;               /* a job's turn ends where this one begins */
+    int prev;               /* a job's turn ends where this one begins: */
+    int32_t prev_signal_id; /* ...its signal, its device there */
+    uint32_t prev_dev;
     struct vgpu_span open[VGPU_MAX_OPEN];
 };
 
@@ -37,6 +39,10 @@ enum { VGPU_TURN_GO_OWN = 1, VGPU_TURN_GO_BORROWED, VGPU_TURN_WAIT_HEAD, VGPU_TU
 struct vgpu_verdict {
     int action;             /* VGPU_TURN_* */
     uint64_t nap_ns;        /* VGPU_TURN_NAP: until the next chance */
+    uint64_t turn_end_ns;   /* when its turn ends, to tell the next turn's job:
+                               the turn's end (later when it began late) while
+                               in it, `now` once it has spent its credit; 0:
+                               not in its turn */
 };
 
 /* Credit carried beyond a turn's: what is left when the next launch did not
@@ -46,13 +52,28 @@ struct vgpu_verdict {
  * (and so begins, and ends, later): what that job may carry past its turn's
  * end, and no more, whatever it writes into its signal. */
 #define VGPU_TURN_WAIT_MAX_NS 10000000ull
+/* A turn that began late ends as much later, up to this: the lateness each
+ * turn hands on to the next (its own overrun aside) stays below WAIT_MAX,
+ * so that a chain of turns each a little late (threads woken late on a
+ * loaded host, switches between contexts) never grows to where a turn
+ * stops waiting for the one before and their work time-slices (and counts
+ * in both jobs' spans); a turn later than this loses the rest. */
+#define VGPU_TURN_EXTEND_MAX_NS 5000000ull
 
 /* Whether a launch may go now: the job's schedule, its turn state (updated:
  * credit at turn starts), the time, what it has in flight (n launches,
- * pending_ns of estimated GPU time, cost_ns one launch's), and until when
- * the job of the turn before says its work runs (prev_busy_ns; 0: none). */
+ * pending_ns of estimated GPU time, cost_ns one launch's), until when the
+ * job of the turn before says its work runs or its turn lasts, whichever is
+ * later (prev_busy_ns; 0: none), and
+ * until when the job whose turn the open span at `now` follows says its
+ * work runs (open_prev_busy_ns; 0: none; see vgpu_turn_open_at). */
 struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu_turn_state *ts,
                                      uint64_t now, uint32_t n, uint64_t cost_ns,
-                                     uint64_t pending_ns, uint64_t prev_busy_ns);
+                                     uint64_t pending_ns, uint64_t prev_busy_ns,
+                                     uint64_t open_prev_busy_ns);
+
+/* The open span `now` is in, if the job may borrow (its index in sc->open),
+ * else -1. */
+int vgpu_turn_open_at(const struct vgpu_schedule *sc, uint64_t now);
 
 #endif /* VGPU_TURNS_RULE_H */

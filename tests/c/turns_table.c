@@ -52,6 +52,9 @@ struct row {
     uint64_t cost, pending;
     int prev_busy_set;
     int64_t prev_busy_in;
+    /* until when the job before the open span says its work runs (as above) */
+    int open_prev_busy_set;
+    int64_t open_prev_busy_in;
     /* what it must answer */
     int action;
     uint64_t nap;                  /* checked for VGPU_TURN_NAP */
@@ -61,12 +64,16 @@ struct row {
     int64_t k_after;
     int chk_late;
     uint64_t late_after;
+    int chk_end;                   /* the turn end it tells (from EPOCH; -1: none) */
+    int64_t end_at;
 };
 
 #define CREDIT(x) .chk_credit = 1, .credit_after = (x)
 #define K(x) .chk_k = 1, .k_after = (x)
 #define LATE(x) .chk_late = 1, .late_after = (x)
+#define END(x) .chk_end = 1, .end_at = (x)
 #define PREV_BUSY(x) .prev_busy_set = 1, .prev_busy_in = (x)
+#define OPEN_PREV_BUSY(x) .open_prev_busy_set = 1, .open_prev_busy_in = (x)
 /* A job whose turn, 0-15 ms, follows another's (prev). */
 #define AFTER_PREV TURN_0_15, .prev = 1
 
@@ -130,6 +137,29 @@ static const struct row rows[] = {
     {"no turn and no borrowing: nap with no end", .cycle = 50 * MS, .credit_before = 0,
      .at = 20 * MS, .cost = 1 * MS, .action = VGPU_TURN_NAP, .nap = NO_END},
 
+    /* ---- the turn's end, told to the job of the next turn ---- */
+    {"in its turn it tells the turn's end", TURN_0_15, .credit_before = 10 * MS,
+     .began_before = 1, .at = 5 * MS, .cost = 1 * MS, .action = VGPU_TURN_GO_OWN, END(15 * MS)},
+    {"begun late, its turn ends as much later", TURN_0_15, .credit_before = 10 * MS,
+     .late_before = 3 * MS, .began_before = 1, .at = 16 * MS, .cost = 1 * MS,
+     .action = VGPU_TURN_GO_OWN, END(18 * MS)},
+    {"...but no later than EXTEND_MAX", TURN_0_15, .credit_before = 10 * MS,
+     .late_before = 8 * MS, .began_before = 1, .at = 19 * MS, .cost = 1 * MS,
+     .action = VGPU_TURN_GO_OWN, END(15 * MS + (int64_t)VGPU_TURN_EXTEND_MAX_NS)},
+    {"...and a launch past that waits for its next turn", TURN_0_15,
+     .credit_before = 10 * MS, .late_before = 8 * MS, .began_before = 1,
+     .at = 15 * MS + (int64_t)VGPU_TURN_EXTEND_MAX_NS, .cost = 1 * MS,
+     .action = VGPU_TURN_NAP, .nap = 35 * MS - (int64_t)VGPU_TURN_EXTEND_MAX_NS, END(-1)},
+    {"its credit spent, nothing in flight: its turn is over now", TURN_0_15,
+     .credit_before = 0, .began_before = 1, .at = 10 * MS, .cost = 1 * MS,
+     .action = VGPU_TURN_NAP, .nap = 40 * MS, END(10 * MS)},
+    {"its credit spent, work in flight: its turn lasts", TURN_0_15,
+     .credit_before = 500 * US, .began_before = 1, .at = 10 * MS, .n = 1, .cost = 1 * MS,
+     .pending = 1 * MS, .action = VGPU_TURN_WAIT_HEAD, END(15 * MS)},
+    {"waiting for the turn before: it tells its end as late", AFTER_PREV,
+     .credit_before = 15 * MS, .at = 1 * MS, .cost = 1 * MS, PREV_BUSY(2 * MS),
+     .action = VGPU_TURN_NAP, .nap = 2 * MS, LATE(3 * MS), END(18 * MS)},
+
     /* ---- borrowing (soft) ---- */
     {"soft in an open span, nothing in flight: borrow (even a long launch)", SOFT_0_15,
      .credit_before = 10 * MS, .at = 20 * MS, .n = 0, .cost = 3 * MS,
@@ -175,6 +205,17 @@ static const struct row rows[] = {
      .borrow_ns = 10 * MS, .nopen = 2, .open = {{0, 5 * MS}, {40 * MS, 10 * MS}},
      .at = 48 * MS, .n = 7, .cost = 1 * MS, .pending = 7 * MS,
      .action = VGPU_TURN_WAIT_HEAD},
+    {"the job before the open span still runs (past its turn): wait for it", SOFT_0_15,
+     .credit_before = 0, .at = 16 * MS, .n = 0, .cost = 300 * US, OPEN_PREV_BUSY(2 * MS),
+     .action = VGPU_TURN_NAP, .nap = 2 * MS},
+    {"...its work done: borrow", SOFT_0_15, .credit_before = 0, .at = 16 * MS, .n = 0,
+     .cost = 300 * US, OPEN_PREV_BUSY(-1 * MS), .action = VGPU_TURN_GO_BORROWED},
+    {"...running past the open span's end: nap to the next chance (its own turn)",
+     SOFT_0_15, .credit_before = 0, .at = 49 * MS, .n = 0, .cost = 300 * US,
+     OPEN_PREV_BUSY(5 * MS), .action = VGPU_TURN_NAP, .nap = 1 * MS},
+    {"...in its own turn it does not wait for the job before an open span", SOFT_0_15,
+     .credit_before = 10 * MS, .at = 5 * MS, .n = 0, .cost = 1 * MS, OPEN_PREV_BUSY(5 * MS),
+     .action = VGPU_TURN_GO_OWN},
 
     /* ---- credit: a turn's worth a turn begun, capped ---- */
     {"a turn begun: one turn's worth", TURN_0_15, .credit_before = 0, .k_before = -1,
@@ -356,8 +397,10 @@ static int check(const struct row *r)
     };
     uint64_t now = (uint64_t)(EPOCH + r->at);
     uint64_t prev_busy = r->prev_busy_set ? (uint64_t)((int64_t)now + r->prev_busy_in) : 0;
-    struct vgpu_verdict v =
-        vgpu_turn_decide(&sc, &ts, now, r->n, r->cost, r->pending, prev_busy);
+    uint64_t open_prev_busy =
+        r->open_prev_busy_set ? (uint64_t)((int64_t)now + r->open_prev_busy_in) : 0;
+    struct vgpu_verdict v = vgpu_turn_decide(&sc, &ts, now, r->n, r->cost, r->pending,
+                                             prev_busy, open_prev_busy);
 
     char why[512] = "";
     size_t at = 0;
@@ -383,6 +426,11 @@ static int check(const struct row *r)
         at += (size_t)snprintf(why + at, sizeof why - at,
                                " state gen %" PRIu64 " init %d, expected gen %" PRIu64
                                " init 1;", ts.gen, ts.init, r->gen);
+    uint64_t end_want = r->end_at < 0 ? 0 : (uint64_t)(EPOCH + r->end_at);
+    if (r->chk_end && v.turn_end_ns != end_want)
+        at += (size_t)snprintf(why + at, sizeof why - at,
+                               " turn_end %" PRId64 ", expected %" PRId64 ";",
+                               (int64_t)(v.turn_end_ns - (uint64_t)EPOCH), r->end_at);
     if (at > 0) {
         printf("FAIL %s\t%s\n", r->name, why);
         return 1;
@@ -397,6 +445,28 @@ int main(void)
     int n = (int)(sizeof rows / sizeof rows[0]), failed = 0;
     for (int i = 0; i < n; i++)
         failed += check(&rows[i]);
+    /* vgpu_turn_open_at: the open span `now` is in, for a job that may borrow */
+    struct vgpu_schedule sc = {.epoch_ns = (uint64_t)EPOCH, .cycle_ns = 50 * MS,
+                               .borrow = 1, .nopen = 2,
+                               .open = {{0, 5 * MS, 7, 0}, {40 * MS, 10 * MS, 8, 0}}};
+    struct { int64_t at; int borrow; int want; const char *name; } spans[] = {
+        {2 * MS, 1, 0, "open_at: in the span that begins the cycle"},
+        {45 * MS, 1, 1, "open_at: in the span that ends it"},
+        {10 * MS, 1, -1, "open_at: in none"},
+        {50 * MS + 1 * MS, 1, 0, "open_at: a cycle later"},
+        {45 * MS, 0, -1, "open_at: a job that may not borrow"},
+    };
+    for (size_t i = 0; i < sizeof spans / sizeof spans[0]; i++) {
+        sc.borrow = (uint32_t)spans[i].borrow;
+        int got = vgpu_turn_open_at(&sc, (uint64_t)(EPOCH + spans[i].at));
+        n++;
+        if (got != spans[i].want) {
+            printf("FAIL %s\tgot %d, expected %d\n", spans[i].name, got, spans[i].want);
+            failed++;
+        } else {
+            printf("ok %s\n", spans[i].name);
+        }
+    }
     printf("rows %d failed %d\n", n, failed);
     return failed ? 1 : 0;
 }

@@ -154,7 +154,7 @@ def test_a_step_with_shards_on_both_gpus_gets_each_gpus_limit_and_share(node, tm
                                                                           (4 * G, 25)]
         wait_for(lambda: all(abs((g["core_measured"] or 0) - want) < 0.03
                              for g, want in zip(daemon.job(job["id"])["per_gpu"],
-                                                (0.50, 0.25))),
+                                                (0.50, 0.25), strict=True)),
                  30, "each GPU to settle at its share")
         t0, busy0 = time.monotonic(), busy_by_tag(daemon.env)
         time.sleep(5.0)                      # the measurement window

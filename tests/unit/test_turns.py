@@ -249,6 +249,27 @@ def test_the_turn_after_waits_for_the_one_before():
     assert t.prev_signal_id == -1
 
 
+def test_borrowed_work_waits_for_the_job_before_each_open_span():
+    """Each open span names the job whose held turn ends where it begins
+    (across the cycle's start too, and past an idle job's lent turn), so
+    that borrowed work does not time-slice with that job's overrun and count
+    in its spans; a borrower is never told to wait for itself."""
+    sig = {"a": (11, 0), "b": (22, 1), "i": (33, 0), "s": (44, 0), "f": (55, 0)}
+    p = plan([Member("a", 20, "hard"), Member("i", 10, "hard", idle=True),
+              Member("b", 30, "hard"), Member("s", 20, "soft"), Member("f", 100, "hard")],
+             EPOCH, signal_of=lambda k: sig[k])
+    # a 0-20, i 20-30 (idle: lent), b 30-60, s 60-80, the rest 80-100 open
+    assert p["f"].open == ((pct(20), pct(10)), (pct(80), pct(20)))
+    assert p["f"].open_prev == ((11, 0), (44, 0))     # after a; after s
+    assert p["s"].open_prev == ((11, 0), (-1, 0))     # after itself: none
+    assert p["a"].open_prev == () and p["b"].open_prev == ()   # hard: no borrowing
+    # an open span that begins the cycle follows the last held turn
+    q = plan([Member("x", 100, "hard"), Member("i", 20, "hard", idle=True),
+              Member("b", 30, "hard")], EPOCH, signal_of=lambda k: sig.get(k, (66, 0)))
+    assert q["x"].open == ((0, pct(20)), (pct(50), pct(50)))
+    assert q["x"].open_prev == ((22, 1), (22, 1))
+
+
 def test_the_cycle_is_the_one_asked_for():
     p = plan([Member("a", 25, "hard"), Member("b", 100, "soft")], EPOCH, cycle_ns=8 * MS,
              borrow_ns=MS // 4)

@@ -78,6 +78,9 @@ class Turn:
     borrow: bool = False
     borrow_ns: int = 0
     open: tuple[tuple[int, int], ...] = ()
+    # each open span's (signal, device) of the job whose turn ends where it
+    # begins ((-1, 0): none): borrowed work waits for its work in flight
+    open_prev: tuple[tuple[int, int], ...] = ()
     prev_signal_id: int = -1         # the job whose turn ends where this one begins
     prev_dev: int = 0
 
@@ -125,6 +128,7 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     held = {k: span for k, span in spans.items()
             if span[1] > 0 and k not in {m.key for m in turned if m.idle}}
     gaps = _complement(sorted(held.values()), cycle_ns)
+    gaps_before = [_held_before(held, start, cycle_ns) for start, _ in gaps]
     # each turn waits for the work in flight of the turn before it, across
     # a gap too (the gap is where a turn carried past its end runs), idle or
     # not (a job going idle changes no one else's turn; an idle one has
@@ -136,13 +140,31 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     for m in ms:
         before = before_of.get(m.key)
         sig = signal_of(before) if before is not None and before != m.key else None
-        out[m.key] = _turn_of(m, base, spans.get(m.key, (0, 0)), borrow_ns, gaps,
+        # borrowed work waits for the job before each open span (not for
+        # its own work, which runs in its own stream anyway)
+        gaps_prev = tuple(_signal(signal_of, k if k != m.key else None) for k in gaps_before)
+        out[m.key] = _turn_of(m, base, spans.get(m.key, (0, 0)), borrow_ns, gaps, gaps_prev,
                               sig if sig is not None else (-1, 0))
     return out
 
 
+def _signal(signal_of: Signals, key: Hashable | None) -> tuple[int, int]:
+    sig = signal_of(key) if key is not None else None
+    return sig if sig is not None else (-1, 0)
+
+
+def _held_before(held: dict[Hashable, tuple[int, int]], at: int,
+                 cycle_ns: int) -> Hashable | None:
+    """The job whose held turn ends last at or before `at` in the cycle,
+    counting back across the cycle's start; None if no turn is held."""
+    if not held:
+        return None
+    return min(held, key=lambda k: (at - held[k][0] - held[k][1]) % cycle_ns)
+
+
 def _turn_of(m: Member, base: Turn, span: tuple[int, int], borrow_ns: int,
-             gaps: tuple[tuple[int, int], ...], prev: tuple[int, int]) -> Turn:
+             gaps: tuple[tuple[int, int], ...], gaps_prev: tuple[tuple[int, int], ...],
+             prev: tuple[int, int]) -> Turn:
     cycle = base.cycle_ns
     if m.cls == "high":
         # the whole cycle is its turn; a hard share bounds its GPU time a
@@ -152,7 +174,8 @@ def _turn_of(m: Member, base: Turn, span: tuple[int, int], borrow_ns: int,
                        credit_ns=cycle * m.share // 100 if hard else 2 * cycle)
     if m.policy == "soft" or m.share >= 100:
         return replace(base, start_ns=span[0], len_ns=span[1], credit_ns=span[1], borrow=True,
-                       borrow_ns=borrow_ns, open=gaps, prev_signal_id=prev[0],
+                       borrow_ns=borrow_ns, open=gaps, open_prev=gaps_prev,
+                       prev_signal_id=prev[0],
                        prev_dev=prev[1])
     return replace(base, start_ns=span[0], len_ns=span[1], credit_ns=span[1],
                    prev_signal_id=prev[0], prev_dev=prev[1])

@@ -25,8 +25,11 @@ def write_turn(region: Region, i: int, t: Turn) -> None:
     spans = t.open[:MAX_OPEN]
     for k in range(MAX_OPEN):
         start, length = spans[k] if k < len(spans) else (0, 0)
+        sig, sdev = t.open_prev[k] if k < len(spans) and k < len(t.open_prev) else (-1, 0)
         dev.open[k].start_ns = start
         dev.open[k].len_ns = length
+        dev.open[k].prev_signal_id = sig
+        dev.open[k].prev_dev = sdev
     dev.nopen = len(spans)
     dev.prev_signal_id = t.prev_signal_id
     dev.prev_dev = t.prev_dev
@@ -44,4 +47,6 @@ def read_turn(region: Region, i: int) -> Turn:
                 borrow_ns=int(dev.borrow_ns),
                 open=tuple((int(dev.open[k].start_ns), int(dev.open[k].len_ns))
                            for k in range(n)),
+                open_prev=tuple((int(dev.open[k].prev_signal_id), int(dev.open[k].prev_dev))
+                                for k in range(n)),
                 prev_signal_id=int(dev.prev_signal_id), prev_dev=int(dev.prev_dev))

@@ -40,7 +40,7 @@
 
 #define VGPU_REGION_MAGIC 0x55504756
 #define VGPU_SIGNAL_MAGIC 0x4c474953
-#define VGPU_REGION_VERSION 3
+#define VGPU_REGION_VERSION 4
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 128
 #define VGPU_UUID_LEN 96
@@ -72,10 +72,15 @@
 /* Spans of a GPU's cycle of turns that no job holds now (open[]). */
 #define VGPU_MAX_OPEN 8
 
-/* A span of the cycle: from start_ns after the cycle's start, len_ns long. */
+/* An open span of the cycle: from start_ns after the cycle's start, len_ns
+ * long; prev_signal_id is the signal of the job whose turn ends where it
+ * begins (-1: none), its dev[prev_dev]: borrowed work waits for that job's
+ * work in flight, as the next turn does. */
 struct vgpu_span {
     uint64_t start_ns;
     uint64_t len_ns;
+    int32_t prev_signal_id;
+    uint32_t prev_dev;
 };
 
 /* A job of a higher class on the same GPU, whose signal a held job reads:
@@ -190,7 +195,9 @@ struct vgpu_signal_dev {
     uint64_t busy_until_ns;    /* when the work it has in flight should be done
                                   (its launches at their measured cost) */
     uint64_t launches;         /* launches counted here (held or signalling) */
-    uint64_t pad0;
+    uint64_t turn_end_ns;      /* when its turn ends, as its hook keeps it (later
+                                  when it began late, now when it has spent its
+                                  credit): the next turn waits for it too */
 };
 
 struct vgpu_signal {
