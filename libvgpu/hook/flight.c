@@ -49,6 +49,7 @@ struct flight {
     CUevent ref;        /* the last completed event of this stretch: spans start here */
     CUcontext ref_ctx;
     double cost_ns;     /* 0: none measured yet */
+    uint64_t own_until; /* until when its work launched in its turn should run */
     struct vgpu_turn_state turn;   /* turns.c's */
 };
 
@@ -158,6 +159,20 @@ static void publish(int d, struct flight *f, uint64_t now)
     __atomic_store_n(&sig->dev[d].busy_until_ns, now + pending, __ATOMIC_RELAXED);
 }
 
+/* Work launched in the job's turn runs until its turn is over for the
+ * borrowers of the open span after it: raise the turn's end it tells
+ * (turns.c) to when that work should be done. */
+static void own_until(int d, struct flight *f, uint64_t now)
+{
+    uint64_t until = now + (uint64_t)(cost_of(f) * f->n);
+    if (until <= f->own_until)
+        return;
+    f->own_until = until;
+    struct vgpu_signal *sig = vgpu_g_signal;
+    if (sig != NULL && __atomic_load_n(&sig->dev[d].turn_end_ns, __ATOMIC_RELAXED) < until)
+        __atomic_store_n(&sig->dev[d].turn_end_ns, until, __ATOMIC_RELAXED);
+}
+
 /* Take in the marks that have completed (flight_lock held). */
 static void poll(int d, struct flight *f, uint64_t now)
 {
@@ -189,6 +204,7 @@ int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v)
     v->measured = f->cost_ns > 0.0;
     v->pending_ns = (uint64_t)(cost * f->n);
     v->head = f->n > 0 ? f->m[f->head].ev : NULL;
+    v->own_until = f->own_until;
     v->turn = &f->turn;
     return 1;
 }
@@ -248,6 +264,8 @@ void vgpu_flight_track(const struct vgpu_launch *l, int own)
             m->own = (uint32_t)own;
             f->n++;
             publish(d, f, l->now);
+            if (own)
+                own_until(d, f, l->now);
         } else {
             pool_put(ev, l->ctx);   /* another context's stream, say: not tracked */
         }

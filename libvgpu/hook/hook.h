@@ -259,6 +259,7 @@ struct vgpu_flight_view {
     uint64_t cost_ns;       /* GPU time of one launch */
     uint64_t pending_ns;    /* estimated GPU time of what is in flight */
     CUevent head;           /* the oldest launch's mark; NULL when none */
+    uint64_t own_until;     /* until when its work launched in its turn should run */
     struct vgpu_turn_state *turn;
 };
 /* A launch on the slow path (launch.c): its region device, its stream, the

@@ -99,8 +99,9 @@ static struct {
 static uint64_t g_sig_tick;
 
 /* Until when a job says its work on its device dev runs or its turn there
- * lasts, whichever is later; 0: unknown. */
-static uint64_t busy_until(int32_t id, uint32_t dev)
+ * lasts (turn_only: its turn, with the work it launched in it), whichever is
+ * later; 0: unknown. */
+static uint64_t busy_until(int32_t id, uint32_t dev, int turn_only)
 {
     if (id < 0 || dev >= VGPU_MAX_DEVICES)
         return 0;
@@ -124,7 +125,8 @@ static uint64_t busy_until(int32_t id, uint32_t dev)
     const struct vgpu_signal *sig = g_sigs[at].sig;
     if (sig == NULL)
         return 0;
-    uint64_t busy = __atomic_load_n(&sig->dev[dev].busy_until_ns, __ATOMIC_RELAXED);
+    uint64_t busy = turn_only ? 0 : __atomic_load_n(&sig->dev[dev].busy_until_ns,
+                                                    __ATOMIC_RELAXED);
     uint64_t end = __atomic_load_n(&sig->dev[dev].turn_end_ns, __ATOMIC_RELAXED);
     return busy > end ? busy : end;
 }
@@ -177,9 +179,11 @@ int vgpu_turn_gate(struct vgpu_launch *ln)
         int o = vgpu_turn_open_at(&sc, now);
         struct vgpu_flight_view v;
         vgpu_flight_lock();     /* the signals' cache too */
-        uint64_t before = sc.prev ? busy_until(sc.prev_signal_id, sc.prev_dev) : 0;
+        uint64_t before = sc.prev ? busy_until(sc.prev_signal_id, sc.prev_dev, 0) : 0;
+        /* (borrowers in the span share it, each with a little in flight: one
+         * waits for the turn before the span, not for another's borrowing) */
         uint64_t open_before =
-            o >= 0 ? busy_until(sc.open[o].prev_signal_id, sc.open[o].prev_dev) : 0;
+            o >= 0 ? busy_until(sc.open[o].prev_signal_id, sc.open[o].prev_dev, 1) : 0;
         if (!vgpu_flight_poll(d, now, &v)) {
             vgpu_flight_unlock();
             return VGPU_GO_OWN;
@@ -188,7 +192,8 @@ int vgpu_turn_gate(struct vgpu_launch *ln)
             vgpu_turn_decide(&sc, v.turn, now, v.n, v.cost_ns, v.pending_ns, before,
                              open_before);
         CUevent head = v.head;
-        tell_turn_end(d, vd.turn_end_ns);
+        tell_turn_end(d, vd.turn_end_ns == 0 || vd.turn_end_ns > v.own_until ? vd.turn_end_ns
+                                                                              : v.own_until);
         int go = vd.action == VGPU_TURN_GO_OWN        ? VGPU_GO_OWN
                  : vd.action == VGPU_TURN_GO_BORROWED ? VGPU_GO_BORROWED
                                                       : 0;
