@@ -14,14 +14,20 @@ well it holds two training loops to their shares.
      each share measured from the simulator's own timeline (busy time per
      ``VGPU_SIM_TAG``) over ``--seconds`` (10) after ``--settle`` (5) seconds.
      Kernels take 50 us per wave of blocks (``VGPU_SIM_NS_PER_BLOCK``), so
-     each loop alone would keep the GPU busy: the share is the governor's.
+     each loop alone would keep the GPU busy: the share is the turns'.
+  3  the same with two different programs: the small CNN at 30 and
+     torchvision's ResNet-18 (built from its configuration, random weights,
+     nothing downloaded) at 60.
+
+``--settle 0`` measures from the moment both loops are set up (their first
+seconds included).
 
 Prints a table and writes bench/results/frameworks.json. Not part of the test
 suite's pass/fail (tests/frameworks checks the shares within 3 points).
 Needs torch (``.ci/run`` installs the pinned version).
 
     python bench/frameworks.py [--seconds 10] [--settle 5] [--steps-s 3] [--pairs 20]
-    python bench/frameworks.py --loop SECONDS    # the training loop itself
+    python bench/frameworks.py --loop SECONDS [--model cnn|resnet18]   # a loop itself
 """
 
 from __future__ import annotations
@@ -51,18 +57,26 @@ SHARES = (("t30", 30), ("t60", 60))
 
 # ---- the training loop (the jobs' program) ------------------------------------
 
-def train(seconds: float) -> dict[str, Any]:
-    """Train a small CNN for `seconds`; the mean time per step, after 5 of
+def train(seconds: float, which: str = "cnn") -> dict[str, Any]:
+    """Train a model for `seconds` (a small CNN; or torchvision's ResNet-18
+    at its defaults, random weights); the mean time per step, after 5 of
     warm-up (cuDNN/cuBLAS set-up)."""
     import torch
 
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Flatten(), torch.nn.Linear(32 * 32 * 32, 10)).cuda()
+    if which == "resnet18":
+        import torchvision
+
+        model = torchvision.models.resnet18(num_classes=10).cuda()
+        x = torch.randn(16, 3, 64, 64, device="cuda")
+        y = torch.randint(0, 10, (16,), device="cuda")
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Flatten(), torch.nn.Linear(32 * 32 * 32, 10)).cuda()
+        x = torch.randn(64, 3, 32, 32, device="cuda")
+        y = torch.randint(0, 10, (64,), device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(64, 3, 32, 32, device="cuda")
-    y = torch.randint(0, 10, (64,), device="cuda")
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -85,8 +99,9 @@ def train(seconds: float) -> dict[str, Any]:
             "ms_per_step": round(elapsed / max(steps, 1) * 1e3, 3)}
 
 
-def loop_cmd(seconds: float) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--loop", f"{seconds:g}"]
+def loop_cmd(seconds: float, which: str = "cnn") -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--loop", f"{seconds:g}",
+            "--model", which]
 
 
 # ---- 1: time per step -----------------------------------------------------------
@@ -155,15 +170,23 @@ def step_time(env: dict[str, str], harness: DaemonHarness, seconds: float,
 # ---- 2: two loops held to 30 % and 60 % -------------------------------------------
 
 class LoopHarness(DaemonHarness):
-    """share_accuracy's daemon harness, with the training loop as the job."""
+    """share_accuracy's daemon harness, with a training loop as the job
+    (programs: tag -> the model it trains)."""
+
+    programs: dict[str, str] = {}
 
     def burn_cmd(self, spec: JobSpec, seconds: float) -> list[str]:
-        return loop_cmd(seconds)
+        return loop_cmd(seconds, self.programs.get(spec.name, "cnn"))
 
 
-def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float) -> dict[str, Any]:
+def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float,
+              programs: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(env, VGPU_SIM_NS_PER_BLOCK=SHARE_NS_PER_BLOCK)
-    harness = LoopHarness(tmp / "shares", env)
+    programs = programs or {}
+    where = tmp / ("programs" if programs else "shares")
+    where.mkdir()
+    harness = LoopHarness(where, env)
+    harness.programs = programs
     record = DeviceRecord(env)
     jobs: list[Running] = []
     try:
@@ -189,6 +212,7 @@ def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float) -> 
     dt = (b[0] - a[0]) * 1e9
     shares = {tag: round((b[1].get(tag, 0) - a[1].get(tag, 0)) / dt * 100, 2) for tag, _ in SHARES}
     return {"window_s": round(dt / 1e9, 2), "settle_s": settle, "shares_pct": shares,
+            "programs": {tag: programs.get(tag, "cnn") for tag, _ in SHARES},
             "targets_pct": dict(SHARES),
             "error_points": {tag: round(shares[tag] - core, 2) for tag, core in SHARES}}
 
@@ -196,15 +220,17 @@ def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loop", type=float, help="run the training loop for this many seconds")
+    ap.add_argument("--model", choices=("cnn", "resnet18"), default="cnn",
+                    help="the training loop's model (with --loop)")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=5.0)
     ap.add_argument("--steps-s", type=float, default=3.0, help="seconds of each step-time run")
     ap.add_argument("--pairs", type=int, default=20, help="interleaved pairs of step-time runs")
-    ap.add_argument("--only", choices=("steps", "shares"), default=None)
+    ap.add_argument("--only", choices=("steps", "shares", "programs"), default=None)
     ap.add_argument("--out", default=str(HERE / "results" / "frameworks.json"))
     args = ap.parse_args(argv)
     if args.loop is not None:
-        print(json.dumps(train(args.loop)), flush=True)
+        print(json.dumps(train(args.loop, args.model)), flush=True)
         return 0
     import torch
 
@@ -217,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = [round(x, 2) for x in os.getloadavg()]
         steps: dict[str, Any] = {}
         shares: dict[str, Any] = {}
+        programs: dict[str, Any] = {}
         if args.only in (None, "steps"):
             (tmp / "steps").mkdir()
             harness = DaemonHarness(tmp / "steps", env)
@@ -225,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 harness.close()
         if args.only in (None, "shares"):
-            (tmp / "shares").mkdir()
             shares = two_loops(env, tmp, args.settle, args.seconds)
+        if args.only in (None, "programs"):
+            programs = two_loops(env, tmp, args.settle, args.seconds,
+                                 {"t30": "cnn", "t60": "resnet18"})
     lines = [f"{'measure':<44} {'value':>14}"]
     if steps:
         lo, hi = steps["ci95_pct"]
@@ -239,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     if shares:
         lines += [f"{f'share of --core {core} hard (%)':<44} {shares['shares_pct'][tag]:>14}"
                   for tag, core in SHARES]
+    if programs:
+        for tag, core in SHARES:
+            what = f"{programs['programs'][tag]} at --core {core} hard (%)"
+            lines.append(f"{what:<44} {programs['shares_pct'][tag]:>14}")
     table = "\n".join(lines)
     print(table)
     out = {
@@ -252,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "step_time": steps,
         "two_loops": shares,
+        "two_programs": programs,
         "table": table,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
