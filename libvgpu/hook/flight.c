@@ -50,6 +50,7 @@ struct flight {
     CUcontext ref_ctx;
     double cost_ns;     /* 0: none measured yet */
     uint64_t own_until; /* until when its work launched in its turn should run */
+    uint64_t told_end;  /* its turn's end as the rule told it (turns.c) */
     struct vgpu_turn_state turn;   /* turns.c's */
 };
 
@@ -159,18 +160,33 @@ static void publish(int d, struct flight *f, uint64_t now)
     __atomic_store_n(&sig->dev[d].busy_until_ns, now + pending, __ATOMIC_RELAXED);
 }
 
-/* Work launched in the job's turn runs until its turn is over for the
- * borrowers of the open span after it: raise the turn's end it tells
- * (turns.c) to when that work should be done. */
+/* The turn's end the job tells (its signal's turn_end_ns): the rule's, or,
+ * if later, when the work it launched in its turn should be done (its turn
+ * is over for the borrowers of the open span after it only then). */
+static void tell_end(int d, struct flight *f)
+{
+    struct vgpu_signal *sig = vgpu_g_signal;
+    uint64_t end = f->told_end > f->own_until ? f->told_end : f->own_until;
+    if (sig != NULL && __atomic_load_n(&sig->dev[d].turn_end_ns, __ATOMIC_RELAXED) != end)
+        __atomic_store_n(&sig->dev[d].turn_end_ns, end, __ATOMIC_RELAXED);
+}
+
 static void own_until(int d, struct flight *f, uint64_t now)
 {
     uint64_t until = now + (uint64_t)(cost_of(f) * f->n);
     if (until <= f->own_until)
         return;
     f->own_until = until;
-    struct vgpu_signal *sig = vgpu_g_signal;
-    if (sig != NULL && __atomic_load_n(&sig->dev[d].turn_end_ns, __ATOMIC_RELAXED) < until)
-        __atomic_store_n(&sig->dev[d].turn_end_ns, until, __ATOMIC_RELAXED);
+    tell_end(d, f);
+}
+
+void vgpu_flight_tell_end(int d, uint64_t end)
+{
+    struct flight *f = g_flight[d];
+    if (f == NULL || end == 0)
+        return;
+    f->told_end = end;
+    tell_end(d, f);
 }
 
 /* Take in the marks that have completed (flight_lock held). */
@@ -188,8 +204,15 @@ static void poll(int d, struct flight *f, uint64_t now)
         f->head = (f->head + 1) % MAX_MARKS;
         f->n--;
     }
-    if (f->n != n0)
+    if (f->n != n0) {
         publish(d, f, now);
+        /* what is left in flight bounds what is left of its own work */
+        uint64_t left = now + (uint64_t)(cost_of(f) * f->n);
+        if (f->own_until > left) {
+            f->own_until = left;
+            tell_end(d, f);
+        }
+    }
 }
 
 int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v)
@@ -204,7 +227,6 @@ int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v)
     v->measured = f->cost_ns > 0.0;
     v->pending_ns = (uint64_t)(cost * f->n);
     v->head = f->n > 0 ? f->m[f->head].ev : NULL;
-    v->own_until = f->own_until;
     v->turn = &f->turn;
     return 1;
 }

@@ -259,7 +259,6 @@ struct vgpu_flight_view {
     uint64_t cost_ns;       /* GPU time of one launch */
     uint64_t pending_ns;    /* estimated GPU time of what is in flight */
     CUevent head;           /* the oldest launch's mark; NULL when none */
-    uint64_t own_until;     /* until when its work launched in its turn should run */
     struct vgpu_turn_state *turn;
 };
 /* A launch on the slow path (launch.c): its region device, its stream, the
@@ -283,6 +282,9 @@ uint64_t vgpu_flight_cost(int d, int *measured);
  * (n: what it found in flight). */
 void vgpu_flight_begin(const struct vgpu_launch *l);
 void vgpu_flight_begin_locked(const struct vgpu_launch *l, uint32_t n);
+/* The turn's end the rule tells the job of the next turn (lock held; 0:
+ * nothing new). */
+void vgpu_flight_tell_end(int d, uint64_t end);
 /* After it: mark it (own: in the job's turn, else borrowed time). */
 void vgpu_flight_track(const struct vgpu_launch *l, int own);
 /* Wait for a mark, counting the wait as throttled since `since`. */

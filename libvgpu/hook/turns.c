@@ -90,7 +90,7 @@ static int read_schedule(const struct vgpu_dev_limit *l, struct vgpu_schedule *s
  * open spans), attached read-only when the daemon made them (state.c) and
  * kept while the limits name them: a few, the least recently used detached
  * when a new one is needed. Guarded by the flight lock. */
-#define MAX_SIGNALS 8
+#define MAX_SIGNALS 24
 static struct {
     int32_t id;             /* -1: free */
     const struct vgpu_signal *sig;   /* NULL: it would not attach */
@@ -129,16 +129,6 @@ static uint64_t busy_until(int32_t id, uint32_t dev, int turn_only)
                                                     __ATOMIC_RELAXED);
     uint64_t end = __atomic_load_n(&sig->dev[dev].turn_end_ns, __ATOMIC_RELAXED);
     return busy > end ? busy : end;
-}
-
-/* This job's turn end, for the job of the next turn (and the borrowers of
- * the open span after it). */
-static void tell_turn_end(int d, uint64_t end)
-{
-    struct vgpu_signal *sig = vgpu_g_signal;
-    if (sig != NULL && end != 0 &&
-        __atomic_load_n(&sig->dev[d].turn_end_ns, __ATOMIC_RELAXED) != end)
-        __atomic_store_n(&sig->dev[d].turn_end_ns, end, __ATOMIC_RELAXED);
 }
 
 void vgpu_turns_atfork_child(void)
@@ -192,8 +182,7 @@ int vgpu_turn_gate(struct vgpu_launch *ln)
             vgpu_turn_decide(&sc, v.turn, now, v.n, v.cost_ns, v.pending_ns, before,
                              open_before);
         CUevent head = v.head;
-        tell_turn_end(d, vd.turn_end_ns == 0 || vd.turn_end_ns > v.own_until ? vd.turn_end_ns
-                                                                              : v.own_until);
+        vgpu_flight_tell_end(d, vd.turn_end_ns);
         int go = vd.action == VGPU_TURN_GO_OWN        ? VGPU_GO_OWN
                  : vd.action == VGPU_TURN_GO_BORROWED ? VGPU_GO_BORROWED
                                                       : 0;

@@ -125,11 +125,11 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
         ts->init = 1;
     }
     /* A turn that begins late (its launching thread woke late on a loaded
-     * host, or the turn before ran over) ends as much later, up to
+     * host, or the turn before ran over) goes on as much past its end, up to
      * EXTEND_MAX: what a job gets is its credit, not what is left of its
-     * span. The job after it waits for its work and for its turn's end
-     * (turn_end_ns, which it tells through its signal), and ends later
-     * too. */
+     * span. The job after it waits for its work in flight and for its
+     * span's end (turn_end_ns, which it tells through its signal), and ends
+     * later too. */
     if (!ts->began && len > 0 && into < len && into > ts->late_ns)
         ts->late_ns = into < VGPU_TURN_WAIT_MAX_NS ? into : VGPU_TURN_WAIT_MAX_NS;
     uint64_t extend = ts->late_ns < VGPU_TURN_EXTEND_MAX_NS ? ts->late_ns
@@ -149,13 +149,11 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
         }
         if (late > ts->late_ns)
             ts->late_ns = late;
-        if (w > 0) {
-            uint64_t ext = late < VGPU_TURN_EXTEND_MAX_NS ? late : VGPU_TURN_EXTEND_MAX_NS;
-            return (struct vgpu_verdict){VGPU_TURN_NAP, w, now - into + len + ext};
-        }
+        if (w > 0)
+            return (struct vgpu_verdict){VGPU_TURN_NAP, w, now - into + len};
     }
 
-    uint64_t turn_end = in_turn ? now - into + len + extend : 0;
+    uint64_t turn_end = in_turn ? now - into + len : 0;
     if (in_turn && sc->credit_ns > 0) {
         ts->began = 1;
         go_own.turn_end_ns = turn_end;

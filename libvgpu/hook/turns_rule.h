@@ -40,9 +40,10 @@ struct vgpu_verdict {
     int action;             /* VGPU_TURN_* */
     uint64_t nap_ns;        /* VGPU_TURN_NAP: until the next chance */
     uint64_t turn_end_ns;   /* when its turn ends, to tell the next turn's job:
-                               the turn's end (later when it began late) while
-                               in it, `now` once it has spent its credit; 0:
-                               not in its turn */
+                               the turn's end while in it (past it, a late turn
+                               goes on only with work in flight, which its
+                               signal tells), `now` once it has spent its
+                               credit; 0: not in its turn */
 };
 
 /* Credit carried beyond a turn's: what is left when the next launch did not
@@ -52,13 +53,12 @@ struct vgpu_verdict {
  * (and so begins, and ends, later): what that job may carry past its turn's
  * end, and no more, whatever it writes into its signal. */
 #define VGPU_TURN_WAIT_MAX_NS 10000000ull
-/* A turn that began late ends as much later, up to this: the lateness each
- * turn hands on to the next (its own overrun aside) stays below WAIT_MAX,
- * so that a chain of turns each a little late (threads woken late on a
- * loaded host, switches between contexts) never grows to where a turn
- * stops waiting for the one before and their work time-slices (and counts
- * in both jobs' spans); a turn later than this loses the rest. */
-#define VGPU_TURN_EXTEND_MAX_NS 5000000ull
+/* A turn that began late goes on as much past its end, up to this (as late
+ * as a turn may begin): what a job gets is its credit, not what is left of
+ * its span. It tells the next turn its span's end, not this: the job of the
+ * next turn waits for its work in flight, not for launches it may not make
+ * (docs/compute.md, "Limits"). */
+#define VGPU_TURN_EXTEND_MAX_NS VGPU_TURN_WAIT_MAX_NS
 
 /* Whether a launch may go now: the job's schedule, its turn state (updated:
  * credit at turn starts), the time, what it has in flight (n launches,

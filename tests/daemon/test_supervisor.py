@@ -278,6 +278,9 @@ def turn_of(r, i: int = 0) -> turns.Turn:
 
 
 CYCLE = turns.CYCLE_NS
+# What a GPU's turns may fill when no job there borrows: they are stretched
+# over it, their credit their shares (vgpuctl.core.turns).
+ROOM = CYCLE - int(turns.GUARD_MIN * CYCLE)
 
 
 def test_a_job_is_gated_by_its_turn_before_run_answers(tmp_path):
@@ -287,8 +290,8 @@ def test_a_job_is_gated_by_its_turn_before_run_answers(tmp_path):
     r = run(sup, mem=G, core=30)
     t = turn_of(r)
     assert t.gate == turns.TURNS
-    assert (t.start_ns, t.len_ns, t.credit_ns, t.cycle_ns) == (0, 3 * CYCLE // 10,
-                                                               3 * CYCLE // 10, CYCLE)
+    assert (t.start_ns, t.len_ns, t.credit_ns, t.cycle_ns) == (0, ROOM, 3 * CYCLE // 10,
+                                                               CYCLE)
     assert t.share == pytest.approx(0.30)
     assert not t.borrow and t.open == ()          # hard: its turn, nothing more
     assert sup.trust.gate(sup.table.get(r["job"]["id"]), 0) == t
@@ -314,8 +317,8 @@ def test_two_jobs_get_turns_apart_and_one_ending_replans_the_other(tmp_path):
     ta, tb = turn_of(a), turn_of(b)
     assert ta.gate == tb.gate == turns.TURNS
     assert ta.epoch_ns == tb.epoch_ns and ta.cycle_ns == tb.cycle_ns == CYCLE
-    assert (ta.start_ns, ta.len_ns) == (0, 3 * CYCLE // 10)
-    assert (tb.start_ns, tb.len_ns) == (3 * CYCLE // 10, 6 * CYCLE // 10)
+    assert (ta.start_ns, ta.len_ns, ta.credit_ns) == (0, ROOM // 3, 3 * CYCLE // 10)
+    assert (tb.start_ns, tb.len_ns, tb.credit_ns) == (ROOM // 3, 2 * ROOM // 3, 6 * CYCLE // 10)
     # apart: one ends where the other begins
     assert ta.start_ns + ta.len_ns <= tb.start_ns
     # A job on the other GPU has nothing to do with them.
@@ -324,7 +327,7 @@ def test_two_jobs_get_turns_apart_and_one_ending_replans_the_other(tmp_path):
     # The first ends: the second's turn is planned again at once (no tick).
     call(sup, ME, "exited", job=a["job"]["id"], code=0)
     tb2 = turn_of(b)
-    assert tb2.gate == turns.TURNS and (tb2.start_ns, tb2.len_ns) == (0, 6 * CYCLE // 10)
+    assert tb2.gate == turns.TURNS and (tb2.start_ns, tb2.credit_ns) == (0, 6 * CYCLE // 10)
     assert tb2.epoch_ns == tb.epoch_ns            # the GPU's cycles stay where they were
     # ...and so when a share is set: 60 -> 100 hard alone is no cap at all.
     call(sup, ME, "set", job=b["job"]["id"], core=100)
@@ -575,7 +578,7 @@ def test_a_starting_job_is_in_the_gates_inputs_with_its_launcher(tmp_path, procs
     sup.gates.step([inp])
     reg = Region.open(sup.table.get(jid).rec.region)
     t = read_turn(reg, 0)
-    assert (t.gate, t.len_ns) == (turns.TURNS, CYCLE * 5 // 100)
+    assert (t.gate, t.credit_ns) == (turns.TURNS, CYCLE * 5 // 100)
 
 
 def test_a_user_flooding_admissions_is_capped_and_others_get_in(tmp_path):

@@ -80,6 +80,15 @@ def spans(t: turns.Turn) -> tuple:
             t.borrow_ns, t.open)
 
 
+def kept(t: turns.Turn, before: turns.Turn) -> bool:
+    """The neighbour keeps what its turn gave it: the same credit from the
+    same start, its span no shorter (it grows where the attacker's job was
+    flagged and left the plan: the turns of a GPU no job borrows on are
+    stretched over the idle part of the cycle)."""
+    return (spans(t)[:4] == spans(before)[:4] and t.credit_ns == before.credit_ns
+            and t.len_ns >= before.len_ns and spans(t)[6:] == spans(before)[6:])
+
+
 def counter(daemon, job_id: str, field: str) -> int:
     """Device 0's job-wide counter as the hook wrote it."""
     reg = usage_of(daemon, job_id)
@@ -194,7 +203,7 @@ def test_a_counter_rewritten_downwards_is_caught_and_the_neighbour_runs_on(one_g
     assert "closed this job's compute gate" in err, (out, err)
     # The neighbour: not named, its turn as it was, running at its share.
     assert daemon.job(victim["id"])["region_error"] is None
-    assert spans(turn(daemon, victim["id"])) == spans(before)
+    assert kept(turn(daemon, victim["id"]), before)
     assert pv.poll() is None
     wait_for(lambda: settled(daemon, victim["id"], 0.40), timeout=10,
              what="the neighbour to run on at its share")
@@ -228,7 +237,7 @@ def test_a_huge_gpu_time_bills_the_liar_no_more_than_its_wall_time(one_gpu):
     wall = max(r.t1 for r in rows) - min(r.t0 for r in rows)
     assert sum(r.gpu_seconds for r in rows) <= wall + BUSY_SLACK_S * len(rows) + 1e-6
     # The neighbour: its turn, its measured share, its bill over the attack.
-    assert spans(turn(daemon, victim["id"])) == spans(before)
+    assert kept(turn(daemon, victim["id"]), before)
     assert all(s is not None and abs(s - 0.30) <= 0.06 for s in shares), shares
     assert (v1 - v0) / (vt1 - vt0) == pytest.approx(0.30, abs=0.06)
     assert daemon.job(victim["id"])["region_error"] is None and pv.poll() is None
@@ -267,7 +276,7 @@ def test_counters_at_2_64_minus_1_widen_no_gate(one_gpu):
         while time.monotonic() < end:
             a, v = read_turn(alimits, 0), read_turn(vlimits, 0)
             assert spans(a) == spans(aa) or a.gate == turns.CLOSED, a
-            assert spans(v) == spans(va), v
+            assert kept(v, va), v
             shares.append(daemon.job(victim["id"])["core_measured"])
             time.sleep(0.1)
     finally:

@@ -39,6 +39,16 @@ def pct(p: int) -> int:
     return C * p // 100
 
 
+# The part of a 50 ms cycle a few turns may fill (the guard kept out).
+ROOM = C - int(T.GUARD_MIN * C)
+
+
+def stretched(p: int, total: int) -> int:
+    """A turn of p % where the turns of a GPU no job borrows on add up to
+    total %: stretched over the cycle's room in proportion."""
+    return pct(p) * ROOM // pct(total)
+
+
 def fields(t: Turn) -> tuple:
     """What a hook keeps to of a turn, but whom it waits for."""
     return (t.gate, t.epoch_ns, t.cycle_ns, t.start_ns, t.len_ns, t.credit_ns, t.borrow,
@@ -65,17 +75,38 @@ def complement(held: list[tuple[int, int]], cycle: int = C) -> tuple[tuple[int, 
 
 # -- plan(), case by case -------------------------------------------------------------
 def test_one_hard_job_alone_gets_its_share_of_the_cycle_and_nothing_more():
+    """Its credit is its share; with no one to borrow the rest of the cycle
+    its turn spans the cycle (but the guard), so that a host late to feed
+    the GPU has the time to spend its share."""
     [t] = plan([Member("a", 30, "hard")], EPOCH).values()
-    assert fields(t) == (TURNS, EPOCH, C, 0, pct(30), pct(30), False, 0, ())
+    assert fields(t) == (TURNS, EPOCH, C, 0, ROOM, pct(30), False, 0, ())
     assert t.share == pytest.approx(0.30)
-    assert t.len_ns == t.credit_ns == 3 * C // 10
+    assert t.credit_ns == 3 * C // 10
+
+
+def test_turns_are_stretched_only_where_no_job_borrows():
+    """Two hard jobs: their turns fill the cycle's room in proportion,
+    their credits their shares. A job that borrows (soft, or no share)
+    beside them keeps the rest of the cycle open, and the turns their
+    shares' length."""
+    p = plan([Member("a", 30, "hard"), Member("b", 60, "hard")], EPOCH)
+    assert (p["a"].len_ns, p["b"].len_ns) == (stretched(30, 90), stretched(60, 90))
+    assert (p["a"].credit_ns, p["b"].credit_ns) == (pct(30), pct(60))
+    for borrower in (Member("s", 5, "soft"), Member("f", 100, "hard")):
+        q = plan([Member("a", 30, "hard"), Member("b", 60, "hard"), borrower], EPOCH)
+        assert (q["a"].len_ns, q["b"].len_ns) == (pct(30), pct(60))
+        assert (q["a"].credit_ns, q["b"].credit_ns) == (pct(30), pct(60))
+    # a full cycle has nothing to stretch over
+    r = plan([Member("a", 40, "hard"), Member("b", 60, "hard")], EPOCH)
+    assert r["a"].len_ns + r["b"].len_ns <= ROOM and r["a"].len_ns == r["a"].credit_ns
 
 
 def test_two_hard_jobs_get_turns_apart():
     p = plan([Member("a", 30, "hard"), Member("b", 60, "hard")], EPOCH)
     a, b = p["a"], p["b"]
-    assert (a.start_ns, a.len_ns, a.credit_ns) == (0, pct(30), pct(30))
-    assert (b.start_ns, b.len_ns, b.credit_ns) == (pct(30), pct(60), pct(60))
+    assert (a.start_ns, a.len_ns, a.credit_ns) == (0, stretched(30, 90), pct(30))
+    assert (b.start_ns, b.len_ns, b.credit_ns) == (stretched(30, 90), stretched(60, 90),
+                                                   pct(60))
     assert spans_apart([(a.start_ns, a.len_ns), (b.start_ns, b.len_ns)])
     assert a.epoch_ns == b.epoch_ns == EPOCH and a.cycle_ns == b.cycle_ns == C
     assert not a.borrow and not b.borrow and a.open == b.open == ()
@@ -134,7 +165,7 @@ def test_a_high_job_is_not_held_to_a_window():
     hi, n = p["hi"], p["n"]
     assert (hi.gate, hi.start_ns, hi.len_ns, hi.credit_ns) == (TURNS, 0, C, pct(40))
     assert hi.share == pytest.approx(0.40) and not hi.borrow and hi.open == ()
-    assert (n.start_ns, n.len_ns) == (0, pct(30))        # the normal one starts at 0
+    assert (n.start_ns, n.len_ns, n.credit_ns) == (0, ROOM, pct(30))   # from 0, stretched
 
 
 @pytest.mark.parametrize("share,policy", [(40, "soft"), (100, "hard"), (100, "soft")])
@@ -146,7 +177,7 @@ def test_a_high_job_without_a_hard_cap_is_not_held_back(share, policy):
     assert hi == OPEN_TURN or (
         hi.gate == TURNS and (hi.start_ns, hi.len_ns) == (0, hi.cycle_ns)
         and hi.credit_ns >= hi.cycle_ns), hi
-    assert p["n"].gate == TURNS and (p["n"].start_ns, p["n"].len_ns) == (0, pct(30))
+    assert p["n"].gate == TURNS and (p["n"].start_ns, p["n"].credit_ns) == (0, pct(30))
 
 
 def test_low_jobs_turns_come_after_the_normal_ones():
@@ -223,13 +254,15 @@ def test_64_jobs_at_1_percent_all_get_turns_apart():
     assert len(p) == 64
     cyc = p[0].cycle_ns
     one = cyc // 100
+    room = cyc - max(T.GUARD_NS * 64, int(T.GUARD_MIN * cyc))
+    turn = one * room // (64 * one)           # stretched: no job borrows
     for i in range(64):
         t = p[i]
         assert (t.gate, t.cycle_ns, t.start_ns, t.len_ns, t.credit_ns) == (
-            TURNS, cyc, i * one, one, one)
+            TURNS, cyc, i * turn, turn, one)
         assert t.share == pytest.approx(0.01)
     assert spans_apart([(t.start_ns, t.len_ns) for t in p.values()])
-    assert max(t.start_ns + t.len_ns for t in p.values()) == 64 * one <= cyc
+    assert max(t.start_ns + t.len_ns for t in p.values()) == 64 * turn <= cyc
 
 
 def test_the_turn_after_waits_for_the_one_before():
@@ -537,10 +570,10 @@ def test_a_job_new_to_the_gpu_is_not_idle_at_once():
 
 def hook_busy(t: float, turn: Turn) -> int:
     """A hook's GPU time at t (seconds since the epoch) for a job that uses
-    all of its turns and nothing else: it grows through each turn, and
-    stands still between them."""
+    its credit from each turn's start and nothing else: it grows through
+    that part of each turn, and stands still between."""
     k, pos = divmod(int(t * 1e9), turn.cycle_ns)
-    return k * turn.len_ns + min(max(pos - turn.start_ns, 0), turn.len_ns)
+    return k * turn.credit_ns + min(max(pos - turn.start_ns, 0), turn.credit_ns)
 
 
 def measured_shares(neighbours: list[int], ticks: int = 120) -> list[float]:
@@ -610,10 +643,10 @@ def test_busy_s_is_the_gpu_time_since_the_previous_tick():
 def test_an_ended_job_leaves_the_plan_and_its_neighbour_moves_up():
     node = Node()
     a, b = node.add("a", 30), node.add("b", 60)
-    assert b.turns[0].start_ns == pct(30)
+    assert b.turns[0].start_ns == stretched(30, 90)
     del node.table.jobs["a"]
     node.tick()
-    assert (b.turns[0].start_ns, b.turns[0].len_ns) == (0, pct(60))
+    assert (b.turns[0].start_ns, b.turns[0].len_ns, b.turns[0].credit_ns) == (0, ROOM, pct(60))
     assert a.turns[0].start_ns == 0                    # (no longer written)
 
 
@@ -622,5 +655,5 @@ def test_a_suspended_job_holds_no_turn():
     a, b = node.add("a", 30), node.add("b", 60)
     a.rec.state = SUSPENDED
     node.tick()
-    assert (b.turns[0].start_ns, b.turns[0].len_ns) == (0, pct(60))
+    assert (b.turns[0].start_ns, b.turns[0].credit_ns) == (0, pct(60))
     assert [i.job_id for i in node.gates.inputs()] == ["b"]

@@ -123,6 +123,9 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     cycle_ns = cycle_for(ms, cycle_ns)
     turned = [m for m in ms if m.cls != "high" and m.share < 100]
     spans = _lay_out(turned, cycle_ns)
+    credits = {k: n for k, (_, n) in spans.items()}
+    if not any(_borrows(m) for m in ms):
+        spans = _stretch(spans, cycle_ns)
     if not turned:
         borrow_ns = cycle_ns        # no turn to make way for: no bound in flight
     held = {k: span for k, span in spans.items()
@@ -143,8 +146,32 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
         # borrowed work waits for the job before each open span (not for
         # its own work, which runs in its own stream anyway)
         gaps_prev = tuple(_signal(signal_of, k if k != m.key else None) for k in gaps_before)
-        out[m.key] = _turn_of(m, base, spans.get(m.key, (0, 0)), borrow_ns, gaps, gaps_prev,
-                              sig if sig is not None else (-1, 0))
+        out[m.key] = _turn_of(m, base, spans.get(m.key, (0, 0)), credits.get(m.key, 0),
+                              borrow_ns, gaps, gaps_prev, sig if sig is not None else (-1, 0))
+    return out
+
+
+def _borrows(m: Member) -> bool:
+    """Whether a job launches in the open spans (soft, or no share)."""
+    return m.cls != "high" and (m.policy == "soft" or m.share >= 100)
+
+
+def _stretch(spans: dict[Hashable, tuple[int, int]],
+             cycle_ns: int) -> dict[Hashable, tuple[int, int]]:
+    """Where no job borrows, the part of the cycle no turn holds would sit
+    idle: the turns are stretched over it in proportion, their credit (the
+    share) unchanged, so that a job whose host feeds the GPU late (a loaded
+    host, a training loop's own work on the CPU between its launches) has
+    the time to spend its share in its turn."""
+    total = sum(n for _, n in spans.values())
+    room = cycle_ns - max(GUARD_NS * len(spans), int(GUARD_MIN * cycle_ns))
+    if total <= 0 or total >= room:
+        return spans
+    out, at = {}, 0
+    for k, (_, n) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        length = n * room // total
+        out[k] = (at, length)
+        at += length
     return out
 
 
@@ -162,7 +189,7 @@ def _held_before(held: dict[Hashable, tuple[int, int]], at: int,
     return min(held, key=lambda k: (at - held[k][0] - held[k][1]) % cycle_ns)
 
 
-def _turn_of(m: Member, base: Turn, span: tuple[int, int], borrow_ns: int,
+def _turn_of(m: Member, base: Turn, span: tuple[int, int], credit: int, borrow_ns: int,
              gaps: tuple[tuple[int, int], ...], gaps_prev: tuple[tuple[int, int], ...],
              prev: tuple[int, int]) -> Turn:
     cycle = base.cycle_ns
@@ -177,7 +204,7 @@ def _turn_of(m: Member, base: Turn, span: tuple[int, int], borrow_ns: int,
                        borrow_ns=borrow_ns, open=gaps, open_prev=gaps_prev,
                        prev_signal_id=prev[0],
                        prev_dev=prev[1])
-    return replace(base, start_ns=span[0], len_ns=span[1], credit_ns=span[1],
+    return replace(base, start_ns=span[0], len_ns=span[1], credit_ns=credit,
                    prev_signal_id=prev[0], prev_dev=prev[1])
 
 

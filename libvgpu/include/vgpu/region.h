@@ -195,9 +195,10 @@ struct vgpu_signal_dev {
     uint64_t busy_until_ns;    /* when the work it has in flight should be done
                                   (its launches at their measured cost) */
     uint64_t launches;         /* launches counted here (held or signalling) */
-    uint64_t turn_end_ns;      /* when its turn ends, as its hook keeps it (later
-                                  when it began late, now when it has spent its
-                                  credit): the next turn waits for it too */
+    uint64_t turn_end_ns;      /* when its turn ends, as its hook keeps it (now
+                                  when it has spent its credit; later while its
+                                  work launched in it runs): the next turn waits
+                                  for it too */
 };
 
 struct vgpu_signal {
