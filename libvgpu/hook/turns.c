@@ -22,9 +22,8 @@
  * turn ends: at once when its credit is spent, later while the work it
  * launched in its turn runs), at most VGPU_TURN_WAIT_MAX_NS late, and ends
  * as much later (up to VGPU_TURN_EXTEND_MAX_NS): the spans a job measures
- * hold no other job's
- * time-slices, and a job that carried a launch past its turn's end pays for
- * it alone. A job that writes a lie into its signal delays the turn after
+ * hold no other job's time-slices, and a job that carried a launch past its
+ * turn's end pays for it alone. A job that writes a lie into its signal delays the turn after
  * it by that bound at most, and takes nothing of it.
  *
  * Outside its turn a job waits for it; a job that may borrow (soft, or one

@@ -142,12 +142,12 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
     out: dict[Hashable, Turn] = {}
     for m in ms:
         before = before_of.get(m.key)
-        sig = signal_of(before) if before is not None and before != m.key else None
         # borrowed work waits for the job before each open span (not for
         # its own work, which runs in its own stream anyway)
         gaps_prev = tuple(_signal(signal_of, k if k != m.key else None) for k in gaps_before)
         out[m.key] = _turn_of(m, base, spans.get(m.key, (0, 0)), credits.get(m.key, 0),
-                              borrow_ns, gaps, gaps_prev, sig if sig is not None else (-1, 0))
+                              borrow_ns, gaps, gaps_prev,
+                              _signal(signal_of, before if before != m.key else None))
     return out
 
 

@@ -7,15 +7,15 @@ events while the job held its turns, docs/compute.md): the daemon hands the
 watch each job's counter (`Known.claims`). The device's busy time is NVML's
 (exact on a real GPU whoever ran). The two are set against each other run
 by run, not window by window: a hook claims a span when it next launches,
-up to a cycle of turns after it ran, so each GPU carries what the device ran
-and no claim has matched yet (`CLAIM_LAG` of a window at most, or claims
-ahead of the device as much). What stays beyond that went through no hook:
-it is the busy time of
-the processes on the GPU that loaded none (NVML's process list against the
-jobs' slots), shared among them. A job whose process bypassed its hook runs
-up a debt that way, and one that never loaded it is ungated; busy time with
-no such process to give it to is nobody's (it is left out, not pinned on an
-honest job). No per-process utilization is read.
+up to a cycle of turns after it ran, and NVML's samples come a sample
+period late, so each GPU carries what the device ran and no claim has
+matched yet (`CLAIM_BEHIND_S` at most; claims ahead of the device by more
+than `CLAIM_AHEAD_S` are a lie). What stays beyond that went through no
+hook: it is the busy time of the processes on the GPU that loaded none
+(NVML's process list against the jobs' slots), shared among them. A job
+whose process bypassed its hook runs up a debt that way, and one that never
+loaded it is ungated; busy time with no such process to give it to is
+nobody's (it is left out, not pinned on an honest job). No per-process utilization is read.
 
 **Attribution at the time of the sample.** Each process NVML lists (a
 compute process holding memory, or a pid in a utilization window) is given
