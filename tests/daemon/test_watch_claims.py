@@ -11,7 +11,8 @@ import os
 import pytest
 
 from vgpuctl.core.violations import JobLimits
-from vgpuctl.daemon.violations import CLAIM_BEHIND_S, GpuStats, JobProcs, Known, Watch
+from vgpuctl.daemon.busysplit import CLAIM_BEHIND_S
+from vgpuctl.daemon.violations import GpuStats, JobProcs, Known, Watch
 from vgpuctl.system.busy import Window
 
 G = 1 << 30

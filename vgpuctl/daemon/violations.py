@@ -2,20 +2,13 @@
 per-process memory and the device's busy time on every managed GPU against
 the jobs the daemon knows (the rules are vgpuctl.core.violations').
 
-**Whose busy time.** A job's GPU time is what its hooks measured (their
-events while the job held its turns, docs/compute.md): the daemon hands the
-watch each job's counter (`Known.claims`). The device's busy time is NVML's
-(exact on a real GPU whoever ran). The two are set against each other run
-by run, not window by window: a hook claims a span when it next launches,
-up to a cycle of turns after it ran, and NVML's samples come a sample
-period late, so each GPU carries what the device ran and no claim has
-matched yet (`CLAIM_BEHIND_S` at most; claims ahead of the device by more
-than `CLAIM_AHEAD_S` are a lie). What stays beyond that went through no
-hook: it is the busy time of the processes on the GPU that loaded none
-(NVML's process list against the jobs' slots), shared among them. A job
-whose process bypassed its hook runs up a debt that way, and one that never
-loaded it is ungated; busy time with no such process to give it to is
-nobody's (it is left out, not pinned on an honest job). No per-process utilization is read.
+**Whose busy time.** A job's GPU time is what its hooks measured; the
+device's busy time beyond what every hook claims went through no hook, and
+is the busy time of the processes on the GPU that loaded none: split each
+tick by vgpuctl.daemon.busysplit. A job whose process bypassed its hook runs
+up a debt that way, and one that never loaded it is ungated; busy time with
+no such process to give it to is nobody's (it is left out, not pinned on an
+honest job). No per-process utilization is read.
 
 **Attribution at the time of the sample.** Each process NVML lists (a
 compute process holding memory, or a pid in a utilization window) is given
@@ -50,7 +43,6 @@ processes of the jobs they belong to, are ever candidates.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import signal
@@ -71,6 +63,7 @@ from vgpuctl.core.violations import (
     act,
 )
 from vgpuctl.daemon import tracking
+from vgpuctl.daemon.busysplit import Busy, BusySplit
 from vgpuctl.daemon.jobs import MAX_VIOLATIONS, JobTable
 from vgpuctl.system.nvml import GpuStats
 
@@ -85,24 +78,6 @@ REMEMBER_S = 10.0
 LAUNCHER_AFTER_S = 0.5
 # Rounds of stop-rescan within one kill of a job (children forked meanwhile).
 STOP_ROUNDS = 4
-# Window by window the hooks' claims and the device's busy time differ; over
-# a run they agree. The claims lag: a hook claims a span once it sees it done
-# (at its next launch, up to a cycle of turns of 50 ms later). The device's
-# busy time lags more: NVML's samples come a sample period (1/6 s) after the
-# time they cover. What the device ran beyond the claims is carried from
-# window to window: only what stays beyond CLAIM_BEHIND_S is the unhooked
-# processes' (or a lone job's: one of its processes passes for hooked and
-# launches past its hook), and claims ahead of the device by more than
-# CLAIM_AHEAD_S are a lie.
-CLAIM_BEHIND_S = 0.1
-CLAIM_AHEAD_S = 0.25
-# A job's claims on a GPU are believed while it has a process there, and this
-# long after (its last spans are claimed as its last process exits, when
-# NVML may have dropped it already); a job that never had one there ran
-# nothing there, whatever its counter says. For as long after a job left a
-# GPU, the device's busy time beyond the claims is no lone job's (it is the
-# one that left: its last claims were never read, its busy time comes later).
-CLAIM_AFTER_S = 1.0
 # Slurm's job cgroup (task/cgroup, v1 and v2): .../job_<id>/...
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 
@@ -149,29 +124,13 @@ class Result:
     debts: dict[str, float] = field(default_factory=dict)   # job -> compute debt, GPU-s
 
 
-Busy = Callable[[str], Any]   # uuid -> a vgpuctl.system.busy.Window (or None)
-
-
 class Watch:
-    _claim_pids: set[int]
-    _beyond: dict[tuple[str, int], float]
-
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
                  busy: Busy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._claim_pids = set()
-        self._beyond = {}
         self._snapshot = snapshot
-        self._busy = busy
+        self._split = BusySplit(busy)
         self._clock = clock
-        self._claimed: dict[tuple[str, str], int] = {}   # each job's counter at the last window
-        # per GPU: the busy time no claim has matched yet (< 0: claims ahead)
-        self._carry: dict[str, float] = {}
-        # (job, uuid) -> when a process of the job was last listed there;
-        # per GPU, the jobs listed there and when one last left
-        self._present: dict[tuple[str, str], float] = {}
-        self._here: dict[str, frozenset[str]] = {}
-        self._left: dict[str, float] = {}
         self._checker = Checker()
         # pid -> (its start time, its job, when NVML last listed it)
         self._verdicts: dict[int, tuple[int | None, str | None, float]] = {}
@@ -189,12 +148,12 @@ class Watch:
         for s in stats:
             for pid in s.processes:
                 owner[(s.uuid, pid)] = self._attribute(pid, known, jobs, mono)
-        windows = self._windows(stats, known, owner, mono)
+        windows = self._split.windows(stats, known, owner, mono)
         self._forget(mono)
         found, new = self._checker.check(now, known.limits, memory, windows, owner,
                                          self._gated(known, windows))
         res = Result(stats, found, new, debts=self._checker.debts())
-        for (uuid, pid), b in self._beyond.items():
+        for (uuid, pid), b in self._split.beyond.items():
             job = owner.get((uuid, pid))
             if job is not None:
                 res.beyond[(job, uuid)] = res.beyond.get((job, uuid), 0.0) + b
@@ -222,121 +181,6 @@ class Watch:
         self._do(todo, known, owner, res, mono)
         return res
 
-    # -- the windows -----------------------------------------------------------------
-    def _windows(self, stats: list[GpuStats], known: Known,
-                 owner: dict[tuple[str, int], str | None], mono: float) -> list[Window]:
-        """Each GPU's new busy window, split: each job's claim (its hooks'
-        GPU time since the previous window) to one of its processes, what
-        the device ran beyond the claims to the processes on it that loaded
-        no hook (the module's docstring). A job's claim goes to its process
-        NVML lists there, else to a pid of its own (owner is told)."""
-        self._claim_pids = set()
-        self._beyond = {}
-        if self._busy is None:
-            return []
-        out = []
-        for s in stats:
-            try:
-                w = self._busy(s.uuid)
-            except Exception as e:  # noqa: BLE001 - a sampling error skips this GPU
-                log.debug("busy time of %s: %s", s.uuid, e)
-                continue
-            if w is None or w.duration_s <= 0:
-                continue
-            here = frozenset(j for p in s.processes if (j := owner.get((s.uuid, p))) is not None)
-            for j in here:
-                self._present[(j, s.uuid)] = mono
-            if self._here.get(s.uuid, here) - here:
-                self._left[s.uuid] = mono
-            self._here[s.uuid] = here
-            claims, beyond = self._match(s, w, known, owner, mono)
-            busy: dict[int, float] = {}
-            for (_, pid), c in claims.items():
-                self._claim_pids.add(pid)
-                busy[pid] = busy.get(pid, 0.0) + c
-            free = self._unhooked(s, known, owner,
-                                  lone=mono - self._left.get(s.uuid, -math.inf) > CLAIM_AFTER_S
-                                  ) if beyond > 0 else []
-            for p in free:
-                busy[p] = busy.get(p, 0.0) + beyond / len(free)
-                self._beyond[(s.uuid, p)] = beyond / len(free)
-            out.append(Window(s.uuid, w.start_s, w.end_s, busy))
-        live = {(lim.job_id, lim.uuid) for lim in known.limits}
-        for key in [k for k in self._claimed if k not in live]:
-            del self._claimed[key]
-        for key in [k for k, t in self._present.items() if mono - t > CLAIM_AFTER_S]:
-            del self._present[key]
-        return out
-
-    def _match(self, s: GpuStats, w: Any, known: Known,
-               owner: dict[tuple[str, int], str | None], mono: float
-               ) -> tuple[dict[tuple[str, int], float], float]:
-        """The claims believed in this window, and the busy time that stays
-        beyond them (the module's docstring)."""
-        claims = self._claims(s, w, known, owner, mono)
-        before = self._carry.get(s.uuid, 0.0)
-        carry = before + w.busy_s - sum(claims.values())
-        if carry < -CLAIM_AHEAD_S:
-            # More is claimed than the device ran, beyond any lag: a job's
-            # counter (its own to write) lies. Claims are then believed only
-            # as far as the claimant's own turn goes, so that a lie can hide
-            # no one's busy time; beyond its turn it is nobody's.
-            claims = {(j, p): min(c, known.turns.get((j, s.uuid), 0.0) * w.duration_s)
-                      for (j, p), c in claims.items()}
-            carry = max(-CLAIM_AHEAD_S, before + w.busy_s - sum(claims.values()))
-        beyond = max(0.0, carry - CLAIM_BEHIND_S)
-        self._carry[s.uuid] = carry - beyond
-        return claims, beyond
-
-    def _claims(self, s: GpuStats, w: Any, known: Known,
-                owner: dict[tuple[str, int], str | None],
-                mono: float) -> dict[tuple[str, int], float]:
-        """(job, the pid it is put on) -> the GPU time its hooks claim on the
-        GPU since the last window, as far as it is believed."""
-        claims: dict[tuple[str, int], float] = {}
-        for lim in known.limits:
-            if lim.uuid != s.uuid:
-                continue
-            key = (lim.job_id, s.uuid)
-            now_ns = known.claims.get(key, 0)
-            new = max(0, now_ns - self._claimed.get(key, now_ns)) / 1e9
-            self._claimed[key] = now_ns
-            # (a job with no process on the GPU ran nothing there, whatever
-            # its counter says: CLAIM_AFTER_S)
-            if new > 0.0 and mono - self._present.get(key, -math.inf) <= CLAIM_AFTER_S:
-                pid = self._pid_for(lim.job_id, s, known, owner)
-                claims[(lim.job_id, pid)] = min(new, w.duration_s)
-        return claims
-
-    def _unhooked(self, s: GpuStats, known: Known,
-                  owner: dict[tuple[str, int], str | None], lone: bool) -> list[int]:
-        """Whose the busy time beyond the claims is: the processes on the GPU
-        that loaded no hook; else, where one job alone has processes there
-        (and has for CLAIM_AFTER_S: lone), that job's (ungated alone, or a
-        process that passes for hooked)."""
-        free = [p for p in s.processes if known.hooked is not None and p not in known.hooked]
-        if free:
-            return free
-        jobs_here = {owner.get((s.uuid, p)) for p in s.processes} - {None}
-        if len(jobs_here) == 1 and lone:
-            return [self._pid_for(jobs_here.pop(), s, known, owner, hooked_only=False)]
-        return []
-
-    @staticmethod
-    def _pid_for(job_id: str, s: GpuStats, known: Known,
-                 owner: dict[tuple[str, int], str | None], hooked_only: bool = True) -> int:
-        mine = [p for p in s.processes if owner.get((s.uuid, p)) == job_id
-                and (not hooked_only or known.hooked is None or p in known.hooked)]
-        if mine:
-            return max(mine, key=lambda p: s.processes[p])
-        procs = known.jobs.get(job_id)
-        # a pid of its own, else a stand-in no process has (one per job)
-        pid = min(procs.seeds) if procs is not None and procs.seeds else \
-            -1 - sum(job_id.encode()) * 7919 % 1_000_000_007
-        owner[(s.uuid, pid)] = job_id
-        return pid
-
-    # -- attribution ---------------------------------------------------------------
     def _attribute(self, pid: int, known: Known, jobs: set[str], now: float) -> str | None:
         """The job of a pid NVML lists, as it is when seen (the module
         docstring); None for no job."""
@@ -395,7 +239,7 @@ class Watch:
             if pid not in live and pid in self._verdicts:
                 live[pid] = start
         self._hooked = live
-        out = set(self._claim_pids)     # a job's claim went through its hooks
+        out = set(self._split.claim_pids)     # a job's claim went through its hooks
         for w in windows:
             for pid in w.busy:
                 if pid in out:
