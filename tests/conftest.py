@@ -28,6 +28,29 @@ for _sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(_sig, signal.default_int_handler)
 
 
+# The tiers (README.md, "Run the tests"). `pytest -q` runs the quick one,
+# the README's command: under 5 minutes on 2 cores. The others are CI steps
+# of their own: `-m slow` (the attacks, the acceptance runs, the driver's
+# checkpoint and NVML in depth), `-m frameworks` (PyTorch, CuPy and the
+# model zoo, once torch is installed), `-m slurm` (a private Slurm cluster);
+# `-m ""` runs everything. A file or directory here is marked whole.
+TIERS: dict[str, tuple[str, ...]] = {
+    "slow": ("acceptance/", "hostile/", "sim/test_checkpoint.py", "sim/test_nvml.py",
+             "daemon/test_suspend.py", "daemon/test_one_process_nvml.py"),
+    "frameworks": ("frameworks/",),
+    "slurm": ("slurm/",),
+}
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(_HERE).as_posix()
+        for tier, paths in TIERS.items():
+            if any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in paths):
+                item.add_marker(getattr(pytest.mark, tier))
+
+
 @pytest.fixture(scope="session")
 def sim_libdir() -> Path:
     """The folder of the simulated libcuda.so.1 and libnvidia-ml.so.1."""

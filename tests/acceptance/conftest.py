@@ -1,17 +1,3 @@
 """End to end across every part, checked against the simulated GPU's own
-record. Every test here is marked `slow`: `pytest -m "not slow"` leaves the
-tier out."""
-
-from __future__ import annotations
-
-from pathlib import Path
-
-import pytest
-
-HERE = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(str(item.fspath)).resolve().parents:
-            item.add_marker(pytest.mark.slow)
+record. The tier is marked `slow` (tests/conftest.py, TIERS): `pytest -m
+slow` runs it."""
