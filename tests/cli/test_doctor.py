@@ -81,7 +81,42 @@ def test_a_system_daemon_that_is_not_running_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "SYSTEM_UNIT_FILES", (unit,))
     c = dr.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
     assert c.status == dr.FAIL and "the system daemon is not running" in c.detail, c
-    assert c.fix == "sudo systemctl start vgpud"
+    assert c.fix == "systemctl start vgpud"                  # root needs no sudo
+    monkeypatch.setattr(dr.os, "geteuid", lambda: 1000)
+    c = dr.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert c.fix == "the node's administrator runs: systemctl start vgpud"
+
+
+def test_fixes_never_tell_a_user_to_sudo(tmp_path, monkeypatch):
+    """A user on a shared node is not its administrator: no fix of theirs
+    is a sudo command; where there is no driver (the simulator), none says
+    to upgrade it."""
+    monkeypatch.setattr(dr.os, "geteuid", lambda: 1000)
+    c = dr.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
+    assert "sudo" not in c.fix and "vgpuctl run" in c.fix and "administrator" in c.fix
+    sim_fix = dr._suspend_fix({"cuda": 12040}, {"VGPU_SIM": "1x16G"})
+    assert "upgrade" not in sim_fix and "VGPU_SIM_DRIVER" in sim_fix
+    assert "upgrade" not in dr._suspend_fix({"cuda": None}, {})
+    assert "R570" in dr._suspend_fix({"cuda": 12040}, {})
+
+
+def test_config_is_the_running_daemons_file(tmp_path):
+    """The daemon that answers reads its own file, not the one this shell
+    would: the check names and checks the daemon's."""
+    theirs = tmp_path / "daemon.toml"
+    theirs.write_text("tick_ms = 50\n")
+    mine = tmp_path / "mine.toml"
+    mine.write_text('tick_ms = "fast"\n')
+    path = tmp_path / "vgpud.sock"
+    t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, "config_file": str(theirs)})))
+    c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
+    t.join(10)
+    assert c.status == dr.OK and str(theirs) in c.detail, c
+    path = tmp_path / "other.sock"
+    t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, "config_file": None})))
+    c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
+    t.join(10)
+    assert c.status == dr.OK and "runs on the defaults" in c.detail, c
 
 
 def test_stale_socket(tmp_path):

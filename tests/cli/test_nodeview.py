@@ -119,6 +119,24 @@ def test_top_quits_on_q_and_keys_leave_no_stray_headers(daemon, start_jobs):
     assert code == 0, out
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_top_ended_by_a_signal_gives_the_terminal_back(daemon, start_jobs, sig):
+    """`timeout 3 vgpuctl top` or a closed terminal: the alternate screen is
+    left and the cursor shown again, as on q."""
+    start_jobs(LONG[:1])
+    t = term.Terminal([*vgpuctl_argv(), "top", "-i", "0.2"], daemon.env, cols=100)
+    try:
+        t.wait_for("q to quit")
+        assert b"\x1b[?1049h" in t.raw and b"\x1b[?25l" in t.raw   # the view's screen
+        t.proc.send_signal(sig)
+        code, _ = t.finish(10)
+    finally:
+        t.close()
+    assert code == 128 + sig
+    tail = t.raw[t.raw.rindex(b"\x1b[?1049h"):]
+    assert b"\x1b[?1049l" in tail and b"\x1b[?25h" in tail
+
+
 def test_top_rides_out_a_daemon_restart(daemon, start_jobs):
     start_jobs(LONG[:1])
     t = term.Terminal([*vgpuctl_argv(), "top", "-i", "0.2"], daemon.env, cols=100)
@@ -186,8 +204,8 @@ def test_gpus_lists_each_gpu_as_nvidia_smi_L(daemon):
     assert r.stdout.splitlines() == [f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})"
                                      for g in gpus]
     rows = csv_rows(daemon.cli("gpus", "--format", "csv").stdout)
-    assert rows == [["index", "name", "uuid"]] + [[str(g["index"]), g["name"], g["uuid"]]
-                                                  for g in gpus]
+    assert rows == [["index", "name", "uuid", "drained"]] + [
+        [str(g["index"]), g["name"], g["uuid"], "false"] for g in gpus]
     assert json.loads(daemon.cli("gpus", "--format", "json").stdout)[1]["uuid"] == gpus[1]["uuid"]
 
 

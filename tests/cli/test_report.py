@@ -24,7 +24,7 @@ G = 1 << 30
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
                "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command,"
-               "slurm_job,partition,account,priority")
+               "slurm_job,partition,account,priority,start_utc,end_utc")
 
 def vgpuctl(args, env=None, **kw):
     exe = Path(sys.executable).parent / "vgpuctl"
@@ -106,6 +106,39 @@ def test_command_no_database_yet_is_an_empty_report(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("no jobs between")
 
 
+def test_a_user_told_of_a_state_dir_they_cant_read_gets_exit_5(tmp_path):
+    """--state-dir of root's (mode 0700), or a directory inside it, is "not
+    readable by you" (exit 5, docs/cli.md), not a usage error or a
+    traceback; a first report where no daemon has run, not even the user's
+    home, is an empty one."""
+    from support.hostile import in_child_as_nobody
+
+    import vgpuctl.cli.commands.report  # noqa: F401  (nobody can't read them)
+    from vgpuctl.cli import _run
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+
+    def go():
+        import contextlib
+
+        got = []
+        for args, env in (([f"--state-dir={private}"], {}),
+                          ([f"--state-dir={private}/sub"], {}),
+                          ([], {"HOME": "/nonexistent", "VGPU_STATE_DIR": "",
+                                "XDG_STATE_HOME": ""})):
+            os.environ.update(env)
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = _run(["report", "--format", "csv", *args])
+            got.append([code, out.getvalue(), err.getvalue()])
+        return got
+    (a, b, first) = in_child_as_nobody(go)
+    for code, _, err in (a, b):
+        assert code == 5 and "not readable by you" in err and len(err.splitlines()) == 1, err
+    assert first[0] == 0 and first[1] == JOB_HEADERS + "\n", first
+
+
 # The exit statuses are the ones docs/cli.md and docs/operations.md give.
 @pytest.mark.parametrize("setup,args,code,needle", [
     ("none", ["--state-dir", "{tmp}/nowhere"], 8, "no accounting database"),
@@ -113,9 +146,10 @@ def test_command_no_database_yet_is_an_empty_report(tmp_path):
     ("none", ["--since", "soon", "--state-dir", "{tmp}"], 2, "--since 'soon'"),
     ("none", ["--since", "1h", "--until", "2h", "--state-dir", "{tmp}"], 2, "later than"),
     ("none", ["--output", "{tmp}/no/such/dir/r.csv", "--state-dir", "{tmp}"], 8, "--output"),
+    ("file", ["--state-dir", "{tmp}/vgpu.db"], 8, "not a directory"),
 ])
 def test_command_errors_are_one_line(tmp_path, setup, args, code, needle):
-    if setup == "corrupt":
+    if setup in ("corrupt", "file"):
         (tmp_path / "vgpu.db").write_bytes(b"this is not a database" * 100)
     r = vgpuctl(["report", *[a.format(tmp=tmp_path) for a in args]])
     assert r.returncode == code, r.stderr

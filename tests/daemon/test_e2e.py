@@ -367,3 +367,23 @@ def test_top_refreshes_and_ctrl_c_ends_it_cleanly(daemon, tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_daemon_keeps_its_vgpu_sim_says_so_and_daemon_stop_ends_it(daemon):
+    """A user daemon keeps the VGPU_SIM it started with: a run asking for
+    another is told so (and how to stop the daemon) beside the refusal it
+    meets, and `vgpuctl daemon stop` stops it, as SIGTERM does."""
+    other = {"VGPU_SIM": "4x16G"}
+    res = daemon.cli("run", "--gpus", "3", "--mem", "1G", "--", "true", env=other)
+    assert res.returncode == 6, res
+    assert "there are 2 GPUs here" in res.stderr
+    assert "runs with VGPU_SIM=2x16G, not your VGPU_SIM=4x16G" in res.stderr
+    assert "`vgpuctl daemon stop`" in res.stderr and len(res.stderr.splitlines()) == 1
+    res = daemon.cli("run", "--mem", "1G", "--", "true", env=other)
+    assert res.returncode == 0 and "not your VGPU_SIM=4x16G" in res.stderr, res
+    assert "not your VGPU_SIM" not in daemon.cli("run", "--mem", "1G", "--", "true").stderr
+    res = daemon.cli("daemon", "stop")
+    assert res.returncode == 0 and "stopped the daemon on" in res.stderr, res
+    assert daemon.proc.wait(10) == 0
+    res = daemon.cli("daemon", "stop")
+    assert res.returncode == 3 and "no vgpuctl daemon answers" in res.stderr

@@ -166,7 +166,7 @@ def test_suspend_resume_on_another_gpu_and_drain_back(daemon, jobs):
     assert not j.pending()
 
     out = ok(daemon.cli("resume", j.id, "--gpu", "1", timeout=120))
-    assert f"job {j.id}: moved on GPU 1" in out or f"job {j.id}: moved" in out
+    assert f"job {j.id}: moved to GPU 1" in out
     assert j.reply() == {"same": True, "uuid": uuids(daemon)[1]}   # every byte, on GPU 1
     assert used(daemon) == [0, held]                       # nothing left on GPU 0
     view = daemon.job(j.id)
@@ -181,6 +181,15 @@ def test_suspend_resume_on_another_gpu_and_drain_back(daemon, jobs):
     assert used(daemon) == [held, 0]
     assert daemon.job(j.id)["gpu"] == 0
     assert {g["index"]: g["drained"] for g in daemon.call("ps")["gpus"]} == {0: False, 1: True}
+    # a drained GPU is marked where a person looks: gpus, status, their CSV
+    assert ok(daemon.cli("gpus")).splitlines()[1].endswith("[drained]")
+    assert "(drained)" in ok(daemon.cli("status"))
+    assert ok(daemon.cli("gpus", "--format", "csv")).splitlines()[1:] == [
+        f"0,{g['name']},{g['uuid']},false" if g["index"] == 0 else f"1,{g['name']},{g['uuid']},true"
+        for g in daemon.call("ps")["gpus"]]
+    # a GPU number that doesn't exist is an error, never read as a UUID prefix
+    res = daemon.cli("drain", "7")
+    assert res.returncode != 0 and "no GPU 7:" in res.stderr, res
 
 
 # ---- what can't be suspended, and all or none --------------------------------------
@@ -363,9 +372,10 @@ def test_a_drain_leaves_a_suspended_job_suspended_and_it_resumes_elsewhere(daemo
     assert (view["state"], view["suspend_reason"]) == ("suspended", "asked")
     res = daemon.cli("run", "--mem", "1G", "--gpu", "1", "--", "true")
     assert res.returncode == 6 and "GPU 1 is drained" in res.stderr, res
-    assert "moved on GPU 0" in ok(daemon.cli("resume", j.id))     # not on the drained GPU
+    assert "moved to GPU 0" in ok(daemon.cli("resume", j.id))     # not on the drained GPU
     assert j.check() == {"same": True, "uuid": uuids(daemon)[0]}
-    assert "GPU 1: taken back" in ok(daemon.cli("drain", "--undo", "1"))
+    assert "GPU 1: takes jobs again" in ok(daemon.cli("drain", "--undo", "1"))
+    assert "GPU 1: was not drained; nothing to undo" in ok(daemon.cli("drain", "--undo", "1"))
     assert {g["index"]: g["drained"] for g in daemon.call("ps")["gpus"]} == {0: False, 1: False}
 
 
@@ -408,6 +418,18 @@ def test_the_jobs_limits_counters_and_nvml_view_follow_a_move(daemon, jobs):
         reg.close()
 
 
+def test_suspend_or_resume_of_an_ended_job_is_exit_4(daemon):
+    """As docs/cli.md gives it (and as kill and set answer): a job that has
+    ended is no job to act on, exit 4, one line."""
+    with daemon.client() as c:
+        job = c.call("run", command=["true"], cwd="/", mem=G)["job"]
+        c.call("exited", job=job["id"], code=0)
+    for verb in ("suspend", "resume"):
+        res = daemon.cli(verb, job["id"])
+        assert res.returncode == 4 and f"job {job['id']} has ended" in res.stderr, res
+        assert len(res.stderr.strip().splitlines()) == 1
+
+
 def test_a_plain_job_never_resumes_on_a_gpu_slurm_hands_out(daemon_factory, jobs):
     d = daemon_factory(config="[slurm]\ngpus = [1]\n")
     j = jobs(d, "--mem", "2G", size=16 * M)
@@ -416,7 +438,7 @@ def test_a_plain_job_never_resumes_on_a_gpu_slurm_hands_out(daemon_factory, jobs
     res = d.cli("resume", j.id, "--gpu", "1")
     assert res.returncode == 6 and "GPU 1 is Slurm's" in res.stderr, res
     out = ok(d.cli("drain", "--undo", "0"))           # (nothing drained: a no-op)
-    assert "GPU 0: taken back" in out
+    assert "GPU 0: was not drained; nothing to undo" in out
     ok(d.cli("resume", j.id))
     assert d.job(j.id)["gpu"] == 0 and j.check()["same"] is True
 
@@ -461,6 +483,31 @@ def test_a_high_job_takes_a_low_jobs_memory_and_the_low_job_comes_back(daemon_fa
     assert view["suspended_s"] > 0 and view["gpu"] == 0
     assert low.check() == {"same": True, "uuid": uuids(daemon)[0]}
     assert used(daemon)[0] == held
+    # its owner's terminal was told, both times (not only the preempting job's)
+    told = _stderr_until(low.proc, f"job {low.id} resumed on GPU 0")
+    assert (f"vgpuctl: warning: job {low.id} suspended: a job of a higher class needed its "
+            "memory on GPU 0; it resumes by itself when room returns") in told
+
+
+def _stderr_until(proc: subprocess.Popen[str], needle: str, timeout: float = 30) -> str:
+    """What proc wrote on stderr until needle shows; fails at the deadline."""
+    import selectors
+
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    got = b""
+    deadline = time.monotonic() + timeout
+    while needle.encode() not in got:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sel.select(left):
+            raise AssertionError(f"no {needle!r} on stderr within {timeout} s: {got!r}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise AssertionError(f"stderr closed before {needle!r}: {got!r}")
+        got += chunk
+    return got.decode()
 
 
 def test_a_preempted_job_resumes_at_once_where_another_gpu_has_room(daemon, jobs):

@@ -6,6 +6,7 @@ sets public_commands."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,41 @@ def test_a_command_line_full_of_escapes_acts_on_no_terminal(daemon_factory):
     out = d.cli("ps", "--format", "csv", "--fields", "command,cwd").stdout
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\rok\\nfake,row" in out
     assert "/tmp/\\x1b[31mred" in out
+
+
+def test_a_user_reports_their_own_jobs_where_the_database_is_roots(daemon_factory):
+    """`vgpuctl report` by a user who may not read the daemon's database
+    (the system daemon's is root's): the daemon answers with that user's
+    own jobs, as sacct shows a user theirs, and never another's."""
+    import contextlib
+    import io
+    import json
+
+    # what the report's path imports, imported here: nobody can't read them
+    import vgpuctl.cli.commands.report  # noqa: F401
+    import vgpuctl.core.accounting  # noqa: F401
+    from vgpuctl.cli import _run
+
+    d = daemon_factory()
+    with d.client() as c:
+        theirs = c.call("run", command=SECRET, cwd="/", mem=1 << 30, name="roots")["job"]
+        c.call("exited", job=theirs["id"], code=0)
+
+    def go():
+        with Client.connect(Path(d.socket)) as cl:
+            mine = cl.call("run", command=["python3", "mine.py"], cwd="/", mem=1 << 30,
+                           name="mine")["job"]
+            cl.call("exited", job=mine["id"], code=0)
+        os.environ.update(VGPU_STATE_DIR=str(d.state), VGPU_SOCKET=str(d.socket))
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = _run(["report", "--since", "1h", "--format", "json"])
+        return {"id": mine["id"], "code": code, "out": out.getvalue(), "err": err.getvalue()}
+    got = in_child_as_nobody(go)
+    assert got["code"] == 0, got
+    rows = json.loads(got["out"])
+    assert [(r["job_id"], r["name"]) for r in rows] == [(got["id"], "mine")]
+    assert "hunter2" not in got["out"]
+    # root, who reads the database, sees both
+    res = d.cli("report", "--since", "1h", "--format", "json", "--state-dir", str(d.state))
+    assert {r["name"] for r in json.loads(res.stdout)} == {"roots", "mine"}

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
+import pytest
 from support.daemon import needs_native, wait_for
 from support.hostile import in_child_as_nobody, start_job_as_nobody
 from support.sim import holding
 
 from vgpuctl.client.connection import Client
+from vgpuctl.system import native
 
 pytestmark = needs_native
 
@@ -31,9 +35,6 @@ out({"pid": os.getpid()})
 
 def _node(daemon_factory):
     d = daemon_factory(gpus="1x16G")
-    state = d.base / "sim-state"
-    wait_for(state.exists, what="the simulated GPU's state")
-    os.chmod(state, 0o666)
     return d
 
 
@@ -112,3 +113,53 @@ def test_a_pid_a_job_writes_into_its_region_is_not_suspended(daemon_factory):
 def _sim_libdir() -> str:
     from vgpuctl.system import native
     return str(native.sim_libdir())
+
+
+def _mem_by_tag(d) -> dict[str, int]:
+    res = subprocess.run([*_vgpuctl(), "sim", "stats", "--json"], env=d.env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    return {t["name"]: sum(g.get("used", 0) for g in t["devices"])
+            for t in json.loads(res.stdout)["tags"]}
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "bare"])
+def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, hooked):
+    """nobody suspends their own 8G job, then a new process of it allocates
+    6G: through the hook it is refused (a suspended job's books give it
+    nothing), and past the hook the watch ends the job (the default
+    `protect`), so the room the daemon gave away stays given."""
+    d = _node(daemon_factory)
+    flags = Path(tempfile.mkdtemp(prefix="vgpu-go-", dir="/tmp"))
+    os.chmod(flags, 0o777)
+    burn = str(native.burn_program())
+    tag = f"suspended-{'hooked' if hooked else 'bare'}"
+    flag = flags / tag
+    script = (f"{burn} --alloc 256M --kernel-us 1000 --seconds 600 & "
+              f"while [ ! -e {flag} ]; do sleep 0.05; done; "
+              f"exec {burn} --alloc 6G --kernel-us 1000 --seconds 600")
+    try:
+        j = start_job_as_nobody(d.socket, ["sh", "-c", script],
+                                {**_env(d), "VGPU_SIM_TAG": tag}, 8 * G, 30, hooked=hooked)
+        wait_for(lambda: _mem_by_tag(d).get(tag, 0) >= 256 << 20, 30,
+                 "the job's first process on the GPU")
+        got = _as_nobody(d, "suspend", job=j["job"])
+        assert got.get("outcome", {}).get("action") == "suspended", got
+        assert _mem_by_tag(d).get(tag, 0) == 0
+        flag.touch()
+        if hooked:
+            # the hook refuses the 6G: the new process ends, nothing taken
+            wait_for(lambda: d.job(j["job"])["oom_refusals"], 30,
+                     "the hook to refuse the suspended job's allocation")
+            assert _mem_by_tag(d).get(tag, 0) < 1 << 30
+            assert d.job(j["job"])["state"] == "suspended"
+            d.call("kill", job=j["job"], signal=9)
+        else:
+            # past the hook: the watch sees it hold what its books don't give it
+            def ended() -> dict | None:
+                x = next((x for x in d.jobs(all_jobs=True) if x["id"] == j["job"]), None)
+                return x if x is not None and x["state"] == "ended" else None
+            gone = wait_for(ended, 30, "the watch to end the suspended job that took memory")
+            assert any(v["kind"] == "memory" for v in gone["violations"]), gone
+        wait_for(lambda: _mem_by_tag(d).get(tag, 0) == 0, 30, "its memory back")
+    finally:
+        shutil.rmtree(flags, ignore_errors=True)

@@ -7,7 +7,6 @@ own, and neither is billed the other's GPU time."""
 
 from __future__ import annotations
 
-import os
 import time
 
 from support.daemon import needs_native, wait_for
@@ -24,9 +23,6 @@ WINDOW_S = 4.0
 
 def test_kernels_made_longer_after_they_were_measured_buy_nothing(daemon_factory):
     d = daemon_factory(gpus="1x16G")
-    state = d.base / "sim-state"
-    wait_for(state.exists, what="the simulated GPU's state")
-    os.chmod(state, 0o666)
     burn = str(native.burn_program())
     env = {k: v for k, v in d.env.items() if k != "LD_PRELOAD"}
     env["PATH"] = "/usr/bin:/bin"

@@ -48,9 +48,6 @@ def node(daemon_factory):
     whose simulated GPU nobody's processes may use."""
     def make(config: str = ""):
         d = daemon_factory(gpus="1x16G", config=config)
-        state = d.base / "sim-state"
-        wait_for(state.exists, what="the simulated GPU's state")
-        os.chmod(state, 0o666)
         return d
     return make
 
@@ -256,8 +253,6 @@ def test_a_process_on_a_gpu_its_job_was_not_given_is_the_jobs_violation(daemon_f
     """The job's process drops CUDA_VISIBLE_DEVICES (and the hook) and
     burns on the other GPU, where its job has no memory and no share."""
     d = daemon_factory(gpus="2x16G", config=KILL)
-    wait_for((d.base / "sim-state").exists, what="the simulated GPU's state")
-    os.chmod(d.base / "sim-state", 0o666)
     env = _env(d)
     j = start_job_as_nobody(d.socket, ["env", "-u", "CUDA_VISIBLE_DEVICES",
                                        *burn("--device", "1", "--kernel-us", "1000",

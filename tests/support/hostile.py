@@ -142,8 +142,8 @@ def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: 
     (which nobody may not run here): the daemon admits it, its command runs
     as nobody with the job's environment (the hook preloaded only when
     hooked: an attacker leaves it out), and the daemon hears its pid. Returns
-    {"job": id, "pid": pid}; the command outlives the call. The simulated
-    GPU's state file must be writable by nobody (chmod 0666)."""
+    {"job": id, "pid": pid}; the command outlives the call. (A root daemon
+    opens its simulated GPU's state file to every user, mode 0666.)"""
     from pathlib import Path
 
     from vgpuctl.client.connection import Client

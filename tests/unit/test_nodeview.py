@@ -147,6 +147,13 @@ def test_csv_is_rfc_4180_with_units_in_the_headers():
                            header_row=False) == '""\n'
 
 
+def test_csv_gives_a_share_and_its_measure_both_in_percent():
+    """core (a percent) beside core_measured (0..1 in JSON): in CSV both are
+    percent, and their headers say so."""
+    out = nodeview.to_csv([job(1)], ["core", "core_measured"], nodeview.JOB_FIELDS, "mib")
+    assert out.splitlines() == ["core [%],core_measured [%]", "30,31.0"]
+
+
 def test_csv_writes_control_characters_as_escapes():
     """A command line is the job's user's to choose: in CSV (shown on a
     terminal as often as not) no escape sequence, carriage return or line
@@ -199,7 +206,7 @@ def test_summary_fits_80_columns_and_shows_the_share_got():
     assert lines[1].split() == ["1", "train", "4G", "30%", "hard", "3.0s", "30%", "300M", "0"]
 
 
-def test_report_on_a_terminal_keeps_the_job_id_at_80_columns():
+def test_report_on_a_terminal_keeps_the_job_id_and_user_at_80_columns():
     rows = [ReportRow(key=str(i), gpu_seconds=179.8, mem_gib_hours=0.05,
                       peak_mem_bytes=300 << 20,
                       job=record(str(i), name=f"long-training-job-name-{i}",
@@ -210,7 +217,10 @@ def test_report_on_a_terminal_keeps_the_job_id_at_80_columns():
     report = Report(by="job", since=0.0, until=1000.0, rows=rows)
     lines = text(terminal_table(report), 80)
     assert all(len(ln) <= 80 for ln in lines)
+    # on a node of many users, who ran it outlasts the GPU and the start
     for ln, i in zip(lines[1:], (1, 2, 3), strict=True):
-        assert ln.split()[:3] == [str(i), f"long-training-job-name-{i}", "GPU-d1d7f5c3"]
+        assert ln.split()[:3] == [str(i), f"long-training-job-name-{i}", "alice"]
         assert "179.8s" in ln and "300M" in ln
+    assert lines[0].split()[:3] == ["Job", "Name", "User"] and "GPU-d1d7f5c3" in (
+        text(terminal_table(report), 100)[1])
     assert UUID0 in text(terminal_table(report), None)[1]

@@ -71,22 +71,27 @@ def test_pin_by_index_uuid_and_unique_prefix():
     assert resolve_gpu(GPUS, "GPU-bbbb2222-0000").index == 1
     assert resolve_gpu(GPUS, "gpu-bbbb").index == 1
     assert resolve_gpu(GPUS, "aaaa").index == 0
-    with pytest.raises(UsageError):
-        resolve_gpu(GPUS, "GPU-")          # both match
+    twins = [Gpu(0, "GPU-abcd1111-0000", "X", 16 * G), Gpu(1, "GPU-abcd2222-0000", "X", 16 * G)]
+    with pytest.raises(UsageError, match="matches 2 GPUs"):
+        resolve_gpu(twins, "abcd")
+    with pytest.raises(NotFound, match="at least 4"):
+        resolve_gpu(GPUS, "GPU-")
     with pytest.raises(NotFound):
         resolve_gpu(GPUS, "7")
     with pytest.raises(NotFound):
         resolve_gpu(GPUS, "GPU-cccc")
 
 
-def test_a_number_is_an_index_when_one_exists_else_a_uuid_prefix():
+def test_a_short_number_is_an_index_and_never_a_uuid_prefix():
     gpus = [Gpu(0, "GPU-76680000-0000", "X", 16 * G), Gpu(1, "GPU-11110000-0000", "X", 16 * G),
             Gpu(2, "GPU-1aaa0000-0000", "X", 16 * G)]
-    assert resolve_gpu(gpus, "7668").index == 0     # no GPU 7668: the UUID's prefix
-    assert resolve_gpu(gpus, "1").index == 1        # an index that exists wins
-    assert resolve_gpu(gpus, "11").index == 1
-    with pytest.raises(NotFound, match="no GPU 5"):
-        resolve_gpu(gpus, "5")
+    assert resolve_gpu(gpus, "7668").index == 0     # four digits: the UUID's prefix
+    assert resolve_gpu(gpus, "1").index == 1
+    for spec in ("7", "11", "766", "5"):            # no such index: an error, not a prefix
+        with pytest.raises(NotFound, match=f"no GPU {spec}:"):
+            resolve_gpu(gpus, spec)
+    with pytest.raises(NotFound, match="at least 4"):
+        resolve_gpu(gpus, "1aa")
 
 
 def test_pinned_job_is_refused_when_its_gpu_is_full_even_if_another_has_room():
@@ -94,6 +99,17 @@ def test_pinned_job_is_refused_when_its_gpu_is_full_even_if_another_has_room():
     with pytest.raises(AdmissionRefused) as e:
         place(GPUS, jobs, 2 * G, pin="0", reserve=512 * M)
     assert "GPU 1" not in str(e.value)
+
+
+def test_a_job_as_large_as_the_gpu_is_told_of_the_reserve():
+    """--mem 16G on a 16G GPU: the refusal says where the other 512M went."""
+    with pytest.raises(AdmissionRefused) as e:
+        place(GPUS[:1], [], 16 * G, reserve=512 * M)
+    assert "15.5G left of 15.5G" in str(e.value)
+    assert "less the 512M kept for the driver" in str(e.value) and "`reserve`" in str(e.value)
+    with pytest.raises(AdmissionRefused) as e:
+        place(GPUS[:1], [], 17 * G, reserve=0)
+    assert "reserve" not in str(e.value)
 
 
 def test_no_gpus_is_a_refusal():

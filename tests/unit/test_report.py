@@ -26,7 +26,7 @@ T = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()
 
 JOB_HEADERS = ("job_id,name,user,uid,gpus,start,end,exit_status,memory_limit [MiB],"
                "core_limit [%],gpu_time [s],memory_time [GiB*h],peak_memory [MiB],command,"
-               "slurm_job,partition,account,priority")
+               "slurm_job,partition,account,priority,start_utc,end_utc")
 
 
 def u(job, gpu, t0, t1, gs, gh=0.0, peak=0):
@@ -101,9 +101,35 @@ def test_csv_headers_are_stable_and_carry_units():
     assert rows[0]["memory_limit [MiB]"] == "4096"
     assert rows[0]["start"] == "2024-05-01T12:00:00+00:00"
     assert rows[2]["end"] == ""          # still running
-    for by, first in (("user", "user"), ("gpu", "gpu_uuid"), ("day", "day")):
+    # a spreadsheet reads "2024-05-01 12:00:00" as a date and time, not an
+    # ISO 8601 offset: start_utc and end_utc, whatever the local zone
+    plus2 = timezone(timedelta(hours=2))
+    again = list(csv.DictReader(io.StringIO(rep.to_csv(
+        aggregate(JOBS, USAGE, "job", T, T + 1000, plus2), plus2))))
+    assert again[0]["start"] == "2024-05-01T14:00:00+02:00"
+    assert again[0]["start_utc"] == "2024-05-01 12:00:00" and again[2]["end_utc"] == ""
+    for by, first, last in (("user", "user", ""), ("gpu", "gpu_uuid", ",gpu_index"),
+                            ("day", "day", "")):
         head = rep.to_csv(aggregate(JOBS, USAGE, by, T, T + 1000, UTC), UTC).splitlines()[0]
-        assert head == f"{first},jobs,gpu_time [s],memory_time [GiB*h],peak_memory [MiB]"
+        assert head == f"{first},jobs,gpu_time [s],memory_time [GiB*h],peak_memory [MiB]{last}"
+
+
+def test_a_moved_job_lists_every_gpu_it_used_and_by_gpu_names_the_index():
+    """A job moved from GPU 0 to GPU 1 mid-window (its record names GPU 1
+    only): the report lists both, in the order it used them; --by gpu
+    gives each GPU's index beside its UUID."""
+    moved = record("4", name="moved", user="carol", uid=1002, gpus=(GPU1,), start=T,
+                   end=T + 200)
+    moved.gpus[0]["index"] = 1
+    usage = [u("4", GPU0, T, T + 100, 10.0), u("4", GPU1, T + 100, T + 200, 10.0)]
+    r = aggregate([moved], usage, "job", T, T + 1000, UTC)
+    assert r.rows[0].gpus == [GPU0, GPU1]
+    row = next(csv.DictReader(io.StringIO(rep.to_csv(r, UTC))))
+    assert row["gpus"] == f"{GPU0} {GPU1}"
+    assert json.loads(rep.to_json(r, UTC))[0]["gpus"] == [GPU0, GPU1]
+    r = aggregate([*JOBS, moved], [*USAGE, *usage], "gpu", T, T + 1000, UTC)
+    got = {(row["gpu_index"], row["gpu_uuid"]) for row in json.loads(rep.to_json(r, UTC))}
+    assert got == {(0, GPU0), (1, GPU1)}
 
 
 def test_json_values_in_base_units():

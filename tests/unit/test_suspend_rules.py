@@ -68,3 +68,18 @@ def test_the_fewest_victims_that_make_room():
     # among equals, the newest goes first
     same = [Candidate("1", 4 * G, 10.0), Candidate("2", 4 * G, 20.0)]
     assert victims(same, 3 * G) == ["2"]
+
+
+def test_the_owner_is_told_what_became_of_a_job_in_one_line_per_change():
+    """What `vgpuctl run` tells its terminal when the daemon pokes it
+    (vgpuctl.client.launch.notice_line): a preemption, a drain, a suspend
+    from elsewhere, then a resume or a move; nothing when nothing changed."""
+    from vgpuctl.client.launch import notice_line
+
+    pre = ("suspended", "preempted", 0)
+    assert "a job of a higher class needed its memory on GPU 0" in notice_line("7", pre, None)
+    assert "GPU 1 was drained" in notice_line("7", ("suspended", "drained", 1), None)
+    assert "`vgpuctl resume 7`" in notice_line("7", ("suspended", "asked", 0), None)
+    assert notice_line("7", ("running", None, 0), pre) == "job 7 resumed on GPU 0"
+    assert notice_line("7", ("running", None, 1), pre) == "job 7 moved to GPU 1"
+    assert notice_line("7", ("running", None, 1), ("running", None, 1)) == ""

@@ -101,15 +101,16 @@ def main(argv: list[str] | None = None) -> NoReturn:
 def _run(argv: list[str] | None) -> int:
     """Run the command; the one place an exception becomes output: one line
     on stderr (vgpuctl.cli.messages) and an exit status."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        rv = _invoke(sys.argv[1:] if argv is None else list(argv))
+        rv = _invoke(args)
         sys.stdout.flush()   # a reader that went away shows here, not at exit
         return rv if isinstance(rv, int) else 0
     except VgpuError as e:
         messages.error(str(e))
         return e.exit_code
     except click.UsageError as e:
-        messages.error(_usage_message(e))
+        messages.error(_usage_message(e, args))
         return e.exit_code
     except click.ClickException as e:
         messages.error(e.format_message())
@@ -146,16 +147,51 @@ def _invoke(args: list[str]) -> Any:
         return e.exit_code
 
 
-def _usage_message(e: click.UsageError) -> str:
+# What people type for another tool's command, and vgpuctl's for it.
+COMMAND_HINTS = {
+    "list": "ps (jobs) or gpus (GPUs)", "ls": "ps (jobs) or gpus (GPUs)",
+    "jobs": "ps", "show": "ps", "info": "status", "nvidia-smi": "status",
+    "stats": "report (usage) or sim stats (the simulated GPU)",
+    "stat": "report (usage) or sim stats (the simulated GPU)",
+    "usage": "report", "accounting": "report", "start": "run", "exec": "run",
+    "stop": "kill (a job) or daemon stop (the daemon)", "rm": "kill",
+    "pause": "suspend", "unpause": "resume", "cordon": "drain", "uncordon": "drain --undo",
+}
+
+
+def _usage_message(e: click.UsageError, args: list[str] | None = None) -> str:
     """click's message in vgpuctl's style (lower case, one line), with where
-    to find the command's help."""
+    to find the command's help, and a hint where a word from another tool
+    was typed (`vgpuctl list`, `-core`)."""
     msg = messages.one_line(e.format_message())
     if len(msg) > 1 and msg[0].isupper() and msg[1].islower():
         msg = msg[0].lower() + msg[1:]
     msg = msg[:-1] if msg.endswith(".") else msg
+    msg += _hint(e, args or [])
     if e.ctx is not None:
         msg += f" (see {e.ctx.command_path} --help)"
     return msg
+
+
+def _hint(e: click.UsageError, args: list[str]) -> str:
+    """"; did you mean ..." for a command of another tool's name, or a long
+    option written with one dash (`-core 30`, which click reads as -c)."""
+    if isinstance(e, click.NoSuchOption) and not e.possibilities:
+        name = e.option_name
+        if len(name) == 2 and name[0] == "-" and name[1] != "-":
+            typed = next((a for a in args if a.startswith(name) and len(a) > 2
+                          and not a.startswith("--")), None)
+            if typed is not None:
+                long = "-" + typed.split("=", 1)[0]
+                if e.ctx is not None and any(long in p.opts for p in e.ctx.command.params):
+                    return f"; did you mean {long}? (long options take two dashes)"
+        return ""
+    import re
+
+    m = re.match(r"no such command '([^']*)'", messages.one_line(e.format_message()), re.I)
+    if m and m.group(1) in COMMAND_HINTS:
+        return f"; did you mean vgpuctl {COMMAND_HINTS[m.group(1)]}?"
+    return ""
 
 
 def _stdout_gone() -> bool:

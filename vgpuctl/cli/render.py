@@ -131,5 +131,6 @@ def report_lines(report: Report, tz: tzinfo | None = None) -> Lines:
     if not report.rows:
         return [note_line(empty_line(report, tz).rstrip(), "dim")]
     title = (f"GPU usage by {report.by}, {iso_time(report.since, tz)} to "
-             f"{iso_time(report.until, tz)}")
+             f"{iso_time(report.until, tz)}"
+             + (f", {report.only_user}'s jobs only" if report.only_user else ""))
     return [note_line(title, "bold"), *table_lines(terminal_table(report, tz), width())]

@@ -74,6 +74,15 @@ class Client:
                 os.close(fd)
         return cls(path, s, timeout)
 
+    def peer_pid(self) -> int:
+        """The pid of the process at the other end (SO_PEERCRED): the
+        daemon's, as the kernel says, not as a reply claims."""
+        import struct
+
+        cred = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                     struct.calcsize("3i"))
+        return struct.unpack("3i", cred)[0]
+
     def call(self, op: str, **fields: Any) -> dict[str, Any]:
         deadline = time.monotonic() + self._timeout
         pause = BUSY_RETRY_S

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from vgpuctl.client.connection import Client
-from vgpuctl.errors import DaemonUnavailable, UsageError, VgpuError
+from vgpuctl.errors import AdmissionRefused, DaemonUnavailable, NotFound, UsageError, VgpuError
+from vgpuctl.system.notice import NOTICE_SIGNAL
 from vgpuctl.system.procfs import read_stat
 
 Say = Callable[[str], None]
@@ -46,7 +47,16 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
 
     cl, started = client.connect_or_start(socket_path, note=warn)
     with cl:
-        reply = cl.call("run", **fields)
+        try:
+            reply = cl.call("run", **fields)
+        except (AdmissionRefused, NotFound) as e:
+            other = _other_sim(cl, None)
+            if other is None:
+                raise
+            raise type(e)(f"{e}; {other}") from None
+        other = _other_sim(cl, (reply.get("env") or {}).get("VGPU_SIM"))
+        if other is not None:
+            warn(other)
         job = reply["job"]
         if started is not None and not quiet:
             note(f"started a user daemon on {cl.path} (log: {started})")
@@ -55,7 +65,73 @@ def run_job(*, command: list[str], mem: int | None, core: int | None, policy: st
         for w in reply.get("warnings") or []:
             warn(str(w))
         return launch(cl, job["id"], reply["env"], list(command),
-                      warn=warn if verbose else None, prepend=reply.get("prepend"))
+                      warn=warn if verbose else None, prepend=reply.get("prepend"),
+                      tell=warn)
+
+
+def _other_sim(cl: Client, theirs: str | None) -> str | None:
+    """Why the GPUs a job sees are not the ones this shell's VGPU_SIM asks
+    for: the daemon that answered keeps the VGPU_SIM it started with (theirs;
+    None: ask it); None when they agree or VGPU_SIM is not set here."""
+    mine = os.environ.get("VGPU_SIM")
+    if not mine:
+        return None
+    if theirs is None:
+        try:
+            info = cl.call("ping").get("daemon") or {}
+        except VgpuError:
+            return None
+        if "sim" not in info:           # a daemon of before it said
+            return None
+        theirs = info["sim"]
+    if theirs == mine:
+        return None
+    what = f"VGPU_SIM={theirs}" if theirs else "the node's GPUs, without VGPU_SIM"
+    return (f"the daemon on {cl.path} runs with {what}, not your VGPU_SIM={mine}: a daemon "
+            "keeps what it started with; `vgpuctl daemon stop`, then run again to start "
+            "one with yours")
+
+
+def _notice(path: Any, job_id: str, seen: tuple[Any, ...] | None,
+            tell: Say) -> tuple[Any, ...] | None:
+    """The daemon poked us: ask for our job and tell what changed since
+    ``seen`` (its state, why it is suspended, its GPU); returns what is seen
+    now."""
+    try:
+        with Client.connect(path, timeout=5.0) as c:
+            view = c.call("ps", job=job_id)["jobs"][0]
+    except (OSError, VgpuError, KeyError, IndexError, TypeError):
+        return seen
+    now = (view.get("state"), view.get("suspend_reason"), view.get("gpu"))
+    if now == seen:
+        return seen
+    line = notice_line(job_id, now, seen)
+    if line:
+        tell(line)
+    return now
+
+
+def notice_line(job_id: str, now: tuple[Any, ...], before: tuple[Any, ...] | None) -> str:
+    """What the owner's terminal is told of a change to its job: (state,
+    suspend_reason, gpu) now and before ("" when nothing to tell)."""
+    state, reason, gpu = now
+    if state == "suspended":
+        if reason == "preempted":
+            return (f"job {job_id} suspended: a job of a higher class needed its memory on "
+                    f"GPU {gpu}; it resumes by itself when room returns (its CUDA calls "
+                    "wait meanwhile)")
+        if reason == "drained":
+            return (f"job {job_id} suspended: GPU {gpu} was drained and no other GPU had "
+                    "room; it resumes by itself when one has")
+        return (f"job {job_id} suspended (vgpuctl suspend); its CUDA calls wait until "
+                f"`vgpuctl resume {job_id}`")
+    if state == "running" and before is not None and (before[0] == "suspended"
+                                                      or before[2] != gpu):
+        moved = before[2] is not None and before[2] != gpu
+        return f"job {job_id} {'moved to' if moved else 'resumed on'} GPU {gpu}"
+    if state == "running" and before is None:
+        return f"job {job_id} resumed on GPU {gpu}"
+    return ""
 
 
 def current_dir() -> str:
@@ -164,7 +240,8 @@ def _tell(cl: Client, op: str, warn: Say | None, **fields: Any) -> Client | None
 
 
 def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[str],
-           warn: Say | None = None, prepend: Mapping[str, str] | None = None) -> int:
+           warn: Say | None = None, prepend: Mapping[str, str] | None = None,
+           tell: Say | None = None) -> int:
     """Run command as the job's root process, like exec: it keeps the
     terminal and stdin, gets the signals sent to us, and its exit code
     (128+N for signal N) is returned. Tells the daemon its pid and its end;
@@ -173,9 +250,12 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
     As a subreaper it then waits for every descendant the command left
     behind (a background child, a double fork) before it reports the
     command's end: until then they are the job's, under its limits, and
-    the signals it gets go to them."""
+    the signals it gets go to them.
+
+    tell hears what became of the job when the daemon pokes us (it was
+    suspended, resumed or moved by someone else: vgpuctl.system.notice)."""
     env: MutableMapping[str, str] = job_env(os.environ, env_add, prepend)
-    block = {signal.SIGCHLD, *FORWARD}
+    block = {signal.SIGCHLD, NOTICE_SIGNAL, *FORWARD}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, block)
@@ -203,9 +283,14 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
     stat = read_stat(pid)
     since = stat[1] if stat is not None else 0
     status = None
+    seen: tuple[Any, ...] | None = None
     while True:
         info = signal.sigtimedwait(block, 1.0)
-        if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL:
+        if info is not None and info.si_signo == NOTICE_SIGNAL:
+            if tell is not None:
+                seen = _notice(cl.path, job_id, seen, tell)
+        elif (info is not None and info.si_signo != signal.SIGCHLD
+              and info.si_code != SI_KERNEL):
             for target in [pid] if status is None else _left_behind(since):
                 try:
                     os.kill(target, info.si_signo)

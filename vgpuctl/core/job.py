@@ -142,8 +142,18 @@ class JobRecord:
         return " ".join(shlex.quote(str(a)) for a in self.command)
 
 
-def _f(kind: str, help: str, default: Any = None) -> Any:
-    return field(default=default, metadata={"kind": kind, "help": help})
+def record_from_wire(d: dict[str, Any]) -> JobRecord:
+    """A JobRecord as the daemon sent it (dataclasses.asdict, through JSON:
+    its pids' keys are strings); TypeError or ValueError for what can't be
+    one."""
+    known = {f.name for f in fields(JobRecord)}
+    d = {k: v for k, v in d.items() if k in known}
+    d["pids"] = {int(p): int(t) for p, t in (d.get("pids") or {}).items()}
+    return JobRecord(**d)
+
+
+def _f(kind: str, help: str, default: Any = None, unit: str = "") -> Any:
+    return field(default=default, metadata={"kind": kind, "help": help, "unit": unit})
 
 
 @dataclass
@@ -167,8 +177,9 @@ class JobView:
     mem_nvml: int | None = _f("bytes", "memory NVML reports for its processes, all its GPUs")
     over_limit: bool = _f("bool", "NVML's memory above the limit on one of its GPUs", False)
     oom_refusals: int | None = _f("int", "allocations refused for the limit")
-    core: int = _f("int", "compute share target on each of its GPUs, percent")
-    core_measured: float | None = _f("share", "measured compute share, 0..1 (mean of its GPUs)")
+    core: int = _f("int", "compute share target on each of its GPUs, percent", unit="%")
+    core_measured: float | None = _f("share", "measured compute share, 0..1 (mean of its GPUs; "
+                                     "CSV and tables: percent, as core)", unit="%")
     policy: str = _f("text", "hard or soft")
     priority: str = _f("text", "low, normal or high")
     promised: bool = _f("bool", "its share is promised (counted in its GPU's compute)", False)
@@ -224,7 +235,8 @@ class GpuView:
 
 def field_table(cls: type) -> dict[str, Field]:
     """The output fields of a view class, in order."""
-    return {f.name: Field(f.name, f.metadata["kind"], f.metadata["help"]) for f in fields(cls)}
+    return {f.name: Field(f.name, f.metadata["kind"], f.metadata["help"],
+                          f.metadata.get("unit", "")) for f in fields(cls)}
 
 
 JOB_FIELDS: dict[str, Field] = field_table(JobView)

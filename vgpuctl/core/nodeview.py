@@ -49,8 +49,8 @@ JOB_DEFAULT = ("id", "name", "user", "state", "pids", "gpu", "gpu_uuid", "mem_us
                "mem_limit", "core", "core_measured", "policy", "priority", "runtime_s",
                "command")
 GPU_DEFAULT = ("index", "uuid", "name", "memory_total", "memory_used", "utilization",
-               "committed", "capacity", "core_promised", "core_capacity", "jobs")
-LIST_FIELDS = ("index", "name", "uuid")        # `vgpuctl gpus`
+               "committed", "capacity", "core_promised", "core_capacity", "jobs", "drained")
+LIST_FIELDS = ("index", "name", "uuid", "drained")        # `vgpuctl gpus`
 
 
 def parse_fields(text: str | None, known: dict[str, Field], default: Sequence[str],
@@ -221,7 +221,9 @@ def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:
         committed = g.get("committed")
         uuid = str(g.get("uuid", ""))
         rows.append([
-            Cell(str(g.get("index", "-"))), Cell(str(g.get("name", ""))),
+            Cell(str(g.get("index", "-"))),
+            Cell(str(g.get("name", "")) + (" (drained)" if g.get("drained") else ""),
+                 style="yellow" if g.get("drained") else ""),
             Cell(_pair(g.get("memory_used"), g.get("memory_total"), units)
                  + _percent(g.get("memory_used"), g.get("memory_total"))),
             Cell("-" if util is None else f"{util}%"),

@@ -49,7 +49,7 @@ class Field(NamedTuple):
 
 
 # Digits after the point, by kind, where a field does not say.
-_DIGITS = {"share": 3, "seconds": 1, "number": 3}
+_DIGITS = {"seconds": 1, "number": 3}
 
 
 def header(f: Field, units: str) -> str:
@@ -132,6 +132,8 @@ def cell(v: Any, f: Field, units: str, tz: tzinfo | None = None) -> str:
         return " ".join(_gpu_cell(x, units) for x in v if isinstance(x, dict))
     if kind == "time" and isinstance(v, (int, float)):
         return iso_time(v, tz)
+    if kind == "share" and isinstance(v, (int, float)) and not isinstance(v, bool):
+        return f"{100 * v:.1f}"          # a percent, as the share it is measured against
     digits = f.digits if f.digits is not None else _DIGITS.get(kind)
     if digits is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
         return f"{v:.{digits}f}"

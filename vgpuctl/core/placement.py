@@ -73,23 +73,36 @@ def promised(commitments: Iterable[Commitment], exclude_job: str | None = None) 
     return out
 
 
+#: A name of this many digits or fewer is a GPU index and never a UUID
+#: prefix: no node has 1,000 GPUs, and one hex digit matches a real GPU's
+#: UUID about one time in 16 ("--gpu 7" on a 2-GPU node is an error, not
+#: the GPU whose UUID starts with 7).
+INDEX_DIGITS = 3
+#: A UUID prefix names a GPU from this many of its characters after "GPU-".
+PREFIX_MIN = 4
+
+
 def resolve_gpu(gpus: Sequence[Gpu], spec: str) -> Gpu:
     """The GPU named by spec: an index ("0"), a UUID ("GPU-8f3a..."), or a
-    unique prefix of a UUID (with or without "GPU-"). A number is an index
-    when a GPU has that index, and a UUID prefix otherwise: "7668" is
-    GPU-7668... on a node with no GPU 7668 (UUIDs are hex, so their
-    prefixes are often all digits)."""
+    unique prefix of a UUID of at least PREFIX_MIN characters (with or
+    without "GPU-"). A number of up to INDEX_DIGITS digits is an index and
+    nothing else; a longer one is a UUID prefix ("7668" is GPU-7668...)."""
     s = spec.strip()
     if not s:
         raise UsageError("--gpu: empty GPU name")
-    if s.isdigit():
+    if s.isdigit() and len(s) <= INDEX_DIGITS:
         for g in gpus:
             if g.index == int(s):
                 return g
+        raise NotFound(f"no GPU {s}: {_gpu_list(gpus)}")
     low = s.lower()
     for g in gpus:
         if g.uuid.lower() == low:
             return g
+    bare = low[len("gpu-"):] if low.startswith("gpu-") else low
+    if len(bare) < PREFIX_MIN:
+        raise NotFound(f"no GPU {s}: {_gpu_list(gpus)}; a UUID prefix needs at least "
+                       f"{PREFIX_MIN} of its characters")
     matches = [g for g in gpus
                if g.uuid.lower().startswith(low) or g.uuid.lower().startswith("gpu-" + low)]
     if len(matches) == 1:
@@ -121,7 +134,11 @@ def _left_text(gpus: Sequence[Gpu], used: dict[str, int], reserve: int,
         if cores is not None:
             text += f" and {max(0, core_cap - cores.get(g.uuid, 0))}% of its compute unpromised"
         parts.append(text)
-    return "; ".join(parts)
+    out = "; ".join(parts)
+    if reserve > 0 and gpus:
+        out += (f" (a GPU's room is its memory less the {format_size(reserve)} kept for "
+                "the driver and each process's context: `reserve` in the daemon's config)")
+    return out
 
 
 def place(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int, *,

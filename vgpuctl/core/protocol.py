@@ -130,6 +130,14 @@ class Drain(NamedTuple):
     undo: bool = False
 
 
+class Report(NamedTuple):
+    """The accounting of [since, until): every job's for root, the caller's
+    own for anyone else (`vgpuctl report` where the database is not theirs
+    to read, as sacct shows a user their own jobs)."""
+    since: float
+    until: float
+
+
 class SlurmRegister(NamedTuple):
     """Root's Prolog: fence a Slurm job's shards for its user (idempotent)."""
     slurm_job: str
@@ -161,11 +169,11 @@ class SlurmRelease(NamedTuple):
 
 
 Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | Suspend | Resume
-           | Drain | SlurmRegister | SlurmAttach | SlurmRelease)
+           | Drain | Report | SlurmRegister | SlurmAttach | SlurmRelease)
 
-# The requests the daemon answers after driver calls that take a while
-# (docs/daemon.md): served off the event loop's thread.
-SLOW = (Suspend, Resume, Drain)
+# The requests the daemon answers after driver calls or reads that take a
+# while (docs/daemon.md): served off the event loop's thread.
+SLOW = (Suspend, Resume, Drain, Report)
 
 # -- field checks -----------------------------------------------------------
 
@@ -213,6 +221,13 @@ def _int(lo: int, hi: int) -> Check:
             raise errors.RequestInvalid(f"{name}: must be {lo} to {hi}")
         return v
     return check
+
+
+def _time(name: str, v: Any) -> Any:
+    """Seconds since the epoch: a finite number from 0 to the year 5138."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e11:
+        raise errors.RequestInvalid(f"{name}: expected seconds since the epoch")
+    return float(v)
 
 
 def _bool(name: str, v: Any) -> Any:
@@ -290,6 +305,7 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "suspend": (Suspend, {"job": (_job, True)}),
     "resume": (Resume, {"job": (_job, True), "gpu": (_str(128, controls=False), False)}),
     "drain": (Drain, {"gpu": (_str(128, controls=False), True), "undo": (_bool, False)}),
+    "report": (Report, {"since": (_time, True), "until": (_time, True)}),
     "slurm_register": (SlurmRegister, {
         "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),

@@ -97,6 +97,9 @@ class ReportRow:
     mem_gib_hours: float = 0.0
     peak_mem_bytes: int = 0
     job: JobRecord | None = None  # --by job only
+    gpus: list[str] = field(default_factory=list)   # --by job: the GPUs it used in the
+                                                    # window (a moved job's every one)
+    index: int | None = None      # --by gpu: the GPU's NVML index
 
 
 @dataclass
@@ -105,6 +108,8 @@ class Report:
     since: float
     until: float
     rows: list[ReportRow]
+    only_user: str | None = None    # the jobs of this user only (the daemon's answer
+                                    # to a user who may not read its database)
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
@@ -150,6 +155,7 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
     if until <= since:
         raise UsageError("--until must be later than --since")
     records = {j.id: j for j in jobs}
+    usage = list(usage)
     rows: dict[str, ReportRow] = {}
 
     def row(key: str) -> ReportRow:
@@ -171,7 +177,11 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
             return [rec.slurm_job if rec and rec.slurm_job else NOT_SLURM]
         return []
 
-    for u in usage:
+    usage_order: dict[str, list[str]] = {}     # job -> its GPUs, in the order it used them
+    for u in sorted(usage, key=lambda u: u.t0):
+        seen = usage_order.setdefault(u.job_id, [])
+        if u.gpu_uuid not in seen:
+            seen.append(u.gpu_uuid)
         if by == "day":
             for day, lo, hi in _days(max(since, u.t0), min(until, max(u.t1, u.t0 + 1e-9)), tz):
                 part = _row_part(u, lo, hi)
@@ -188,6 +198,8 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
             continue
         for key in keys_for(u.job_id, u.gpu_uuid):
             r = row(key)
+            if u.gpu_uuid not in r.gpus:
+                r.gpus.append(u.gpu_uuid)
             r.jobs.add(u.job_id)
             r.gpu_seconds += u.gpu_seconds * part
             r.mem_gib_hours += u.mem_gib_hours * part
@@ -214,11 +226,33 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
     if by == "job":
         for key, r in rows.items():
             r.job = records.get(key)
+            r.gpus = _gpus_used(r, usage_order.get(key, []))
         ordered = sorted(rows.values(), key=lambda r: (
             r.job.start if r.job is not None else math.inf, r.key))
     else:
         ordered = sorted(rows.values(), key=lambda r: r.key)
+    index = {str(g.get("uuid")): g["index"] for j in records.values() for g in j.gpus
+             if isinstance(g, dict) and isinstance(g.get("index"), int)}
+    if by == "gpu":
+        for r in ordered:
+            r.index = index.get(r.key)
     return Report(by=by, since=since, until=until, rows=ordered)
+
+
+def row_gpus(r: ReportRow) -> list[str]:
+    """A --by job row's GPUs: those aggregate found, else its job's."""
+    return r.gpus or (r.job.uuids if r.job is not None else [])
+
+
+def _gpus_used(r: ReportRow, used: list[str]) -> list[str]:
+    """A job's GPUs in a report: those it used in the window, in the order
+    it used them (a job moved from GPU 0 to 1 lists both), then those it
+    holds that it did not use."""
+    out = [g for g in used if g in r.gpus]
+    for g in (r.job.uuids if r.job is not None else []):
+        if g not in out:
+            out.append(g)
+    return out
 
 
 # -- columns -------------------------------------------------------------------
@@ -262,7 +296,7 @@ def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
             Column(Field("name"), _job("name", "")),
             Column(Field("user"), _job("user", "")),
             Column(Field("uid", "int"), _job("uid")),
-            Column(Field("gpus", "list"), lambda r: [] if r.job is None else r.job.uuids),
+            Column(Field("gpus", "list"), row_gpus),
             Column(Field("start", "time"), _job("start"), when),
             Column(Field("end", "time"), _job("ended"), when),
             Column(Field("exit_status", "int"), _job("exit_status")),
@@ -276,6 +310,10 @@ def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
             Column(Field("partition"), _job("slurm_partition")),
             Column(Field("account"), _job("slurm_account")),
             Column(Field("priority"), _job("priority", "")),
+            Column(Field("start_utc"), lambda r: utc_text(None if r.job is None
+                                                          else r.job.start)),
+            Column(Field("end_utc"), lambda r: utc_text(None if r.job is None
+                                                        else r.job.ended)),
         ]
     first = {"user": Column(Field("user"), lambda r: r.key),
              "gpu": Column(Field("gpu_uuid"), lambda r: r.key),
@@ -284,7 +322,10 @@ def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
                                  lambda r: None if r.key == NOT_SLURM else r.key)}
     if by not in first:
         raise UsageError(f"--by {by!r}: must be one of {', '.join(GROUPINGS)}")
-    return [first[by], Column(Field("jobs", "int"), lambda r: len(r.jobs)), *_common()]
+    # columns are only ever appended (docs/operations.md)
+    index = [Column(Field("gpu_index", "int"), lambda r: r.index)] if by == "gpu" else []
+    return [first[by], Column(Field("jobs", "int"), lambda r: len(r.jobs)), *_common(),
+            *index]
 
 
 # -- rendering -----------------------------------------------------------------
@@ -294,6 +335,17 @@ def _cells(report: Report, cols: list[Column], tz: tzinfo | None) -> list[list[s
 
 def _heads(cols: list[Column]) -> list[str]:
     return [output.header(c.field, "mib") for c in cols]
+
+
+def utc_text(t: Any) -> str | None:
+    """A time as UTC "2026-12-02 13:05:00", which spreadsheets read as a
+    date and time (one with an ISO 8601 offset, "+01:00", they take for
+    text); None for none."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        return None
+    from datetime import timezone
+
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def to_csv(report: Report, tz: tzinfo | None = None) -> str:
@@ -369,7 +421,7 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
     times in short human forms, GPUs by short UUID, fitted by
     vgpuctl.core.layout: a job's id, its GPU time and peak memory stay
     whole; the command, the end, the user, the memory time, the start and
-    the GPUs give way first, the name last."""
+    the GPUs give way first, then the user, the name last."""
     right = {"right": True}
     numbers = [layout.Column("gpu_time", "GPU time", **right),
                layout.Column("mem_time", "Mem GiB*h", **right),
@@ -378,14 +430,21 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
     def sums(r: ReportRow) -> list[layout.Cell]:
         return [layout.Cell(f"{r.gpu_seconds:.1f}s"), layout.Cell(f"{r.mem_gib_hours:.4f}"),
                 layout.Cell(format_size(r.peak_mem_bytes))]
-    if report.by != "job":
-        keys = short_uuids([r.key for r in report.rows]) if report.by == "gpu" else {}
-        head = {"user": "User", "gpu": "GPU", "day": "Day"}[report.by]
-        cols = [layout.Column("key", head), layout.Column("jobs", "Jobs", **right), *numbers]
-        rows = [[layout.Cell(r.key, short=keys.get(r.key)), layout.Cell(str(len(r.jobs))),
-                 *sums(r)] for r in report.rows]
+    if report.by == "gpu":
+        keys = short_uuids([r.key for r in report.rows])
+        cols = [layout.Column("index", "GPU", **right), layout.Column("key", "UUID"),
+                layout.Column("jobs", "Jobs", **right), *numbers]
+        rows = [[layout.Cell("-" if r.index is None else str(r.index)),
+                 layout.Cell(r.key, short=keys.get(r.key), style="dim"),
+                 layout.Cell(str(len(r.jobs))), *sums(r)] for r in report.rows]
         return cols, rows, [layout.Short("key")]
-    uuids = short_uuids([g for r in report.rows if r.job is not None for g in r.job.uuids])
+    if report.by != "job":
+        head = {"user": "User", "day": "Day", "slurm-job": "Slurm job"}[report.by]
+        cols = [layout.Column("key", head), layout.Column("jobs", "Jobs", **right), *numbers]
+        rows = [[layout.Cell(r.key), layout.Cell(str(len(r.jobs))), *sums(r)]
+                for r in report.rows]
+        return cols, rows, []
+    uuids = short_uuids([g for r in report.rows for g in row_gpus(r)])
     cols = [layout.Column("job", "Job", **right), layout.Column("name", "Name"),
             layout.Column("user", "User"), layout.Column("gpus", "GPU"),
             layout.Column("start", "Start"), layout.Column("end", "End"),
@@ -399,7 +458,7 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
             rows.append([layout.Cell(r.key), *(layout.Cell("") for _ in range(7)), *sums(r),
                          layout.Cell("")])
             continue
-        gpus = j.uuids
+        gpus = row_gpus(r)
         rows.append([
             layout.Cell(r.key), layout.Cell(j.name), layout.Cell(j.user),
             layout.Cell(" ".join(gpus), short=" ".join(uuids.get(g, g) for g in gpus)),
@@ -408,11 +467,12 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
             layout.Cell(f"{format_size(j.mem_limit)} {j.core_share}%"), *sums(r),
             layout.Cell(j.command_line, short=short_command(j.command_line)),
         ])
+    # On a node of many users the user outlasts the GPUs and the start.
     plan: list[layout.Step] = [
         layout.Short("gpus"), layout.Short("command"), layout.Cut("command", 12),
-        layout.Drop("command"), layout.Drop("end"), layout.Drop("user"),
-        layout.Drop("mem_time"), layout.Drop("start"), layout.Drop("gpus"),
-        layout.Cut("name", 8)]
+        layout.Drop("command"), layout.Drop("end"), layout.Drop("mem_time"),
+        layout.Drop("start"), layout.Drop("gpus"), layout.Cut("user", 8),
+        layout.Cut("name", 8), layout.Drop("user")]
     return cols, rows, plan
 
 

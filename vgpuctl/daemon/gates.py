@@ -100,9 +100,11 @@ class Gates:
         job's counters once (a job found tampering is flagged then)."""
         out = []
         for job in self._table:
-            if job.region is None or job.rec.suspended:   # a suspended job runs nothing
+            if job.region is None:
                 continue
             usage = self._trust.read(job)
+            if job.rec.suspended:   # runs nothing; read for its views (refusals, tampering)
+                continue
             rec = job.rec
             pids = frozenset(rec.pids) | ({rec.launcher_pid} if rec.launcher_pid else set())
             for i, uuid in enumerate(job.uuids()):

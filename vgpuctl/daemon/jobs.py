@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import placement
-from vgpuctl.core.job import ENDED, DeviceUsage, JobRecord, promised
+from vgpuctl.core.job import ENDED, SUSPENDED, DeviceUsage, JobRecord, promised
 from vgpuctl.core.turns import Turn
 from vgpuctl.errors import NotFound
 from vgpuctl.store.jobs import Store
@@ -169,9 +169,12 @@ class JobTable:
         if policy is not None:
             rec.policy = policy
             changes["policy"] = POLICY_CODES[policy]
-        if job.region is not None and changes:
+        live = dict(changes)
+        if rec.state == SUSPENDED:         # its region stays closed until it resumes
+            live.pop("mem_limit", None)
+        if job.region is not None and live:
             for i in range(len(rec.gpus)):
-                job.region.update_device(i, **changes)
+                job.region.update_device(i, **live)
         shown = dict(changes)
         if priority is not None:
             rec.priority = shown["priority"] = priority

@@ -35,6 +35,7 @@ import fcntl
 import logging
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -139,10 +140,12 @@ def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
     variables to set, and the library dir to put first on LD_LIBRARY_PATH."""
     if not os.environ.get("VGPU_SIM"):
         return {}, {}
-    from vgpuctl.system import sim
+    from vgpuctl.system import sim, simstate
 
     sim.parse_spec(os.environ["VGPU_SIM"])
-    env = {k: os.environ[k] for k in ("VGPU_SIM", "VGPU_SIM_STATE") if os.environ.get(k)}
+    # The daemon's state file by its path: a job of another user would
+    # otherwise open a simulated GPU of its own (/dev/shm/vgpu-sim-<uid>).
+    env = {"VGPU_SIM": os.environ["VGPU_SIM"], "VGPU_SIM_STATE": simstate.state_path()}
     return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
 
 
@@ -154,11 +157,26 @@ def _mark_sim_state() -> Any:
     from vgpuctl.system import simstate
 
     try:
-        return simstate.DaemonMark()
+        mark = simstate.DaemonMark()
     except OSError as e:
         log.warning("cannot mark the simulated GPU's state %s (%s): `vgpuctl sim reset` "
                     "could delete it under the daemon", simstate.state_path(), e.strerror)
         return None
+    if os.geteuid() == 0:
+        _share_sim_state(mark)
+    return mark
+
+
+def _share_sim_state(mark: Any) -> None:
+    """A root daemon's simulated GPU is the node's: every user's job opens
+    its state file, as every user opens /dev/nvidia* (mode 0666)."""
+    try:
+        st = os.fstat(mark.fd)
+        if st.st_uid == 0 and stat.S_IMODE(st.st_mode) != 0o666:
+            os.chmod(mark.path, 0o666)
+    except OSError as e:
+        log.warning("cannot open the simulated GPU's state %s to the node's users (%s): "
+                    "their jobs will see no GPU", mark.path, e.strerror)
 
 
 class Daemon:

@@ -24,6 +24,8 @@ executor and hand their results in.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import os
 import signal as _signal
@@ -61,6 +63,7 @@ from vgpuctl.errors import (
     UsageError,
     VgpuError,
 )
+from vgpuctl.store import reports
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.config import load_daemon_config
 from vgpuctl.system.nvml import GpuStats
@@ -68,6 +71,10 @@ from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region
 
 log = logging.getLogger("vgpuctl.daemon")
+
+# Usage rows one report request may carry (a row spans up to 5 minutes of
+# one job on one GPU: a year of a busy user's jobs is far fewer).
+MAX_REPORT_ROWS = 200_000
 
 
 @dataclass(frozen=True)
@@ -120,13 +127,16 @@ class Supervisor:
             P.SlurmRegister: self.op_slurm_register, P.SlurmAttach: self.op_slurm_attach,
             P.SlurmRelease: self.op_slurm_release,
         }
-
+        # One report read at a time: a user's flood of them waits its turn
+        # rather than reading the database many times over at once.
+        self._reports = asyncio.Lock()
 
     def refresh_gpus(self) -> None:
         """The jobs on some GPU changed (admitted, ended, suspended, resumed,
         moved, a share or class set): their turns and classes, written now."""
         self.gates.replan()
         self.priority.refresh()
+
     def _may_resume_on(self, job: LiveJob) -> set[str]:
         """The GPUs a suspended job may resume on: a Slurm job's own (Slurm
         gave it them), a plain job's those a plain run may use."""
@@ -182,6 +192,8 @@ class Supervisor:
                 return await self.op_resume(peer, req)
             if isinstance(req, P.Drain):
                 return await self.op_drain(peer, req)
+            if isinstance(req, P.Report):
+                return await self.op_report(peer, req)
             raise RequestInvalid(f"{P.op_name(req)} is not a slow request")
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
@@ -208,17 +220,39 @@ class Supervisor:
         if not self.is_admin(peer):
             raise PermissionDenied("only root may drain a GPU")
         async with self.suspender.lock:
+            was = True
             if req.undo:
-                g = self.suspender.undrain(req.gpu)
+                g, was = self.suspender.undrain(req.gpu)
                 outcomes = []
             else:
                 g = placement.resolve_gpu(self.gpus, req.gpu)
                 outcomes = await self.suspender.drain(req.gpu)
-        if req.undo:
+        if req.undo and was:
             outcomes = await self.suspender.resume_waiting()
         self.refresh_gpus()
-        return P.ok(gpu=g.index, drained=not req.undo,
+        return P.ok(gpu=g.index, drained=not req.undo, was_drained=was,
                     jobs=[o.wire() for o in outcomes])
+
+    async def op_report(self, peer: Peer, req: P.Report) -> dict[str, Any]:
+        """The jobs and usage rows of [since, until) from the daemon's
+        database (read on a worker thread): all of them for root, the
+        caller's own jobs for anyone else."""
+        if req.until <= req.since:
+            raise UsageError("--until must be later than --since")
+        db = self.paths.db
+        async with self._reports:
+            jobs, usage = await asyncio.to_thread(reports.load, db, req.since, req.until)
+        everyone = self.is_admin(peer)
+        if not everyone:
+            jobs = [j for j in jobs if j.uid == peer.uid]
+            ids = {j.id for j in jobs}
+            usage = [u for u in usage if u.job_id in ids]
+        if len(usage) > MAX_REPORT_ROWS:
+            raise UsageError(f"the window holds {len(usage)} usage rows (at most "
+                             f"{MAX_REPORT_ROWS} are sent): give a shorter --since/--until")
+        return P.ok(db=str(db), everyone=everyone,
+                    jobs=[dataclasses.asdict(j) for j in jobs],
+                    usage=[dataclasses.asdict(u) for u in usage])
 
     def is_admin(self, peer: Peer) -> bool:
         return peer.uid == 0 or peer.uid == os.geteuid()
@@ -242,6 +276,7 @@ class Supervisor:
         return {"pid": os.getpid(), "version": __version__, "uid": os.geteuid(),
                 "socket": str(self.paths.socket), "system": self.paths.system,
                 "started": self.started, "compute": self.compute,
+                "sim": os.environ.get("VGPU_SIM") or None,
                 "config": self.config.source, "jobs": len(self.table),
                 "config_file": None if self.paths.config is None else str(self.paths.config),
                 "slurm": {"shard_size": self.config.slurm.shard_size,

@@ -141,8 +141,13 @@ class Suspender:
         if why:
             raise CheckpointError(f"job {job.id} can't be suspended: {why}; it keeps running")
         timeout_ms = self._config().suspend_lock_timeout_s * 1000
-        cuda = await loop.run_in_executor(None, _checkpoint_all, driver, pids, timeout_ms,
-                                          job.id)
+        _close_region(job)
+        try:
+            cuda = await loop.run_in_executor(None, _checkpoint_all, driver, pids, timeout_ms,
+                                              job.id)
+        except BaseException:
+            _open_region(job)
+            raise
         now = self._clock()
         rec.state = SUSPENDED
         rec.suspended_at = now
@@ -151,6 +156,7 @@ class Suspender:
         self._table.save(job, ["state", "suspended_at", "suspend_reason", "suspensions"])
         job.suspended_pids = cuda
         self._on_suspend(job, now)
+        tracking.poke_launcher(rec)
         log.info("job %s (%s) suspended (%s): %d process(es), %s moved to host memory",
                  job.id, rec.name, reason, len(cuda), format_size(self.held(job)))
         return Outcome(job.id, "suspended", None,
@@ -239,6 +245,7 @@ class Suspender:
             if moves:
                 self._point_back(job, before)
             raise
+        _open_region(job)
         await loop.run_in_executor(None, _unlock_all, driver, pids, job.id)
         now = self._clock()
         if rec.suspended_at is not None:
@@ -249,6 +256,7 @@ class Suspender:
         self._table.save(job, ["state", "suspended_s", "suspended_at", "suspend_reason",
                                "gpus"])
         job.suspended_pids = None
+        tracking.poke_launcher(rec)
         where = rec.gpus[0].get("index") if rec.gpus else None
         action = "moved" if moves else "resumed"
         log.info("job %s (%s) %s on GPU %s after %.1f s suspended", job.id, rec.name, action,
@@ -256,6 +264,7 @@ class Suspender:
         return Outcome(job.id, action, where)
 
     def _point(self, job: LiveJob, target: rules.Room) -> None:
+        """The suspended job's first GPU is now target's (a move)."""
         rec = job.rec
         first = dict(rec.gpus[0]) if rec.gpus and isinstance(rec.gpus[0], dict) else {}
         first.update(index=target.index, uuid=target.uuid)   # its limits there stay
@@ -325,11 +334,14 @@ class Suspender:
             self._table.save(job, ["suspend_reason"])
             return Outcome(job.id, "suspended", None, str(e))
 
-    def undrain(self, gpu: str) -> placement.Gpu:
+    def undrain(self, gpu: str) -> tuple[placement.Gpu, bool]:
+        """Take GPU back; says whether it was drained."""
         g = placement.resolve_gpu(self.gpus, gpu)
+        was = g.uuid in self.drained
         self.drained.discard(g.uuid)
-        log.info("GPU %d undrained", g.index)
-        return g
+        if was:
+            log.info("GPU %d undrained", g.index)
+        return g, was
 
     # -- preemption ---------------------------------------------------------------------
     def preemptible(self, job: LiveJob) -> bool:
@@ -493,3 +505,25 @@ def _unlock_all(driver: Driver, pids: list[int], job_id: str) -> None:
             bad.append(str(e))
     if bad:
         log.error("job %s: resumed, but %s", job_id, "; ".join(bad))
+
+
+def _close_region(job: LiveJob) -> None:
+    """While suspended a job may allocate nothing (what its books give it
+    is nothing until it resumes): a new process of it, or one that frees
+    and allocates again, is refused by its hook, at what the job holds
+    (at least 1 byte: 0 is "no limit" in a region). The watch holds it to
+    the same (vgpuctl.daemon.violations.known)."""
+    if job.region is None:
+        return
+    for i in range(len(job.rec.gpus)):
+        held = job.usage[i].used if i < len(job.usage) else 0
+        job.region.update_device(i, mem_limit=max(1, min(held, job.rec.gpu_mem_limit(i))))
+
+
+def _open_region(job: LiveJob) -> None:
+    """The job's limits back in its region (it resumes, or was never
+    suspended)."""
+    if job.region is None:
+        return
+    for i in range(len(job.rec.gpus)):
+        job.region.update_device(i, mem_limit=job.rec.gpu_mem_limit(i))

@@ -19,11 +19,12 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import STARTING
+from vgpuctl.core.job import STARTING, JobRecord
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import PermissionDenied
+from vgpuctl.system.notice import NOTICE_SIGNAL
 from vgpuctl.system.procfs import read_stat
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -44,6 +45,18 @@ def start_time(pid: int) -> int | None:
     if st is None or st[2] in ("Z", "X"):
         return None
     return st[1]
+
+
+def poke_launcher(rec: JobRecord) -> None:
+    """Tell the job's `vgpuctl run`, if it still runs, that its job's state
+    changed (vgpuctl.system.notice): it asks, and tells its terminal."""
+    pid, start = rec.launcher_pid, rec.launcher_start
+    if pid is None or start is None or start_time(pid) != start:
+        return
+    try:
+        os.kill(pid, NOTICE_SIGNAL)
+    except OSError:
+        pass
 
 
 def proc_uid(pid: int) -> int | None:

@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuctl.core.job import SUSPENDED
 from vgpuctl.core.violations import (
     KINDS,
     Actions,
@@ -78,6 +79,9 @@ REMEMBER_S = 10.0
 LAUNCHER_AFTER_S = 0.5
 # Rounds of stop-rescan within one kill of a job (children forked meanwhile).
 STOP_ROUNDS = 4
+# A suspended job holds nothing by its books from this long after its
+# memory left the GPU (an NVML reading of just before counts it no more).
+SUSPENDED_GRACE_S = 2.0
 # Slurm's job cgroup (task/cgroup, v1 and v2): .../job_<id>/...
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 
@@ -371,9 +375,18 @@ def known(table: JobTable, reserve: int = 0,
     limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
     claims: dict[tuple[str, str], int] = {}
     turns: dict[tuple[str, str], float] = {}
+    now = table.clock()
     for job in table:
         rec = job.rec
+        # A job suspended (past the moment its memory left the GPU) holds
+        # nothing by its books: memory its processes take meanwhile, hook or
+        # no hook, is over its limit (issue: a suspended job re-took the
+        # memory the daemon had given away).
+        closed = (rec.state == SUSPENDED and rec.suspended_at is not None
+                  and now - rec.suspended_at > SUSPENDED_GRACE_S)
         for i, (u, (mem, core)) in enumerate(rec.limits_by_uuid().items()):
+            if closed:
+                mem = 0
             if i < len(job.turns) and job.turns[i].len_ns > 0:
                 turns[(job.id, u)] = min(job.turns[i].share, 1.0)
             # a job that may borrow (soft, or no share) may use what is open

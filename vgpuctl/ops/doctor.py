@@ -170,9 +170,26 @@ def reinstall_fix(why: str = "") -> str:
 
 
 SIM_BROKEN_FIX = reinstall_fix("the simulated GPU's library is broken: ")
-UNIT_FIX = ("install the unit and start it: vgpuctl help unit | sudo tee "
-            "/etc/systemd/system/vgpud.service && sudo systemctl daemon-reload && "
-            "sudo systemctl enable --now vgpud")
+def _as_root(command: str) -> str:
+    """A command only root may run, as the caller would type it: as is for
+    root; for anyone else, as the node's administrator's to run."""
+    if os.geteuid() == 0:
+        return command
+    return f"the node's administrator runs: {command}"
+
+
+UNIT_FIX_ROOT = ("install the unit and start it: vgpuctl help unit > "
+                 "/etc/systemd/system/vgpud.service && systemctl daemon-reload && "
+                 "systemctl enable --now vgpud")
+
+
+def unit_fix() -> str:
+    """How the system daemon comes to run: root installs the unit; anyone
+    else asks the node's administrator (or uses a user daemon)."""
+    if os.geteuid() == 0:
+        return UNIT_FIX_ROOT
+    return ("the node's administrator installs the system daemon's unit (vgpuctl help "
+            "unit)")
 
 
 def _no_driver_fix(env: Mapping[str, str]) -> str:
@@ -228,6 +245,18 @@ SUSPEND_FIX = ("upgrade the NVIDIA driver to R570 or newer for `vgpuctl suspend`
                "newer to move jobs between GPUs (docs/suspend.md)")
 
 
+def _suspend_fix(r: dict[str, Any], env: Mapping[str, str]) -> str:
+    """What brings suspend and move: a simulated driver of R580
+    (VGPU_SIM_DRIVER); no driver at all is the driver check's to fix; a
+    real one too old, an upgrade."""
+    if sim.active(env):
+        return ("the simulated driver is older than R570 (suspend) or R580 (move): unset "
+                "VGPU_SIM_DRIVER, or set it to 580.65.06 (docs/simulator.md)")
+    if not r.get("cuda"):
+        return "install the NVIDIA driver first (see the driver check); R570 or newer suspends"
+    return SUSPEND_FIX
+
+
 def check_suspend(env: Mapping[str, str]) -> Check:
     """Whether the driver's checkpoint API is here: suspend (R570), move
     (R580). A node without it still shares its GPUs: a warning."""
@@ -237,12 +266,12 @@ def check_suspend(env: Mapping[str, str]) -> Check:
                      f"{r.get('error') or 'it did not answer'}", "check `nvidia-smi`")
     if not r.get("suspend"):
         return Check("suspend", WARN, f"suspend and move are not available: {r.get('why')}",
-                     SUSPEND_FIX)
+                     _suspend_fix(r, env))
     v = r.get("cuda")
     cuda = f"CUDA {v // 1000}.{v % 1000 // 10}" if isinstance(v, int) and v else "its CUDA"
     if not r.get("move"):
         return Check("suspend", WARN, f"suspend and resume are available ({cuda}); moving "
-                     f"jobs between GPUs is not: {r.get('why_move')}", SUSPEND_FIX)
+                     f"jobs between GPUs is not: {r.get('why_move')}", _suspend_fix(r, env))
     return Check("suspend", OK, f"suspend, resume and move are available (the driver's "
                  f"checkpoint API, {cuda})")
 
@@ -355,26 +384,51 @@ def check_daemon(env: Mapping[str, str]) -> Check:
         # `vgpuctl run` waits for this node's system daemon, never starts its own.
         return Check("daemon", FAIL, f"the system daemon is not running ({sign} exists): "
                      "`vgpuctl run` waits for it, then fails",
-                     "sudo systemctl start vgpud" if paths.system_unit() is not None
-                     else UNIT_FIX)
+                     _as_root("systemctl start vgpud") if paths.system_unit() is not None
+                     else unit_fix())
     if stale:
         return Check("daemon", WARN, f"no daemon listens on {', '.join(stale)} (left by a "
                      "daemon that stopped)",
-                     "start one: sudo systemctl start vgpud (system) or just `vgpuctl run ...`, "
-                     "which starts a user daemon; the stale socket is replaced")
+                     "`vgpuctl run ...` starts a user daemon and replaces the stale socket"
+                     + ("" if paths.system_unit() is None else
+                        "; the system daemon: " + _as_root("systemctl start vgpud")))
     where = explicit or " or ".join(str(c) for c in candidates)
     return Check("daemon", WARN, f"no daemon is running (no socket at {where})",
-                 f"for the whole node, {UNIT_FIX}; or let `vgpuctl run` start a user daemon")
+                 f"let `vgpuctl run` start a user daemon; for the whole node, {unit_fix()}")
+
+
+def _answering_daemon(env: Mapping[str, str]) -> tuple[Path, dict[str, Any]] | None:
+    """The socket of the daemon a client would use, and its ping's answer;
+    None when none answers."""
+    for sock in paths.client_sockets(env=env):
+        try:
+            return sock, _ping(sock, timeout=2.0)
+        except (OSError, ValueError, VgpuError):
+            continue
+    return None
 
 
 def check_config(env: Mapping[str, str]) -> Check:
+    """The config file of the daemon that answers (the one whose settings
+    hold), else the one a daemon started now would read."""
     from vgpuctl.system.config import load_config
 
-    user = os.geteuid() != 0
-    path = paths.default_config(user=user, env=env)
-    if path is None:
-        where = paths.user_config(env) if user else paths.SYSTEM_CONFIG
-        return Check("config", OK, f"no config file ({where}): the defaults apply")
+    found = _answering_daemon(env)
+    if found is not None:
+        sock, info = found
+        if not info.get("config_file"):
+            return Check("config", OK, f"the daemon on {sock} runs on the defaults (no "
+                         "config file)")
+        path: Path | None = Path(info["config_file"])
+        if not os.access(path, os.R_OK):
+            return Check("config", OK, f"the daemon on {sock} reads {path} (not readable "
+                         "by you)")
+    else:
+        user = os.geteuid() != 0
+        path = paths.default_config(user=user, env=env)
+        if path is None:
+            where = paths.user_config(env) if user else paths.SYSTEM_CONFIG
+            return Check("config", OK, f"no config file ({where}): the defaults apply")
     try:
         cfg = load_config(path)
     except VgpuError as e:

@@ -62,12 +62,24 @@ def open_readonly(db: Path) -> sqlite3.Connection:
 
 
 
+def _absent(db: Path) -> bool:
+    """Whether db surely does not exist (it, or a directory above it, is
+    missing); not where it can't be looked for."""
+    try:
+        os.lstat(db)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def load(db: Path, since: float, until: float,
          missing_ok: bool = False) -> tuple[list[JobRecord], list[UsageRow]]:
     """The jobs and the usage rows of [since, until) from the daemon's
     database. With ``missing_ok``, a database that does not exist (no daemon
     has run yet) reads as empty."""
-    if missing_ok and not os.path.lexists(db) and os.access(db.parent, os.X_OK):
+    if missing_ok and _absent(db):
         return [], []
     conn = open_readonly(db)
     try:

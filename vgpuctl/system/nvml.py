@@ -48,7 +48,7 @@ class Nvml:
         except pynvml.NVMLError as e:
             raise NvmlUnavailable(
                 f"NVML unavailable ({e}): no NVIDIA driver here? "
-                "Set VGPU_SIM=2x16G to use the simulated GPU") from None
+                "Set VGPU_SIM=1x16G to use the simulated GPU") from None
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._static: list[GpuStats] = []

@@ -27,6 +27,9 @@ TOPICS: dict[str, tuple[str, str]] = {
     "suspend": ("docs/suspend.md",
                 "suspend, resume, move and drain: the driver's checkpoint API, versions"),
     "simulator": ("docs/simulator.md", "the simulated GPU: VGPU_SIM and its knobs"),
+    "pytorch": ("docs/pytorch.md",
+                "from PyTorch: the limit as the GPU's size, out of memory, --core, the simulator"),
+    "security": ("docs/security.md", "what a job's user can and can't do to the others"),
     "slurm": ("docs/slurm.md", "Slurm's --gres=shard jobs fenced and accounted: node set-up"),
     "slurm-conf": ("etc/slurm/slurm.conf.example", "the slurm.conf lines a vgpuctl node needs"),
 }

@@ -607,6 +607,11 @@ static struct vgpu_sim_state *open_state(int as_is)
             close(fd);
             return NULL;
         }
+        /* A file just made takes its mode whatever the umask: VGPU_SIM_STATE
+         * names a GPU every user of the node may open (as /dev/nvidia* are
+         * 0666); the default per-uid file stays its owner's. */
+        if (st.st_size == 0 && st.st_uid == geteuid())
+            (void)fchmod(fd, mode);
         struct vgpu_sim_state *s = map_fd(fd);
         if (!s) {
             close(fd);

@@ -1,7 +1,10 @@
 """``vgpuctl daemon``: the supervisor daemon, in the foreground; ``vgpuctl
-daemon reload``: make a running daemon re-read its config file."""
+daemon reload``: make a running daemon re-read its config file; ``vgpuctl
+daemon stop``: stop it, its jobs running on."""
 
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -69,3 +72,59 @@ def reload(socket_path: str | None) -> None:
             raise ConfigError(f"{e}; the daemon keeps its previous configuration") from None
     messages.note(f"the daemon on {cl.path} reloaded its configuration "
                   f"({reply.get('config', '<defaults>')})")
+
+
+STOP_WAIT_S = 30.0      # a daemon writes its last records and closes its socket
+
+
+@daemon.command()
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+def stop(socket_path: str | None) -> None:
+    """Stop the daemon that answers (yours: the one `vgpuctl run` started),
+    as SIGTERM does: its jobs run on, and the next daemon adopts them; a
+    daemon started then reads VGPU_SIM and the config anew. The system
+    daemon is systemd's: `systemctl stop vgpud` (root).
+    """
+    import signal
+    import time
+
+    from vgpuctl.cli import messages
+    from vgpuctl.client.connection import connect
+    from vgpuctl.errors import PermissionDenied, VgpuError
+    from vgpuctl.system import paths
+
+    with connect(socket_path) as cl:
+        pid = cl.peer_pid()
+        info = cl.call("ping").get("daemon") or {}
+    if info.get("system") and paths.system_unit() is not None:
+        raise PermissionDenied(f"the daemon on {cl.path} is the system's, under systemd: "
+                               "`systemctl stop vgpud` (root) stops it")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        raise PermissionDenied(f"the daemon on {cl.path} (pid {pid}) is not yours to stop"
+                               ) from None
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT_S
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            raise VgpuError(f"the daemon on {cl.path} (pid {pid}) still runs {STOP_WAIT_S:.0f} "
+                            "s after SIGTERM; its log says why")
+        time.sleep(0.05)
+    messages.note(f"stopped the daemon on {cl.path} (pid {pid}); its jobs run on and the "
+                  "next daemon adopts them")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:    # a zombie (our own child, in tests) is gone for this purpose
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:
+        return False

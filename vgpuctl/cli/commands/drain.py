@@ -20,21 +20,19 @@ def drain(gpu: str, undo: bool, socket_path: str | None) -> int | None:
     drain --undo GPU`. Says what became of each job. Root only; moving
     needs NVIDIA driver R580 or newer.
     """
+    from vgpuctl.cli.commands.suspend import outcome_line
     from vgpuctl.client.connection import connect
 
     with connect(socket_path, timeout=REPLY_S) as cl:
         reply = cl.call("drain", gpu=gpu, undo=undo or None)
     idx = reply.get("gpu")
     if undo:
-        click.echo(f"GPU {idx}: taken back")
+        click.echo(f"GPU {idx}: takes jobs again" if reply.get("was_drained", True)
+                   else f"GPU {idx}: was not drained; nothing to undo")
     else:
         click.echo(f"GPU {idx}: drained")
     failed = 0
     for out in reply.get("jobs", []):
-        where = f" to GPU {out['gpu']}" if out.get("action") == "moved" else (
-            f" on GPU {out['gpu']}" if out.get("gpu") is not None and out.get("action")
-            != "failed" else "")
-        detail = f" ({out['detail']})" if out.get("detail") else ""
-        click.echo(f"job {out['job']}: {out['action']}{where}{detail}")
+        click.echo(outcome_line(out))
         failed += out.get("action") == "failed"
     return 1 if failed else None

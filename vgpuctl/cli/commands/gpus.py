@@ -11,7 +11,7 @@ from vgpuctl.core import nodeview, output
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(("list", "csv", "json")), default="list",
               show_default=True, help="list (GPU 0: NAME (UUID: ...), as nvidia-smi -L), "
-                                      "csv (index,name,uuid) or json.")
+                                      "csv (index,name,uuid,drained) or json.")
 @click.option("--no-header", is_flag=True, help="No CSV header line.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 def gpus(fmt: str, no_header: bool, socket_path: str | None) -> None:
@@ -24,4 +24,5 @@ def gpus(fmt: str, no_header: bool, socket_path: str | None) -> None:
                                    not no_header), nl=False)
     else:
         for g in found:
-            click.echo(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
+            drained = " [drained]" if g.get("drained") else ""
+            click.echo(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']}){drained}")

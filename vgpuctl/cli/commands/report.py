@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -9,9 +11,12 @@ from pathlib import Path
 import click
 
 from vgpuctl.core import report as rep
+from vgpuctl.errors import PermissionDenied, ProtocolError, StateError
 from vgpuctl.store import reports
 from vgpuctl.system import paths
 from vgpuctl.system.files import write_output
+
+REPLY_S = 120.0     # the daemon reads a window's rows of its database
 
 
 @click.command()
@@ -29,7 +34,7 @@ from vgpuctl.system.files import write_output
               metavar="FILE", help="Write to FILE: a regular file is replaced atomically "
               "(readers never see half a report), a FIFO or device is written through, "
               "a symlink followed; - is stdout.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--state-dir", type=click.Path(path_type=Path),
               help="The daemon's state directory holding vgpu.db "
                    "(default: $VGPU_STATE_DIR, else the system daemon's, else yours).")
 def report(since: str, until: str, by: str, fmt: str, output: Path | None,
@@ -37,8 +42,10 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     """Usage accounting: GPU-seconds, memory GiB-hours and peak memory.
 
     Reads the daemon's database directly (read-only), so it works while the
-    daemon is down, from cron too. An empty window is not an error: CSV gets
-    its headers only, JSON an empty list.
+    daemon is down, from cron too. Where the database is not yours to read
+    (the system daemon's is root's), the daemon answers with your own jobs,
+    as sacct does. An empty window is not an error: CSV gets its headers
+    only, JSON an empty list.
     """
     now = time.time()
     t0 = rep.parse_when(since, now, option="--since")
@@ -46,8 +53,13 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     db = state_dir / paths.DB_NAME if state_dir else paths.report_db()
     # Nothing has run yet (no database where one would be) is an empty
     # report; a --state-dir that does not exist is a mistake.
-    missing_ok = state_dir is None or state_dir.is_dir()
-    result = reports.build(db, by, t0, t1, missing_ok=missing_ok)
+    missing_ok = state_dir is None or _is_dir(state_dir)
+    try:
+        result = reports.build(db, by, t0, t1, missing_ok=missing_ok)
+    except PermissionDenied as e:
+        if state_dir is not None:
+            raise
+        result = _own_jobs(db, by, t0, t1, e)
     if output is not None and str(output) != "-":
         write_output(output, rep.render(result, fmt))
         return
@@ -57,3 +69,60 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
         render.show(render.report_lines(result))
         return
     click.echo(rep.render(result, fmt), nl=False)
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether --state-dir is a directory; PermissionDenied (exit 5) where
+    it can't be looked into, StateError (8) where it is something else."""
+    try:
+        mode = os.stat(path).st_mode
+    except PermissionError:
+        raise PermissionDenied(f"{path}: not readable by you (run as root or as the "
+                               "daemon's user)") from None
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise StateError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise StateError(f"{path}: not a directory (--state-dir names the daemon's state "
+                         "directory, which holds vgpu.db)")
+    return True
+
+
+def _own_jobs(db: Path, by: str, since: float, until: float,
+              denied: PermissionDenied) -> rep.Report:
+    """The report of the caller's own jobs, from the daemon that keeps db,
+    for a user who may not read it (as sacct shows a user their jobs);
+    denied again when no daemon answers or it keeps another database."""
+    from vgpuctl.client.connection import connect
+    from vgpuctl.core.accounting import UsageRow
+    from vgpuctl.core.job import record_from_wire
+    from vgpuctl.errors import DaemonUnavailable
+
+    try:
+        with connect(timeout=REPLY_S) as cl:
+            reply = cl.call("report", since=since, until=until)
+    except DaemonUnavailable:
+        raise PermissionDenied(f"{denied} and no daemon answers to report your own "
+                               "jobs") from None
+    if reply.get("db") != str(db):
+        raise denied
+    try:
+        jobs = [record_from_wire(d) for d in reply["jobs"]]
+        usage = [UsageRow(**u) for u in reply["usage"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"the daemon's report is not one ({type(e).__name__}: "
+                            f"{e})") from None
+    out = rep.aggregate(jobs, usage, by, since, until)
+    if not reply.get("everyone"):
+        out.only_user = jobs[0].user if jobs else _me()
+    return out
+
+
+def _me() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

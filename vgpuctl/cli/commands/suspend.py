@@ -13,13 +13,20 @@ from vgpuctl.core import nodeview
 REPLY_S = 900.0
 
 
-def _line(reply: dict) -> str:
-    out = reply.get("outcome") or {}
+def outcome_line(out: dict) -> str:
+    """What became of one job: "job 12: moved to GPU 0", "job 12: resumed
+    on GPU 1", "job 12: suspended (why)" (suspend, resume and drain)."""
     jid = out.get("job", "?")
     action = out.get("action", "done")
-    where = f" on GPU {out['gpu']}" if out.get("gpu") is not None else ""
+    gpu = out.get("gpu")
+    where = ("" if gpu is None or action == "failed" else
+             f" to GPU {gpu}" if action == "moved" else f" on GPU {gpu}")
     detail = f" ({out['detail']})" if out.get("detail") else ""
     return f"job {jid}: {action}{where}{detail}"
+
+
+def _line(reply: dict) -> str:
+    return outcome_line(reply.get("outcome") or {})
 
 
 @click.command()

@@ -13,6 +13,26 @@ import click
 QUIT_KEYS = ("q", "Q")
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGHUP arrived (`timeout 3 vgpuctl top`, a closed
+    terminal): raised in the main thread so that the view and the keys
+    unwind as on q, leaving the alternate screen and the cursor shown."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    import signal
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise Stopped(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
 class Keys:
     """The keys typed while top runs: on a terminal, stdin is put in cbreak
     mode without echo (a keypress neither waits for Enter nor prints into
@@ -63,7 +83,7 @@ class Keys:
 @click.option("-n", "--iterations", type=click.IntRange(1), metavar="N",
               help="Stop after N refreshes (default: until q or Ctrl-C).")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
-def top(interval: float, iterations: int | None, socket_path: str | None) -> None:
+def top(interval: float, iterations: int | None, socket_path: str | None) -> int | None:
     """Show the GPUs and jobs, refreshed every INTERVAL seconds; q or Ctrl-C quits.
 
     On a terminal the view is redrawn in place (on the alternate screen, as
@@ -76,6 +96,7 @@ def top(interval: float, iterations: int | None, socket_path: str | None) -> Non
 
     data: dict[str, Any] | None = fetch(socket_path)   # no daemon at the start: exit 3
     console = render.console()
+    _stop_on_signals()
     try:
         with Keys(enabled=render.is_tty()) as keys:
             if render.is_tty():
@@ -108,6 +129,9 @@ def top(interval: float, iterations: int | None, socket_path: str | None) -> Non
                     n += 1
     except KeyboardInterrupt:
         pass
+    except Stopped as e:
+        return 128 + e.signum           # as a shell reports a command ended by it
+    return None
 
 
 def _poll(socket_path: str | None) -> dict[str, Any] | None:
