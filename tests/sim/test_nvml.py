@@ -309,7 +309,10 @@ while time.monotonic() < t_end:
     if r:
         last = max(ts for _, ts, _ in r)
         reads.append(r)
-out({"reads": reads, "whole": util(start)})
+whole = util(start)
+_, samples = N.nvmlDeviceGetSamples(h, 1, start)      # NVML_GPU_UTILIZATION_SAMPLES
+device = [x.sampleValue.uiVal for x in samples if x.timeStamp > start]
+out({"reads": reads, "whole": whole, "device": sum(device) / max(1, len(device))})
 """
 
 
@@ -350,10 +353,13 @@ def test_utilization_names_one_process_a_period_by_default(sim_env, burn_program
         assert sum(named[pa]) / len(named[pa]) >= 80, named
     assert sum(named[pb]) / len(named[pb]) >= 80, named
     # A read of many periods lists each process named in any of them, with
-    # its average over them all: together, the device's utilization.
+    # its average over them all: together, the device's utilization over
+    # those periods (near 100, less where a loaded host kept B from
+    # launching: measured, not assumed).
     whole = out["whole"]
     assert {p for p, _, _ in whole} == {p for p, v in named.items() if v}
-    assert sum(sm for _, _, sm in whole) == pytest.approx(100, abs=10)
+    assert out["device"] >= 70, out["device"]
+    assert sum(sm for _, _, sm in whole) == pytest.approx(out["device"], abs=10)
 
 
 def test_utilization_each_process_with_its_own_share(sim_env, burn_program):
