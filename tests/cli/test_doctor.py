@@ -112,11 +112,13 @@ def test_config_is_the_running_daemons_file(tmp_path):
     c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
     t.join(10)
     assert c.status == dr.OK and str(theirs) in c.detail, c
-    path = tmp_path / "other.sock"
-    t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, "config_file": None})))
-    c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
-    t.join(10)
-    assert c.status == dr.OK and "runs on the defaults" in c.detail, c
+    for n, info in enumerate(({"config_file": None},
+                              {"config_file": "/etc/vgpu/vgpu.toml", "config": "<defaults>"})):
+        path = tmp_path / f"other{n}.sock"
+        t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, **info})))
+        c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
+        t.join(10)
+        assert c.status == dr.OK and "runs on the defaults" in c.detail, c
 
 
 def test_stale_socket(tmp_path):

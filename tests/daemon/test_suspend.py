@@ -418,6 +418,27 @@ def test_the_jobs_limits_counters_and_nvml_view_follow_a_move(daemon, jobs):
         reg.close()
 
 
+def test_a_long_suspension_resumes_without_a_violation(daemon_factory, jobs):
+    """A suspended job is held to no memory by the watch; its restore puts
+    its memory back while its record still says suspended, and that is no
+    violation (it once ended the job it was resuming). A slow copy (1G/s)
+    makes the watch look while the memory comes back."""
+    from vgpuctl.daemon.violations import SUSPENDED_GRACE_S
+
+    d = daemon_factory("1x16G", start=False)
+    d.env["VGPU_SIM_CKPT_RATE"] = "1G"
+    d.start()
+    j = jobs(d, "--mem", "4G", size=1536 * M)
+    ok(d.cli("suspend", j.id, timeout=120))
+    t0 = time.monotonic()
+    wait_for(lambda: time.monotonic() - t0 > SUSPENDED_GRACE_S + 0.5, 10,
+             "the suspension to outlast the watch's grace")
+    ok(d.cli("resume", j.id, timeout=120))
+    assert j.check() == {"same": True, "uuid": uuids(d)[0]}
+    view = d.job(j.id)
+    assert view["state"] == "running" and view["violations"] == [], view
+
+
 def test_suspend_or_resume_of_an_ended_job_is_exit_4(daemon):
     """As docs/cli.md gives it (and as kill and set answer): a job that has
     ended is no job to act on, exit 4, one line."""

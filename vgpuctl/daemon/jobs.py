@@ -48,6 +48,7 @@ class LiveJob:
     held: dict[str, int] = field(default_factory=dict)   # uuid -> bytes by NVML (the watch)
     peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
     suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
+    resuming: bool = False          # its memory is being put back (vgpuctl.daemon.suspend)
 
     @property
     def signal_id(self) -> int:

@@ -239,14 +239,20 @@ class Suspender:
         before = [dict(g) for g in rec.gpus]
         if moves:
             self._point(job, target)
+        # From here its memory comes back to the GPU: the watch no longer
+        # holds it to a suspended job's nothing (vgpuctl.daemon.violations).
+        job.resuming = True
         try:
-            await loop.run_in_executor(None, _restore_all, driver, pids, pairs, job.id)
-        except CheckpointError:
-            if moves:
-                self._point_back(job, before)
-            raise
-        _open_region(job)
-        await loop.run_in_executor(None, _unlock_all, driver, pids, job.id)
+            try:
+                await loop.run_in_executor(None, _restore_all, driver, pids, pairs, job.id)
+            except CheckpointError:
+                if moves:
+                    self._point_back(job, before)
+                raise
+            _open_region(job)
+            await loop.run_in_executor(None, _unlock_all, driver, pids, job.id)
+        finally:
+            job.resuming = False
         now = self._clock()
         if rec.suspended_at is not None:
             rec.suspended_s += max(0.0, now - rec.suspended_at)

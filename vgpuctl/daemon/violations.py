@@ -54,6 +54,7 @@ from typing import Any
 from vgpuctl.core.job import SUSPENDED
 from vgpuctl.core.violations import (
     KINDS,
+    MEMORY,
     Actions,
     Checker,
     Cooldown,
@@ -368,6 +369,14 @@ def slurm_job(pid: int, jobs: Mapping[str, str],
     return None
 
 
+def held_to_nothing(job: Any, now: float) -> bool:
+    """Whether a job's books give it no memory: suspended, not being
+    resumed, since SUSPENDED_GRACE_S ago."""
+    rec = job.rec
+    return (rec.state == SUSPENDED and not job.resuming and rec.suspended_at is not None
+            and now - rec.suspended_at > SUSPENDED_GRACE_S)
+
+
 def known(table: JobTable, reserve: int = 0,
           hooked: Mapping[int, int] | None = None) -> Known:
     """What the watch needs of the live jobs, copied for its thread;
@@ -382,8 +391,7 @@ def known(table: JobTable, reserve: int = 0,
         # nothing by its books: memory its processes take meanwhile, hook or
         # no hook, is over its limit (issue: a suspended job re-took the
         # memory the daemon had given away).
-        closed = (rec.state == SUSPENDED and rec.suspended_at is not None
-                  and now - rec.suspended_at > SUSPENDED_GRACE_S)
+        closed = held_to_nothing(job, now)
         for i, (u, (mem, core)) in enumerate(rec.limits_by_uuid().items()):
             if closed:
                 mem = 0
@@ -420,6 +428,15 @@ class Record:
 
     def apply(self, res: Result, table: JobTable, now: float,
               close: Callable[[Any, str], None] | None = None) -> None:
+        # The check ran on a copy of the jobs taken before it read NVML: a
+        # suspended job held to nothing that has begun to resume since (its
+        # memory back on the GPU) broke no rule.
+        stale = {v.key for v in res.found if v.kind == MEMORY and v.limit == 0
+                 and (job := table.find(v.job_id)) is not None and job.rec.mem_limit > 0
+                 and not held_to_nothing(job, table.clock())}
+        if stale:
+            res.new = [v for v in res.new if v.key not in stale]
+            res.ended = {j: v for j, v in res.ended.items() if v.key not in stale}
         killed = {v.key for v in res.killed}
         for v in res.new:
             self.totals[v.kind] = self.totals.get(v.kind, 0) + 1

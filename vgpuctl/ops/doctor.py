@@ -416,9 +416,10 @@ def check_config(env: Mapping[str, str]) -> Check:
     found = _answering_daemon(env)
     if found is not None:
         sock, info = found
-        if not info.get("config_file"):
+        if not info.get("config_file") or info.get("config") == "<defaults>":
+            where = f" at {info['config_file']}" if info.get("config_file") else ""
             return Check("config", OK, f"the daemon on {sock} runs on the defaults (no "
-                         "config file)")
+                         f"config file{where})")
         path: Path | None = Path(info["config_file"])
         if not os.access(path, os.R_OK):
             return Check("config", OK, f"the daemon on {sock} reads {path} (not readable "
