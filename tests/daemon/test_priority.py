@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import pwd
 import threading
+import time
 from pathlib import Path
 
+import pytest
 from support.daemon import needs_native, wait_for
 
 from vgpuctl.core import priority as prio
@@ -245,3 +247,95 @@ def test_a_job_cannot_raise_its_class_by_writing_its_region(daemon):
     for line in ("limits: refused", "their signal: refused", "their mode: refused",
                  "their removal: refused", "signal: written"):
         assert line in out, (code, out, err)
+
+
+# A normal job of another user that launches nothing and writes into its own
+# signal every 10 ms that its work keeps the GPU busy for 50 ms more.
+LIAR = r"""
+import ctypes, os, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+tag, version, lid, uid, sid = open(os.environ["VGPU_REGION"] + "/region").read().split()
+p = libc.shmat(int(sid), None, 0)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    now = time.monotonic_ns()
+    ctypes.memmove(p + 16, struct.pack("<QQ", now, now + 50_000_000), 16)
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_that_claims_work_the_gpu_does_not_run_is_not_believed(daemon_factory):
+    """nobody's normal job runs nothing but says in its signal, every 10 ms,
+    that its work keeps the GPU busy: root's low job beside it (which it
+    took to 0 % for as long as it liked) is freed of it within seconds, and
+    then has the idle GPU. An honest holder is believed: the low job stays
+    held while root's normal burner runs (test_a_job_cannot_raise...)."""
+    from support.sim import busy_by_tag
+
+    d = daemon_factory(gpus="1x16G")
+    nobody = pwd.getpwnam("nobody")
+    liar = Path(d.base) / "liar.py"
+    liar.write_text(LIAR)
+    liar.chmod(0o644)
+    low = d.popen("run", "--mem", "1G", "--priority", "low", "--name", "low", "--", *BURN,
+                  "--seconds", "120", env={"VGPU_SIM_TAG": "low"})
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(r=as_user(
+        nobody, ["run", "--mem", "256M", "--name", "liar", "--", "python3", str(liar), "60"],
+        {**d.env, "HOME": "/nonexistent"})))
+    try:
+        jl = job_named(d, "low")
+        t.start()
+        jliar = job_named(d, "liar")
+        wait_for(lambda: [h[0] for h in classes(d, jl).holders] == [jliar["id"]], 30,
+                 "the low job to heed the liar")
+        wait_for(lambda: classes(d, jl).holders == (), 30,
+                 "the daemon to stop believing the liar's signal")
+        a, t0 = busy_by_tag(d.env).get("low", 0.0), time.monotonic()
+        wait_for(lambda: time.monotonic() - t0 >= 2.0, 10, "a 2 s window")
+        share = (busy_by_tag(d.env)["low"] - a) / (time.monotonic() - t0)
+        assert share >= 0.8, share
+        assert "its signal claims the GPU busy far more than the GPU is" in d.log.read_text()
+    finally:
+        d.cleanup_jobs()
+        low.kill()
+        low.wait()
+        t.join(60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("duty", [100, 30])
+def test_an_honest_holder_stays_believed_under_cpu_load(daemon_factory, duty):
+    """The other side of the rule above: a normal job that runs what its
+    signal says (busy all the time, or 30 % of it in bursts), beside a low
+    job, with 4 CPU-burning processes on the host, is believed throughout."""
+    import subprocess
+    import sys
+
+    d = daemon_factory(gpus="1x16G")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    low = d.popen("run", "--mem", "1G", "--priority", "low", "--name", "low", "--", *BURN,
+                  "--seconds", "120")
+    normal = d.popen("run", "--mem", "1G", "--name", "normal", "--", *BURN, "--seconds", "120",
+                     "--duty", str(duty), "--period-ms", "37")
+    try:
+        jl, jn = job_named(d, "low"), job_named(d, "normal")
+        wait_for(lambda: [h[0] for h in classes(d, jl).holders] == [jn["id"]], 30,
+                 "the low job to heed the normal one")
+        t0 = time.monotonic()
+        seen = []
+        while time.monotonic() - t0 < 4.0:     # (the daemon judges a holder within 1 s)
+            seen.append([h[0] for h in classes(d, jl).holders])
+            time.sleep(0.1)
+        assert all(s == [jn["id"]] for s in seen), seen
+        assert "its signal claims" not in d.log.read_text()
+    finally:
+        for h in hogs:
+            h.kill()
+        d.cleanup_jobs()
+        for p in (low, normal):
+            p.kill()
+            p.wait()

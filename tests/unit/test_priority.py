@@ -52,3 +52,35 @@ def test_at_most_max_holders_the_highest_classes_first():
     held = P.holds(ms, max_holders=3)["me"].holders
     assert held == (("99", 0, 2), ("1", 0, 1), ("2", 0, 1))
 
+
+
+# -- SignalCheck: a signal that claims work the GPU doesn't run -----------------
+@pytest.mark.parametrize("claims,device,distrusted", [
+    (True, 0.0, True),        # busy by its word, the GPU idle: a lie
+    (True, 1.0, False),       # busy, and the GPU is
+    (True, 0.6, False),       # within the margin (its estimate runs ahead)
+    (True, 0.45, True),       # claims 1.0, the device 0.45: past the margin
+    (False, 0.0, False),      # says nothing
+])
+def test_signal_check_judges_claims_against_the_device(claims, device, distrusted):
+    sc = P.SignalCheck()
+    now, turned = 0.0, False
+    for _ in range(40):                       # 4 s of 100 ms ticks
+        now += 0.1
+        turned |= sc.sample("h", claims, device, now, 0.1)
+    assert turned is distrusted
+    assert sc.believed("h", now) is not distrusted
+
+
+def test_signal_check_waits_for_enough_samples_and_forgives_after_a_while():
+    sc = P.SignalCheck()
+    now = 0.0
+    for i in range(P.CLAIM_MIN_SAMPLES - 1):
+        now += 1.0                            # (long ticks: the averages are full)
+        assert not sc.sample("h", True, 0.0, now, 1.0), i
+    now += 1.0
+    assert sc.sample("h", True, 0.0, now, 1.0)
+    assert not sc.believed("h", now + P.DISTRUST_S - 0.1)
+    assert sc.believed("h", now + P.DISTRUST_S)
+    sc.forget([])
+    assert sc.believed("h", now)              # a holder gone is forgotten

@@ -108,3 +108,58 @@ def holds(members: Iterable[Member], max_holders: int = MAX_HOLDERS) -> dict[Has
 
 def _id_order(job_id: str) -> tuple[int, str]:
     return (int(job_id), job_id) if job_id.isdigit() else (1 << 62, job_id)
+
+
+# -- signals that claim work the GPU doesn't run -----------------------------------
+# A holder's signal says until when its launched work should keep the GPU
+# busy; a held job naps meanwhile. An honest signal claims at most what its
+# GPU runs (its work is part of the device's busy time). Sampled each tick:
+# a holder whose signal claims the GPU busy a larger part of the time than
+# the device is, by CLAIM_MARGIN, over CLAIM_WINDOW_S, is not believed for
+# DISTRUST_S: the jobs it holds stop heeding it.
+CLAIM_WINDOW_S = 1.0       # the averages' time constant
+CLAIM_MARGIN = 0.5         # claimed busy fraction above the device's
+DISTRUST_S = 5.0
+CLAIM_MIN_SAMPLES = 8      # a holder is judged after this many samples
+
+
+@dataclass
+class _Claim:
+    claimed: float = 0.0    # fraction of samples at which its signal said busy
+    device: float = 0.0     # the device's busy fraction over the same time
+    samples: int = 0
+    distrusted_until: float = 0.0
+
+
+class SignalCheck:
+    """Whether each holder's signal is believed (module comment above):
+    `sample` each tick with what its signal claims now and how busy the
+    device was; `believed` when the held jobs' lists are written."""
+
+    def __init__(self) -> None:
+        self._claims: dict[Hashable, _Claim] = {}
+
+    def sample(self, key: Hashable, claims_busy: bool, device_busy: float, now: float,
+               dt: float) -> bool:
+        """Take one sample of a holder's signal; True when this sample is the
+        one that turned it distrusted."""
+        c = self._claims.setdefault(key, _Claim())
+        a = min(1.0, max(0.0, dt) / CLAIM_WINDOW_S)
+        c.claimed += (float(claims_busy) - c.claimed) * a
+        c.device += (min(1.0, max(0.0, device_busy)) - c.device) * a
+        c.samples += 1
+        if (now >= c.distrusted_until and c.samples >= CLAIM_MIN_SAMPLES
+                and c.claimed - c.device > CLAIM_MARGIN):
+            c.distrusted_until = now + DISTRUST_S
+            return True
+        return False
+
+    def believed(self, key: Hashable, now: float) -> bool:
+        c = self._claims.get(key)
+        return c is None or now >= c.distrusted_until
+
+    def forget(self, keep: Iterable[Hashable]) -> None:
+        """Drop the holders no longer sampled."""
+        live = set(keep)
+        for k in [k for k in self._claims if k not in live]:
+            del self._claims[k]

@@ -391,6 +391,7 @@ class Daemon:
         res = await loop.run_in_executor(None, self.watch.check, sup.watch_known(),
                                          sup.config.on_violation, time.time())
         sup.record_violations(res)
+        sup.priority.observe(res.stats)
         wall = time.time()
         if self.accountant is not None:
             # Bills: each job's GPU time as its hooks measured it, and what
