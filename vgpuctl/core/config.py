@@ -75,6 +75,7 @@ class PriorityConfig:
     holdoff_ms: int = 100              # a job counts as active this long after it launched
     preempt: bool = True               # a normal or high job that fits only by taking low
                                        # jobs' memory suspends them (docs/suspend.md)
+    preempt_min_run_s: int = 30        # a low job runs this long between preemptions
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,7 @@ def _priority(source: str, v: Any) -> PriorityConfig:
         "budget_us": lambda s, k, x: _int(s, k, x, 50, 100_000),
         "holdoff_ms": lambda s, k, x: _int(s, k, x, 1, 10_000),
         "preempt": _bool,
+        "preempt_min_run_s": lambda s, k, x: _int(s, k, x, 0, 86_400),
     }
     values: dict[str, Any] = {}
     for k, val in v.items():

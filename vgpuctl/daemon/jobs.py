@@ -49,6 +49,7 @@ class LiveJob:
     peak_debt: float = 0.0          # the highest compute debt the watch saw it run up (GPU-s)
     suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
     resuming: bool = False          # its memory is being put back (vgpuctl.daemon.suspend)
+    resumed_at: float | None = None  # when it last resumed (this daemon's clock)
 
     @property
     def signal_id(self) -> int:

@@ -295,7 +295,13 @@ class Supervisor:
                 or (req.gpus or 1) > 1 or (req.gpu is not None and "," in req.gpu)):
             return reply
         try:
-            return await self.op_run_preempting(peer, req) or reply
+            got = await self.op_run_preempting(peer, req)
+            if got is not None:
+                return got
+            resting = self.suspender.resting(self.admission.run_gpus(req.gpu))
+            if resting:
+                err["message"] += "; " + resting
+            return reply
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log one line per burst, keep serving

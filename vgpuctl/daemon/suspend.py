@@ -262,6 +262,7 @@ class Suspender:
         self._table.save(job, ["state", "suspended_s", "suspended_at", "suspend_reason",
                                "gpus"])
         job.suspended_pids = None
+        job.resumed_at = now
         tracking.poke_launcher(rec)
         where = rec.gpus[0].get("index") if rec.gpus else None
         action = "moved" if moves else "resumed"
@@ -352,9 +353,13 @@ class Suspender:
     # -- preemption ---------------------------------------------------------------------
     def preemptible(self, job: LiveJob) -> bool:
         """A running job of class low, on one GPU, that nothing of it keeps
-        from being suspended (as far as its region says)."""
+        from being suspended (as far as its region says), and that has run
+        `preempt_min_run_s` since it last resumed (a loop of short jobs that
+        each preempt it would keep it suspended nearly all the time)."""
         rec = job.rec
         if rec.state != RUNNING or rec.priority != "low" or len(rec.uuids) != 1:
+            return False
+        if not self.ran_enough(job):
             return False
         if job.region is None:
             return False
@@ -363,6 +368,27 @@ class Suspender:
         except (OSError, ValueError):
             return False
         return not any(p.features for p in usage.procs)
+
+    def ran_enough(self, job: LiveJob) -> bool:
+        """Whether the job has run `preempt_min_run_s` since it last resumed."""
+        wait = self._config().priority.preempt_min_run_s
+        return job.resumed_at is None or self._clock() - job.resumed_at >= wait
+
+    def resting(self, gpus: list[placement.Gpu]) -> str:
+        """Why low jobs on these GPUs were not preempted though they are low
+        (each runs `preempt_min_run_s` between preemptions); "" for none."""
+        uuids = {g.uuid for g in gpus}
+        wait = self._config().priority.preempt_min_run_s
+        now = self._clock()
+        parts = [f"{j.id} in {wait - (now - j.resumed_at):.0f} s" for j in self._table
+                 if j.rec.state == RUNNING and j.rec.priority == "low"
+                 and j.resumed_at is not None and not self.ran_enough(j)
+                 and set(j.uuids()) & uuids]
+        if not parts:
+            return ""
+        return (f"low job(s) resumed lately may be preempted again (a low job runs "
+                f"[priority] preempt_min_run_s, {wait} s, between preemptions): "
+                + ", ".join(parts))
 
     def preemption_plan(self, gpus: list[placement.Gpu], mem: int
                         ) -> tuple[placement.Gpu, list[LiveJob]] | None:
