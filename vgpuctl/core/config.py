@@ -88,6 +88,8 @@ class Config:
     reserve: int = DEFAULT_RESERVE
     oversubscribe: float = 1.0
     core_oversubscribe: float = 1.0   # what the promised shares on a GPU may sum to, x 100 %
+    promise_idle_s: int = 300         # an idle job's promised share yields to a job that
+                                      # needs it after this long; 0: never
     default_policy: str = "hard"
     default_mem: int | None = None
     default_limits: UserLimits = field(default_factory=UserLimits)
@@ -312,6 +314,7 @@ _TOP: dict[str, Callable[[str, str, Any], tuple[str, Any]]] = {
     "reserve": lambda s, k, v: ("reserve", _size(s, k, v, allow_zero=True)),
     "oversubscribe": lambda s, k, v: ("oversubscribe", _ratio(s, k, v)),
     "core_oversubscribe": lambda s, k, v: ("core_oversubscribe", _ratio(s, k, v)),
+    "promise_idle_s": lambda s, k, v: ("promise_idle_s", _int(s, k, v, 0, 30 * 86_400)),
     "default_policy": lambda s, k, v: ("default_policy", _choice(s, k, v, POLICIES)),
     "default_mem": lambda s, k, v: ("default_mem", _size(s, k, v)),
     "metrics_address": lambda s, k, v: ("metrics_address", _address(s, k, v)),

@@ -10,12 +10,14 @@ region, and its ledgers (vgpuctl.daemon.trust) before anyone hears of it.
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import logging
 import os
 import pwd
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from vgpuctl.core import placement, priority
@@ -30,6 +32,18 @@ from vgpuctl.errors import AdmissionBusy, AdmissionRefused, StateError, UsageErr
 from vgpuctl.system.region import DeviceLimit, Region
 
 log = logging.getLogger("vgpuctl.daemon")
+
+# A user refused for want of room waits for the next room as long as they
+# ask again within this long (a `run` that retries, a user's script).
+WAITING_S = 2.0
+
+
+@dataclass
+class _Waiting:
+    user: str
+    since: float                    # their first refusal of this wait
+    last: float                     # their last one
+    place: Callable[[], object]     # their request placed as things are now
 
 # A user refused for asking too fast is logged at most this often.
 REFUSAL_LOG_S = 60.0
@@ -77,6 +91,12 @@ class Admission:
         self._rate = placement.AdmissionRate()
         self.drained: set[str] = set()    # GPU uuids nothing is placed on (vgpuctl drain)
         self._refusals: dict[int, tuple[float, int]] = {}   # uid -> (logged at, since)
+        # the promised jobs on these GPUs idle for promise_idle_s, the most
+        # idle first (the supervisor knows when each last ran: see there)
+        self.idle_promises: Callable[[set[str]], list[LiveJob]] = lambda uuids: []
+        # uid -> the request of a user refused for want of room and still
+        # asking: the next room goes to whoever has asked the longest
+        self._waiting: dict[int, _Waiting] = {}
 
     # -- a user's maxima and caps ------------------------------------------------------
     def node_capacity(self) -> int:
@@ -145,13 +165,38 @@ class Admission:
         # A share asked for is a promise on each of its GPUs (a low job's is a
         # cap only).
         promise = core if req.core is not None and priority.promises(cls) else 0
-        where = placement.place_many(self.run_gpus(req.gpu),
-                                     [c for c in self._table.commitments()
-                                      if c.job_id not in make_room], mem,
-                                     count=req.gpus, pin=on or req.gpu, reserve=cfg.reserve,
-                                     oversubscribe=cfg.oversubscribe, core=promise,
-                                     core_oversubscribe=cfg.core_oversubscribe)
+        gpus = self.run_gpus(req.gpu)
+
+        def place(unpromised: Collection[str] = ()) -> list[placement.Placement]:
+            commits = [dataclasses.replace(c, core=0) if c.job_id in unpromised else c
+                       for c in self._table.commitments() if c.job_id not in make_room]
+            return placement.place_many(gpus, commits, mem, count=req.gpus,
+                                        pin=on or req.gpu, reserve=cfg.reserve,
+                                        oversubscribe=cfg.oversubscribe, core=promise,
+                                        core_oversubscribe=cfg.core_oversubscribe)
+        yielded: list[LiveJob] = []
+        now = time.monotonic()
+        try:
+            where = place()
+        except AdmissionRefused:
+            # An idle job's promise yields to one that needs it (the most
+            # idle first, as few as will do): promise_idle_s.
+            idle = self.idle_promises({g.uuid for g in gpus}) if promise else []
+            where = None
+            for k in range(1, len(idle) + 1):
+                try:
+                    where = place({j.id for j in idle[:k]})
+                except AdmissionRefused:
+                    continue
+                yielded = idle[:k]
+                break
+            if where is None:
+                self._note_waiting(uid, user, now, place)
+                raise
+        if not make_room:       # (a preemption makes its own room)
+            self._check_turn(uid, user, now, place)
         self._check_rate(limits, uid, user)
+        self._waiting.pop(uid, None)
         # The command's name stands for a job's name: one line, nothing a
         # terminal acts on (a name the user gives is checked at the edge).
         name = req.name or P.escape_controls(
@@ -168,8 +213,48 @@ class Admission:
         log.info("job %s (%s) of %s admitted on GPU %s: mem %s, core %d%%%s, %s, priority %s",
                  rec.id, name, user, ",".join(str(p.gpu.index) for p in where),
                  format_size(mem), core, " promised" if promise else "", policy, cls)
+        warnings = []
+        for y in yielded:
+            self._table.yield_promise(y)
+            log.info("job %s (%s) of %s gave up its promised share, idle for %d s, to job %s",
+                     y.id, y.rec.name, y.rec.user, cfg.promise_idle_s, rec.id)
+            warnings.append(f"job {y.id} of {y.rec.user} gave up its promised share to this "
+                            f"one (it launched nothing for promise_idle_s, "
+                            f"{cfg.promise_idle_s} s)")
         small = placement.context_warning(mem, self.context_mem)
-        return job, [small] if small else []
+        return job, warnings + ([small] if small else [])
+
+    # -- the next room to the user who has asked the longest -------------------------------
+    def _note_waiting(self, uid: int, user: str, now: float,
+                      place: Callable[[], object]) -> None:
+        """A user refused for want of room: they wait from their first
+        refusal, as long as they ask again within WAITING_S."""
+        w = self._waiting.get(uid)
+        since = w.since if w is not None and now - w.last <= WAITING_S else now
+        self._waiting[uid] = _Waiting(user, since, now, place)
+
+    def _check_turn(self, uid: int, user: str, now: float,
+                    place: Callable[[], object]) -> None:
+        """AdmissionRefused when another user, refused for want of room and
+        still asking, has waited longer than this one and would fit now:
+        the room is theirs (two users asking every 20 ms took every
+        admission from a third)."""
+        for other, w in list(self._waiting.items()):
+            if now - w.last > WAITING_S:
+                del self._waiting[other]
+        mine = self._waiting.get(uid)
+        ahead = sorted((w.since, other, w) for other, w in self._waiting.items()
+                       if other != uid and (mine is None or w.since < mine.since))
+        for _, _, w in ahead:
+            try:
+                w.place()
+            except (AdmissionRefused, UsageError):
+                continue            # their job would not fit now: no room to keep for it
+            self._note_waiting(uid, user, now, place)
+            raise AdmissionRefused(
+                f"the room is kept for user {w.user}, who has asked for it since "
+                f"{now - w.since:.1f} s ago (the next room goes to the user who has asked "
+                f"the longest, while they ask again within {WAITING_S:g} s): ask again")
 
     def run_gpus(self, pin: str | None) -> list[placement.Gpu]:
         """The GPUs a plain `vgpuctl run` may use: not those Slurm hands out

@@ -113,6 +113,12 @@ class Gates:
                                  promised(rec)))
         return out
 
+    def last_launch(self, job_id: str, uuid: str) -> float | None:
+        """When the job last launched on the GPU, as its counter says (the
+        gates' clock); None when it has not been read there yet."""
+        m = self._meters.get((job_id, uuid))
+        return None if m is None else m.launched_at
+
     def step(self, inputs: list[Input]) -> None:
         """One tick: take in each job's counters (its measured share, whether
         it is idle), then plan every GPU again and write what changed."""

@@ -50,6 +50,8 @@ class LiveJob:
     suspended_pids: list[int] | None = None   # its processes checkpointed (None: unknown)
     resuming: bool = False          # its memory is being put back (vgpuctl.daemon.suspend)
     resumed_at: float | None = None  # when it last resumed (this daemon's clock)
+    seen_at: dict[str, float] = field(default_factory=dict)   # uuid -> when NVML last
+                                                              # listed a process of it there
 
     @property
     def signal_id(self) -> int:
@@ -183,6 +185,18 @@ class JobTable:
         self.save(job, ["mem_limit", "core_share", "policy", "gpus", "priority",
                         "core_promised"])
         return shown
+
+    def yield_promise(self, job: LiveJob) -> None:
+        """Its promised share is given up (it was idle, and another job
+        needed it): the job runs on as one without --core (no turn, the
+        open part of the cycle), its record and its region alike."""
+        rec = job.rec
+        rec.set_limits(core=100)
+        rec.core_promised = False
+        if job.region is not None:
+            for i in range(len(rec.gpus)):
+                job.region.update_device(i, core_share=100)
+        self.save(job, ["core_share", "gpus", "core_promised"])
 
     def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:
         """Keep a violation in its job's record (a live job, or one that

@@ -41,7 +41,7 @@ from vgpuctl.core import priority as prio
 from vgpuctl.core import protocol as P
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import RUNNING, STARTING
+from vgpuctl.core.job import RUNNING, STARTING, promised
 from vgpuctl.core.sizes import format_size
 from vgpuctl.core.turns import OPEN
 from vgpuctl.daemon import logs, metrics, outage, tracking, views
@@ -115,6 +115,7 @@ class Supervisor:
                                    self.stats, clock, self._suspended,
                                    allowed=self._may_resume_on)
         self.admission.drained = self.suspender.drained
+        self.admission.idle_promises = self._idle_promises
         self.violations = watch.Record()
         # A request that fails on a bug: one line per burst of each op and
         # exception type (logs.Bursts); the traceback at debug level only.
@@ -568,11 +569,40 @@ class Supervisor:
             hooked.update(self.tracker.slot_seeds(job))
         return watch.known(self.table, self.config.reserve, hooked)
 
+    def _idle_promises(self, uuids: set[str]) -> list[LiveJob]:
+        """The jobs with a promised share on any of these GPUs that have run
+        nothing there for promise_idle_s: no launch counted by their hooks,
+        no process of theirs listed by NVML, since then (or since they
+        started); the most idle first."""
+        wait = self.config.promise_idle_s
+        if wait <= 0:
+            return []
+        mono, wall = time.monotonic(), self.clock()
+        found = []
+        for job in self.table:
+            rec = job.rec
+            if not promised(rec) or rec.suspended or not set(job.uuids()) & uuids:
+                continue
+            idle = wall - rec.start
+            for u in job.uuids():
+                for t in (self.gates.last_launch(job.id, u), job.seen_at.get(u)):
+                    if t is not None:
+                        idle = min(idle, mono - t)
+            if idle >= wait:
+                found.append((idle, job))
+        return [j for _, j in sorted(found, key=lambda x: -x[0])]
+
     def record_violations(self, res: watch.Result) -> None:
         """Apply one check of the watch: fresh NVML figures, and each new
         violation into its job's record (or the strays), the log and the
         counters."""
         self.update_stats(res.stats)
+        mono = time.monotonic()
+        listed = {(s.uuid, p) for s in res.stats for p in s.processes}
+        for job in self.table:
+            for u in job.uuids():
+                if any((u, p) in listed for p in job.rec.pids):
+                    job.seen_at[u] = mono
         for job in self.table:
             job.held = {u: res.memory.get((job.id, u), 0) for u in job.uuids()}
             for i, u in enumerate(job.uuids()):
