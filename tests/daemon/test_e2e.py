@@ -387,3 +387,37 @@ def test_a_daemon_keeps_its_vgpu_sim_says_so_and_daemon_stop_ends_it(daemon):
     assert daemon.proc.wait(10) == 0
     res = daemon.cli("daemon", "stop")
     assert res.returncode == 3 and "no vgpuctl daemon answers" in res.stderr
+
+
+def test_a_sigkilled_process_memory_leaves_the_jobs_figures(daemon):
+    """A process of a job killed without a word (SIGKILL) leaves its slot
+    counting what it held until a hook of the job sweeps it, which one that
+    allocates nothing more never does: `ps` shows what the GPU holds for
+    the job (NVML: what the live one holds), not that."""
+    import json
+
+    from vgpuctl.system import native
+
+    burn = native.burn_program()
+    p = daemon.popen("run", "--mem", "2G", "--name", "k", "--", "sh", "-c",
+                     f"{burn} --alloc 512M --kernel-us 1000 --seconds 120 & "
+                     f"{burn} --kernel-us 1000 --seconds 120 & wait")
+
+    def held() -> dict[int, int]:
+        r = json.loads(daemon.cli("sim", "stats", "--json").stdout)
+        return {q["pid"]: sum(d["used"] for d in q["devices"]) for q in r["processes"]}
+    try:
+        def holding() -> dict | None:
+            j = next((j for j in daemon.jobs() if j["name"] == "k"), None)
+            if not j or (j["mem_used"] or 0) < 512 << 20:
+                return None
+            big = [q for q, b in held().items() if q in j["pids"] and b >= 512 << 20]
+            return {**j, "victim": big[0]} if big and len(j["pids"]) >= 3 else None
+        job = wait_for(holding, 30, "the job's two processes on the GPU")
+        os.kill(job["victim"], signal.SIGKILL)
+        rest = wait_for(lambda: sum(held().values()) or None, 30, "the other's memory")
+        wait_for(lambda: (daemon.job(job["id"])["mem_used"] or 0) < rest + (64 << 20), 30,
+                 "the job's figures to let the killed process's memory go")
+    finally:
+        daemon.cleanup_jobs()
+        p.wait(30)

@@ -55,12 +55,15 @@ def test_a_segment_has_every_page_allocated_and_the_mode_asked():
         R.shm_remove(sid)
 
 
-def test_no_segment_left_is_one_error_that_names_who_holds_them(tmp_path: Path):
+def test_no_segment_left_is_one_error_that_names_who_made_them(tmp_path: Path):
     """Any user may make System V segments up to kernel.shmmni, and the
     kernel caps no user's share: when none is left, making a region fails
-    with an error that says who holds them (for the operator). Run in an
-    IPC namespace of its own, with a limit of 8."""
+    with an error that says who made them (for the operator), by creator:
+    the user here gives each segment to another owner (IPC_SET, which a
+    creator may), to blame them. Run in an IPC namespace of its own, with a
+    limit of 8."""
     import os
+    import struct
 
     import pytest
 
@@ -80,8 +83,11 @@ def test_no_segment_left_is_one_error_that_names_who_holds_them(tmp_path: Path):
                 if child == 0:                          # nobody takes every segment
                     os.setgid(65534)
                     os.setuid(65534)
-                    while R._lib().shmget(0, 1, 0o1000 | 0o600) >= 0:
-                        pass
+                    while (sid := R._lib().shmget(0, 1, 0o1000 | 0o600)) >= 0:
+                        ds = ctypes.create_string_buffer(256)
+                        libc.shmctl(sid, 2, ds)                   # IPC_STAT
+                        struct.pack_into("<I", ds, 4, 1)          # shm_perm.uid: daemon's
+                        libc.shmctl(sid, 1, ds)                   # IPC_SET
                     os._exit(0)
                 os.waitpid(child, 0)
                 try:
@@ -101,7 +107,7 @@ def test_no_segment_left_is_one_error_that_names_who_holds_them(tmp_path: Path):
     if msg.startswith("skip:"):
         pytest.skip(msg)
     assert "no System V shared memory segment left" in msg, msg
-    assert "kernel.shmmni is 8; nobody holds 8" in msg, msg
+    assert "kernel.shmmni is 8; nobody made 8" in msg, msg
     assert not (tmp_path / "job" / "region").exists()
 
 
@@ -125,3 +131,30 @@ def test_a_region_of_an_earlier_layout_is_discarded_with_its_segments(tmp_path: 
     finally:
         for sid in made:
             R.shm_remove(sid)
+
+
+def test_a_removed_region_leaves_nothing_and_a_failed_checkpoint_no_file(tmp_path: Path):
+    """A job's directory goes with its region, a checkpoint file half
+    written (a full disk, say) included; a checkpoint that fails leaves no
+    temporary file behind."""
+    import os
+
+    import pytest
+
+    job = tmp_path / "job"
+    reg = R.Region.create(job, "1", os.getuid(), [])
+    reg.write_checkpoint({"t": 1.0})
+    (job / f".{R.CHECKPOINT_FILE}.tmp").write_text("{")          # left by a crash
+    reg.remove()
+    assert not job.exists()
+
+    reg = R.Region.create(job, "2", os.getuid(), [])
+    try:
+        os.mkdir(job / R.CHECKPOINT_FILE)          # the rename can't replace a directory
+        with pytest.raises(OSError):
+            reg.write_checkpoint({"t": 2.0})
+        assert not (job / f".{R.CHECKPOINT_FILE}.tmp").exists()
+        os.rmdir(job / R.CHECKPOINT_FILE)
+    finally:
+        reg.remove()
+    assert not job.exists()

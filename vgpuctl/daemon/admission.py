@@ -302,6 +302,7 @@ class Admission:
         except (OSError, ValueError) as e:
             rec.state, rec.ended = ENDED, self._clock()
             self._table.save(rec)
+            Region.discard(job_dir)         # what it made of the region: nothing is left
             raise StateError(f"could not create the job's region in {job_dir}: {e}") from None
         rec.region = str(job_dir)
         self._table.save(rec, ["region"])

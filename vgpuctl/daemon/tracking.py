@@ -25,7 +25,7 @@ from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
 from vgpuctl.errors import PermissionDenied
 from vgpuctl.system.notice import NOTICE_SIGNAL
-from vgpuctl.system.procfs import read_stat
+from vgpuctl.system.procfs import read_stat, start_time
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -37,14 +37,6 @@ class ProcInfo:
 
 
 ProcTable = Mapping[int, ProcInfo]
-
-
-def start_time(pid: int) -> int | None:
-    """The start time of a live (not zombie) process, None when gone."""
-    st = read_stat(pid)
-    if st is None or st[2] in ("Z", "X"):
-        return None
-    return st[1]
 
 
 def poke_launcher(rec: JobRecord) -> None:

@@ -18,10 +18,15 @@ from vgpuctl.core.job import ENDED, DeviceUsage
 from vgpuctl.core.trust import check_counters, went_back
 from vgpuctl.core.turns import CLOSED_TURN, OPEN_TURN, Turn
 from vgpuctl.daemon.jobs import JobTable, LiveJob
+from vgpuctl.system.procfs import start_time
 from vgpuctl.system.region import MAX_BYTES, BadRegion
 from vgpuctl.system.turns import read_turn, write_turn
 
 log = logging.getLogger("vgpuctl.daemon")
+
+# The slots of a job are read for dead processes only where its hooks count
+# this much more than NVML shows it hold.
+DEAD_SLOT_CHECK = 1 << 20
 
 
 class Trust:
@@ -83,7 +88,31 @@ class Trust:
             return []
         job.usage = [replace(d, used=min(d.used, t), peak=min(d.peak, t))
                      for d, t in zip(devs, totals, strict=True)]
+        gone = self._dead_slots(job)
+        if gone:
+            job.usage = [replace(d, used=max(0, d.used - g)) for d, g in
+                         zip(job.usage, gone + [0] * (len(job.usage) - len(gone)), strict=False)]
         return job.usage
+
+    def _dead_slots(self, job: LiveJob) -> list[int]:
+        """What the slots of its processes that died without a word (SIGKILL)
+        still count, per GPU: its hooks count them until one sweeps (at its
+        next refused allocation), NVML no longer. Read only where NVML shows
+        the job hold less than its hooks count (the slots are a larger read
+        than the counters)."""
+        held = sum(job.held.values()) if job.held else None
+        if held is None or sum(d.used for d in job.usage) - held < DEAD_SLOT_CHECK:
+            return []
+        try:
+            procs = job.region.read_usage().procs if job.region is not None else []
+        except (OSError, ValueError, BadRegion):
+            return []
+        out = [0] * len(job.usage)
+        for p in procs:
+            if start_time(p.pid) != p.start_time:
+                for i, b in enumerate(p.used[:len(out)]):
+                    out[i] += b
+        return out if any(out) else []
 
     def slot_pids(self, job: LiveJob) -> list[tuple[int, int]]:
         """(pid, start time) of the process slots the job's processes claimed

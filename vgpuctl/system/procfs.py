@@ -20,6 +20,14 @@ def read_stat(pid: int | str) -> tuple[int, int, str] | None:
         return None
 
 
+def start_time(pid: int) -> int | None:
+    """The start time of a live (not zombie) process, None when gone."""
+    st = read_stat(pid)
+    if st is None or st[2] in ("Z", "X"):
+        return None
+    return st[1]
+
+
 def thread_count(pid: int) -> int:
     """The threads of a process (0 when it is gone)."""
     try:

@@ -152,16 +152,18 @@ def shm_create(size: int, owner_uid: int | None, mode: int) -> int:
 
 
 def _holders() -> str:
-    """Who holds the node's System V segments: the kernel's limit, and the
-    user with the most (one user can make them all, and none is left for
-    the daemon: the operator should know whom to ask)."""
+    """Who made the node's System V segments: the kernel's limit, and the
+    user who created the most (one user can make them all, and none is
+    left for the daemon: the operator should know whom to ask). By creator
+    (cuid), which no one can change: a segment's owner (uid) its creator
+    may set to another user, to blame them."""
     count: dict[int, int] = {}
     try:
         with open("/proc/sysvipc/shm") as f:
             next(f)
             for line in f:
                 col = line.split()
-                count[int(col[7])] = count.get(int(col[7]), 0) + 1
+                count[int(col[9])] = count.get(int(col[9]), 0) + 1      # cuid
         with open("/proc/sys/kernel/shmmni") as f:
             limit = f.read().strip()
     except (OSError, ValueError, IndexError, StopIteration):
@@ -175,7 +177,7 @@ def _holders() -> str:
         who = pwd.getpwuid(uid).pw_name
     except KeyError:
         who = f"uid {uid}"
-    return f"kernel.shmmni is {limit}; {who} holds {n} of the {sum(count.values())} there are"
+    return f"kernel.shmmni is {limit}; {who} made {n} of the {sum(count.values())} there are"
 
 
 def shm_stat(sid: int) -> ShmidDs:
@@ -672,10 +674,17 @@ class Region:
         tmp = self.path / f".{CHECKPOINT_FILE}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
-            os.write(fd, json.dumps(data, separators=(",", ":")).encode())
-        finally:
-            os.close(fd)
-        os.rename(tmp, self.path / CHECKPOINT_FILE)
+            try:
+                os.write(fd, json.dumps(data, separators=(",", ":")).encode())
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path / CHECKPOINT_FILE)
+        except OSError:
+            try:                # (a full disk, the directory gone): nothing left behind
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     def read_checkpoint(self) -> dict[str, Any] | None:
         """The last checkpoint, or None (none yet, or unreadable)."""
@@ -712,7 +721,8 @@ class Region:
         shm_remove(self.limits_id)
         shm_remove(self.usage_id)
         shm_remove(self.signal_id)
-        for name in (REGION_FILE, CHECKPOINT_FILE):
+        for name in (REGION_FILE, CHECKPOINT_FILE, f".{REGION_FILE}.tmp",
+                     f".{CHECKPOINT_FILE}.tmp"):
             try:
                 os.unlink(self.path / name)
             except FileNotFoundError:
