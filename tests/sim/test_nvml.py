@@ -445,8 +445,12 @@ def test_utilization_procs_none_is_not_supported(sim_env, burn_program):
                     return "not supported"
                 return "answered"
             res = {"rates": rates, "sample": per_process(False), "info": per_process(True)}
-            vt, ss = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)
-            res["samples"] = max(s.sampleValue.uiVal for s in ss)
+            # (the samples' buffer holds the periods that ended: the first
+            # busy one may end a moment after the rates first say busy)
+            def busiest():
+                _, ss = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+                return max(s.sampleValue.uiVal for s in ss) or None
+            res["samples"] = wait_for(busiest, what="a busy sample")
             res["size"] = size_query(0)
             res["no_count"] = raw(h, None, None, ctypes.c_ulonglong(0))
             res["bad_handle"] = raw(None, None, ctypes.byref(ctypes.c_uint(0)),

@@ -432,8 +432,8 @@ class Record:
         # suspended job held to nothing that has begun to resume since (its
         # memory back on the GPU) broke no rule.
         stale = {v.key for v in res.found if v.kind == MEMORY and v.limit == 0
-                 and (job := table.find(v.job_id)) is not None and job.rec.mem_limit > 0
-                 and not held_to_nothing(job, table.clock())}
+                 and (job := table.find(v.job_id)) is not None and v.uuid in job.uuids()
+                 and job.rec.mem_limit > 0 and not held_to_nothing(job, table.clock())}
         if stale:
             res.new = [v for v in res.new if v.key not in stale]
             res.ended = {j: v for j, v in res.ended.items() if v.key not in stale}
