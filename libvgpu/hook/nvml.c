@@ -1,7 +1,7 @@
 /*
  * nvml.c - NVML as the job sees it: memory info shows the job's limit and use
- * on its GPUs (v1 and v2), and the process lists show only the job's own
- * processes. Reached by programs linked against libnvidia-ml.so.1 and by
+ * on its GPUs (v1 and v2), and the process lists and the per-process
+ * utilization show only the job's own processes. Reached by programs linked against libnvidia-ml.so.1 and by
  * dlsym (nvidia-ml-py). Also the hook's own measure of a context's memory.
  */
 #define _GNU_SOURCE
@@ -131,6 +131,123 @@ nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses_v3, (device, infoCount, infos));
     return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v3), device,
                      infoCount, infos, sizeof(nvmlProcessInfo_t));
+}
+
+/* ---- per-process utilization: the job's own processes only ------------------ */
+
+/* Keep the entries (n of `size` bytes, the pid at `pid_at`) of the job's
+ * processes, in place; their number. */
+static unsigned keep_job_entries(void *all, unsigned n, size_t size, size_t pid_at)
+{
+    int32_t pids[VGPU_MAX_PROCS];
+    int np = vgpu_job_pids(pids, VGPU_MAX_PROCS);
+    unsigned kept = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char *e = (char *)all + i * size;
+        unsigned int pid;
+        memcpy(&pid, e + pid_at, sizeof(pid));
+        for (int k = 0; k < np; k++) {
+            if ((unsigned int)pids[k] == pid) {
+                memmove((char *)all + kept * size, e, size);
+                kept++;
+                break;
+            }
+        }
+    }
+    return kept;
+}
+
+nvmlReturn_t hook_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
+                                                  nvmlProcessUtilizationSample_t *utilization,
+                                                  unsigned int *processSamplesCount,
+                                                  unsigned long long lastSeenTimeStamp)
+{
+    NVML_PROLOGUE(nvmlDeviceGetProcessUtilization,
+                  (device, utilization, processSamplesCount, lastSeenTimeStamp));
+    if (processSamplesCount == NULL)      /* the driver's own answer to a bad call */
+        return REAL(nvmlDeviceGetProcessUtilization)(device, utilization,
+                                                     processSamplesCount, lastSeenTimeStamp);
+    const size_t size = sizeof(nvmlProcessUtilizationSample_t);
+    unsigned cap = 64;
+    for (int tries = 0; tries < 8; tries++) {
+        nvmlProcessUtilizationSample_t *all = calloc(cap, size);
+        if (all == NULL)
+            return NVML_ERROR_MEMORY;
+        unsigned int cnt = cap;
+        nvmlReturn_t r = REAL(nvmlDeviceGetProcessUtilization)(device, all, &cnt,
+                                                               lastSeenTimeStamp);
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE) {
+            free(all);
+            cap = cnt > cap ? cnt + 16 : cap * 2;
+            continue;
+        }
+        if (r != NVML_SUCCESS) {
+            free(all);
+            return r;
+        }
+        unsigned kept = keep_job_entries(all, cnt, size,
+                                         __builtin_offsetof(nvmlProcessUtilizationSample_t, pid));
+        if (kept == 0) {                  /* none of the job's: no sample, as NVML says it */
+            free(all);
+            return NVML_ERROR_NOT_FOUND;
+        }
+        if (utilization == NULL || *processSamplesCount < kept) {
+            *processSamplesCount = kept;
+            free(all);
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        memcpy(utilization, all, kept * size);
+        *processSamplesCount = kept;
+        free(all);
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INSUFFICIENT_SIZE;
+}
+
+nvmlReturn_t hook_nvmlDeviceGetProcessesUtilizationInfo(
+    nvmlDevice_t device, nvmlProcessesUtilizationInfo_t *procesesUtilInfo)
+{
+    NVML_PROLOGUE(nvmlDeviceGetProcessesUtilizationInfo, (device, procesesUtilInfo));
+    nvmlProcessesUtilizationInfo_t *in = procesesUtilInfo;
+    if (in == NULL || in->version != nvmlProcessesUtilizationInfo_v1)
+        return REAL(nvmlDeviceGetProcessesUtilizationInfo)(device, in);
+    const size_t size = sizeof(nvmlProcessUtilizationInfo_v1_t);
+    unsigned cap = 64;
+    for (int tries = 0; tries < 8; tries++) {
+        nvmlProcessUtilizationInfo_v1_t *all = calloc(cap, size);
+        if (all == NULL)
+            return NVML_ERROR_MEMORY;
+        nvmlProcessesUtilizationInfo_t q = *in;
+        q.processSamplesCount = cap;
+        q.procUtilArray = all;
+        nvmlReturn_t r = REAL(nvmlDeviceGetProcessesUtilizationInfo)(device, &q);
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE) {
+            free(all);
+            cap = q.processSamplesCount > cap ? q.processSamplesCount + 16 : cap * 2;
+            continue;
+        }
+        if (r != NVML_SUCCESS) {
+            free(all);
+            return r;
+        }
+        unsigned kept = keep_job_entries(all, q.processSamplesCount, size,
+                                         __builtin_offsetof(nvmlProcessUtilizationInfo_v1_t,
+                                                            pid));
+        if (kept == 0) {
+            free(all);
+            return NVML_ERROR_NOT_FOUND;
+        }
+        if (in->procUtilArray == NULL || in->processSamplesCount < kept) {
+            in->processSamplesCount = kept;
+            free(all);
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        memcpy(in->procUtilArray, all, kept * size);
+        in->processSamplesCount = kept;
+        free(all);
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INSUFFICIENT_SIZE;
 }
 
 /* ---- the hook's own measure --------------------------------------------------- */

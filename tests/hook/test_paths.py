@@ -185,6 +185,16 @@ PYNVML = textwrap.dedent("""
     print("procs", *sorted(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)))
     h1 = n.nvmlDeviceGetHandleByIndex(1)
     print("other", n.nvmlDeviceGetMemoryInfo(h1).total)
+    import time
+    seen, end = set(), time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end and len(seen) < int(sys.argv[1]):
+        for get in (n.nvmlDeviceGetProcessUtilization, n.nvmlDeviceGetProcessesUtilizationInfo):
+            try:
+                seen |= {s.pid for s in get(h, 0)}
+            except n.NVMLError_NotFound:
+                pass
+        time.sleep(0.05)
+    print("util", *sorted(seen))
 """)
 
 
@@ -192,13 +202,20 @@ def test_nvml_shows_the_job_view(sim, clients, client_factory):
     """nvidia-ml-py through dlsym: memory info v1 and v2 show the limit and
     the job's use; the process list only the job's processes."""
     region = sim.region({0: GiB})
-    job = client_factory(clients["direct"], ["ctx", "0", "alloc", "100M", "hold"],
+    job = client_factory(clients["direct"], ["ctx", "0", "alloc", "100M", "bglaunch",
+                                             "kernel", "100000000", "hold"],
                          sim.job_env(region.path))
-    other = client_factory(clients["direct"], ["ctx", "0", "alloc", "200M", "hold"], sim.env)
+    other = client_factory(clients["direct"], ["ctx", "0", "alloc", "200M", "bglaunch",
+                                               "kernel", "100000000", "hold"], sim.env)
     job.until("hold")
     other.until("hold")
     used = region.read_usage().devices[0].used
-    res = run(Path(sys.executable), ["-c", PYNVML],
+    # Outside the job both processes are named in the per-process utilization
+    res = run(Path(sys.executable), ["-c", PYNVML, "2", "10"], sim.env)
+    assert results(res.stdout, "util")[0] == sorted([str(job.pid), str(other.pid)]), res.stdout
+    # (inside, as long as the other took to be seen outside, twice: it is
+    # named in most sample periods, and never here)
+    res = run(Path(sys.executable), ["-c", PYNVML, "2", "2"],
               sim.job_env(region.path))
     assert res.returncode == 0, res.stderr
     total, u, free = map(int, results(res.stdout, "mem")[0])
@@ -206,5 +223,7 @@ def test_nvml_shows_the_job_view(sim, clients, client_factory):
     total2, u2, free2, reserved = map(int, results(res.stdout, "mem2")[0])
     assert (total2, u2, free2) == (GiB, used, GiB - used)
     assert results(res.stdout, "procs")[0] == [str(job.pid)]
+    # ... and the per-process utilization (both calls) only the job's own
+    assert results(res.stdout, "util")[0] == [str(job.pid)]
     # A GPU that is not the job's is shown as it is.
     assert int(results(res.stdout, "other")[0][0]) == 16 * GiB
