@@ -74,6 +74,22 @@ def test_command_csv_from_the_daemon_database(state_dir):
     assert row["memory_limit [MiB]"] == "4096" and row["core_limit [%]"] == "30"
 
 
+def test_a_damaged_usage_row_is_left_out_and_said_not_the_whole_report(state_dir):
+    """One usage row that can't be one (a damaged database) cost every
+    report (exit 8); now the report has the rest, and stderr says how many
+    rows were left out."""
+    with sqlite3.connect(str(state_dir / "vgpu.db")) as c:
+        c.execute("INSERT INTO usage (job_id, gpu_uuid, t0, t1, gpu_seconds, mem_gib_hours, "
+                  "peak_mem_bytes) SELECT job_id, gpu_uuid, t0, t1, 'garbage', mem_gib_hours, "
+                  "peak_mem_bytes FROM usage")
+    r = vgpuctl(["report", "--format", "csv", "--state-dir", str(state_dir)])
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("vgpuctl: warning: 1 usage row(s) of the window could not be read "
+                        "(a damaged database) and are left out of the report\n")
+    (row,) = csv.DictReader(io.StringIO(r.stdout))
+    assert float(row["gpu_time [s]"]) == pytest.approx(12.5, abs=1e-3)
+
+
 def test_command_table_off_a_terminal_is_plain(state_dir):
     r = vgpuctl(["report", "--state-dir", str(state_dir)], env={"FORCE_COLOR": "1"})
     assert r.returncode == 0, r.stderr

@@ -241,8 +241,10 @@ class Supervisor:
         if req.until <= req.since:
             raise UsageError("--until must be later than --since")
         db = self.paths.db
+        bad = [0]
         async with self._reports:
-            jobs, usage = await asyncio.to_thread(reports.load, db, req.since, req.until)
+            jobs, usage = await asyncio.to_thread(reports.load, db, req.since, req.until,
+                                                  False, bad)
         everyone = self.is_admin(peer)
         if not everyone:
             jobs = [j for j in jobs if j.uid == peer.uid]
@@ -251,7 +253,7 @@ class Supervisor:
         if len(usage) > MAX_REPORT_ROWS:
             raise UsageError(f"the window holds {len(usage)} usage rows (at most "
                              f"{MAX_REPORT_ROWS} are sent): give a shorter --since/--until")
-        return P.ok(db=str(db), everyone=everyone,
+        return P.ok(db=str(db), everyone=everyone, bad_rows=bad[0],
                     jobs=[dataclasses.asdict(j) for j in jobs],
                     usage=[dataclasses.asdict(u) for u in usage])
 

@@ -74,18 +74,19 @@ def _absent(db: Path) -> bool:
     return False
 
 
-def load(db: Path, since: float, until: float,
-         missing_ok: bool = False) -> tuple[list[JobRecord], list[UsageRow]]:
+def load(db: Path, since: float, until: float, missing_ok: bool = False,
+         bad: list[int] | None = None) -> tuple[list[JobRecord], list[UsageRow]]:
     """The jobs and the usage rows of [since, until) from the daemon's
     database. With ``missing_ok``, a database that does not exist (no daemon
-    has run yet) reads as empty."""
+    has run yet) reads as empty. Usage rows that can't be read are left out,
+    counted in ``bad[0]`` (vgpuctl.store.usage.read_usage)."""
     if missing_ok and _absent(db):
         return [], []
     conn = open_readonly(db)
     try:
         try:
             jobs = read_jobs(conn, since, until)
-            usage = read_usage(conn, since, until)
+            usage = read_usage(conn, since, until, bad)
         except sqlite3.Error as e:
             raise StateError(f"{db}: can't read the accounting database: {e}") from None
         except (ValueError, TypeError, KeyError) as e:
@@ -97,9 +98,10 @@ def load(db: Path, since: float, until: float,
 
 
 def build(db: Path, by: str, since: float, until: float,
-          tz: tzinfo | None = None, missing_ok: bool = False) -> Report:
+          tz: tzinfo | None = None, missing_ok: bool = False,
+          bad: list[int] | None = None) -> Report:
     """The report of [since, until) grouped ``by`` from the database at ``db``."""
     if until <= since:
         raise UsageError("--until must be later than --since")
-    jobs, usage = load(db, since, until, missing_ok)
+    jobs, usage = load(db, since, until, missing_ok, bad)
     return aggregate(jobs, usage, by, since, until, tz)

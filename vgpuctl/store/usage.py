@@ -145,9 +145,12 @@ def prune(conn: sqlite3.Connection, before: float, keep: Iterable[str] = (),
 
 
 def read_usage(conn: sqlite3.Connection, since: float | None = None,
-               until: float | None = None) -> list[UsageRow]:
+               until: float | None = None, bad: list[int] | None = None) -> list[UsageRow]:
     """Usage rows that overlap [since, until) (all when both are None).
-    Returns [] when the table does not exist yet."""
+    Returns [] when the table does not exist yet. A row that can't be one
+    (a damaged database) is left out, and counted in ``bad[0]`` when given
+    (a list of one number):
+    one bad row does not cost a report every other."""
     q = ("SELECT job_id, gpu_uuid, t0, t1, gpu_seconds, mem_gib_hours, peak_mem_bytes"
          " FROM usage WHERE 1 = 1")
     args: list[float] = []
@@ -164,5 +167,12 @@ def read_usage(conn: sqlite3.Connection, since: float | None = None,
         if "no such table" in str(e):
             return []
         raise
-    return [UsageRow(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4]),
-                     float(r[5]), int(r[6])) for r in rows]
+    out = []
+    for r in rows:
+        try:
+            out.append(UsageRow(str(r[0]), str(r[1]), float(r[2]), float(r[3]), float(r[4]),
+                                float(r[5]), int(r[6])))
+        except (TypeError, ValueError, OverflowError):
+            if bad is not None:
+                bad[0] += 1
+    return out

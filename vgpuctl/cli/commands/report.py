@@ -54,12 +54,18 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     # Nothing has run yet (no database where one would be) is an empty
     # report; a --state-dir that does not exist is a mistake.
     missing_ok = state_dir is None or _is_dir(state_dir)
+    bad = [0]
     try:
-        result = reports.build(db, by, t0, t1, missing_ok=missing_ok)
+        result = reports.build(db, by, t0, t1, missing_ok=missing_ok, bad=bad)
     except PermissionDenied as e:
         if state_dir is not None:
             raise
-        result = _own_jobs(db, by, t0, t1, e)
+        result = _own_jobs(db, by, t0, t1, e, bad)
+    if bad[0]:
+        from vgpuctl.cli import messages
+
+        messages.warn(f"{bad[0]} usage row(s) of the window could not be read (a damaged "
+                      "database) and are left out of the report")
     if output is not None and str(output) != "-":
         write_output(output, rep.render(result, fmt))
         return
@@ -90,7 +96,7 @@ def _is_dir(path: Path) -> bool:
 
 
 def _own_jobs(db: Path, by: str, since: float, until: float,
-              denied: PermissionDenied) -> rep.Report:
+              denied: PermissionDenied, bad: list[int]) -> rep.Report:
     """The report of the caller's own jobs, from the daemon that keeps db,
     for a user who may not read it (as sacct shows a user their jobs);
     denied again when no daemon answers or it keeps another database."""
@@ -113,6 +119,7 @@ def _own_jobs(db: Path, by: str, since: float, until: float,
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"the daemon's report is not one ({type(e).__name__}: "
                             f"{e})") from None
+    bad[0] += int(reply.get("bad_rows") or 0)
     out = rep.aggregate(jobs, usage, by, since, until)
     if not reply.get("everyone"):
         out.only_user = jobs[0].user if jobs else _me()
