@@ -140,7 +140,9 @@ def test_utilization_idle_gpu_is_not_found(sim_env):
 
 def test_utilization_one_entry_per_process_per_call(sim_env, burn_program):
     """A saturating process gets one entry per call, however many sample
-    periods the call covers, with smUtil near 100, from both calls; only
+    periods the call covers, with smUtil the device's utilization over them
+    (near 100; less where a loaded host kept it from launching), from both
+    calls; only
     entries newer than lastSeenTimeStamp come back, stamped with the newest
     period, in microseconds of the wall clock."""
     sim_env["VGPU_SIM_SAMPLE_MS"] = "100"
@@ -152,7 +154,10 @@ def test_utilization_one_entry_per_process_per_call(sim_env, burn_program):
             time.sleep(0.5)               # about five more periods
             b = both(t0)
             t1 = max(ts for _, ts, _ in b["sample"])
+            _, ss = N.nvmlDeviceGetSamples(h, N.NVML_GPU_UTILIZATION_SAMPLES, t0)
+            dev = [x.sampleValue.uiVal for x in ss if t0 < x.timeStamp <= t1]
             out({"first": first, "t0": t0, "b": b, "now_us": time.time() * 1e6,
+                 "device": sum(dev) / max(1, len(dev)),
                  "again": both(t1), "future": both(int(time.time() * 1e6) + 10_000_000)})
         """)
     finally:
@@ -162,7 +167,7 @@ def test_utilization_one_entry_per_process_per_call(sim_env, burn_program):
         (entry,) = out["b"][way]                 # exactly one, for five periods
         pid, ts, sm = entry
         assert pid == busy.pid
-        assert 90 <= sm <= 100, out
+        assert out["device"] >= 50 and abs(sm - out["device"]) <= 10, out
         assert out["t0"] + 400_000 <= ts <= out["now_us"]   # the newest period's end
         assert (ts - out["t0"]) % 100_000 in (0, 1, 99_999)  # on the period grid
         assert all(t > ts for _, t, _ in out["again"][way])  # nothing seen twice

@@ -92,6 +92,7 @@ def stop(socket_path: str | None) -> None:
     from vgpuctl.client.connection import connect
     from vgpuctl.errors import PermissionDenied, VgpuError
     from vgpuctl.system import paths
+    from vgpuctl.system.procfs import start_time
 
     with connect(socket_path) as cl:
         pid = cl.peer_pid()
@@ -107,24 +108,10 @@ def stop(socket_path: str | None) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_WAIT_S
-    while _alive(pid):
+    while start_time(pid) is not None:      # (a zombie, our own child in tests, is gone)
         if time.monotonic() > deadline:
             raise VgpuError(f"the daemon on {cl.path} (pid {pid}) still runs {STOP_WAIT_S:.0f} "
                             "s after SIGTERM; its log says why")
         time.sleep(0.05)
     messages.note(f"stopped the daemon on {cl.path} (pid {pid}); its jobs run on and the "
                   "next daemon adopts them")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:    # a zombie (our own child, in tests) is gone for this purpose
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:
-        return False
