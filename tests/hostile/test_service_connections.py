@@ -138,3 +138,81 @@ def test_a_socket_path_too_long_for_sun_path_is_served(daemon_factory):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["daemon"]["socket"] == str(d.socket)
     _run_goes_through(d)
+
+
+def _nofile_168() -> None:
+    # 40 connections in all (168 less the daemon's 128), 30 of them for users
+    resource.setrlimit(resource.RLIMIT_NOFILE, (168, 168))
+
+
+def _ping_as(uid: int, socket_path) -> str:
+    """A ping from a forked child of this process become uid: "ok", or the
+    error it met."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        msg = "?"
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            from vgpuctl.client.connection import Client
+            with Client.connect(socket_path, timeout=10) as cl:
+                cl.call("ping")
+            msg = "ok"
+        except BaseException as e:   # noqa: BLE001 - told to the parent
+            msg = f"{type(e).__name__}: {e}"
+        finally:
+            os.write(w, msg.encode())
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 4096).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got
+
+
+def test_a_user_holding_every_connection_gives_one_up_to_another(daemon_factory):
+    """One user (nobody) holds every connection users may hold, as sixteen
+    users with keep-alive pings did: another user (uid 1) who holds none is
+    not shut out: the holder gives up the connection that asked least
+    lately."""
+    import os
+
+    from vgpuctl.core import protocol as P  # noqa: F401  (loaded before the fork)
+    from vgpuctl.daemon.server import ConnectionLimits, descriptor_limit  # noqa: F401
+
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("needs root to act as two users")
+    d = daemon_factory(start=False)
+    d.start(preexec_fn=_nofile_168)
+    hog = as_nobody(HOLD, str(d.socket), "40")
+    try:
+        got = json.loads(read_line(hog.stdout, timeout=60))
+        assert got["open"] == 30, got              # every connection users may hold
+        assert _ping_as(1, d.socket) == "ok"
+        assert _ping_as(1, d.socket) == "ok"       # (and again: its first one closed)
+    finally:
+        hog.stdin.close()
+        hog.wait(30)
+
+
+def test_who_gives_a_connection_up():
+    """The rule, row by row: a user holding fewer than FAIR_MIN gets one from
+    the user holding the most, if that one holds two more; root never gives
+    one up, and a user holding FAIR_MIN asks no one."""
+    from collections import Counter
+
+    from vgpuctl.daemon.server import FAIR_MIN, ConnectionLimits
+
+    pick = ConnectionLimits.fair_victim
+    assert pick(7, Counter({5: 30})) == 5
+    assert pick(7, Counter({5: 10, 6: 20})) == 6                 # the one holding the most
+    assert pick(7, Counter({5: 20, 6: 20})) == 5                 # (a tie: the lower uid)
+    assert pick(7, Counter({7: 1, 5: 2})) is None                # not two more
+    assert pick(7, Counter({7: FAIR_MIN, 5: 30})) is None        # holds enough already
+    assert pick(7, Counter({0: 40})) is None                     # root keeps its own
+    assert pick(0, Counter({5: 30})) is None                     # root has its reserve

@@ -12,7 +12,10 @@ unusable for the others (docs/security.md, "The service"):
 - connections: at most PER_UID per uid, and all together what the
   descriptor limit leaves (ConnectionLimits); root keeps ROOT_RESERVE of
   them for itself, so the operator's `ps` answers while others hold all
-  theirs. A connection over a cap gets one error line and is closed at once;
+  theirs. A connection over a cap gets one error line and is closed at once,
+  unless its user holds fewer than FAIR_MIN: then the user holding the most
+  gives up the connection of theirs that asked least lately (sixteen users
+  holding every connection with keep-alive pings shut a seventeenth out);
 - a connection that sends no request for IDLE_S is closed (blank lines
   are not requests, and a line that never ends is none either);
 - the listen backlog is BACKLOG (the kernel may cap it at somaxconn);
@@ -53,6 +56,7 @@ log = logging.getLogger("vgpuctl.daemon")
 PER_UID = 64            # connections one uid other than root may hold
 MAX_CONNECTIONS = 1024  # connections in all, however many descriptors there are
 ROOT_RESERVE = 32       # kept for root above what all the others may hold
+FAIR_MIN = 4            # a user holding fewer gets one from the user holding the most
 FD_HEADROOM = 128       # descriptors kept for the database, regions, NVML, threads
 IDLE_S = 30.0           # a connection without a request for this long is closed
 BACKLOG = 4096
@@ -115,6 +119,15 @@ def listen(path: Path, mode: int) -> socket.socket:
             os.close(fd)
 
 
+@dataclass
+class _Conn:
+    """One connection, as the fair share sees it."""
+    uid: int
+    last: float                 # when it last sent a request (its start before one)
+    busy: bool = False          # a request of it is being answered
+    leaving: bool = False       # ended to make room for another user
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     """How many connections the daemon holds: ``total`` in all (root's
@@ -148,6 +161,20 @@ class ConnectionLimits:
                     "try again shortly")
         return None
 
+    @staticmethod
+    def fair_victim(uid: int, held: Counter[int]) -> int | None:
+        """The user who gives up a connection so that uid, refused and
+        holding fewer than FAIR_MIN, gets one: the one holding the most
+        (root never), if they hold at least two more than uid; None when
+        no one does."""
+        if uid == 0 or held[uid] >= FAIR_MIN:
+            return None
+        others = [(n, -u) for u, n in held.items() if u not in (0, uid)]
+        if not others:
+            return None
+        n, neg = max(others)
+        return -neg if n >= held[uid] + 2 else None
+
 
 def descriptor_limit() -> int:
     """Raise the soft RLIMIT_NOFILE to the hard one (at most 65536), and
@@ -172,6 +199,7 @@ class Server:
         self.idle_s = IDLE_S if idle_s is None else idle_s
         self._conns: set[asyncio.Task[None]] = set()
         self._held: Counter[int] = Counter()
+        self._info: dict[asyncio.Task[None], _Conn] = {}
         self._lsock: socket.socket | None = None
         self._spare: int | None = None
         self._scan: asyncio.Future[Any] | None = None
@@ -242,24 +270,49 @@ class Server:
         except OSError:
             conn.close()
             return
+        loop = asyncio.get_running_loop()
         why = self.limits.refusal(peer.uid, self._held)
-        if why is not None:
+        if why is not None and not self._make_room(peer.uid, loop.time()):
             self._refused.hit(f"pid {peer.pid} (uid {peer.uid}): {why}")
             _refuse(conn, why)
             return
         self._held[peer.uid] += 1
-        task = asyncio.get_running_loop().create_task(self._client(conn, peer))
+        info = _Conn(peer.uid, loop.time())
+        task = loop.create_task(self._client(conn, peer, info))
         self._conns.add(task)
+        self._info[task] = info
         task.add_done_callback(lambda t: self._done(t, peer.uid))
+
+    def _make_room(self, uid: int, now: float) -> bool:
+        """For a user refused while holding fewer than FAIR_MIN: end the
+        connection of the user holding the most that asked least lately (not
+        one mid-request); whether one was ended (its count drops when its
+        task ends: the new one is taken meanwhile)."""
+        victim = ConnectionLimits.fair_victim(uid, self._held - self._leaving())
+        if victim is None:
+            return False
+        conns = [(i.last, t) for t, i in self._info.items()
+                 if i.uid == victim and not i.busy and not i.leaving]
+        if not conns:
+            return False
+        _, task = min(conns, key=lambda c: c[0])
+        self._info[task].leaving = True
+        task.cancel()
+        log.debug("uid %d gave up a connection to uid %d (fair share)", victim, uid)
+        return True
+
+    def _leaving(self) -> Counter[int]:
+        return Counter(i.uid for i in self._info.values() if i.leaving)
 
     def _done(self, task: asyncio.Task[None], uid: int) -> None:
         self._conns.discard(task)
+        self._info.pop(task, None)
         self._held[uid] -= 1
         if self._held[uid] <= 0:
             del self._held[uid]
 
     # -- one connection -----------------------------------------------------------------
-    async def _client(self, conn: socket.socket, peer: Peer) -> None:
+    async def _client(self, conn: socket.socket, peer: Peer, info: _Conn) -> None:
         writer = None
         loop = asyncio.get_running_loop()
         try:
@@ -286,9 +339,11 @@ class Server:
                     break
                 if not line.strip():
                     continue
+                info.busy, info.last = True, loop.time()
                 reply = await self._reply(peer, line)
                 writer.write(P.encode(reply))
                 await asyncio.wait_for(writer.drain(), self.idle_s)
+                info.busy = False
                 if not line.endswith(b"\n"):
                     break
                 idle_until = loop.time() + self.idle_s
