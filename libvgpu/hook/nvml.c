@@ -69,6 +69,28 @@ static nvmlReturn_t real_procs(procs_fn fn, nvmlDevice_t device, size_t size, vo
     return NVML_ERROR_INSUFFICIENT_SIZE;
 }
 
+/* Keep the entries (n of `size` bytes, the pid at `pid_at`) of the job's
+ * processes, in place; their number. */
+static unsigned keep_job_entries(void *all, unsigned n, size_t size, size_t pid_at)
+{
+    int32_t pids[VGPU_MAX_PROCS];
+    int np = vgpu_job_pids(pids, VGPU_MAX_PROCS);
+    unsigned kept = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char *e = (char *)all + i * size;
+        unsigned int pid;
+        memcpy(&pid, e + pid_at, sizeof(pid));
+        for (int k = 0; k < np; k++) {
+            if ((unsigned int)pids[k] == pid) {
+                memmove((char *)all + kept * size, e, size);
+                kept++;
+                break;
+            }
+        }
+    }
+    return kept;
+}
+
 static nvmlReturn_t job_procs(procs_fn fn, nvmlDevice_t device, unsigned int *infoCount,
                               void *infos, size_t size)
 {
@@ -79,21 +101,7 @@ static nvmlReturn_t job_procs(procs_fn fn, nvmlDevice_t device, unsigned int *in
     nvmlReturn_t r = real_procs(fn, device, size, &all, &n);
     if (r != NVML_SUCCESS)
         return r;
-    int32_t pids[VGPU_MAX_PROCS];
-    int np = vgpu_job_pids(pids, VGPU_MAX_PROCS);
-    unsigned kept = 0;
-    for (unsigned i = 0; i < n; i++) {
-        char *e = (char *)all + i * size;
-        unsigned int pid;
-        memcpy(&pid, e, sizeof(pid));   /* pid is the first field of every version */
-        for (int k = 0; k < np; k++) {
-            if ((unsigned int)pids[k] == pid) {
-                memmove((char *)all + kept * size, e, size);
-                kept++;
-                break;
-            }
-        }
-    }
+    unsigned kept = keep_job_entries(all, n, size, 0);  /* pid first, in every version */
     if (*infoCount < kept || (kept > 0 && infos == NULL)) {
         *infoCount = kept;
         free(all);
@@ -134,28 +142,6 @@ nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
 }
 
 /* ---- per-process utilization: the job's own processes only ------------------ */
-
-/* Keep the entries (n of `size` bytes, the pid at `pid_at`) of the job's
- * processes, in place; their number. */
-static unsigned keep_job_entries(void *all, unsigned n, size_t size, size_t pid_at)
-{
-    int32_t pids[VGPU_MAX_PROCS];
-    int np = vgpu_job_pids(pids, VGPU_MAX_PROCS);
-    unsigned kept = 0;
-    for (unsigned i = 0; i < n; i++) {
-        char *e = (char *)all + i * size;
-        unsigned int pid;
-        memcpy(&pid, e + pid_at, sizeof(pid));
-        for (int k = 0; k < np; k++) {
-            if ((unsigned int)pids[k] == pid) {
-                memmove((char *)all + kept * size, e, size);
-                kept++;
-                break;
-            }
-        }
-    }
-    return kept;
-}
 
 nvmlReturn_t hook_nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                                   nvmlProcessUtilizationSample_t *utilization,
