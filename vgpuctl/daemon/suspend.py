@@ -266,8 +266,8 @@ class Suspender:
         tracking.poke_launcher(rec)
         where = rec.gpus[0].get("index") if rec.gpus else None
         action = "moved" if moves else "resumed"
-        log.info("job %s (%s) %s on GPU %s after %.1f s suspended", job.id, rec.name, action,
-                 where, rec.suspended_s)
+        log.info("job %s (%s) %s GPU %s after %.1f s suspended", job.id, rec.name,
+                 "moved to" if moves else "resumed on", where, rec.suspended_s)
         return Outcome(job.id, action, where)
 
     def _point(self, job: LiveJob, target: rules.Room) -> None:
