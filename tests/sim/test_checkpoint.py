@@ -362,10 +362,10 @@ def test_pairs_must_name_every_gpu_when_the_driver_wants_them_all(sim_env, targe
 
 
 def test_a_restore_without_room_fails_and_stays_checkpointed(sim_env, target):
-    sim_env["VGPU_SIM"] = "2x4G"
-    t = target([(0, 3 * GiB)])
+    sim_env["VGPU_SIM"] = "2x1G"                   # (small: the data is checked byte for byte)
+    t = target([(0, 640 * MiB)])                   # and a context of 300M
     assert errors(control(sim_env, t.pid, "lock", "checkpoint")) == ["CUDA_SUCCESS"] * 2
-    other = target([(1, 3 * GiB)])                 # GPU 1 fills up meanwhile
+    other = target([(1, 640 * MiB)])               # GPU 1 fills up meanwhile
     r = control(sim_env, t.pid, "restore:0>1", "state", "restore", "unlock")
     assert errors(r) == ["CUDA_ERROR_OUT_OF_MEMORY", "CUDA_SUCCESS", "CUDA_SUCCESS",
                          "CUDA_SUCCESS"]
