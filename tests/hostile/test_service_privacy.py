@@ -120,3 +120,31 @@ def test_a_user_reports_their_own_jobs_where_the_database_is_roots(daemon_factor
     # root, who reads the database, sees both
     res = d.cli("report", "--since", "1h", "--format", "json", "--state-dir", str(d.state))
     assert {r["name"] for r in json.loads(res.stdout)} == {"roots", "mine"}
+
+
+def test_a_user_asking_for_reports_in_a_loop_is_slowed(daemon_factory):
+    """Each report reads the window's rows of the database: a user other
+    than root gets one a second (two at once), then is asked to retry
+    (`retry`: vgpuctl's client asks again by itself); root is never slowed."""
+    import json
+
+    from vgpuctl.core import protocol as P
+
+    d = daemon_factory()
+
+    def go():
+        import socket as S
+        out = []
+        with S.socket(S.AF_UNIX, S.SOCK_STREAM) as s:
+            s.connect(str(d.socket))
+            f = s.makefile("rwb")
+            for _ in range(4):
+                f.write(P.encode_request("report", since=0.0, until=1e9))
+                f.flush()
+                reply = json.loads(f.readline())
+                out.append("ok" if reply.get("ok") else
+                           "retry" if reply["error"].get("retry") else reply["error"]["message"])
+        return out
+    assert in_child_as_nobody(go) == ["ok", "ok", "retry", "retry"]
+    with d.client() as c:            # root
+        assert all(c.call("report", since=0.0, until=1e9)["everyone"] for _ in range(4))

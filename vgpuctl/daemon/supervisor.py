@@ -75,6 +75,9 @@ log = logging.getLogger("vgpuctl.daemon")
 # Usage rows one report request may carry (a row spans up to 5 minutes of
 # one job on one GPU: a year of a busy user's jobs is far fewer).
 MAX_REPORT_ROWS = 200_000
+# Reports a user other than root may ask for a second (each reads the
+# window's rows of the database).
+REPORT_RATE = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class Supervisor:
         # One report read at a time: a user's flood of them waits its turn
         # rather than reading the database many times over at once.
         self._reports = asyncio.Lock()
+        self._report_rate = placement.AdmissionRate()
 
     def refresh_gpus(self) -> None:
         """The jobs on some GPU changed (admitted, ended, suspended, resumed,
@@ -196,6 +200,8 @@ class Supervisor:
             if isinstance(req, P.Report):
                 return await self.op_report(peer, req)
             raise RequestInvalid(f"{P.op_name(req)} is not a slow request")
+        except AdmissionBusy as e:      # nothing was done: the client asks again
+            return P.error("admission", str(e), retry=True)
         except VgpuError as e:
             return P.error(P.error_code(e), str(e))
         except Exception as e:  # a bug: answer, log one line per burst, keep serving
@@ -240,6 +246,10 @@ class Supervisor:
         caller's own jobs for anyone else."""
         if req.until <= req.since:
             raise UsageError("--until must be later than --since")
+        if not self.is_admin(peer) and not self._report_rate.take(peer.uid, REPORT_RATE,
+                                                                  time.monotonic()):
+            raise AdmissionBusy(f"uid {peer.uid} asks for reports faster than "
+                                f"{REPORT_RATE:g} a second: try again in a moment")
         db = self.paths.db
         bad = [0]
         async with self._reports:
