@@ -155,7 +155,6 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
     if until <= since:
         raise UsageError("--until must be later than --since")
     records = {j.id: j for j in jobs}
-    usage = list(usage)
     rows: dict[str, ReportRow] = {}
 
     def row(key: str) -> ReportRow:
@@ -177,11 +176,8 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
             return [rec.slurm_job if rec and rec.slurm_job else NOT_SLURM]
         return []
 
-    usage_order: dict[str, list[str]] = {}     # job -> its GPUs, in the order it used them
+    # in time order: a job's row lists its GPUs in the order it used them
     for u in sorted(usage, key=lambda u: u.t0):
-        seen = usage_order.setdefault(u.job_id, [])
-        if u.gpu_uuid not in seen:
-            seen.append(u.gpu_uuid)
         if by == "day":
             for day, lo, hi in _days(max(since, u.t0), min(until, max(u.t1, u.t0 + 1e-9)), tz):
                 part = _row_part(u, lo, hi)
@@ -198,7 +194,7 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
             continue
         for key in keys_for(u.job_id, u.gpu_uuid):
             r = row(key)
-            if u.gpu_uuid not in r.gpus:
+            if by == "job" and u.gpu_uuid not in r.gpus:
                 r.gpus.append(u.gpu_uuid)
             r.jobs.add(u.job_id)
             r.gpu_seconds += u.gpu_seconds * part
@@ -226,14 +222,15 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
     if by == "job":
         for key, r in rows.items():
             r.job = records.get(key)
-            r.gpus = _gpus_used(r, usage_order.get(key, []))
+            # then those it holds that it did not use in the window
+            r.gpus += [g for g in (r.job.uuids if r.job else []) if g not in r.gpus]
         ordered = sorted(rows.values(), key=lambda r: (
             r.job.start if r.job is not None else math.inf, r.key))
     else:
         ordered = sorted(rows.values(), key=lambda r: r.key)
-    index = {str(g.get("uuid")): g["index"] for j in records.values() for g in j.gpus
-             if isinstance(g, dict) and isinstance(g.get("index"), int)}
     if by == "gpu":
+        index = {str(g.get("uuid")): g["index"] for j in records.values() for g in j.gpus
+                 if isinstance(g, dict) and isinstance(g.get("index"), int)}
         for r in ordered:
             r.index = index.get(r.key)
     return Report(by=by, since=since, until=until, rows=ordered)
@@ -242,17 +239,6 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
 def row_gpus(r: ReportRow) -> list[str]:
     """A --by job row's GPUs: those aggregate found, else its job's."""
     return r.gpus or (r.job.uuids if r.job is not None else [])
-
-
-def _gpus_used(r: ReportRow, used: list[str]) -> list[str]:
-    """A job's GPUs in a report: those it used in the window, in the order
-    it used them (a job moved from GPU 0 to 1 lists both), then those it
-    holds that it did not use."""
-    out = [g for g in used if g in r.gpus]
-    for g in (r.job.uuids if r.job is not None else []):
-        if g not in out:
-            out.append(g)
-    return out
 
 
 # -- columns -------------------------------------------------------------------

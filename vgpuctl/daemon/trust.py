@@ -90,8 +90,8 @@ class Trust:
                      for d, t in zip(devs, totals, strict=True)]
         gone = self._dead_slots(job)
         if gone:
-            job.usage = [replace(d, used=max(0, d.used - g)) for d, g in
-                         zip(job.usage, gone + [0] * (len(job.usage) - len(gone)), strict=False)]
+            job.usage = [replace(d, used=max(0, d.used - g))
+                         for d, g in zip(job.usage, gone, strict=True)]
         return job.usage
 
     def _dead_slots(self, job: LiveJob) -> list[int]:
