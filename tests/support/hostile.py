@@ -90,10 +90,10 @@ def as_nobody(code: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
                             cwd="/", **kw)
 
 
-def in_child_as_nobody(fn: Any, timeout: float = 60) -> Any:
-    """fn() run in a forked child of this process as nobody (uid 65534),
-    its result (anything JSON can carry) returned; the exception it raised
-    as an AssertionError. The child uses only what this process has already
+def in_child_as_nobody(fn: Any, timeout: float = 60, uid: int = NOBODY) -> Any:
+    """fn() run in a forked child of this process as nobody (uid 65534, or
+    the uid given), its result (anything JSON can carry) returned; the
+    exception it raised as an AssertionError. The child uses only what this process has already
     imported (nobody may not read this interpreter's files); skip where
     this process can't become nobody."""
     import json
@@ -107,8 +107,8 @@ def in_child_as_nobody(fn: Any, timeout: float = 60) -> Any:
         os.close(r)
         try:
             os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
+            os.setgid(uid)
+            os.setuid(uid)
             out = {"ok": fn()}
         except BaseException as e:
             out = {"error": f"{type(e).__name__}: {e}"}
