@@ -400,12 +400,13 @@ def check_daemon(env: Mapping[str, str]) -> Check:
 def _answering_daemon(env: Mapping[str, str]) -> tuple[Path, dict[str, Any]] | None:
     """The socket of the daemon a client would use, and its ping's answer;
     None when none answers."""
-    for sock in paths.client_sockets(env=env):
-        try:
-            return sock, _ping(sock, timeout=2.0)
-        except (OSError, ValueError, VgpuError):
-            continue
-    return None
+    from vgpuctl.client.connection import connect
+
+    try:
+        with connect(env=env, timeout=2.0) as cl:
+            return cl.path, dict(cl.call("ping").get("daemon") or {})
+    except (OSError, ValueError, VgpuError):
+        return None
 
 
 def check_config(env: Mapping[str, str]) -> Check:
