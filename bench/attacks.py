@@ -89,7 +89,7 @@ def call(sock: Path, op: str, **fields) -> dict:
         return c.call(op, **fields)
 
 
-def nobody_job(sock: Path, argv: list[str], env: dict[str, str], mem: int, core: int,
+def nobody_job(sock: Path, argv: list[str], env: dict[str, str], mem: int, core: int | None,
                tag: str) -> str:
     """A job of nobody's whose command runs as nobody without the hook (as
     tests/support/hostile.py's start_job_as_nobody); its id."""
@@ -102,7 +102,8 @@ def nobody_job(sock: Path, argv: list[str], env: dict[str, str], mem: int, core:
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            reply = call(sock, "run", command=argv, cwd="/", mem=mem, core=core)
+            ask = {"core": core} if core is not None else {}
+            reply = call(sock, "run", command=argv, cwd="/", mem=mem, **ask)
             job_env = {**env, **reply["env"], "VGPU_SIM_TAG": tag, "PATH": "/usr/bin:/bin"}
             lib = reply["prepend"].get("LD_LIBRARY_PATH")
             if lib:
@@ -151,16 +152,19 @@ ATTACKS = {
                G, 10)],
     "respawn": [(["sh", "-c", f"while :; do {burn()} --kernel-us 1000 --seconds 600; done"],
                  G, 10)],
+    # issue 30: jobs with no --core (a budget of 100 % before)
+    "eight_unpromised": [([burn(), "--kernel-us", "500", "--seconds", "600", "--duty", "10.5"],
+                          512 << 20, None)] * 8,
     # beyond the issue's list: processes shorter than the watch's tick
     "chain_50ms": [(["sh", "-c", f"while :; do {burn()} --kernel-us 1000 --seconds 0.05; done"],
                     G, 10)],
 }
 
 
-def compute_scenario(name: str, seconds: float) -> dict:
+def compute_scenario(name: str, seconds: float, on_violation: str) -> dict:
     base = Path(tempfile.mkdtemp(prefix="vgpu-attack-"))
     os.chmod(base, 0o755)
-    proc, env = start_daemon(base, 'on_violation = "kill"\ncooldown_s = 0\n')
+    proc, env = start_daemon(base, f'on_violation = "{on_violation}"\ncooldown_s = 0\n')
     sock = base / "vgpud.sock"
     try:
         nenv = {**env, "VGPU_SIM_TAG": "neighbour"}
@@ -277,6 +281,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", nargs="*", default=None, help="scenarios to run")
+    ap.add_argument("--on-violation", default="kill", choices=("kill", "protect", "report"),
+                    help="the daemon's on_violation for the compute scenarios")
     ap.add_argument("--output", default=str(HERE / "results" / "attacks.json"))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -286,7 +292,7 @@ def main() -> None:
     compute = {}
     for name in ATTACKS:
         if args.only is None or name in args.only:
-            compute[name] = compute_scenario(name, args.seconds)
+            compute[name] = compute_scenario(name, args.seconds, args.on_violation)
             print(name, compute[name], flush=True)
     mem = [memory_round() for _ in range(args.rounds)] \
         if args.only is None or "memory" in args.only else []
@@ -295,7 +301,7 @@ def main() -> None:
         "device": "simulated GPU (VGPU_SIM=1x16G)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
-        "seconds": args.seconds, "elapsed_s": round(time.monotonic() - t0, 1),
+        "seconds": args.seconds, "on_violation": args.on_violation, "elapsed_s": round(time.monotonic() - t0, 1),
         "loadavg_before": [round(x, 2) for x in load0],
         "targets": {"neighbour_error_points": 3.0, "stopped_s": 3.0,
                     "cotenant_alloc_s": 1.0},

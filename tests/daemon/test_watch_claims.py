@@ -24,10 +24,9 @@ def _lone_gated_job(claims_ns: int) -> Known:
     """Job 1 alone on the GPU, its one process this one, in its slots."""
     me = os.getpid()
     start = _start_of(me)
-    return Known([JobLimits("1", GPU, G, 0.2, os.getuid())], {me: "1"}, {me: start}, {},
-                 jobs={"1": JobProcs(os.getuid(), {me: start}, None)},
-                 hooked={me: start}, claims={("1", GPU): claims_ns},
-                 turns={("1", GPU): 0.2})
+    return Known([JobLimits("1", GPU, G, 0.2, os.getuid(), turn=0.2)], {me: "1"}, {me: start},
+                 {}, jobs={"1": JobProcs(os.getuid(), {me: start}, None)},
+                 hooked={me: start}, claims={("1", GPU): claims_ns})
 
 
 def _start_of(pid: int) -> int:
@@ -95,14 +94,13 @@ def test_busy_time_of_a_job_that_left_is_not_the_lone_job_lefts():
         w = Watch(lambda: [GpuStats(0, GPU, "test", 16 * G, processes=dict(procs))], busy)
 
         def known(claims: dict[str, int]) -> Known:
-            lims = [JobLimits(j, GPU, G, 0.5, os.getuid()) for j in claims]
+            lims = [JobLimits(j, GPU, G, 0.5, os.getuid(), turn=0.5) for j in claims]
             pids = {p: j for p, j in ((me, "1"), (them, "2")) if j in claims}
             return Known(lims, pids, {p: starts[p] for p in pids}, {},
                          jobs={j: JobProcs(os.getuid(), {p: starts[p] for p, jj in pids.items()
                                                           if jj == j}, None) for j in claims},
                          hooked={p: starts[p] for p in pids}, claims={(j, GPU): c for j, c in
-                                                                       claims.items()},
-                         turns={(j, GPU): 0.5 for j in claims})
+                                                                       claims.items()})
 
         c1 = c2 = 1
         w.check(known({"1": c1, "2": c2}), "report", 0.0)

@@ -162,6 +162,66 @@ def test_a_respawning_burner_ends_with_its_job(node):
         _stop(p)
 
 
+# -- compute, in the default config (issue 30: protect acts on compute) ------------------
+# Where the jobs on a GPU take turns, busy time past a hook is taken from
+# whoever holds the turn: protect ends its job, as kill does, with or without
+# a share of its own.
+def _ended_past_hooks(d, j) -> None:
+    job = _ended(d, j["job"])
+    found = _ended_for(job, "compute")
+    assert any(v["scope"] == "bypass" for v in found), job["violations"]
+    assert wait_for(lambda: _gone(j["pid"]), what="the burner to be gone")
+
+
+def test_in_the_default_config_jobs_with_no_share_burning_past_their_hooks_end(node):
+    """Eight jobs without --core (a budget of the whole GPU before), each a
+    burner busy 10.5 % without its hook: the neighbour was held to 13.7 %."""
+    d = node()
+    p, neighbour = _neighbour(d)
+    try:
+        jobs = [start_job_as_nobody(d.socket, burn("--kernel-us", "500", "--seconds", "300",
+                                                   "--duty", "10.5"), _env(d), 512 << 20, None,
+                                    name=f"unpromised{k}")
+                for k in range(8)]
+        for j in jobs:
+            _ended_past_hooks(d, j)
+        assert d.job(neighbour["id"])["violations"] == []
+        assert p.poll() is None
+    finally:
+        _stop(p)
+
+
+@pytest.mark.parametrize("core", [1, None])
+def test_in_the_default_config_a_respawning_burner_ends_with_its_job(node, core):
+    d = node()
+    p, neighbour = _neighbour(d)
+    try:
+        loop = f"while :; do {burn()[0]} --kernel-us 1000 --seconds 300; done"
+        j = start_job_as_nobody(d.socket, unhooked_shell(loop), _env(d), G, core)
+        _ended_past_hooks(d, j)
+        assert d.job(neighbour["id"])["violations"] == []
+        assert p.poll() is None
+    finally:
+        _stop(p)
+
+
+def test_in_the_default_config_a_job_burning_a_gpu_it_was_not_given_ends(daemon_factory):
+    """A --gpu 1 job whose burner leaves CUDA_VISIBLE_DEVICES out and burns
+    GPU 0, where root's --core 60 job runs (46.5 % of 60 before)."""
+    d = daemon_factory(gpus="2x16G")
+    p, neighbour = _neighbour(d)
+    assert neighbour["gpus"] == [0]
+    try:
+        j = start_job_as_nobody(d.socket, burn("--kernel-us", "1000", "--seconds", "300"),
+                                _env(d), G, 10, gpu="1",
+                                drop=("CUDA_VISIBLE_DEVICES",))
+        _ended_past_hooks(d, j)
+        assert d.job(neighbour["id"])["violations"] == []
+        assert p.poll() is None
+    finally:
+        _stop(p)
+
+
 # -- memory ------------------------------------------------------------------------------
 # A co-tenant's in-limit allocation, tried until it succeeds (or 30 s).
 COTENANT = r"""

@@ -136,12 +136,14 @@ def in_child_as_nobody(fn: Any, timeout: float = 60, uid: int = NOBODY) -> Any:
 
 
 def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: int,
-                        core: int, hooked: bool = False, name: str | None = None,
-                        policy: str | None = None) -> dict[str, Any]:
+                        core: int | None, hooked: bool = False, name: str | None = None,
+                        policy: str | None = None, gpu: str | None = None,
+                        drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """A job of nobody's, as its user would start one without `vgpuctl run`
     (which nobody may not run here): the daemon admits it, its command runs
     as nobody with the job's environment (the hook preloaded only when
-    hooked: an attacker leaves it out), and the daemon hears its pid. Returns
+    hooked: an attacker leaves it out; the variables in `drop` left out too),
+    and the daemon hears its pid. Returns
     {"job": id, "pid": pid}; the command outlives the call. (A root daemon
     opens its simulated GPU's state file to every user, mode 0666.)"""
     from pathlib import Path
@@ -151,8 +153,8 @@ def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: 
     def go() -> dict[str, Any]:
         with Client.connect(Path(socket)) as cl:
             r = cl.call("run", command=argv, cwd="/", mem=mem, core=core, name=name,
-                        policy=policy)
-        job_env = {**env, **r["env"]}
+                        policy=policy, gpu=gpu)
+        job_env = {k: v for k, v in {**env, **r["env"]}.items() if k not in drop}
         for k, v in r["prepend"].items():
             if k == "LD_PRELOAD" and not hooked:
                 continue

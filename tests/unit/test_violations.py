@@ -10,6 +10,7 @@ import pytest
 from vgpuctl.core.violations import (
     BURST_S,
     BURST_UNGATED_S,
+    BYPASS,
     COMPUTE,
     KILL,
     MEMORY,
@@ -205,6 +206,67 @@ def test_an_ungated_helper_within_the_jobs_share_costs_nothing():
     assert t is None
 
 
+def test_a_job_that_may_borrow_may_use_what_the_promises_leave_open():
+    """A job with no share beside a hard 60 % one (issue 30: its budget was
+    the whole GPU): what the 60 % job leaves, and no more."""
+    owner = {(GPU, 1): "a", (GPU, 2): "b"}
+    promised = lim(0.6, job="a", uid=1)
+    borrower = JobLimits("b", GPU, G, 0.0, 2, borrows=True)
+    # the promised job busy, the borrower in what is left: never a violation
+    t, _ = _first_found(Checker(), [promised, borrower], {1: 0.6, 2: 0.38}, owner, {1, 2},
+                        seconds=60.0)
+    assert t is None
+    # the promised job idle: the borrower may have the whole GPU
+    t, _ = _first_found(Checker(), [promised, borrower], {2: 1.0}, owner, {1, 2}, seconds=60.0)
+    assert t is None
+    # past what is left, as a gated job past its share
+    t, found = _first_found(Checker(), [promised, borrower], {1: 0.6, 2: 0.6}, owner, {1, 2})
+    assert t == pytest.approx(BURST_S / (0.6 - allowed(0.4)), abs=PERIOD)
+    assert [(v.job_id, v.scope) for v in found] == [("b", "job")]
+
+
+TURNS = dict(turn=0.6)
+
+
+def test_where_jobs_take_turns_work_past_a_hook_beyond_its_own_turn_is_a_violation():
+    """Work past the hook time-slices with the turn's holder, whose own
+    measure then holds it: the split can't see how much it took, so none is
+    allowed beyond what the job's own turn left unused."""
+    owner = {(GPU, 1): "a", (GPU, 2): "b", (GPU, 3): "b"}
+    promised = JobLimits("a", GPU, G, 0.6, 1, turn=0.6)
+    # no share, so no turn: 5 % past its hook is found within its burst
+    borrower = JobLimits("b", GPU, G, 0.0, 2, borrows=True)
+    t, found = _first_found(Checker(), [promised, borrower], {1: 0.6, 3: 0.05}, owner, {1, 2})
+    assert t == pytest.approx(BURST_UNGATED_S / (0.05 - 0.01), abs=PERIOD)
+    assert [(v.job_id, v.scope, v.limit) for v in found] == [("b", BYPASS, 0.0)]
+    assert "past their hooks" in found[0].describe()
+    # with no turn on the GPU (no promise) the same is within what is open
+    free = JobLimits("a", GPU, G, 0.0, 1, borrows=True)
+    t, _ = _first_found(Checker(), [free, borrower], {1: 0.6, 3: 0.05}, owner, {1, 2},
+                        seconds=30.0)
+    assert t is None
+    # a helper that left the hook out, within the unused part of its job's turn
+    mine = JobLimits("b", GPU, G, 0.3, 2, turn=0.3)
+    t, _ = _first_found(Checker(), [JobLimits("a", GPU, G, 0.6, 1, turn=0.6), mine],
+                        {1: 0.6, 2: 0.2, 3: 0.08}, owner, {1, 2}, seconds=30.0)
+    assert t is None
+
+
+def test_work_past_the_hooks_of_many_small_jobs_adds_up_per_user():
+    """Eight jobs of one user each 1 % past its hook (under the noise floor
+    each): together 8 %."""
+    limits = [JobLimits("a", GPU, G, 0.6, 1, turn=0.6)]
+    owner = {(GPU, 1): "a"}
+    busy = {1: 0.6}
+    for k in range(8):
+        limits.append(JobLimits(f"s{k}", GPU, G, 0.0, 2, borrows=True))
+        owner[(GPU, 10 + k)] = f"s{k}"
+        busy[10 + k] = 0.011
+    t, found = _first_found(Checker(), limits, busy, owner, {1})
+    assert t is not None and t < 3.0
+    assert sorted(v.job_id for v in found) == [f"s{k}" for k in range(8)]
+
+
 def test_busy_time_no_job_claims_is_a_violation():
     c = Checker()
     found = []
@@ -294,6 +356,16 @@ def test_protect_reports_compute_and_kill_ends_the_job():
     gpus = {GPU: Gpu(GPU, 16 * G, 0)}
     assert act(found, PROTECT, gpus, [lim(0.1)], {}, 0).end == {}
     assert list(act(found, KILL, gpus, [lim(0.1)], {}, 0).end) == ["1"]
+
+
+def test_protect_ends_a_job_whose_work_went_past_its_hook_where_jobs_take_turns():
+    owner = {(GPU, 1): "a", (GPU, 2): "b"}
+    limits = [JobLimits("a", GPU, G, 0.6, 1, turn=0.6), lim(0.1, job="b", uid=2)]
+    _, found = _first_found(Checker(), limits, {1: 0.6, 2: 0.4}, owner, {1})
+    gpus = {GPU: Gpu(GPU, 16 * G, 0)}
+    assert {v.scope for v in found} >= {BYPASS}
+    assert list(act(found, PROTECT, gpus, limits, {}, 0).end) == ["b"]
+    assert act(found, REPORT, gpus, limits, {}, 0).end == {}
 
 
 def test_cooldown_holds_a_users_new_jobs_after_repeated_ends():

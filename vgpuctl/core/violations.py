@@ -17,9 +17,10 @@ Three kinds:
   that no job claims adds up past the same budget (a process too short-lived
   to be seen alive, or in no job).
 
-**The compute budget.** NVML's per-process utilization gives each process's
-busy seconds in each sample window. A job may use its share plus a margin
-relative to that share (`MARGIN` of the share, at least `MARGIN_MIN` of the
+**The compute budget.** The watch's split (vgpuctl.daemon.busysplit) gives
+each process's busy seconds in each sample window. A job may use its share
+(one that may borrow, soft or with no share: also what the other jobs'
+promises left open in the window, ``_open``) plus a margin relative to it (`MARGIN` of the share, at least `MARGIN_MIN` of the
 GPU); what it uses beyond that accumulates as a debt, which what it leaves
 unused pays back down to zero. A debt past `BURST_S` GPU-seconds is a
 violation. The same budget holds for the sum of each user's jobs on a GPU
@@ -49,7 +50,12 @@ job's processes that never loaded the hook (no slot in the job's region:
 `hooked`) went through no gate, and has none of that to excuse: while a
 debt holds any of it, the burst is `BURST_UNGATED_S`. (A job's user can
 write a slot for an unhooked process, its region being theirs: that
-process is then held to the burst of a gated one, `BURST_S`.)
+process is then held to the burst of a gated one, `BURST_S`.) Where the
+jobs on a GPU take turns (any job there has one), busy time through no gate
+time-slices with whoever holds the GPU and hides in that job's own measure:
+beyond what the job's own turn left unused it is a debt of the user's
+against `UNGATED_MIN` of the GPU, a violation of scope ``BYPASS`` past
+`BURST_UNGATED_S`.
 
 A violation is *new* when its key was not found at the previous check; it
 is logged, counted and recorded once, and found again at every check while
@@ -65,7 +71,10 @@ it lasts.
   driver's own growth of a context is not an attack) is ended, and a
   process in no job holding memory there is killed; so is a job past its
   limit by more than the memory the operator keeps aside for what no limit
-  accounts for (``reserve``), wherever it is. Compute is reported.
+  accounts for (``reserve``), wherever it is. Compute taken past a hook
+  where the jobs take turns (scope ``BYPASS``) ends its job the same way:
+  the turns are the promise, and such work breaks whoever's turn it lands
+  in. Other compute is reported (a gated job's turns already bound it).
 - ``kill``: every violation is acted on: a job over its memory or its
   compute budget is ended, a process in no job is killed.
 
@@ -110,9 +119,12 @@ GRACE_S = 2.0
 # over about this long).
 SHOWN_S = 2.0
 
-# Violation scopes: a job's own use, the sum of its user's jobs on the GPU.
+# Violation scopes: a job's own use, the sum of its user's jobs on the GPU,
+# the sum of its user's work past their hooks and turns (where the jobs on
+# the GPU take turns).
 JOB = "job"
 USER = "user"
+BYPASS = "bypass"
 
 
 @dataclass(frozen=True)
@@ -121,8 +133,11 @@ class JobLimits:
     job_id: str
     uuid: str
     mem_limit: int          # bytes
-    share: float            # 0..1: its core share (or more, while a soft job borrows)
+    share: float            # 0..1: its core share (0: none)
     uid: int = -1           # its user (the budget of the sum of a user's jobs)
+    borrows: bool = False   # it may use what the others leave (soft, or no share)
+    turn: float = 0.0       # the share of the GPU its turn holds (0: it has none)
+    given: bool = True      # False: a GPU it was not given (a limit of zero)
 
 
 @dataclass(frozen=True)
@@ -132,10 +147,6 @@ class Window:
     start: float            # seconds (NVML's clock)
     end: float
     busy: Mapping[int, float]   # pid -> GPU-busy seconds in the window
-    # Split while the governor was still learning a job's cost (NVML names
-    # one process a period): the gates rested on a guess then, and what a
-    # gated process used beyond its share is the guess's, not the job's.
-    learning: bool = False
 
     @property
     def duration(self) -> float:
@@ -161,7 +172,7 @@ class Violation:
         for memory, a job (or the unclaimed time) on a GPU for compute."""
         if self.kind == MEMORY or (self.kind == NO_JOB and not self.share_unit):
             return (self.kind, self.job_id, self.pid)
-        return (self.kind if self.scope == JOB else f"{self.kind}/user", self.job_id,
+        return (self.kind if self.scope == JOB else f"{self.kind}/{self.scope}", self.job_id,
                 self.uuid)
 
     def describe(self) -> str:
@@ -169,6 +180,11 @@ class Violation:
             return (f"job {self.job_id}: pid {self.pid} and its job hold {_mib(self.value)} "
                     f"by NVML on {self.uuid}, over the job's limit of {_mib(self.limit)}")
         gate = ", some of it through no gate" if self.burst < BURST_S else ""
+        if self.kind == COMPUTE and self.scope == BYPASS:
+            return (f"job {self.job_id}: processes of uid {self.uid} use {self.value:.0%} of "
+                    f"{self.uuid} past their hooks, where the jobs take turns, more than "
+                    f"{self.burst:g} GPU-seconds beyond what their own turns left "
+                    f"(busiest pid {self.pid})")
         if self.kind == COMPUTE and self.scope == USER:
             return (f"job {self.job_id}: the jobs of uid {self.uid} on {self.uuid} use "
                     f"{self.value:.0%} of it together, over their shares' {self.limit:.0%} "
@@ -232,6 +248,10 @@ class Checker:
     _jobs: dict[tuple[str, str], _Use] = field(default_factory=dict)     # (job, uuid)
     _raw: dict[tuple[str, str], _Use] = field(default_factory=dict)      # ...against its share
     _users: dict[tuple[int, str], _Use] = field(default_factory=dict)    # (uid, uuid)
+    # (uid, uuid): a user's busy time past its jobs' hooks and turns, where
+    # the jobs on the GPU take turns; and when each job last had some
+    _bypass: dict[tuple[int, str], _Use] = field(default_factory=dict)
+    _bypassed: dict[tuple[str, str], float] = field(default_factory=dict)
     _none: dict[str, _Use] = field(default_factory=dict)                 # uuid: unclaimed
     _shares: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     _busiest: dict[tuple[str | None, str], int] = field(default_factory=dict)
@@ -306,9 +326,12 @@ class Checker:
         for store in (self._jobs, self._raw, self._shares):
             for key in [k for k in store if k not in live]:
                 del store[key]
+        for key in [k for k in self._bypassed if k not in live]:
+            del self._bypassed[key]
         users = {(lim.uid, lim.uuid) for lim in limits}
-        for ukey in [k for k in self._users if k not in users]:
-            del self._users[ukey]
+        for ustore in (self._users, self._bypass):
+            for ukey in [k for k in ustore if k not in users]:
+                del ustore[ukey]
         keys = {v.key for v in found}
         new = [v for v in found if v.key not in self.seen]
         self.seen = keys
@@ -324,6 +347,7 @@ class Checker:
         ungated: dict[str, float] = {}
         unclaimed = 0.0
         top: dict[str | None, tuple[float, int]] = {}
+        given = {lim.job_id for lim in jobs if lim.given}
         for pid, b in w.busy.items():
             b = min(max(float(b), 0.0), dt)
             job = owner.get((w.uuid, pid))
@@ -331,28 +355,59 @@ class Checker:
                 unclaimed += b
             else:
                 per_job[job] = per_job.get(job, 0.0) + b
-                if hooked is not None and pid not in hooked:
+                # through no gate: a process that never loaded the hook, or
+                # any of a job on a GPU it was not given
+                if (hooked is not None and pid not in hooked) or job not in given:
                     ungated[job] = ungated.get(job, 0.0) + b
             if b > top.get(job, (0.0, 0))[0]:
                 top[job] = (b, pid)
         for job, (_, pid) in top.items():
             self._busiest[(job, w.uuid)] = pid
-        sums: dict[int, tuple[float, float, float]] = {}     # uid -> (busy, shares, ungated)
+        turns = any(lim.turn > 0 for lim in jobs)
+        sums: dict[int, list[float]] = {}     # uid -> [busy, shares, ungated, past turns]
         for lim in jobs:
             key = (lim.job_id, lim.uuid)
             share = self._share_in_force(key, w.end)
             busy = min(per_job.get(lim.job_id, 0.0), dt)
             free = ungated.get(lim.job_id, 0.0)
-            if w.learning:
-                busy = min(busy, free)      # only what went through no gate
-            self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(share), free)
+            budget = share + self._open({lim.job_id}, jobs, per_job, w) if lim.borrows \
+                else share
+            self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(min(budget, 1.0)),
+                                                   free)
             self._raw.setdefault(key, _Use()).add(w.end, dt, busy, share)
-            b, s, u = sums.get(lim.uid, (0.0, 0.0, 0.0))
-            sums[lim.uid] = (b + busy, s + share, u + free)
-        for uid, (busy, share, free) in sums.items():
+            # Where the jobs take turns, work past a hook time-slices with
+            # whoever holds the GPU, and that job's own measure of its turn
+            # then holds it: none is allowed beyond what the job's own turn
+            # left unused.
+            past = max(free - max(lim.turn * dt - (busy - free), 0.0), 0.0) if turns else 0.0
+            if past > UNGATED_MIN * dt:
+                self._bypassed[key] = w.end
+            acc = sums.setdefault(lim.uid, [0.0, 0.0, 0.0, 0.0])
+            acc[0] += busy
+            acc[1] += share
+            acc[2] += free
+            acc[3] += past
+        for uid, (busy, share, free, past) in sums.items():
+            mine = [lim for lim in jobs if lim.uid == uid]
+            if any(lim.borrows for lim in mine):
+                share += self._open({lim.job_id for lim in mine}, jobs, per_job, w)
             self._users.setdefault((uid, w.uuid), _Use()).add(
                 w.end, dt, min(busy, dt), allowed(min(share, 1.0)), free)
+            if turns:
+                self._bypass.setdefault((uid, w.uuid), _Use()).add(
+                    w.end, dt, min(past, dt), UNGATED_MIN, past)
         self._none.setdefault(w.uuid, _Use()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
+
+    def _open(self, besides: set[str], jobs: list[JobLimits], per_job: Mapping[str, float],
+              w: Window) -> float:
+        """What the promises of the jobs on the GPU other than `besides` left
+        open in the window: the share each used of its own, taken off the
+        whole GPU (a job that may borrow may use it)."""
+        dt = w.duration
+        used = sum(min(per_job.get(lim.job_id, 0.0) / dt,
+                       self._share_in_force((lim.job_id, lim.uuid), w.end))
+                   for lim in jobs if lim.job_id not in besides)
+        return max(1.0 - used, 0.0)
 
     def _compute(self, by_gpu: Mapping[str, list[JobLimits]],
                  memory: Mapping[str, Mapping[int, int]],
@@ -390,6 +445,17 @@ class Checker:
                                          self._pid_of(lim.job_id, uuid, memory, owner),
                                          lim.job_id, use.share(), min(shares, 1.0), scope=USER,
                                          uid=uid, share_unit=True, burst=use.burst))
+            for uid in {lim.uid for lim in jobs}:
+                use = self._bypass.get((uid, uuid))
+                if use is None or not use.over or not use.recent:
+                    continue
+                since = use.recent[-1][0] - SHOWN_S
+                for lim in jobs:
+                    if lim.uid == uid and self._bypassed.get((lim.job_id, uuid), -1.0) >= since:
+                        out.append(Violation(COMPUTE, uuid,
+                                             self._pid_of(lim.job_id, uuid, memory, owner),
+                                             lim.job_id, use.share(), 0.0, scope=BYPASS,
+                                             uid=uid, share_unit=True, burst=use.burst))
             none = self._none.get(uuid)
             if none is not None and none.over:
                 out.append(Violation(NO_JOB, uuid, self._busiest.get((None, uuid), 0), None,
@@ -420,7 +486,7 @@ def _strays(limits: list[JobLimits], memory: Mapping[str, Mapping[int, int]],
     for uuid, pid in seen:
         job = owner.get((uuid, pid))
         if job is not None and job in uids and (job, uuid) not in given:
-            out.setdefault((job, uuid), JobLimits(job, uuid, 0, 0.0, uids[job]))
+            out.setdefault((job, uuid), JobLimits(job, uuid, 0, 0.0, uids[job], given=False))
     return list(out.values())
 
 
@@ -480,8 +546,11 @@ def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, Gpu],
             elif v.pid > 0:
                 kill.append(v)
             continue
-        # protect: memory taken that others were promised
-        if v.kind == MEMORY and v.job_id is not None:
+        # protect: memory taken that others were promised, and compute taken
+        # past a hook where the jobs take turns (the turns are the promise)
+        if v.kind == COMPUTE and v.scope == BYPASS and v.job_id is not None:
+            end.setdefault(v.job_id, v)
+        elif v.kind == MEMORY and v.job_id is not None:
             over = v.value - v.limit
             if over > tolerance(v.limit) and (short.get(v.uuid, 0) > 0 or over > reserve):
                 end.setdefault(v.job_id, v)

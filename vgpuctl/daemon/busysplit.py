@@ -124,7 +124,8 @@ class BusySplit:
             # counter (its own to write) lies. Claims are then believed only
             # as far as the claimant's own turn goes, so that a lie can hide
             # no one's busy time; beyond its turn it is nobody's.
-            claims = {(j, p): min(c, known.turns.get((j, s.uuid), 0.0) * w.duration_s)
+            turns = {lim.job_id: lim.turn for lim in known.limits if lim.uuid == s.uuid}
+            claims = {(j, p): min(c, turns.get(j, 0.0) * w.duration_s)
                       for (j, p), c in claims.items()}
             carry = max(-CLAIM_AHEAD_S, before + w.busy_s - sum(claims.values()))
         beyond = max(0.0, carry - CLAIM_BEHIND_S)
@@ -154,10 +155,13 @@ class BusySplit:
     def _unhooked(self, s: GpuStats, known: Known,
                   owner: dict[tuple[str, int], str | None], lone: bool) -> list[int]:
         """Whose the busy time beyond the claims is: the processes on the GPU
-        that loaded no hook; else, where one job alone has processes there
-        (and has for CLAIM_AFTER_S: lone), that job's (ungated alone, or a
-        process that passes for hooked)."""
-        free = [p for p in s.processes if known.hooked is not None and p not in known.hooked]
+        that loaded no hook, or whose job was not given the GPU; else, where
+        one job alone has processes there (and has for CLAIM_AFTER_S: lone),
+        that job's (ungated alone, or a process that passes for hooked)."""
+        given = {lim.job_id for lim in known.limits if lim.uuid == s.uuid}
+        free = [p for p in s.processes
+                if (known.hooked is not None and p not in known.hooked)
+                or (owner.get((s.uuid, p)) or "") not in given]
         if free:
             return free
         jobs_here = {owner.get((s.uuid, p)) for p in s.processes} - {None}

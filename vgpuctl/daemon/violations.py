@@ -109,8 +109,6 @@ class Known:
     hooked: Mapping[int, int] | None = None  # pid -> start: processes in their job's slots
     # (job id, uuid) -> the job's GPU time there so far, as its hooks measured it (ns)
     claims: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    # (job id, uuid) -> the share of the GPU its own turn holds (0: none)
-    turns: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -383,7 +381,6 @@ def known(table: JobTable, reserve: int = 0,
     hooked: the processes in their jobs' region slots (pid -> start)."""
     limits, pids, starts, launchers, slurm, jobs = [], {}, {}, {}, {}, {}
     claims: dict[tuple[str, str], int] = {}
-    turns: dict[tuple[str, str], float] = {}
     now = table.clock()
     for job in table:
         rec = job.rec
@@ -395,11 +392,12 @@ def known(table: JobTable, reserve: int = 0,
         for i, (u, (mem, core)) in enumerate(rec.limits_by_uuid().items()):
             if closed:
                 mem = 0
-            if i < len(job.turns) and job.turns[i].len_ns > 0:
-                turns[(job.id, u)] = min(job.turns[i].share, 1.0)
-            # a job that may borrow (soft, or no share) may use what is open
-            share = 1.0 if rec.policy == "soft" or core >= 100 else core / 100
-            limits.append(JobLimits(job.id, u, mem, share, rec.uid))
+            turn = min(job.turns[i].share, 1.0) \
+                if i < len(job.turns) and job.turns[i].len_ns > 0 else 0.0
+            # a job that may borrow (soft, or no share) may use what the
+            # others' promises leave open
+            limits.append(JobLimits(job.id, u, mem, core / 100 if core < 100 else 0.0, rec.uid,
+                                    borrows=rec.policy == "soft" or core >= 100, turn=turn))
             if i < len(job.usage):
                 claims[(job.id, u)] = job.usage[i].busy_ns
         for p, start in rec.pids.items():
@@ -413,7 +411,7 @@ def known(table: JobTable, reserve: int = 0,
             slurm[rec.slurm_job] = job.id
         jobs[job.id] = JobProcs(rec.uid, dict(rec.pids), launcher)
     return Known(limits, pids, starts, launchers, slurm, jobs, reserve,
-                 dict(hooked) if hooked is not None else None, claims, turns)
+                 dict(hooked) if hooked is not None else None, claims)
 
 
 class Record:
