@@ -3,13 +3,16 @@
     python bench/attacks.py [--seconds 20] [--rounds 5] [--output FILE]
 
 Each compute scenario runs on a fresh private daemon over one simulated
-16 GiB GPU with on_violation = "kill": root's neighbour, a hooked
-vgpu-burn at --core 60 (1 ms kernels) for --seconds, and beside it, from
+16 GiB GPU with on_violation = "kill" (or --on-violation): root's
+neighbour, a hooked vgpu-burn at --core 60 (1 ms kernels) for --seconds,
+and beside it, from
 the neighbour's start, one attack by another user (nobody, uid 65534), its
 processes without the hook:
 
   baseline      no attack
   eight_small   eight --core 1 jobs, each a burner busy 10.5 % of the time
+  eight_unpromised
+                as eight_small, the jobs with no --core (issue 30)
   duty_cycle    a --core 10 job burning 700 ms on, 700 ms off
   chain         a --core 10 job whose shell starts 0.4 s burners one after
                 another
@@ -301,7 +304,8 @@ def main() -> None:
         "device": "simulated GPU (VGPU_SIM=1x16G)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
-        "seconds": args.seconds, "on_violation": args.on_violation, "elapsed_s": round(time.monotonic() - t0, 1),
+        "seconds": args.seconds, "on_violation": args.on_violation,
+        "elapsed_s": round(time.monotonic() - t0, 1),
         "loadavg_before": [round(x, 2) for x in load0],
         "targets": {"neighbour_error_points": 3.0, "stopped_s": 3.0,
                     "cotenant_alloc_s": 1.0},

@@ -2,6 +2,7 @@
 violation watch's rules against real PyTorch jobs on a loaded machine.
 
     python bench/honest.py [--seconds 600] [--cpu-burners N] [--output FILE]
+                           [--suspend-every S] [--preempt-every S]
     python bench/honest.py --role train|client ...   # a job's own program
 
 A private daemon in its default configuration (on_violation = "protect")
@@ -15,9 +16,16 @@ over one simulated 32 GiB GPU whose kernels take 50 us per wave of blocks
   client    a bursty inference client: torchvision ResNet-18 in eval at batch
             1, bursts of 1 to 8 requests after 0 to 400 ms of think time,
             --core 20 hard
+  low       a ResNet-18 training loop as resnet, --priority low, 8 GiB
   set       every 15 s, `vgpuctl set` moves gpt2 among 40/20/60 and resnet
             among 30/50/10 (and its policy between soft and hard every
             other time)
+  suspend   every --suspend-every s (45), `vgpuctl suspend gpt2`, and
+            `vgpuctl resume gpt2` 3 s later (its memory leaves the GPU and
+            comes back through the driver's checkpoints)
+  preempt   every --preempt-every s (60), a high-class client for 8 s whose
+            8 GiB fit only once the low job is suspended (preempted); the
+            low job resumes by itself when it ends
 
 beside --cpu-burners processes spinning on the CPU (default: one per core),
 so that the daemon and the jobs are late as a loaded node makes them.
@@ -129,6 +137,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--cpu-burners", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--set-every", type=float, default=15.0)
+    ap.add_argument("--suspend-every", type=float, default=45.0)
+    ap.add_argument("--preempt-every", type=float, default=60.0)
     ap.add_argument("--ns-per-block", default=NS_PER_BLOCK)
     ap.add_argument("--role", choices=["train", "client"])
     ap.add_argument("--model", default="resnet")
@@ -172,6 +182,8 @@ def main() -> None:
                        "train", "--model", "resnet", "--seconds", str(args.seconds)],
             "client": ["--mem", "4G", "--core", "20", "--", *me, "--role", "client",
                        "--seconds", str(args.seconds)],
+            "low": ["--mem", "8G", "--priority", "low", "--", *me, "--role", "train",
+                    "--model", "resnet", "--seconds", str(args.seconds)],
         }
         for name, a in specs.items():
             procs[name] = subprocess.Popen([*vgpuctl_argv(), "run", "--name", name, *a],
@@ -180,10 +192,34 @@ def main() -> None:
                                            text=True)
         end = time.monotonic() + args.seconds
         k = 0
+        next_suspend = time.monotonic() + args.suspend_every
+        next_preempt = time.monotonic() + args.preempt_every
+        events = {"suspended": 0, "resumed": 0, "preempting_jobs": 0, "failed": []}
+        highs: list[subprocess.Popen] = []
         while time.monotonic() < end - args.set_every and all(
                 p.poll() is None for p in procs.values()):
             time.sleep(args.set_every)
             k += 1
+            now = time.monotonic()
+            if now >= next_suspend and now < end - 10:
+                next_suspend += args.suspend_every
+                for verb in ("suspend", "resume"):
+                    r = subprocess.run([*vgpuctl_argv(), verb, "gpt2"], env=env,
+                                       capture_output=True, text=True, timeout=120)
+                    if r.returncode == 0:
+                        events["suspended" if verb == "suspend" else "resumed"] += 1
+                    else:
+                        events["failed"].append(f"{verb}: {r.stderr.strip()}")
+                    if verb == "suspend":
+                        time.sleep(3)
+            if now >= next_preempt and now < end - 20:
+                next_preempt += args.preempt_every
+                highs.append(subprocess.Popen(
+                    [*vgpuctl_argv(), "run", "--name", "high", "--mem", "8G", "--priority",
+                     "high", "--", *me, "--role", "client", "--seconds", "8"],
+                    env={**env, "VGPU_SIM_TAG": "high"}, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True))
+                events["preempting_jobs"] += 1
             for name, steps in SETS.items():
                 core, policy = steps[k % len(steps)]
                 cmd = [*vgpuctl_argv(), "set", name, "--core", core]
@@ -195,6 +231,10 @@ def main() -> None:
                 else:
                     print(f"set {name} failed: {r.stderr.strip()}", file=sys.stderr)
         outs = {}
+        for h in highs:
+            _, err = h.communicate(timeout=300)
+            if h.returncode:
+                events["failed"].append(f"high: exit {h.returncode}: {err[-300:]}")
         for name, p in procs.items():
             out, err = p.communicate(timeout=args.seconds + 300)
             lines = [ln for ln in out.splitlines() if ln.startswith("{")]
@@ -234,7 +274,7 @@ def main() -> None:
         "elapsed_s": round(time.monotonic() - t0, 1),
         "loadavg_before": [round(x, 2) for x in load0],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "set_changes": sets,
+        "set_changes": sets, "events": events,
         "violations": len(violations), "violation_records": violations[:20],
         "log_lines": warnings[:20],
         "peak_debt_gpu_s": debts, "burst_gpu_s": 0.5,
@@ -244,7 +284,7 @@ def main() -> None:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("seconds", "set_changes", "violations",
+    print(json.dumps({k: result[k] for k in ("seconds", "set_changes", "events", "violations",
                                               "peak_debt_gpu_s", "gpu_share_pct", "jobs")}))
     print(f"written to {out}")
 

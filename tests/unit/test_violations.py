@@ -245,6 +245,11 @@ def test_where_jobs_take_turns_work_past_a_hook_beyond_its_own_turn_is_a_violati
     t, _ = _first_found(Checker(), [free, borrower], {1: 0.6, 3: 0.05}, owner, {1, 2},
                         seconds=30.0)
     assert t is None
+    # the only turn on the GPU its own user's: no one else's turn to land in
+    own = JobLimits("a", GPU, G, 0.6, 2, turn=0.6)
+    t, _ = _first_found(Checker(), [own, borrower], {1: 0.6, 3: 0.05}, owner, {1, 2},
+                        seconds=30.0)
+    assert t is None
     # a helper that left the hook out, within the unused part of its job's turn
     mine = JobLimits("b", GPU, G, 0.3, 2, turn=0.3)
     t, _ = _first_found(Checker(), [JobLimits("a", GPU, G, 0.6, 1, turn=0.6), mine],

@@ -20,9 +20,10 @@ Three kinds:
 **The compute budget.** The watch's split (vgpuctl.daemon.busysplit) gives
 each process's busy seconds in each sample window. A job may use its share
 (one that may borrow, soft or with no share: also what the other jobs'
-promises left open in the window, ``_open``) plus a margin relative to it (`MARGIN` of the share, at least `MARGIN_MIN` of the
-GPU); what it uses beyond that accumulates as a debt, which what it leaves
-unused pays back down to zero. A debt past `BURST_S` GPU-seconds is a
+promises left open in the window, ``_open``) plus a margin relative to it
+(`MARGIN` of it, at least `MARGIN_MIN` of the GPU); what it uses beyond
+that accumulates as a debt, which what it leaves unused pays back down to
+zero. A debt past `BURST_S` GPU-seconds is a
 violation. The same budget holds for the sum of each user's jobs on a GPU
 (their shares summed, the margin of the sum), so that eight jobs at
 ``--core 1`` are one offender, not eight within their margins. A patient
@@ -50,8 +51,8 @@ job's processes that never loaded the hook (no slot in the job's region:
 `hooked`) went through no gate, and has none of that to excuse: while a
 debt holds any of it, the burst is `BURST_UNGATED_S`. (A job's user can
 write a slot for an unhooked process, its region being theirs: that
-process is then held to the burst of a gated one, `BURST_S`.) Where the
-jobs on a GPU take turns (any job there has one), busy time through no gate
+process is then held to the burst of a gated one, `BURST_S`.) Where another
+user's job on a GPU has a turn, busy time through no gate
 time-slices with whoever holds the GPU and hides in that job's own measure:
 beyond what the job's own turn left unused it is a debt of the user's
 against `UNGATED_MIN` of the GPU, a violation of scope ``BYPASS`` past
@@ -72,7 +73,7 @@ it lasts.
   process in no job holding memory there is killed; so is a job past its
   limit by more than the memory the operator keeps aside for what no limit
   accounts for (``reserve``), wherever it is. Compute taken past a hook
-  where the jobs take turns (scope ``BYPASS``) ends its job the same way:
+  where another user's job has a turn (scope ``BYPASS``) ends its job:
   the turns are the promise, and such work breaks whoever's turn it lands
   in. Other compute is reported (a gated job's turns already bound it).
 - ``kill``: every violation is acted on: a job over its memory or its
@@ -120,8 +121,8 @@ GRACE_S = 2.0
 SHOWN_S = 2.0
 
 # Violation scopes: a job's own use, the sum of its user's jobs on the GPU,
-# the sum of its user's work past their hooks and turns (where the jobs on
-# the GPU take turns).
+# the sum of its user's work past their hooks and turns (where another
+# user's job on the GPU has a turn).
 JOB = "job"
 USER = "user"
 BYPASS = "bypass"
@@ -182,7 +183,7 @@ class Violation:
         gate = ", some of it through no gate" if self.burst < BURST_S else ""
         if self.kind == COMPUTE and self.scope == BYPASS:
             return (f"job {self.job_id}: processes of uid {self.uid} use {self.value:.0%} of "
-                    f"{self.uuid} past their hooks, where the jobs take turns, more than "
+                    f"{self.uuid} past their hooks, where other users' jobs take turns, more than "
                     f"{self.burst:g} GPU-seconds beyond what their own turns left "
                     f"(busiest pid {self.pid})")
         if self.kind == COMPUTE and self.scope == USER:
@@ -363,7 +364,9 @@ class Checker:
                 top[job] = (b, pid)
         for job, (_, pid) in top.items():
             self._busiest[(job, w.uuid)] = pid
-        turns = any(lim.turn > 0 for lim in jobs)
+        # the users whose work past a hook lands in another user's turn
+        turns = {lim.uid for lim in jobs if lim.turn > 0}
+        exposed = {lim.uid for lim in jobs if turns - {lim.uid}}
         sums: dict[int, list[float]] = {}     # uid -> [busy, shares, ungated, past turns]
         for lim in jobs:
             key = (lim.job_id, lim.uuid)
@@ -375,11 +378,12 @@ class Checker:
             self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(min(budget, 1.0)),
                                                    free)
             self._raw.setdefault(key, _Use()).add(w.end, dt, busy, share)
-            # Where the jobs take turns, work past a hook time-slices with
-            # whoever holds the GPU, and that job's own measure of its turn
-            # then holds it: none is allowed beyond what the job's own turn
-            # left unused.
-            past = max(free - max(lim.turn * dt - (busy - free), 0.0), 0.0) if turns else 0.0
+            # Where another user's job has a turn, work past a hook
+            # time-slices with whoever holds the GPU, and that job's own
+            # measure of its turn then holds it: none is allowed beyond what
+            # the job's own turn left unused.
+            past = max(free - max(lim.turn * dt - (busy - free), 0.0), 0.0) \
+                if lim.uid in exposed else 0.0
             if past > UNGATED_MIN * dt:
                 self._bypassed[key] = w.end
             acc = sums.setdefault(lim.uid, [0.0, 0.0, 0.0, 0.0])
@@ -393,7 +397,7 @@ class Checker:
                 share += self._open({lim.job_id for lim in mine}, jobs, per_job, w)
             self._users.setdefault((uid, w.uuid), _Use()).add(
                 w.end, dt, min(busy, dt), allowed(min(share, 1.0)), free)
-            if turns:
+            if uid in exposed:
                 self._bypass.setdefault((uid, w.uuid), _Use()).add(
                     w.end, dt, min(past, dt), UNGATED_MIN, past)
         self._none.setdefault(w.uuid, _Use()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
@@ -547,7 +551,7 @@ def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, Gpu],
                 kill.append(v)
             continue
         # protect: memory taken that others were promised, and compute taken
-        # past a hook where the jobs take turns (the turns are the promise)
+        # past a hook where another user's job has a turn (its promise)
         if v.kind == COMPUTE and v.scope == BYPASS and v.job_id is not None:
             end.setdefault(v.job_id, v)
         elif v.kind == MEMORY and v.job_id is not None:
