@@ -128,16 +128,8 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
         spans = _stretch(spans, cycle_ns)
     if not turned:
         borrow_ns = cycle_ns        # no turn to make way for: no bound in flight
-    held = {k: span for k, span in spans.items()
-            if span[1] > 0 and k not in {m.key for m in turned if m.idle}}
-    gaps = _complement(sorted(held.values()), cycle_ns)
-    gaps_before = [_held_before(held, start, cycle_ns) for start, _ in gaps]
-    # each turn waits for the work in flight of the turn before it, across
-    # a gap too (the gap is where a turn carried past its end runs), idle or
-    # not (a job going idle changes no one else's turn; an idle one has
-    # nothing in flight to wait for)
-    order = sorted((s, k) for k, (s, n) in spans.items() if n > 0)
-    before_of = {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
+    gaps, gaps_before = _open_spans(spans, {m.key for m in turned if m.idle}, cycle_ns)
+    before_of = _turn_before(spans)
     base = Turn(TURNS, epoch_ns, cycle_ns)
     out: dict[Hashable, Turn] = {}
     for m in ms:
@@ -149,6 +141,24 @@ def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
                               borrow_ns, gaps, gaps_prev,
                               _signal(signal_of, before if before != m.key else None))
     return out
+
+
+def _open_spans(spans: dict[Hashable, tuple[int, int]], idle: set[Hashable], cycle_ns: int
+                ) -> tuple[tuple[tuple[int, int], ...], list[Hashable | None]]:
+    """The open spans (the cycle less the turns of jobs not idle), and the
+    job whose turn each follows."""
+    held = {k: span for k, span in spans.items() if span[1] > 0 and k not in idle}
+    gaps = _complement(sorted(held.values()), cycle_ns)
+    return gaps, [_held_before(held, start, cycle_ns) for start, _ in gaps]
+
+
+def _turn_before(spans: dict[Hashable, tuple[int, int]]) -> dict[Hashable, Hashable]:
+    """The job of the turn before each turn: each turn waits for its work in
+    flight, across a gap too (the gap is where a turn carried past its end
+    runs), idle or not (a job going idle changes no one else's turn; an idle
+    one has nothing in flight to wait for)."""
+    order = sorted((s, k) for k, (s, n) in spans.items() if n > 0)
+    return {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
 
 
 def _borrows(m: Member) -> bool:

@@ -87,7 +87,7 @@ repeatedly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 MEMORY = "memory"
@@ -296,47 +296,60 @@ class Checker:
         times.
         """
         windows = list(windows)
-        found: list[Violation] = []
-        for uuid, procs in memory.items():
-            for pid, used in procs.items():
-                if owner.get((uuid, pid)) is None:
-                    found.append(Violation(NO_JOB, uuid, pid, None, float(used), 0.0))
         limits = list(limits) + _strays(limits, memory, windows, owner)
         self._uids = {lim.job_id: lim.uid for lim in limits}
+        found = _memory(limits, memory, owner)
         by_gpu: dict[str, list[JobLimits]] = {}
-        live: set[tuple[str, str]] = set()
         for lim in limits:
-            key = (lim.job_id, lim.uuid)
-            live.add(key)
             by_gpu.setdefault(lim.uuid, []).append(lim)
-            hist = self._shares.setdefault(key, deque())
+            hist = self._shares.setdefault((lim.job_id, lim.uuid), deque())
             if not hist or hist[-1][1] != lim.share:
                 hist.append((now, lim.share))
             while len(hist) > 2 and hist[1][0] < now - 2 * GRACE_S:
                 hist.popleft()
-            procs = {p: b for p, b in memory.get(lim.uuid, {}).items()
-                     if owner.get((lim.uuid, p)) == lim.job_id}
-            held = sum(procs.values())
-            if procs and held > lim.mem_limit:
-                pid = max(procs, key=lambda p: (procs[p], -p))
-                found.append(Violation(MEMORY, lim.uuid, pid, lim.job_id, float(held),
-                                       float(lim.mem_limit)))
         for w in windows:
             self._account(w, by_gpu.get(w.uuid, []), owner, hooked)
         found += self._compute(by_gpu, memory, owner)
-        for store in (self._jobs, self._raw, self._shares):
-            for key in [k for k in store if k not in live]:
-                del store[key]
-        for key in [k for k in self._bypassed if k not in live]:
-            del self._bypassed[key]
-        users = {(lim.uid, lim.uuid) for lim in limits}
-        for ustore in (self._users, self._bypass):
-            for ukey in [k for k in ustore if k not in users]:
-                del ustore[ukey]
+        self._forget({(lim.job_id, lim.uuid) for lim in limits},
+                     {(lim.uid, lim.uuid) for lim in limits})
         keys = {v.key for v in found}
         new = [v for v in found if v.key not in self.seen]
         self.seen = keys
         return found, new
+
+    def _per_job(self, w: Window, given: Container[str],
+                 owner: Mapping[tuple[str, int], str | None], hooked: Container[int] | None
+                 ) -> tuple[dict[str, float], dict[str, float], float]:
+        """A window's busy time by job: all of it, what went through no gate
+        (a process that never loaded the hook, or any of a job on a GPU it
+        was not given), and what no job claims; notes each job's busiest."""
+        per_job: dict[str, float] = {}
+        ungated: dict[str, float] = {}
+        unclaimed = 0.0
+        top: dict[str | None, tuple[float, int]] = {}
+        for pid, b in w.busy.items():
+            b = min(max(float(b), 0.0), w.duration)
+            job = owner.get((w.uuid, pid))
+            if job is None:
+                unclaimed += b
+            else:
+                per_job[job] = per_job.get(job, 0.0) + b
+                if (hooked is not None and pid not in hooked) or job not in given:
+                    ungated[job] = ungated.get(job, 0.0) + b
+            if b > top.get(job, (0.0, 0))[0]:
+                top[job] = (b, pid)
+        for job, (_, pid) in top.items():
+            self._busiest[(job, w.uuid)] = pid
+        return per_job, ungated, unclaimed
+
+    def _forget(self, live: set[tuple[str, str]], users: set[tuple[int, str]]) -> None:
+        """Drop the accounts of jobs and users no longer on their GPUs."""
+        for store in (self._jobs, self._raw, self._shares, self._bypassed):
+            for key in [k for k in store if k not in live]:
+                del store[key]
+        for ustore in (self._users, self._bypass):
+            for ukey in [k for k in ustore if k not in users]:
+                del ustore[ukey]
 
     def _account(self, w: Window, jobs: list[JobLimits],
                  owner: Mapping[tuple[str, int], str | None],
@@ -344,26 +357,8 @@ class Checker:
         dt = w.duration
         if dt <= 0:
             return
-        per_job: dict[str, float] = {}
-        ungated: dict[str, float] = {}
-        unclaimed = 0.0
-        top: dict[str | None, tuple[float, int]] = {}
-        given = {lim.job_id for lim in jobs if lim.given}
-        for pid, b in w.busy.items():
-            b = min(max(float(b), 0.0), dt)
-            job = owner.get((w.uuid, pid))
-            if job is None:
-                unclaimed += b
-            else:
-                per_job[job] = per_job.get(job, 0.0) + b
-                # through no gate: a process that never loaded the hook, or
-                # any of a job on a GPU it was not given
-                if (hooked is not None and pid not in hooked) or job not in given:
-                    ungated[job] = ungated.get(job, 0.0) + b
-            if b > top.get(job, (0.0, 0))[0]:
-                top[job] = (b, pid)
-        for job, (_, pid) in top.items():
-            self._busiest[(job, w.uuid)] = pid
+        per_job, ungated, unclaimed = self._per_job(w, {lim.job_id for lim in jobs if lim.given},
+                                                    owner, hooked)
         # the users whose work past a hook lands in another user's turn
         turns = {lim.uid for lim in jobs if lim.turn > 0}
         exposed = {lim.uid for lim in jobs if turns - {lim.uid}}
@@ -418,53 +413,66 @@ class Checker:
                  owner: Mapping[tuple[str, int], str | None]) -> list[Violation]:
         out: list[Violation] = []
         for uuid, jobs in by_gpu.items():
-            named: set[str] = set()
-            for lim in jobs:
-                key = (lim.job_id, uuid)
-                use = self._jobs.get(key)
-                if use is not None and use.over:
-                    out.append(Violation(COMPUTE, uuid, self._pid_of(lim.job_id, uuid, memory,
-                                                                     owner),
-                                         lim.job_id, use.share(),
-                                         self._share_in_force(key, use.recent[-1][0]
-                                                              if use.recent else 0.0),
-                                         share_unit=True, burst=use.burst))
-                    named.add(lim.job_id)
+            def pid(job_id: str, uuid: str = uuid) -> int:
+                return self._pid_of(job_id, uuid, memory, owner)
+            mine = self._over_jobs(uuid, jobs, pid)
+            out += mine
+            named = {v.job_id for v in mine}
             for uid in {lim.uid for lim in jobs}:
-                use = self._users.get((uid, uuid))
-                if use is None or not use.over:
-                    continue
-                mine = [lim for lim in jobs if lim.uid == uid]
-                shares = sum(self._share_in_force((lim.job_id, uuid), use.recent[-1][0])
-                             for lim in mine) if use.recent else 0.0
-                over = [lim for lim in mine
-                        if (r := self._raw.get((lim.job_id, uuid))) is not None and r.debt > 0]
-                if not over:
-                    over = sorted(mine, key=lambda lim: -self._jobs[(lim.job_id, uuid)].share()
-                                  if (lim.job_id, uuid) in self._jobs else 0.0)[:1]
-                for lim in over:
-                    if lim.job_id in named:
-                        continue
-                    out.append(Violation(COMPUTE, uuid,
-                                         self._pid_of(lim.job_id, uuid, memory, owner),
-                                         lim.job_id, use.share(), min(shares, 1.0), scope=USER,
-                                         uid=uid, share_unit=True, burst=use.burst))
-            for uid in {lim.uid for lim in jobs}:
-                use = self._bypass.get((uid, uuid))
-                if use is None or not use.over or not use.recent:
-                    continue
-                since = use.recent[-1][0] - SHOWN_S
-                for lim in jobs:
-                    if lim.uid == uid and self._bypassed.get((lim.job_id, uuid), -1.0) >= since:
-                        out.append(Violation(COMPUTE, uuid,
-                                             self._pid_of(lim.job_id, uuid, memory, owner),
-                                             lim.job_id, use.share(), 0.0, scope=BYPASS,
-                                             uid=uid, share_unit=True, burst=use.burst))
+                out += [v for v in self._over_user(uuid, uid, jobs, pid)
+                        if v.job_id not in named]
+                out += self._past_hooks(uuid, uid, jobs, pid)
             none = self._none.get(uuid)
             if none is not None and none.over:
                 out.append(Violation(NO_JOB, uuid, self._busiest.get((None, uuid), 0), None,
                                      none.share(), 0.0, share_unit=True))
         return out
+
+    def _over_jobs(self, uuid: str, jobs: list[JobLimits],
+                   pid: Callable[[str], int]) -> list[Violation]:
+        """The jobs on the GPU over their own budgets."""
+        out = []
+        for lim in jobs:
+            key = (lim.job_id, uuid)
+            use = self._jobs.get(key)
+            if use is not None and use.over:
+                at = use.recent[-1][0] if use.recent else 0.0
+                out.append(Violation(COMPUTE, uuid, pid(lim.job_id), lim.job_id, use.share(),
+                                     self._share_in_force(key, at), share_unit=True,
+                                     burst=use.burst))
+        return out
+
+    def _over_user(self, uuid: str, uid: int, jobs: list[JobLimits],
+                   pid: Callable[[str], int]) -> list[Violation]:
+        """A user's jobs on the GPU over their budget together: each of them
+        over its own share, else the busiest."""
+        use = self._users.get((uid, uuid))
+        if use is None or not use.over:
+            return []
+        mine = [lim for lim in jobs if lim.uid == uid]
+        shares = sum(self._share_in_force((lim.job_id, uuid), use.recent[-1][0])
+                     for lim in mine) if use.recent else 0.0
+        over = [lim for lim in mine
+                if (r := self._raw.get((lim.job_id, uuid))) is not None and r.debt > 0]
+        if not over:
+            over = sorted(mine, key=lambda lim: -self._jobs[(lim.job_id, uuid)].share()
+                          if (lim.job_id, uuid) in self._jobs else 0.0)[:1]
+        return [Violation(COMPUTE, uuid, pid(lim.job_id), lim.job_id, use.share(),
+                          min(shares, 1.0), scope=USER, uid=uid, share_unit=True,
+                          burst=use.burst) for lim in over]
+
+    def _past_hooks(self, uuid: str, uid: int, jobs: list[JobLimits],
+                    pid: Callable[[str], int]) -> list[Violation]:
+        """A user's work past their hooks, where another user's job has a
+        turn: each of the user's jobs that ran some lately."""
+        use = self._bypass.get((uid, uuid))
+        if use is None or not use.over or not use.recent:
+            return []
+        since = use.recent[-1][0] - SHOWN_S
+        return [Violation(COMPUTE, uuid, pid(lim.job_id), lim.job_id, use.share(), 0.0,
+                          scope=BYPASS, uid=uid, share_unit=True, burst=use.burst)
+                for lim in jobs
+                if lim.uid == uid and self._bypassed.get((lim.job_id, uuid), -1.0) >= since]
 
     def _pid_of(self, job: str, uuid: str, memory: Mapping[str, Mapping[int, int]],
                 owner: Mapping[tuple[str, int], str | None]) -> int:
@@ -475,6 +483,24 @@ class Checker:
             return pid
         procs = {p: b for p, b in memory.get(uuid, {}).items() if owner.get((uuid, p)) == job}
         return max(procs, key=lambda p: (procs[p], -p)) if procs else 0
+
+
+def _memory(limits: list[JobLimits], memory: Mapping[str, Mapping[int, int]],
+            owner: Mapping[tuple[str, int], str | None]) -> list[Violation]:
+    """Processes in no job holding memory, and jobs over their limits (each
+    named by its largest holder on the GPU)."""
+    found = [Violation(NO_JOB, uuid, pid, None, float(used), 0.0)
+             for uuid, procs in memory.items() for pid, used in procs.items()
+             if owner.get((uuid, pid)) is None]
+    for lim in limits:
+        procs = {p: b for p, b in memory.get(lim.uuid, {}).items()
+                 if owner.get((lim.uuid, p)) == lim.job_id}
+        held = sum(procs.values())
+        if procs and held > lim.mem_limit:
+            pid = max(procs, key=lambda p: (procs[p], -p))
+            found.append(Violation(MEMORY, lim.uuid, pid, lim.job_id, float(held),
+                                   float(lim.mem_limit)))
+    return found
 
 
 def _strays(limits: list[JobLimits], memory: Mapping[str, Mapping[int, int]],
@@ -544,24 +570,25 @@ def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, Gpu],
     for uuid, gpu in gpus.items():
         short[uuid] = shortfall(gpu, limits, {j: b for (j, u), b in held.items() if u == uuid})
     for v in found:
-        if on_violation == KILL:
+        if on_violation == KILL or _protects(v, short.get(v.uuid, 0), reserve):
             if v.job_id is not None:
                 end.setdefault(v.job_id, v)
             elif v.pid > 0:
                 kill.append(v)
-            continue
-        # protect: memory taken that others were promised, and compute taken
-        # past a hook where another user's job has a turn (its promise)
-        if v.kind == COMPUTE and v.scope == BYPASS and v.job_id is not None:
-            end.setdefault(v.job_id, v)
-        elif v.kind == MEMORY and v.job_id is not None:
-            over = v.value - v.limit
-            if over > tolerance(v.limit) and (short.get(v.uuid, 0) > 0 or over > reserve):
-                end.setdefault(v.job_id, v)
-        elif v.kind == NO_JOB and not v.share_unit and v.pid > 0:
-            if short.get(v.uuid, 0) > 0:
-                kill.append(v)
     return Actions(end, kill)
+
+
+def _protects(v: Violation, short: int, reserve: int) -> bool:
+    """Whether `protect` acts on a violation: memory taken that others were
+    promised (short: what the GPU's jobs were promised and can't get), and
+    compute taken past a hook where another user's job has a turn."""
+    if v.kind == COMPUTE:
+        return v.scope == BYPASS and v.job_id is not None
+    if v.kind == MEMORY:
+        over = v.value - v.limit
+        return v.job_id is not None and over > tolerance(v.limit) and (short > 0
+                                                                        or over > reserve)
+    return not v.share_unit and v.pid > 0 and short > 0     # NO_JOB holding memory
 
 
 @dataclass

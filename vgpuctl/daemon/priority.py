@@ -73,23 +73,25 @@ class Priorities:
                 priority=prio.rank(job.rec.priority), hold=hold.bits, holders=holders,
                 budget_ns=pc.budget_us * 1000, holdoff_ns=pc.holdoff_ms * 1_000_000)
             live.add((job_id, i))
-            if self._written.get((job_id, i)) == fields_:
-                continue
-            try:
-                assert job.region is not None
-                write_class(job.region, i, fields_)
-            except (OSError, ValueError, AttributeError, TypeError) as e:
-                log.warning("job %s: could not write its class into its region: %s",
-                            job_id, e)
-                continue
-            before = self._written.get((job_id, i))
-            self._written[(job_id, i)] = fields_
-            if before is None or before.hold != fields_.hold or \
-                    before.holders != fields_.holders:
-                log.debug("job %s on GPU %s: priority %s, hold %d, holders %s", job_id, uuid,
-                          job.rec.priority, hold.bits, [h[0] for h in hold.holders])
+            self._write(job, i, uuid, fields_)
         for key in [k for k in self._written if k not in live]:
             del self._written[key]
+
+    def _write(self, job: LiveJob, i: int, uuid: str, fields_: ClassFields) -> None:
+        """Write a job's class fields for device i where they changed."""
+        before = self._written.get((job.id, i))
+        if before == fields_:
+            return
+        try:
+            assert job.region is not None
+            write_class(job.region, i, fields_)
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            log.warning("job %s: could not write its class into its region: %s", job.id, e)
+            return
+        self._written[(job.id, i)] = fields_
+        if before is None or before.hold != fields_.hold or before.holders != fields_.holders:
+            log.debug("job %s on GPU %s: priority %s, hold %d, holders %s", job.id, uuid,
+                      job.rec.priority, fields_.hold, [h[0] for h in fields_.holders])
 
     def observe(self, stats: list[GpuStats]) -> None:
         """Each tick: sample what every holder's signal claims now against
