@@ -21,7 +21,9 @@
  * still in flight is estimated.
  *
  * One mutex guards the marks; it is taken only on the slow path, twice a
- * launch: for the gate's poll and the stretch's start, and for the mark.
+ * launch: for the gate's poll and the stretch's start, and for the mark;
+ * and after a synchronisation while marks are in flight (what completed is
+ * measured then, not at the next launch).
  * The slow path reads the clock and the current context once a launch
  * (struct vgpu_launch).
  */
@@ -74,8 +76,8 @@ void vgpu_flight_unlock(void)
 
 static struct flight *flight_of(int d)
 {
-    if (g_flight[d] == NULL)
-        g_flight[d] = calloc(1, sizeof(struct flight));
+    if (g_flight[d] == NULL)    /* (read unlocked by vgpu_flight_settle) */
+        __atomic_store_n(&g_flight[d], calloc(1, sizeof(struct flight)), __ATOMIC_RELEASE);
     return g_flight[d];
 }
 
@@ -293,6 +295,24 @@ void vgpu_flight_track(const struct vgpu_launch *l, int own)
         }
     }
     pthread_mutex_unlock(&flight_lock);
+}
+
+void vgpu_flight_settle(void)
+{
+    /* After a synchronisation: what completed is measured now, not at the
+     * next launch, which may be long in coming (a loop's CPU phase, the
+     * process's end): the job's GPU time is its own the moment it ran. */
+    uint64_t now = 0;
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        struct flight *f = __atomic_load_n(&g_flight[d], __ATOMIC_ACQUIRE);
+        if (f == NULL || __atomic_load_n(&f->n, __ATOMIC_RELAXED) == 0)
+            continue;
+        if (now == 0)
+            now = vgpu_now_ns();
+        pthread_mutex_lock(&flight_lock);
+        poll(d, f, now);
+        pthread_mutex_unlock(&flight_lock);
+    }
 }
 
 void vgpu_flight_wait(CUevent ev, int d, uint64_t since)

@@ -289,6 +289,8 @@ void vgpu_flight_tell_end(int d, uint64_t end);
 void vgpu_flight_track(const struct vgpu_launch *l, int own);
 /* Wait for a mark, counting the wait as throttled since `since`. */
 void vgpu_flight_wait(CUevent ev, int d, uint64_t since);
+/* After a synchronisation: measure the marks that completed. */
+void vgpu_flight_settle(void);
 void vgpu_flight_atfork_child(void);
 
 /* ---- turns (turns.c) -------------------------------------------------------------- */

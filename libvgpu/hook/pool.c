@@ -148,7 +148,8 @@ CUresult hook_cuMemPoolDestroy(CUmemoryPool pool)
     return r;
 }
 
-/* ---- synchronisations: the driver may have given a pool's reserve back ---- */
+/* ---- synchronisations: the driver may have given a pool's reserve back, and
+ * the job's work in flight may have completed (flight.c) ---- */
 
 CUresult hook_cuCtxSynchronize(void)
 {
@@ -156,6 +157,7 @@ CUresult hook_cuCtxSynchronize(void)
     CU_PROLOGUE(cuCtxSynchronize, ());
     CUresult r = REAL(cuCtxSynchronize)();
     vgpu_pool_settle_all();
+    vgpu_flight_settle();
     return r;
 }
 
@@ -165,6 +167,7 @@ CUresult hook_cuStreamSynchronize(CUstream h)
     CU_PROLOGUE(cuStreamSynchronize, (h));
     CUresult r = REAL(cuStreamSynchronize)(h);
     vgpu_pool_settle_all();
+    vgpu_flight_settle();
     return r;
 }
 
@@ -174,6 +177,7 @@ CUresult hook_cuStreamSynchronize_ptsz(CUstream h)
     CU_PROLOGUE(cuStreamSynchronize_ptsz, (h));
     CUresult r = REAL(cuStreamSynchronize_ptsz)(h);
     vgpu_pool_settle_all();
+    vgpu_flight_settle();
     return r;
 }
 
@@ -183,5 +187,6 @@ CUresult hook_cuEventSynchronize(CUevent e)
     CU_PROLOGUE(cuEventSynchronize, (e));
     CUresult r = REAL(cuEventSynchronize)(e);
     vgpu_pool_settle_all();
+    vgpu_flight_settle();
     return r;
 }

@@ -160,10 +160,12 @@ def test_only_the_launching_thread_waits(sim, clients, client_factory):
 # ---- the shares, by the simulator's timeline -----------------------------------------
 
 def start_burn(sim: Sim, region: Region, tag: str, kernel_us: int,
-               seconds: float) -> subprocess.Popen[str]:
-    """vgpu-burn saturating GPU 0 (4 kernels queued) in the job of region."""
+               seconds: float | None, *more: str) -> subprocess.Popen[str]:
+    """vgpu-burn saturating GPU 0 (4 kernels queued) in the job of region
+    (`more`: its other options; seconds None: they say how long)."""
+    how = ["--seconds", str(seconds)] if seconds is not None else []
     return subprocess.Popen([str(native.burn_program()), "--device", "0", "--kernel-us",
-                             str(kernel_us), "--seconds", str(seconds)],
+                             str(kernel_us), *how, *more],
                             env=sim.job_env(region.path, VGPU_SIM_TAG=tag),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -241,6 +243,22 @@ def test_the_hook_measures_the_gpu_time_the_simulator_ran(sim):
         f"{elapsed_ns / 1e6:.0f} ms"
     assert dev.borrowed_ns == 0                # a hard job borrows nothing
     assert 900_000 <= dev.cost_ns <= 1_100_000  # one launch: a 1 ms kernel
+
+
+def test_work_that_completed_is_measured_at_the_synchronisation(sim):
+    """A burst of 6 x 5 ms kernels queued at once, then the stream
+    synchronised and the process gone: the job's GPU time holds the whole
+    burst (measured at the synchronisation, not at a next launch that never
+    comes)."""
+    region = sim.region([GiB], turn=turn(0, 45, time.monotonic_ns()))
+    p = start_burn(sim, region, "job-sync", 5000, None, "--count", "6", "--inflight", "6")
+    burn_result(p)
+    truth = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
+                 if t["name"] == "job-sync")
+    dev = region.read_usage().devices[0]
+    assert truth >= 29_000_000
+    assert abs(dev.busy_ns - truth) <= 1_000_000, \
+        f"hook {dev.busy_ns / 1e6:.1f} ms, simulator {truth / 1e6:.1f} ms"
 
 
 def test_two_jobs_get_their_turns(sim):
