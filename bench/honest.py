@@ -196,23 +196,30 @@ def main() -> None:
         next_preempt = time.monotonic() + args.preempt_every
         events = {"suspended": 0, "resumed": 0, "preempting_jobs": 0, "failed": []}
         highs: list[subprocess.Popen] = []
+        suspended = False
         while time.monotonic() < end - args.set_every and all(
                 p.poll() is None for p in procs.values()):
             time.sleep(args.set_every)
             k += 1
             now = time.monotonic()
-            if now >= next_suspend and now < end - 10:
-                next_suspend += args.suspend_every
-                for verb in ("suspend", "resume"):
+            # (one event at a time: a high job running takes the room a
+            # suspended job left, and its resume would wait for it)
+            busy = any(h.poll() is None for h in highs)
+            if suspended or (now >= next_suspend and now < end - 10 and not busy):
+                next_suspend = max(next_suspend + args.suspend_every, now)
+                for verb in ("resume",) if suspended else ("suspend", "resume"):
                     r = subprocess.run([*vgpuctl_argv(), verb, "gpt2"], env=env,
                                        capture_output=True, text=True, timeout=120)
                     if r.returncode == 0:
                         events["suspended" if verb == "suspend" else "resumed"] += 1
+                        suspended = verb == "suspend"
                     else:
                         events["failed"].append(f"{verb}: {r.stderr.strip()}")
+                        break
                     if verb == "suspend":
                         time.sleep(3)
-            if now >= next_preempt and now < end - 20:
+                busy = True
+            if now >= next_preempt and now < end - 20 and not busy and not suspended:
                 next_preempt += args.preempt_every
                 highs.append(subprocess.Popen(
                     [*vgpuctl_argv(), "run", "--name", "high", "--mem", "8G", "--priority",
