@@ -9,11 +9,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from support.daemon import needs_native, wait_for
+from support.daemon import needs_native, read_line, wait_for
 from support.hostile import in_child_as_nobody, start_job_as_nobody
 from support.sim import holding
 
@@ -163,3 +164,77 @@ def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, ho
         wait_for(lambda: _mem_by_tag(d).get(tag, 0) == 0, 30, "its memory back")
     finally:
         shutil.rmtree(flags, ignore_errors=True)
+
+
+# Root's job that preempts: its context, then (at a line on stdin) 11 GiB
+# of its 12 GiB limit, tried every 50 ms for up to 30 s.
+PREEMPTOR = r"""
+import sys, time
+from cuda.bindings import driver as cu
+cu.cuInit(0)
+ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
+cu.cuCtxSetCurrent(ctx)
+print("ready", flush=True)
+sys.stdin.readline()
+t0, tries = time.monotonic(), 0
+while True:
+    r = cu.cuMemAlloc(11 << 30)
+    tries += 1
+    if r[0] == cu.CUresult.CUDA_SUCCESS:
+        print("ok", tries, flush=True)
+        break
+    if time.monotonic() - t0 > 30:
+        print("fail", tries, r[0].name, flush=True)
+        break
+    time.sleep(0.05)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "bare"])
+def test_a_preempted_job_takes_no_memory_back_from_the_job_that_preempted_it(daemon_factory,
+                                                                              hooked):
+    """nobody's low 8G job is preempted by root's 12G job on a 16G GPU;
+    then a new process of the low job allocates 5G (a preempted low job
+    took 5 GiB back, and root's in-limit 11 GiB failed 11 times of 14):
+    through the hook it is refused, past it the watch ends the job (the
+    default `protect`), and root's 11 GiB succeeds."""
+    d = _node(daemon_factory)
+    flags = Path(tempfile.mkdtemp(prefix="vgpu-go-", dir="/tmp"))
+    os.chmod(flags, 0o777)
+    burn = str(native.burn_program())
+    tag = f"preempted-{'hooked' if hooked else 'bare'}"
+    flag = flags / tag
+    script = (f"{burn} --alloc 256M --kernel-us 1000 --seconds 600 & "
+              f"while [ ! -e {flag} ]; do sleep 0.05; done; "
+              f"exec {burn} --alloc 5G --kernel-us 1000 --seconds 600")
+    p = None
+    try:
+        j = start_job_as_nobody(d.socket, ["sh", "-c", script],
+                                {**_env(d), "VGPU_SIM_TAG": tag}, 8 * G, None, hooked=hooked,
+                                priority="low")
+        wait_for(lambda: _mem_by_tag(d).get(tag, 0) >= 256 << 20, 30,
+                 "the low job's first process on the GPU")
+        p = d.popen("run", "--mem", "12G", "--name", "preemptor", "--", sys.executable, "-c",
+                    PREEMPTOR, stdin=subprocess.PIPE)
+        assert read_line(p.stdout, timeout=60).strip() == "ready"
+        assert d.job(j["job"])["state"] == "suspended"
+        flag.touch()
+        if hooked:
+            wait_for(lambda: d.job(j["job"])["oom_refusals"], 30,
+                     "the hook to refuse the preempted job's allocation")
+        else:
+            def ended() -> dict | None:
+                x = next((x for x in d.jobs(all_jobs=True) if x["id"] == j["job"]), None)
+                return x if x is not None and x["state"] == "ended" else None
+            gone = wait_for(ended, 30, "the watch to end the preempted job that took memory")
+            assert any(v["kind"] == "memory" for v in gone["violations"]), gone
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert read_line(p.stdout, timeout=60).split()[0] == "ok"
+    finally:
+        shutil.rmtree(flags, ignore_errors=True)
+        if p is not None:
+            p.kill()
+            p.wait()

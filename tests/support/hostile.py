@@ -138,7 +138,8 @@ def in_child_as_nobody(fn: Any, timeout: float = 60, uid: int = NOBODY) -> Any:
 def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: int,
                         core: int | None, hooked: bool = False, name: str | None = None,
                         policy: str | None = None, gpu: str | None = None,
-                        drop: tuple[str, ...] = ()) -> dict[str, Any]:
+                        drop: tuple[str, ...] = (), priority: str | None = None
+                        ) -> dict[str, Any]:
     """A job of nobody's, as its user would start one without `vgpuctl run`
     (which nobody may not run here): the daemon admits it, its command runs
     as nobody with the job's environment (the hook preloaded only when
@@ -153,7 +154,7 @@ def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: 
     def go() -> dict[str, Any]:
         with Client.connect(Path(socket)) as cl:
             r = cl.call("run", command=argv, cwd="/", mem=mem, core=core, name=name,
-                        policy=policy, gpu=gpu)
+                        policy=policy, gpu=gpu, priority=priority)
         job_env = {k: v for k, v in {**env, **r["env"]}.items() if k not in drop}
         for k, v in r["prepend"].items():
             if k == "LD_PRELOAD" and not hooked:
