@@ -107,11 +107,13 @@ def test_eight_small_jobs_of_one_user_are_one_offender_and_all_end(node):
             job = _ended(d, j["job"])
             found = _ended_for(job, "compute")
             assert found, job["violations"]
-            assert found[0]["scope"] in ("user", "job")
+            assert found[0]["scope"] in ("user", "job", "bypass")
             assert wait_for(lambda j=j: _gone(j["pid"]), what="the burner to be gone")
         scopes = {v["scope"] for j in jobs for v in d.call("ps", job=j["job"])["jobs"][0]
                   ["violations"]}
-        assert "user" in scopes          # caught as one user's jobs together
+        # caught as one user's jobs together: their budget together, or
+        # their work past their hooks together (beside root's turn)
+        assert scopes & {"user", "bypass"}
         # Root's job beside them was never named, and runs on.
         assert d.job(neighbour["id"])["violations"] == []
         assert p.poll() is None
