@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.daemon import needs_native, read_line, wait_for
-from support.hostile import in_child_as_nobody, start_job_as_nobody
+from support.hostile import in_child_as_nobody, retried_alloc, start_job_as_nobody
 from support.sim import holding
 
 from vgpuctl.client.connection import Client
@@ -123,6 +123,24 @@ def _mem_by_tag(d) -> dict[str, int]:
             for t in json.loads(res.stdout)["tags"]}
 
 
+def _job_with_a_second_process(d, flag: Path, alloc: str, hooked: bool, core: int | None,
+                               priority: str | None = None) -> dict:
+    """nobody's 8G job (tagged flag's name): a process holding 256M on the
+    GPU, and once `flag` exists a second one allocating `alloc` (with the
+    hook or past it); returned once the first is on the GPU."""
+    os.chmod(flag.parent, 0o777)
+    burn = str(native.burn_program())
+    tag = flag.name
+    script = (f"{burn} --alloc 256M --kernel-us 1000 --seconds 600 & "
+              f"while [ ! -e {flag} ]; do sleep 0.05; done; "
+              f"exec {burn} --alloc {alloc} --kernel-us 1000 --seconds 600")
+    j = start_job_as_nobody(d.socket, ["sh", "-c", script], {**_env(d), "VGPU_SIM_TAG": tag},
+                            8 * G, core, hooked=hooked, priority=priority)
+    wait_for(lambda: _mem_by_tag(d).get(tag, 0) >= 256 << 20, 30,
+             "the job's first process on the GPU")
+    return j
+
+
 @pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "bare"])
 def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, hooked):
     """nobody suspends their own 8G job, then a new process of it allocates
@@ -131,18 +149,10 @@ def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, ho
     `protect`), so the room the daemon gave away stays given."""
     d = _node(daemon_factory)
     flags = Path(tempfile.mkdtemp(prefix="vgpu-go-", dir="/tmp"))
-    os.chmod(flags, 0o777)
-    burn = str(native.burn_program())
     tag = f"suspended-{'hooked' if hooked else 'bare'}"
     flag = flags / tag
-    script = (f"{burn} --alloc 256M --kernel-us 1000 --seconds 600 & "
-              f"while [ ! -e {flag} ]; do sleep 0.05; done; "
-              f"exec {burn} --alloc 6G --kernel-us 1000 --seconds 600")
     try:
-        j = start_job_as_nobody(d.socket, ["sh", "-c", script],
-                                {**_env(d), "VGPU_SIM_TAG": tag}, 8 * G, 30, hooked=hooked)
-        wait_for(lambda: _mem_by_tag(d).get(tag, 0) >= 256 << 20, 30,
-                 "the job's first process on the GPU")
+        j = _job_with_a_second_process(d, flag, "6G", hooked, 30)
         got = _as_nobody(d, "suspend", job=j["job"])
         assert got.get("outcome", {}).get("action") == "suspended", got
         assert _mem_by_tag(d).get(tag, 0) == 0
@@ -166,29 +176,8 @@ def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, ho
         shutil.rmtree(flags, ignore_errors=True)
 
 
-# Root's job that preempts: its context, then (at a line on stdin) 11 GiB
-# of its 12 GiB limit, tried every 50 ms for up to 30 s.
-PREEMPTOR = r"""
-import sys, time
-from cuda.bindings import driver as cu
-cu.cuInit(0)
-ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
-cu.cuCtxSetCurrent(ctx)
-print("ready", flush=True)
-sys.stdin.readline()
-t0, tries = time.monotonic(), 0
-while True:
-    r = cu.cuMemAlloc(11 << 30)
-    tries += 1
-    if r[0] == cu.CUresult.CUDA_SUCCESS:
-        print("ok", tries, flush=True)
-        break
-    if time.monotonic() - t0 > 30:
-        print("fail", tries, r[0].name, flush=True)
-        break
-    time.sleep(0.05)
-sys.stdin.readline()
-"""
+# Root's job that preempts: 11 GiB of its 12 GiB limit, tried until it succeeds.
+PREEMPTOR = retried_alloc(11 * G)
 
 
 @pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "bare"])
@@ -201,20 +190,10 @@ def test_a_preempted_job_takes_no_memory_back_from_the_job_that_preempted_it(dae
     default `protect`), and root's 11 GiB succeeds."""
     d = _node(daemon_factory)
     flags = Path(tempfile.mkdtemp(prefix="vgpu-go-", dir="/tmp"))
-    os.chmod(flags, 0o777)
-    burn = str(native.burn_program())
-    tag = f"preempted-{'hooked' if hooked else 'bare'}"
-    flag = flags / tag
-    script = (f"{burn} --alloc 256M --kernel-us 1000 --seconds 600 & "
-              f"while [ ! -e {flag} ]; do sleep 0.05; done; "
-              f"exec {burn} --alloc 5G --kernel-us 1000 --seconds 600")
+    flag = flags / f"preempted-{'hooked' if hooked else 'bare'}"
     p = None
     try:
-        j = start_job_as_nobody(d.socket, ["sh", "-c", script],
-                                {**_env(d), "VGPU_SIM_TAG": tag}, 8 * G, None, hooked=hooked,
-                                priority="low")
-        wait_for(lambda: _mem_by_tag(d).get(tag, 0) >= 256 << 20, 30,
-                 "the low job's first process on the GPU")
+        j = _job_with_a_second_process(d, flag, "5G", hooked, None, priority="low")
         p = d.popen("run", "--mem", "12G", "--name", "preemptor", "--", sys.executable, "-c",
                     PREEMPTOR, stdin=subprocess.PIPE)
         assert read_line(p.stdout, timeout=60).strip() == "ready"

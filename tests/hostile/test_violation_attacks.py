@@ -22,7 +22,7 @@ import sys
 
 import pytest
 from support.daemon import needs_native, read_line, wait_for
-from support.hostile import start_job_as_nobody
+from support.hostile import retried_alloc, start_job_as_nobody
 
 from vgpuctl.system import native
 
@@ -226,27 +226,7 @@ def test_in_the_default_config_a_job_burning_a_gpu_it_was_not_given_ends(daemon_
 
 # -- memory ------------------------------------------------------------------------------
 # A co-tenant's in-limit allocation, tried until it succeeds (or 30 s).
-COTENANT = r"""
-import sys, time
-from cuda.bindings import driver as cu
-cu.cuInit(0)
-ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
-cu.cuCtxSetCurrent(ctx)
-print("ready", flush=True)
-sys.stdin.readline()
-t0, tries = time.monotonic(), 0
-while True:
-    r = cu.cuMemAlloc(int(7.5 * (1 << 30)))
-    tries += 1
-    if r[0] == cu.CUresult.CUDA_SUCCESS:
-        print("ok", tries, flush=True)
-        break
-    if time.monotonic() - t0 > 30:
-        print("fail", tries, r[0].name, flush=True)
-        break
-    time.sleep(0.05)
-sys.stdin.readline()
-"""
+COTENANT = retried_alloc(int(7.5 * G))
 
 
 def _cotenant(d):

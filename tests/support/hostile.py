@@ -177,3 +177,30 @@ def start_job_as_nobody(socket: Any, argv: list[str], env: dict[str, str], mem: 
         return {"job": r["job"]["id"], "pid": pid}
 
     return in_child_as_nobody(go)
+
+
+def retried_alloc(size: int) -> str:
+    """A co-tenant's program: its context, "ready", then (at a line on
+    stdin) `size` bytes of GPU 0, tried every 50 ms until it succeeds or
+    30 s pass ("ok TRIES", or "fail TRIES ERROR"); it then waits for a line."""
+    return f"""
+import sys, time
+from cuda.bindings import driver as cu
+cu.cuInit(0)
+ctx = cu.cuDevicePrimaryCtxRetain(0)[1]
+cu.cuCtxSetCurrent(ctx)
+print("ready", flush=True)
+sys.stdin.readline()
+t0, tries = time.monotonic(), 0
+while True:
+    r = cu.cuMemAlloc({size})
+    tries += 1
+    if r[0] == cu.CUresult.CUDA_SUCCESS:
+        print("ok", tries, flush=True)
+        break
+    if time.monotonic() - t0 > 30:
+        print("fail", tries, r[0].name, flush=True)
+        break
+    time.sleep(0.05)
+sys.stdin.readline()
+"""
