@@ -223,6 +223,7 @@ def test_a_job_that_may_borrow_may_use_what_the_promises_leave_open():
     t, found = _first_found(Checker(), [promised, borrower], {1: 0.6, 2: 0.6}, owner, {1, 2})
     assert t == pytest.approx(BURST_S / (0.6 - allowed(0.4)), abs=PERIOD)
     assert [(v.job_id, v.scope) for v in found] == [("b", "job")]
+    assert "over its share of 0% and what the others' promises left open" in found[0].describe()
 
 
 TURNS = dict(turn=0.6)

@@ -166,6 +166,7 @@ class Violation:
     uid: int | None = None  # compute of a USER scope: whose jobs
     share_unit: bool = False    # value and limit are shares (compute, unclaimed busy)
     burst: float = BURST_S      # compute: the burst it went past (GPU-seconds)
+    borrows: bool = False       # compute of a job that may borrow: its budget had what was open
 
     @property
     def key(self) -> tuple[str, str | None, int | str]:
@@ -191,8 +192,9 @@ class Violation:
                     f"{self.value:.0%} of it together, over their shares' {self.limit:.0%} "
                     f"by more than {self.burst:g} GPU-seconds{gate} (busiest pid {self.pid})")
         if self.kind == COMPUTE:
+            open_ = " and what the others' promises left open" if self.borrows else ""
             return (f"job {self.job_id}: uses {self.value:.0%} of {self.uuid}, over its share "
-                    f"of {self.limit:.0%} by more than {self.burst:g} GPU-seconds{gate} "
+                    f"of {self.limit:.0%}{open_} by more than {self.burst:g} GPU-seconds{gate} "
                     f"(busiest pid {self.pid})")
         if self.share_unit:
             return (f"{self.value:.0%} of {self.uuid} busy in processes no job claims, "
@@ -439,7 +441,7 @@ class Checker:
                 at = use.recent[-1][0] if use.recent else 0.0
                 out.append(Violation(COMPUTE, uuid, pid(lim.job_id), lim.job_id, use.share(),
                                      self._share_in_force(key, at), share_unit=True,
-                                     burst=use.burst))
+                                     burst=use.burst, borrows=lim.borrows))
         return out
 
     def _over_user(self, uuid: str, uid: int, jobs: list[JobLimits],
