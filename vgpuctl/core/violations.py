@@ -252,7 +252,7 @@ class Checker:
     _raw: dict[tuple[str, str], _Use] = field(default_factory=dict)      # ...against its share
     _users: dict[tuple[int, str], _Use] = field(default_factory=dict)    # (uid, uuid)
     # (uid, uuid): a user's busy time past its jobs' hooks and turns, where
-    # the jobs on the GPU take turns; and when each job last had some
+    # another user's job on the GPU has a turn; and when each job last had some
     _bypass: dict[tuple[int, str], _Use] = field(default_factory=dict)
     _bypassed: dict[tuple[str, str], float] = field(default_factory=dict)
     _none: dict[str, _Use] = field(default_factory=dict)                 # uuid: unclaimed
