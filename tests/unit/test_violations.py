@@ -258,6 +258,19 @@ def test_where_jobs_take_turns_work_past_a_hook_beyond_its_own_turn_is_a_violati
     assert t is None
 
 
+def test_ungated_min_is_the_noise_floor_of_work_past_a_hook():
+    """UNGATED_MIN too high: a burner past its hook at a few percent beside
+    another user's turn is never found; too low: NVML's rounding of an idle
+    context (half a percent) would end an honest job under protect."""
+    owner = {(GPU, 1): "a", (GPU, 3): "b"}
+    limits = [JobLimits("a", GPU, G, 0.6, 1, turn=0.6),
+              JobLimits("b", GPU, G, 0.0, 2, borrows=True)]
+    t, _ = _first_found(Checker(), limits, {1: 0.6, 3: 0.005}, owner, {1}, seconds=120.0)
+    assert t is None
+    t, found = _first_found(Checker(), limits, {1: 0.6, 3: 0.03}, owner, {1}, seconds=120.0)
+    assert t is not None and t < 10.0 and found[0].scope == BYPASS
+
+
 def test_work_past_the_hooks_of_many_small_jobs_adds_up_per_user():
     """Eight jobs of one user each 1 % past its hook (under the noise floor
     each): together 8 %."""
