@@ -97,7 +97,6 @@ static struct {
     uint64_t used;
 } g_sigs[MAX_SIGNALS] = {[0 ... MAX_SIGNALS - 1] = {.id = -1}};
 static uint64_t g_sig_tick;
-static int g_sig_hint[2];   /* where the last look of each kind found its signal */
 
 /* Until when a job says its work on its device dev runs or its turn there
  * lasts (turn_only: its turn, with the work it launched in it), whichever is
@@ -107,10 +106,7 @@ static uint64_t busy_until(int32_t id, uint32_t dev, int turn_only)
     if (id < 0 || dev >= VGPU_MAX_DEVICES)
         return 0;
     int at = -1, victim = 0;
-    int *hint = &g_sig_hint[turn_only != 0];
-    if (g_sigs[*hint].id == id)
-        at = *hint;
-    for (int i = 0; at < 0 && i < MAX_SIGNALS; i++) {
+    for (int i = 0; i < MAX_SIGNALS; i++) {
         if (g_sigs[i].id == id) {
             at = i;
             break;
@@ -125,7 +121,6 @@ static uint64_t busy_until(int32_t id, uint32_t dev, int turn_only)
         g_sigs[at].sig = vgpu_attach_signal(id);
         g_sigs[at].id = id;
     }
-    *hint = at;
     g_sigs[at].used = ++g_sig_tick;
     const struct vgpu_signal *sig = g_sigs[at].sig;
     if (sig == NULL)

@@ -11,13 +11,6 @@ static int64_t floor_div(int64_t a, int64_t b)
     return (a % b != 0 && a < 0) ? q - 1 : q;
 }
 
-/* x mod c, without a division where x is already below c or below 2c (the
- * schedule's offsets are in the cycle): a gated launch takes the rule once. */
-static inline uint64_t mod_c(uint64_t x, uint64_t c)
-{
-    return x < c ? x : x < 2 * c ? x - c : x % c;
-}
-
 /* Where `now` is in the cycle: 0 <= pos < cycle. */
 static uint64_t position(const struct vgpu_schedule *sc, uint64_t now)
 {
@@ -26,11 +19,11 @@ static uint64_t position(const struct vgpu_schedule *sc, uint64_t now)
     return (uint64_t)(t - floor_div(t, c) * c);
 }
 
-/* Time from pos (< cycle) until the span [start, start+len) of the cycle
- * next begins (0 when pos is in it). */
+/* Time from pos until the span [start, start+len) of the cycle next begins
+ * (0 when pos is in it). */
 static uint64_t until_span(uint64_t pos, uint64_t start, uint64_t len, uint64_t cycle)
 {
-    uint64_t into = mod_c(pos + cycle - mod_c(start, cycle), cycle);
+    uint64_t into = (pos + cycle - start % cycle) % cycle;
     if (into < len)
         return 0;
     return cycle - into;
@@ -44,8 +37,8 @@ static uint64_t left_open(const struct vgpu_schedule *sc, uint64_t pos)
     uint64_t cycle = sc->cycle_ns, best = 0;
     uint32_t n = sc->nopen < VGPU_MAX_OPEN ? sc->nopen : VGPU_MAX_OPEN;
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t start = mod_c(sc->open[i].start_ns, cycle), len = sc->open[i].len_ns;
-        uint64_t into = mod_c(pos + cycle - start, cycle);
+        uint64_t start = sc->open[i].start_ns % cycle, len = sc->open[i].len_ns;
+        uint64_t into = (pos + cycle - start) % cycle;
         if (into >= len)
             continue;
         if (len >= cycle)
@@ -53,7 +46,7 @@ static uint64_t left_open(const struct vgpu_schedule *sc, uint64_t pos)
         uint64_t left = len - into;
         if (start + len >= cycle)       /* on into a span that begins the cycle */
             for (uint32_t j = 0; j < n; j++)
-                if (j != i && mod_c(sc->open[j].start_ns, cycle) == 0)
+                if (j != i && sc->open[j].start_ns % cycle == 0)
                     left += sc->open[j].len_ns;
         if (left > best)
             best = left;
@@ -96,14 +89,12 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
         return go_own;          /* no schedule: nothing to keep to */
     uint64_t cycle = sc->cycle_ns;
     uint64_t len = sc->len_ns < cycle ? sc->len_ns : cycle;
+    uint64_t pos = position(sc, now);
 
-    /* the turn: k counts the turns begun by now; pos is where now is in the
-     * cycle (one division for both) */
-    uint64_t start = mod_c(sc->start_ns, cycle);
-    int64_t t = (int64_t)(now - sc->epoch_ns) - (int64_t)start;
+    /* the turn: k counts the turns begun by now */
+    int64_t t = (int64_t)(now - sc->epoch_ns) - (int64_t)(sc->start_ns % cycle);
     int64_t k = floor_div(t, (int64_t)cycle);
     uint64_t into = (uint64_t)(t - k * (int64_t)cycle);
-    uint64_t pos = mod_c(into + start, cycle);
     uint64_t carry = cost_ns > VGPU_TURN_CARRY_MIN_NS ? cost_ns : VGPU_TURN_CARRY_MIN_NS;
     int64_t cap = (int64_t)(sc->credit_ns + carry);
 
