@@ -20,7 +20,7 @@ Three kinds:
 **The compute budget.** The watch's split (vgpuctl.daemon.busysplit) gives
 each process's busy seconds in each sample window. A job may use its share
 (one that may borrow, soft or with no share: also what the other jobs'
-promises left open in the window, ``_open``) plus a margin relative to it
+promises left open in the window) plus a margin relative to it
 (`MARGIN` of it, at least `MARGIN_MIN` of the GPU); what it uses beyond
 that accumulates as a debt, which what it leaves unused pays back down to
 zero. A debt past `BURST_S` GPU-seconds is a
@@ -244,6 +244,26 @@ class _Use:
 
 
 @dataclass
+class _Sum:
+    """A user's jobs on one GPU in one window, summed."""
+    busy: float = 0.0
+    share: float = 0.0
+    free: float = 0.0       # through no gate
+    past: float = 0.0       # past their hooks and own turns
+    kept: float = 0.0       # of their own promises, used
+    borrows: bool = False   # one of them may borrow
+
+    def add(self, busy: float, share: float, free: float, past: float, kept: float,
+            borrows: bool) -> None:
+        self.busy += busy
+        self.share += share
+        self.free += free
+        self.past += past
+        self.kept += kept
+        self.borrows = self.borrows or borrows
+
+
+@dataclass
 class Checker:
     """Finds the violations of one check; remembers what was found before
     (new ones), each account's debt, and each job's recent shares."""
@@ -364,13 +384,20 @@ class Checker:
         # the users whose work past a hook lands in another user's turn
         turns = {lim.uid for lim in jobs if lim.turn > 0}
         exposed = {lim.uid for lim in jobs if turns - {lim.uid}}
-        sums: dict[int, list[float]] = {}     # uid -> [busy, shares, ungated, past turns]
+        # Each job's use of its own promise in the window; what the others'
+        # promises left open is the rest of the GPU, and a job that may
+        # borrow may use it.
+        shares = {lim.job_id: self._share_in_force((lim.job_id, lim.uuid), w.end)
+                  for lim in jobs}
+        kept = {j: min(per_job.get(j, 0.0) / dt, s) for j, s in shares.items()}
+        taken = sum(kept.values())
+        sums: dict[int, _Sum] = {}
         for lim in jobs:
             key = (lim.job_id, lim.uuid)
-            share = self._share_in_force(key, w.end)
+            share = shares[lim.job_id]
             busy = min(per_job.get(lim.job_id, 0.0), dt)
             free = ungated.get(lim.job_id, 0.0)
-            budget = share + self._open({lim.job_id}, jobs, per_job, w) if lim.borrows \
+            budget = share + max(1.0 - taken + kept[lim.job_id], 0.0) if lim.borrows \
                 else share
             self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(min(budget, 1.0)),
                                                    free)
@@ -383,32 +410,16 @@ class Checker:
                 if lim.uid in exposed else 0.0
             if past > UNGATED_MIN * dt:
                 self._bypassed[key] = w.end
-            acc = sums.setdefault(lim.uid, [0.0, 0.0, 0.0, 0.0])
-            acc[0] += busy
-            acc[1] += share
-            acc[2] += free
-            acc[3] += past
-        for uid, (busy, share, free, past) in sums.items():
-            mine = [lim for lim in jobs if lim.uid == uid]
-            if any(lim.borrows for lim in mine):
-                share += self._open({lim.job_id for lim in mine}, jobs, per_job, w)
+            sums.setdefault(lim.uid, _Sum()).add(busy, share, free, past, kept[lim.job_id],
+                                                 lim.borrows)
+        for uid, u in sums.items():
+            share = u.share + max(1.0 - taken + u.kept, 0.0) if u.borrows else u.share
             self._users.setdefault((uid, w.uuid), _Use()).add(
-                w.end, dt, min(busy, dt), allowed(min(share, 1.0)), free)
+                w.end, dt, min(u.busy, dt), allowed(min(share, 1.0)), u.free)
             if uid in exposed:
                 self._bypass.setdefault((uid, w.uuid), _Use()).add(
-                    w.end, dt, min(past, dt), UNGATED_MIN, past)
+                    w.end, dt, min(u.past, dt), UNGATED_MIN, u.past)
         self._none.setdefault(w.uuid, _Use()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
-
-    def _open(self, besides: set[str], jobs: list[JobLimits], per_job: Mapping[str, float],
-              w: Window) -> float:
-        """What the promises of the jobs on the GPU other than `besides` left
-        open in the window: the share each used of its own, taken off the
-        whole GPU (a job that may borrow may use it)."""
-        dt = w.duration
-        used = sum(min(per_job.get(lim.job_id, 0.0) / dt,
-                       self._share_in_force((lim.job_id, lim.uuid), w.end))
-                   for lim in jobs if lim.job_id not in besides)
-        return max(1.0 - used, 0.0)
 
     def _compute(self, by_gpu: Mapping[str, list[JobLimits]],
                  memory: Mapping[str, Mapping[int, int]],
