@@ -141,6 +141,16 @@ def _job_with_a_second_process(d, flag: Path, alloc: str, hooked: bool, core: in
     return j
 
 
+def _ended_for_memory(d, job_id: str, state: str) -> None:
+    """Wait for the watch to end the (suspended or preempted) job whose
+    process took memory past its hook; it was for memory."""
+    def ended() -> dict | None:
+        x = next((x for x in d.jobs(all_jobs=True) if x["id"] == job_id), None)
+        return x if x is not None and x["state"] == "ended" else None
+    gone = wait_for(ended, 30, f"the watch to end the {state} job that took memory")
+    assert any(v["kind"] == "memory" for v in gone["violations"]), gone
+
+
 @pytest.mark.parametrize("hooked", [True, False], ids=["hooked", "bare"])
 def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, hooked):
     """nobody suspends their own 8G job, then a new process of it allocates
@@ -166,11 +176,7 @@ def test_a_suspended_job_takes_no_memory_back_hook_or_no_hook(daemon_factory, ho
             d.call("kill", job=j["job"], signal=9)
         else:
             # past the hook: the watch sees it hold what its books don't give it
-            def ended() -> dict | None:
-                x = next((x for x in d.jobs(all_jobs=True) if x["id"] == j["job"]), None)
-                return x if x is not None and x["state"] == "ended" else None
-            gone = wait_for(ended, 30, "the watch to end the suspended job that took memory")
-            assert any(v["kind"] == "memory" for v in gone["violations"]), gone
+            _ended_for_memory(d, j["job"], "suspended")
         wait_for(lambda: _mem_by_tag(d).get(tag, 0) == 0, 30, "its memory back")
     finally:
         shutil.rmtree(flags, ignore_errors=True)
@@ -203,11 +209,7 @@ def test_a_preempted_job_takes_no_memory_back_from_the_job_that_preempted_it(dae
             wait_for(lambda: d.job(j["job"])["oom_refusals"], 30,
                      "the hook to refuse the preempted job's allocation")
         else:
-            def ended() -> dict | None:
-                x = next((x for x in d.jobs(all_jobs=True) if x["id"] == j["job"]), None)
-                return x if x is not None and x["state"] == "ended" else None
-            gone = wait_for(ended, 30, "the watch to end the preempted job that took memory")
-            assert any(v["kind"] == "memory" for v in gone["violations"]), gone
+            _ended_for_memory(d, j["job"], "preempted")
         assert p.stdin is not None
         p.stdin.write("\n")
         p.stdin.flush()
