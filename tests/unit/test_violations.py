@@ -1,4 +1,5 @@
-"""The violation rules (vgpuctl.core.violations), driven with figures: what
+"""The violation rules (vgpuctl.core.violations) and what is done about
+them (vgpuctl.core.enforcement), driven with figures: what
 counts as a violation, which process is named, when one is new, the
 compute budget (a job's, and the sum of a user's jobs'), and what each
 on_violation does."""
@@ -7,23 +8,18 @@ from __future__ import annotations
 
 import pytest
 
+from vgpuctl.core.enforcement import KILL, PROTECT, REPORT, Cooldown, Gpu, act
 from vgpuctl.core.violations import (
     BURST_S,
     BURST_UNGATED_S,
     BYPASS,
     COMPUTE,
-    KILL,
     MEMORY,
     NO_JOB,
-    PROTECT,
-    REPORT,
     USER,
     Checker,
-    Cooldown,
-    Gpu,
     JobLimits,
     Window,
-    act,
     allowed,
 )
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuctl.core.enforcement import DEFAULT_ON_VIOLATION, ON_VIOLATION
 from vgpuctl.core.sizes import parse_size
-from vgpuctl.core.violations import DEFAULT_ON_VIOLATION, ON_VIOLATION
 from vgpuctl.errors import ConfigError
 
 POLICIES = ("hard", "soft")
@@ -98,7 +98,7 @@ class Config:
     log_level: str = "info"
     retention_days: int = 90
     start_timeout_s: int = 60     # a job not started by then gives its reservation back
-    on_violation: str = DEFAULT_ON_VIOLATION   # report, protect, kill: core/violations.py
+    on_violation: str = DEFAULT_ON_VIOLATION   # report, protect, kill: core/enforcement.py
     # A user whose jobs were ended for violations cooldown_after times within
     # cooldown_s has new jobs held until cooldown_s after the last; 0: never.
     cooldown_s: int = 600

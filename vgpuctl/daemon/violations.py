@@ -26,7 +26,7 @@ A pid a job tracks is checked once against /proc (its start time: a pid
 that was reused is not the job's process); a stranger's ancestry is read
 once; both verdicts are kept while NVML lists the pid.
 
-**Acting** (`on_violation`, vgpuctl.core.violations.act): a job to end
+**Acting** (`on_violation`, vgpuctl.core.enforcement.act): a job to end
 has every process killed, not the one NVML named: its tracked processes,
 everything below them and below its launcher, and each process NVML
 attributes to it, each checked to run as the job's user; first stopped
@@ -51,19 +51,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuctl.core.enforcement import Actions, Cooldown, Gpu, act
 from vgpuctl.core.job import SUSPENDED
-from vgpuctl.core.violations import (
-    KINDS,
-    MEMORY,
-    Actions,
-    Checker,
-    Cooldown,
-    Gpu,
-    JobLimits,
-    Violation,
-    Window,
-    act,
-)
+from vgpuctl.core.violations import KINDS, MEMORY, Checker, JobLimits, Violation, Window
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.busysplit import Busy, BusySplit
 from vgpuctl.daemon.jobs import MAX_VIOLATIONS, JobTable
