@@ -105,7 +105,7 @@ SIM_SPEC = "1x80G"
 # the vgpuctl command of this interpreter's installation
 VGPUCTL = [sys.executable, "-c", "from vgpuctl.cli import main; main()"]
 DEFAULT_KERNEL_US = 1000
-QUEUED_US = 2000
+QUEUED_US = 2000              # --queued-us
 
 
 def inflight(kernel_us: int) -> int:
@@ -113,7 +113,11 @@ def inflight(kernel_us: int) -> int:
     vgpu-burn's default of 4. With 4 kernels of 50 us queued, the launching
     thread must wake within 200 us of each completion or the device idles;
     on a busy 2-core host it often doesn't, and the job stops being the
-    saturating job the scenarios call for."""
+    saturating job the scenarios call for. Under CPU load even 2 ms is not
+    enough (a 500 us job alone, ungated, beside 4 CPU burners on 2 cores
+    keeps the GPU about 87 % busy): ``--queued-us 10000`` keeps what a
+    PyTorch loop keeps (its whole step, up to the driver's queue), and the
+    control row ``alone`` says whether each kernel length then saturates."""
     return max(4, -(-QUEUED_US // kernel_us))
 
 
@@ -378,6 +382,10 @@ def run_scenario(sc: Scenario, harness: DaemonHarness, record: DeviceRecord, set
             res = _shares(jobs, a, b)
             if sc.crowd:
                 res["all_running_after_s"] = round(t_start - t0, 3)
+                # what the daemon says of each (its own GPU time, time it
+                # waited for turns), to tell a starved job's cause
+                ps = harness._vgpuctl("ps", "--json")
+                res["ps"] = json.loads(ps.stdout) if ps.returncode == 0 else None
     finally:
         for j in jobs:
             if j.proc.poll() is None:
@@ -485,6 +493,19 @@ def first_seconds(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
             res["life"] = round(pts[-1][1] / (burn["seconds"] * 1e9) * 100, 2)
         runs[spec.name] = {"kernel_us": spec.kernel_us, **res}
     return {"runs": runs}
+
+
+def saturation(harness: DaemonHarness, record: DeviceRecord, settle: float,
+               seconds: float) -> dict[int, float]:
+    """The control under CPU load: each kernel length the scenarios use, one
+    job alone and ungated, at the queue depth they run with; the GPU's busy
+    time is what such a job can use at all (a share of more is no share)."""
+    got: dict[int, float] = {}
+    for us in sorted({j.kernel_us for sc in SCENARIOS for j in sc.jobs}):
+        sc = Scenario(0, f"{us} us alone, ungated", [JobSpec("alone", 100, kernel_us=us)])
+        res = run_scenario(sc, harness, record, settle, seconds / 2, f"alone{us}", ungated=True)
+        got[us] = round(sum(res["shares"].values()) * 100, 2)
+    return got
 
 
 def pair_life(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
@@ -926,6 +947,7 @@ def print_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global QUEUED_US
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=2.0)
@@ -941,18 +963,25 @@ def main(argv: list[str] | None = None) -> int:
                          "(per-process utilization not supported, as on a MIG instance)")
     ap.add_argument("--cpu-load", type=int, default=0, metavar="N",
                     help="run N CPU-burning processes beside the jobs for the whole run")
+    ap.add_argument("--queued-us", type=int, default=QUEUED_US, metavar="US",
+                    help="GPU time each job keeps queued (vgpu-burn --inflight; default "
+                         f"{QUEUED_US}); a host-bound job can't saturate the GPU alone")
     ap.add_argument("--out", default=None,
                     help="the JSON file (default bench/results/share_accuracy_<sample-ms>ms"
                          "[_skip][_each|_busiest|_none][_cpuN].json)")
     args = ap.parse_args(argv)
     if args.cpu_load < 0:
         ap.error("--cpu-load: N must be 0 or more")
+    if not 50 <= args.queued_us <= 1_000_000:
+        ap.error("--queued-us: from 50 to 1000000")
+    QUEUED_US = args.queued_us
     if args.out is None:
         idle = "" if args.util_idle == "average" else f"_{args.util_idle}"
         procs = "" if args.util_procs == "last" else f"_{args.util_procs}"
         cpu = f"_cpu{args.cpu_load}" if args.cpu_load else ""
+        queued = "" if args.queued_us == 2000 else f"_q{args.queued_us}"
         args.out = str(HERE / "results"
-                       / f"share_accuracy_{args.sample_ms}ms{idle}{procs}{cpu}.json")
+                       / f"share_accuracy_{args.sample_ms}ms{idle}{procs}{cpu}{queued}.json")
     only = {int(x) for x in args.only.split(",") if x.strip()}
 
     tmp = Path(tempfile.mkdtemp(prefix="vgpu-share-"))
@@ -1011,6 +1040,11 @@ def _scenarios(args: argparse.Namespace, only: set[int], tmp: Path, env: dict[st
     t0 = time.monotonic()
     try:
         solo = None
+        if args.cpu_load:
+            results["alone"] = saturation(harness, record, args.settle, args.seconds)
+            print("alone, ungated, under this load: GPU busy "
+                  + ", ".join(f"{k} us {v}" for k, v in results["alone"].items()) + " %",
+                  file=sys.stderr)
         for sc in SCENARIOS:
             if only and sc.number not in only:
                 continue
@@ -1047,6 +1081,7 @@ def _scenarios(args: argparse.Namespace, only: set[int], tmp: Path, env: dict[st
         "util_idle": args.util_idle,
         "util_procs": args.util_procs,
         "cpu_load": args.cpu_load,
+        "queued_us": QUEUED_US,
         "cpus": os.cpu_count(),
         "settle_s": args.settle,
         "seconds": args.seconds,

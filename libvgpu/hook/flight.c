@@ -39,10 +39,18 @@
 #define COST_WEIGHT 0.125               /* of a new launch's span in the cost's average */
 #define DEFAULT_COST_NS 1000000ull      /* a launch's GPU time before any was measured */
 
+/* A mark recorded more than this after its launch was decided came late:
+ * the launching thread lost its CPU in between (a loaded host, a signal),
+ * the launch may have run and ended meanwhile, and its event then stamps
+ * when it was recorded, not when the launch ended: its span holds up to
+ * that wait more than the launch ran. */
+#define MARK_LATE_NS 50000ull
+
 struct mark {
     CUevent ev;
     CUcontext ctx;
     uint32_t own;       /* run in the job's turn (1) or borrowed (0) */
+    uint64_t wait_ns;   /* from the launch's decision to its mark's record */
 };
 
 struct flight {
@@ -134,7 +142,13 @@ static void measure(int d, struct flight *f, struct mark *m)
     }
     uint64_t span = ok ? (uint64_t)((double)ms * 1e6)
                        : (uint64_t)(f->cost_ns > 0.0 ? f->cost_ns : 0.0);
-    if (ok) {
+    if (ok && m->wait_ns > MARK_LATE_NS) {
+        /* the launch ran at least the span less the wait, at most the span:
+         * its measured cost, within those bounds (and no lesson for it) */
+        uint64_t lo = span > m->wait_ns ? span - m->wait_ns : 0;
+        double est = cost_of(f);
+        span = est < (double)lo ? lo : est > (double)span ? span : (uint64_t)est;
+    } else if (ok) {
         f->cost_ns = f->cost_ns > 0.0 ? f->cost_ns + ((double)span - f->cost_ns) * COST_WEIGHT
                                       : (double)span;
         __atomic_store_n(&vgpu_g_usage->dev[d].cost_ns, (uint64_t)f->cost_ns, __ATOMIC_RELAXED);
@@ -286,6 +300,7 @@ void vgpu_flight_track(const struct vgpu_launch *l, int own)
             m->ev = ev;
             m->ctx = l->ctx;
             m->own = (uint32_t)own;
+            m->wait_ns = vgpu_now_ns() - l->now;
             f->n++;
             publish(d, f, l->now);
             if (own)

@@ -261,6 +261,29 @@ def test_work_that_completed_is_measured_at_the_synchronisation(sim):
         f"hook {dev.busy_ns / 1e6:.1f} ms, simulator {truth / 1e6:.1f} ms"
 
 
+def test_a_mark_recorded_late_does_not_charge_the_wait(sim):
+    """Every fourth launch, the launching thread loses its CPU inside the
+    driver's call for 5 ms (VGPU_SIM_LAUNCH_STALL, as on a loaded host): its
+    500 us kernel runs meanwhile, and the event that marks its end is
+    recorded 4.5 ms after the end. The job's GPU time is still the
+    simulator's, not the 45 ms its thread waited: an honest job loses none
+    of its turns to what the host's load did to its timing."""
+    region = sim.region([GiB], turn=turn(0, 45, time.monotonic_ns()))
+    p = subprocess.Popen([str(native.burn_program()), "--device", "0", "--kernel-us", "500",
+                          "--count", "40", "--inflight", "1"],
+                         env=sim.job_env(region.path, VGPU_SIM_TAG="job-stall",
+                                         VGPU_SIM_LAUNCH_STALL="5000/4"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    burn_result(p)
+    truth = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
+                 if t["name"] == "job-stall")
+    dev = region.read_usage().devices[0]
+    assert truth >= 19_000_000
+    assert abs(dev.busy_ns - truth) <= 2_000_000, \
+        f"hook {dev.busy_ns / 1e6:.1f} ms, simulator {truth / 1e6:.1f} ms"
+    assert 450_000 <= dev.cost_ns <= 550_000    # learnt from the marks on time
+
+
 def test_two_jobs_get_their_turns(sim):
     """Two saturating jobs, turns 0-15 ms and 15-45 ms of the same cycle:
     30 % and 60 % of the device (40 cycles: 2 s). Each turn waits for the

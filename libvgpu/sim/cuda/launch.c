@@ -7,6 +7,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "context.h"
 #include "exec.h"
@@ -16,6 +17,32 @@
 #include "stream.h"
 
 #define MAX_SHARED 232448u /* shared memory per SM (kernel.h checks launches) */
+
+/* VGPU_SIM_LAUNCH_STALL=US[/N]: every Nth launch of the process (every one
+ * without /N) returns US microseconds after its kernel was queued, as a
+ * launching thread that lost its CPU inside the driver's call on a loaded
+ * host does: the kernel runs meanwhile, and what the caller does next (an
+ * event it records after it, say) comes that much later. */
+static void stall(void)
+{
+    static long us = -1, every = 1;
+    static unsigned long n;
+    if (us < 0) {
+        const char *s = getenv("VGPU_SIM_LAUNCH_STALL");
+        char *end = NULL;
+        long v = s ? strtol(s, &end, 10) : 0;
+        long k = 1;
+        if (end && *end == '/')
+            k = strtol(end + 1, &end, 10);
+        int ok = s && *s && end && *end == '\0' && v > 0 && v <= 10000000 && k > 0;
+        every = ok ? k : 1;
+        us = ok ? v : 0;
+    }
+    if (us == 0 || __atomic_add_fetch(&n, 1, __ATOMIC_RELAXED) % (unsigned long)every != 0)
+        return;
+    struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
 
 static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
@@ -43,6 +70,7 @@ static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned 
     if (s && s->capture)
         return cu_capture_kernel(s, f, gx, gy, gz, bx, by, bz, shmem, params, extra);
     exec_kernel(ctx, s, ns);
+    stall();
     return CUDA_SUCCESS;
 }
 
