@@ -48,6 +48,7 @@ suite.
     python bench/priority.py [--seconds 10] [--only plain,1ms,arrival,promise]
                              [--timeslice-us 2000] [--switch-us 25]
                              [--budget-us 1000] [--holdoff-ms 100] [--arrivals 40]
+                             [--util-procs last|busiest|each|none]
 """
 
 from __future__ import annotations
@@ -398,10 +399,14 @@ def main() -> int:
     ap.add_argument("--budget-us", type=int, default=1000)
     ap.add_argument("--holdoff-ms", type=int, default=100)
     ap.add_argument("--arrivals", type=int, default=40, help="high jobs started per trainer")
+    ap.add_argument("--util-procs", choices=("last", "busiest", "each", "none"), default="last",
+                    help="which processes the simulated NVML names in a sample period "
+                         "(bench/share_accuracy.py; the classes read none of it)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out is None:
         suffix = "" if args.timeslice_us == 2000 else f"_{args.timeslice_us}us"
+        suffix += "" if args.util_procs == "last" else f"_{args.util_procs}"
         args.out = str(HERE / "results" / f"priority{suffix}.json")
     only = {x.strip() for x in args.only.split(",") if x.strip()}
 
@@ -410,9 +415,10 @@ def main() -> int:
            if not k.startswith("VGPU_") and k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}
     env.update(VGPU_SIM="1x16G", VGPU_SIM_STATE=str(tmp / "sim-state"),
                VGPU_SIM_TIMESLICE_US=str(args.timeslice_us),
-               VGPU_SIM_SWITCH_US=str(args.switch_us))
+               VGPU_SIM_SWITCH_US=str(args.switch_us), VGPU_SIM_UTIL_PROCS=args.util_procs)
     os.environ.update({k: env[k] for k in ("VGPU_SIM", "VGPU_SIM_STATE",
-                                           "VGPU_SIM_TIMESLICE_US", "VGPU_SIM_SWITCH_US")})
+                                           "VGPU_SIM_TIMESLICE_US", "VGPU_SIM_SWITCH_US",
+                                           "VGPU_SIM_UTIL_PROCS")})
     sim.use_in_process()
     env["LD_LIBRARY_PATH"] = ":".join(
         [str(native.sim_libdir()), *[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]])
@@ -423,6 +429,7 @@ def main() -> int:
     out: dict[str, Any] = {
         "benchmark": "priority", "device": "simulated GPU (1x16G)",
         "timeslice_us": args.timeslice_us, "switch_us": args.switch_us,
+        "util_procs": args.util_procs,
         "budget_us": args.budget_us, "holdoff_ms": args.holdoff_ms,
         "seconds": args.seconds, "client": " ".join(CLIENT), "cpus": os.cpu_count(),
         "machine": platform.machine(), "date": time.strftime("%Y-%m-%d"),

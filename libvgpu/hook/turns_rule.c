@@ -134,7 +134,13 @@ struct vgpu_verdict vgpu_turn_decide(const struct vgpu_schedule *sc, struct vgpu
         ts->late_ns = into < VGPU_TURN_WAIT_MAX_NS ? into : VGPU_TURN_WAIT_MAX_NS;
     uint64_t extend = ts->late_ns < VGPU_TURN_EXTEND_MAX_NS ? ts->late_ns
                                                             : VGPU_TURN_EXTEND_MAX_NS;
-    int in_turn = len > 0 && into < len + extend;
+    /* Past its span's end it goes on only while work of it is in flight:
+     * the next turn's job waits for that work (its signal), and for
+     * nothing else, so once it ran dry the next turn may have begun, and a
+     * launch now would time-slice with it (each job's spans would count the
+     * other's slices). A late job whose host left gaps loses the rest of
+     * its extension, not its neighbour. */
+    int in_turn = len > 0 && (into < len || (into < len + extend && n > 0));
 
     if (in_turn && sc->credit_ns > 0 && !ts->began && n == 0 && sc->prev &&
         prev_busy_ns > now && ts->late_ns < VGPU_TURN_WAIT_MAX_NS) {
