@@ -5,6 +5,7 @@
  * occupancy. A launch on a capturing stream becomes a node of its graph
  * (graph.c); how long a kernel runs is kernel.c's rule.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -23,22 +24,31 @@
  * launching thread that lost its CPU inside the driver's call on a loaded
  * host does: the kernel runs meanwhile, and what the caller does next (an
  * event it records after it, say) comes that much later. */
+static struct {
+    long us, every;
+} g_stall;
+static pthread_once_t g_stall_once = PTHREAD_ONCE_INIT;
+
+static void stall_setting(void)
+{
+    const char *s = getenv("VGPU_SIM_LAUNCH_STALL");
+    char *end = NULL;
+    long v = s ? strtol(s, &end, 10) : 0;
+    long k = 1;
+    if (end && *end == '/')
+        k = strtol(end + 1, &end, 10);
+    int ok = s && *s && end && *end == '\0' && v > 0 && v <= 10000000 && k > 0;
+    g_stall.every = ok ? k : 1;
+    g_stall.us = ok ? v : 0;
+}
+
 static void stall(void)
 {
-    static long us = -1, every = 1;
     static unsigned long n;
-    if (us < 0) {
-        const char *s = getenv("VGPU_SIM_LAUNCH_STALL");
-        char *end = NULL;
-        long v = s ? strtol(s, &end, 10) : 0;
-        long k = 1;
-        if (end && *end == '/')
-            k = strtol(end + 1, &end, 10);
-        int ok = s && *s && end && *end == '\0' && v > 0 && v <= 10000000 && k > 0;
-        every = ok ? k : 1;
-        us = ok ? v : 0;
-    }
-    if (us == 0 || __atomic_add_fetch(&n, 1, __ATOMIC_RELAXED) % (unsigned long)every != 0)
+    pthread_once(&g_stall_once, stall_setting);
+    long us = g_stall.us;
+    if (us == 0 ||
+        __atomic_add_fetch(&n, 1, __ATOMIC_RELAXED) % (unsigned long)g_stall.every != 0)
         return;
     struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
