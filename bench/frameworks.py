@@ -19,6 +19,10 @@ well it holds two training loops to their shares.
      torchvision's ResNet-18 (built from its configuration, random weights,
      nothing downloaded) at 60.
 
+  4  the control: each program's loop alone, ungated, at those kernel
+     lengths: how busy it keeps the GPU by itself (``--only alone``; also
+     run with ``shares`` and ``programs``).
+
 ``--settle 0`` measures from the moment both loops are set up (their first
 seconds included).
 
@@ -217,6 +221,39 @@ def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float,
             "error_points": {tag: round(shares[tag] - core, 2) for tag, core in SHARES}}
 
 
+def loops_alone(env: dict[str, str], settle: float, seconds: float) -> dict[str, float]:
+    """The control: each program's loop alone, ungated (no hook), at the
+    share runs' kernel lengths: how busy it keeps the GPU by itself, so
+    that a share it misses is the turns', not its host's."""
+    env = dict(env, VGPU_SIM_NS_PER_BLOCK=SHARE_NS_PER_BLOCK)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HERE.parent), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
+    busy: dict[str, float] = {}
+    for program in ("cnn", "resnet18"):
+        tag = f"alone-{program}"
+        e = dict(env, VGPU_SIM_TAG=tag)
+        record = DeviceRecord(e)
+        proc = subprocess.Popen(loop_cmd(settle + seconds + 60, program), env=e,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            if "ready" not in proc.stdout.readline():
+                raise RuntimeError(f"{tag} did not start: {proc.stderr.read()[-2000:]}")
+            time.sleep(settle)
+            a = record.busy_ns()
+            time.sleep(seconds)
+            b = record.busy_ns()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        busy[program] = round((b[1].get(tag, 0) - a[1].get(tag, 0)) / ((b[0] - a[0]) * 1e9)
+                              * 100, 2)
+    return busy
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loop", type=float, help="run the training loop for this many seconds")
@@ -226,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=5.0)
     ap.add_argument("--steps-s", type=float, default=3.0, help="seconds of each step-time run")
     ap.add_argument("--pairs", type=int, default=20, help="interleaved pairs of step-time runs")
-    ap.add_argument("--only", choices=("steps", "shares", "programs"), default=None)
+    ap.add_argument("--only", choices=("steps", "shares", "programs", "alone"), default=None)
     ap.add_argument("--out", default=str(HERE / "results" / "frameworks.json"))
     args = ap.parse_args(argv)
     if args.loop is not None:
@@ -256,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only in (None, "programs"):
             programs = two_loops(env, tmp, args.settle, args.seconds,
                                  {"t30": "cnn", "t60": "resnet18"})
+        alone = (loops_alone(env, args.settle, args.seconds)
+                 if args.only in (None, "shares", "programs", "alone") else {})
     lines = [f"{'measure':<44} {'value':>14}"]
     if steps:
         lo, hi = steps["ci95_pct"]
@@ -272,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         for tag, core in SHARES:
             what = f"{programs['programs'][tag]} at --core {core} hard (%)"
             lines.append(f"{what:<44} {programs['shares_pct'][tag]:>14}")
+    lines += [f"{f'{program} alone, ungated: GPU busy (%)':<44} {pct:>14}"
+              for program, pct in alone.items()]
     table = "\n".join(lines)
     print(table)
     out = {
@@ -286,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_time": steps,
         "two_loops": shares,
         "two_programs": programs,
+        "alone_busy_pct": alone,
         "table": table,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
