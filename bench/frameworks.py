@@ -183,6 +183,20 @@ class LoopHarness(DaemonHarness):
         return loop_cmd(seconds, self.programs.get(spec.name, "cnn"))
 
 
+def _window(record: DeviceRecord, loops: list[tuple[str, subprocess.Popen[str]]],
+            settle: float, seconds: float) -> tuple[Any, Any]:
+    """Once each loop has set up and runs, the device's record after
+    `settle` seconds and `seconds` later."""
+    for tag, proc in loops:
+        assert proc.stdout is not None and proc.stderr is not None
+        if "ready" not in proc.stdout.readline():
+            raise RuntimeError(f"{tag} did not start: {proc.stderr.read()[-2000:]}")
+    time.sleep(settle)
+    a = record.busy_ns()
+    time.sleep(seconds)
+    return a, record.busy_ns()
+
+
 def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float,
               programs: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(env, VGPU_SIM_NS_PER_BLOCK=SHARE_NS_PER_BLOCK)
@@ -196,14 +210,7 @@ def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float,
     try:
         for tag, core in SHARES:
             jobs.append(harness.start(JobSpec(tag, core), tag, settle + seconds + 60))
-        for j in jobs:   # each loop has set up and runs
-            assert j.proc.stdout is not None
-            if "ready" not in j.proc.stdout.readline():
-                raise RuntimeError(f"{j.tag} did not start: {j.proc.stderr.read()[-2000:]}")
-        time.sleep(settle)
-        a = record.busy_ns()
-        time.sleep(seconds)
-        b = record.busy_ns()
+        a, b = _window(record, [(j.tag, j.proc) for j in jobs], settle, seconds)
     finally:
         for j in jobs:
             j.proc.terminate()
@@ -236,13 +243,7 @@ def loops_alone(env: dict[str, str], settle: float, seconds: float) -> dict[str,
         proc = subprocess.Popen(loop_cmd(settle + seconds + 60, program), env=e,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            assert proc.stdout is not None
-            if "ready" not in proc.stdout.readline():
-                raise RuntimeError(f"{tag} did not start: {proc.stderr.read()[-2000:]}")
-            time.sleep(settle)
-            a = record.busy_ns()
-            time.sleep(seconds)
-            b = record.busy_ns()
+            a, b = _window(record, [(tag, proc)], settle, seconds)
         finally:
             proc.terminate()
             try:
