@@ -17,7 +17,7 @@
  *
  * What is measured goes to the job's usage (busy_ns, per device and per
  * process), to the turn's credit (turns.c) and to the cost of one launch
- * (an average that follows the kernels as they change), by which the work
+ * (an average over its last few hundred launches), by which the work
  * still in flight is estimated.
  *
  * One mutex guards the marks; it is taken only on the slow path, twice a
@@ -36,7 +36,14 @@
 
 #define MAX_MARKS 1024                  /* launches tracked in flight (a queue's depth) */
 #define POOL_MAX 256
-#define COST_WEIGHT 0.125               /* of a new launch's span in the cost's average */
+/* A new launch's span's weight in the cost's average: about the last 256
+ * launches. A program's launches differ (a training step's convolutions,
+ * then its optimizer's many small kernels): an average over the last few
+ * follows the small ones, and the big ones after them are let into a turn
+ * on a fraction of their cost, overrun it, and make the next turn wait
+ * (two PyTorch loops at 30 / 60 read 27.4 / 57.4 at 1/8, 29.7 / 59.6 at
+ * this; tests/frameworks/test_torch_share.py). */
+#define COST_WEIGHT (1.0 / 256)
 #define DEFAULT_COST_NS 1000000ull      /* a launch's GPU time before any was measured */
 
 /* A mark recorded more than this after its launch was decided came late:
