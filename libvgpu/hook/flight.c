@@ -36,14 +36,16 @@
 
 #define MAX_MARKS 1024                  /* launches tracked in flight (a queue's depth) */
 #define POOL_MAX 256
-/* A new launch's span's weight in the cost's average: about the last 256
- * launches. A program's launches differ (a training step's convolutions,
+/* The cost's average is over about the last 256 launches. A program's launches differ (a training step's convolutions,
  * then its optimizer's many small kernels): an average over the last few
  * follows the small ones, and the big ones after them are let into a turn
  * on a fraction of their cost, overrun it, and make the next turn wait
- * (two PyTorch loops at 30 / 60 read 27.4 / 57.4 at 1/8, 29.7 / 59.6 at
- * this; tests/frameworks/test_torch_share.py). */
-#define COST_WEIGHT (1.0 / 256)
+ * (two PyTorch loops at 30 / 60 read 27.4 / 57.4 over the last 8, 29.1 /
+ * 59.1 over these; tests/frameworks/test_torch_share.py). A plain mean
+ * until then: a first span that waited behind another's work is diluted
+ * by the next few, not kept for hundreds (the 3 s demo's 5 ms job, which
+ * launches about 120 times, read 16.0 of 20 with a slow average of it). */
+#define COST_LAUNCHES 256.0     /* (a plain mean until there are as many) */
 #define DEFAULT_COST_NS 1000000ull      /* a launch's GPU time before any was measured */
 
 /* A mark recorded more than this after its launch was decided came late:
@@ -66,6 +68,7 @@ struct flight {
     CUevent ref;        /* the last completed event of this stretch: spans start here */
     CUcontext ref_ctx;
     double cost_ns;     /* 0: none measured yet */
+    double cost_n;      /* launches in that average, up to COST_LAUNCHES */
     uint64_t own_until; /* until when its work launched in its turn should run */
     uint64_t told_end;  /* its turn's end as the rule told it (turns.c) */
     struct vgpu_turn_state turn;   /* turns.c's */
@@ -156,8 +159,9 @@ static void measure(int d, struct flight *f, struct mark *m)
         double est = cost_of(f);
         span = est < (double)lo ? lo : est > (double)span ? span : (uint64_t)est;
     } else if (ok) {
-        f->cost_ns = f->cost_ns > 0.0 ? f->cost_ns + ((double)span - f->cost_ns) * COST_WEIGHT
-                                      : (double)span;
+        if (f->cost_n < COST_LAUNCHES)
+            f->cost_n += 1.0;
+        f->cost_ns += ((double)span - f->cost_ns) / f->cost_n;
         __atomic_store_n(&vgpu_g_usage->dev[d].cost_ns, (uint64_t)f->cost_ns, __ATOMIC_RELAXED);
     }
     add_busy(d, span, (int)m->own);
