@@ -197,6 +197,21 @@ def _window(record: DeviceRecord, loops: list[tuple[str, subprocess.Popen[str]]]
     return a, record.busy_ns()
 
 
+def _busy_pct(a: Any, b: Any, tag: str) -> float:
+    """A tag's GPU time between two device records, in % of the wall time."""
+    return round((b[1].get(tag, 0) - a[1].get(tag, 0)) / ((b[0] - a[0]) * 1e9) * 100, 2)
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float,
               programs: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(env, VGPU_SIM_NS_PER_BLOCK=SHARE_NS_PER_BLOCK)
@@ -212,17 +227,10 @@ def two_loops(env: dict[str, str], tmp: Path, settle: float, seconds: float,
             jobs.append(harness.start(JobSpec(tag, core), tag, settle + seconds + 60))
         a, b = _window(record, [(j.tag, j.proc) for j in jobs], settle, seconds)
     finally:
-        for j in jobs:
-            j.proc.terminate()
-        for j in jobs:
-            try:
-                j.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                j.proc.kill()
+        _stop([j.proc for j in jobs])
         harness.close()
-    dt = (b[0] - a[0]) * 1e9
-    shares = {tag: round((b[1].get(tag, 0) - a[1].get(tag, 0)) / dt * 100, 2) for tag, _ in SHARES}
-    return {"window_s": round(dt / 1e9, 2), "settle_s": settle, "shares_pct": shares,
+    shares = {tag: _busy_pct(a, b, tag) for tag, _ in SHARES}
+    return {"window_s": round(b[0] - a[0], 2), "settle_s": settle, "shares_pct": shares,
             "programs": {tag: programs.get(tag, "cnn") for tag, _ in SHARES},
             "targets_pct": dict(SHARES),
             "error_points": {tag: round(shares[tag] - core, 2) for tag, core in SHARES}}
@@ -233,8 +241,6 @@ def loops_alone(env: dict[str, str], settle: float, seconds: float) -> dict[str,
     share runs' kernel lengths: how busy it keeps the GPU by itself, so
     that a share it misses is the turns', not its host's."""
     env = dict(env, VGPU_SIM_NS_PER_BLOCK=SHARE_NS_PER_BLOCK)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(HERE.parent), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     busy: dict[str, float] = {}
     for program in ("cnn", "resnet18"):
         tag = f"alone-{program}"
@@ -245,13 +251,8 @@ def loops_alone(env: dict[str, str], settle: float, seconds: float) -> dict[str,
         try:
             a, b = _window(record, [(tag, proc)], settle, seconds)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        busy[program] = round((b[1].get(tag, 0) - a[1].get(tag, 0)) / ((b[0] - a[0]) * 1e9)
-                              * 100, 2)
+            _stop([proc])
+        busy[program] = _busy_pct(a, b, tag)
     return busy
 
 

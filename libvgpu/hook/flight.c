@@ -36,16 +36,18 @@
 
 #define MAX_MARKS 1024                  /* launches tracked in flight (a queue's depth) */
 #define POOL_MAX 256
-/* The cost's average is over about the last 256 launches. A program's launches differ (a training step's convolutions,
- * then its optimizer's many small kernels): an average over the last few
- * follows the small ones, and the big ones after them are let into a turn
+/* The cost of a launch is an average over about the last COST_LAUNCHES
+ * launches (each new span weighs 1/COST_LAUNCHES), a plain mean of all of
+ * them until there are as many. A program's launches differ (a training step's convolutions, then its
+ * optimizer's many small kernels): an average over the last few follows
+ * the small ones, and the big ones after them are let into a turn
  * on a fraction of their cost, overrun it, and make the next turn wait
  * (two PyTorch loops at 30 / 60 read 27.4 / 57.4 over the last 8, 29.1 /
- * 59.1 over these; tests/frameworks/test_torch_share.py). A plain mean
- * until then: a first span that waited behind another's work is diluted
+ * 59.1 over these; tests/frameworks/test_torch_share.py). The plain mean
+ * first: a first span that waited behind another's work is diluted
  * by the next few, not kept for hundreds (the 3 s demo's 5 ms job, which
  * launches about 120 times, read 16.0 of 20 with a slow average of it). */
-#define COST_LAUNCHES 256.0     /* (a plain mean until there are as many) */
+#define COST_LAUNCHES 256.0
 #define DEFAULT_COST_NS 1000000ull      /* a launch's GPU time before any was measured */
 
 /* A mark recorded more than this after its launch was decided came late:

@@ -160,13 +160,14 @@ def test_only_the_launching_thread_waits(sim, clients, client_factory):
 # ---- the shares, by the simulator's timeline -----------------------------------------
 
 def start_burn(sim: Sim, region: Region, tag: str, kernel_us: int,
-               seconds: float | None, *more: str) -> subprocess.Popen[str]:
+               seconds: float | None, *more: str, **env: str) -> subprocess.Popen[str]:
     """vgpu-burn saturating GPU 0 (4 kernels queued) in the job of region
-    (`more`: its other options; seconds None: they say how long)."""
+    (`more`: its other options; seconds None: they say how long; `env`: more
+    of its environment)."""
     how = ["--seconds", str(seconds)] if seconds is not None else []
     return subprocess.Popen([str(native.burn_program()), "--device", "0", "--kernel-us",
                              str(kernel_us), *how, *more],
-                            env=sim.job_env(region.path, VGPU_SIM_TAG=tag),
+                            env=sim.job_env(region.path, VGPU_SIM_TAG=tag, **env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -274,11 +275,8 @@ def test_a_mark_recorded_late_does_not_charge_the_wait(sim):
     simulator's, not the 45 ms its thread waited: an honest job loses none
     of its turns to what the host's load did to its timing."""
     region = sim.region([GiB], turn=turn(0, 45, time.monotonic_ns()))
-    p = subprocess.Popen([str(native.burn_program()), "--device", "0", "--kernel-us", "500",
-                          "--count", "40", "--inflight", "1"],
-                         env=sim.job_env(region.path, VGPU_SIM_TAG="job-stall",
-                                         VGPU_SIM_LAUNCH_STALL="5000/4"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = start_burn(sim, region, "job-stall", 500, None, "--count", "40", "--inflight", "1",
+                   VGPU_SIM_LAUNCH_STALL="5000/4")
     burn_result(p)
     dev = region.read_usage().devices[0]
     assert_measured(sim, "job-stall", dev.busy_ns, at_least_ns=19_000_000, within_ns=2_000_000)
