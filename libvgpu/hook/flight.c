@@ -16,9 +16,9 @@
  * job has in flight outside its turn small.
  *
  * What is measured goes to the job's usage (busy_ns, per device and per
- * process), to the turn's credit (turns.c) and to the cost of one launch
- * (an average over its last few hundred launches), by which the work
- * still in flight is estimated.
+ * process), to the turn's credit (turns.c) and to the cost of a launch of
+ * its kind (its function or graph, and its shape: launch.c), by which the
+ * work still in flight is estimated, launch by launch.
  *
  * One mutex guards the marks; it is taken only on the slow path, twice a
  * launch: for the gate's poll and the stretch's start, and for the mark;
@@ -36,17 +36,26 @@
 
 #define MAX_MARKS 1024                  /* launches tracked in flight (a queue's depth) */
 #define POOL_MAX 256
-/* The cost of a launch is an average over about the last COST_LAUNCHES
- * launches (each new span weighs 1/COST_LAUNCHES), a plain mean of all of
- * them until there are as many. A program's launches differ (a training step's convolutions, then its
- * optimizer's many small kernels): an average over the last few follows
- * the small ones, and the big ones after them are let into a turn
- * on a fraction of their cost, overrun it, and make the next turn wait
- * (two PyTorch loops at 30 / 60 read 27.4 / 57.4 over the last 8, 29.1 /
- * 59.1 over these; tests/frameworks/test_torch_share.py). The plain mean
- * first: a first span that waited behind another's work is diluted
- * by the next few, not kept for hundreds (the 3 s demo's 5 ms job, which
- * launches about 120 times, read 16.0 of 20 with a slow average of it). */
+/* What a launch costs, by kind. A program's launches differ by hundreds of
+ * times (a training step's convolutions, then its optimizer's many small
+ * kernels), and one average of all of them is wrong for each: the big
+ * ones went into a turn on a fraction of their cost, ran past it, and
+ * time-sliced with the next turn's job, both jobs' spans then counting the
+ * other's slices (two different PyTorch programs at 30 / 60 read 27.5 /
+ * 57.4 on the simulator's timeline while each hook counted 30 / 60). The
+ * same kernel at the same shape takes about the same time from one step
+ * to the next, so each kind has its cost: the mean of its last
+ * KIND_LAUNCHES launches (a plain mean until there are as many, so that a
+ * first span that waited behind another's work is diluted at once). A
+ * kind not seen yet costs the job's average over about its last
+ * COST_LAUNCHES launches of any kind (a plain mean until then too). A job
+ * whose kernels of one kind change their length is learnt in a few
+ * launches, and what it ran over its turn meanwhile is paid by its next
+ * turns (turns.c). The table keeps KINDS kinds a device, the least taught
+ * of KIND_PROBE places replaced by a new one. */
+#define KINDS 512                       /* a power of two */
+#define KIND_PROBE 8
+#define KIND_LAUNCHES 8.0
 #define COST_LAUNCHES 256.0
 #define DEFAULT_COST_NS 1000000ull      /* a launch's GPU time before any was measured */
 
@@ -62,6 +71,13 @@ struct mark {
     CUcontext ctx;
     uint32_t own;       /* run in the job's turn (1) or borrowed (0) */
     uint64_t wait_ns;   /* from the launch's decision to its mark's record */
+    uint64_t kind;      /* the launch's kind */
+    double est_ns;      /* its cost when it was launched (in pending_ns) */
+};
+
+struct kind {
+    uint64_t key;       /* 0: a free place */
+    double ns, n;       /* its cost, over n launches (up to KIND_LAUNCHES) */
 };
 
 struct flight {
@@ -69,8 +85,10 @@ struct flight {
     uint32_t head, n;
     CUevent ref;        /* the last completed event of this stretch: spans start here */
     CUcontext ref_ctx;
-    double cost_ns;     /* 0: none measured yet */
+    double cost_ns;     /* any launch's, 0: none measured yet */
     double cost_n;      /* launches in that average, up to COST_LAUNCHES */
+    double pending_ns;  /* the est_ns of the marks in flight */
+    struct kind kinds[KINDS];
     uint64_t own_until; /* until when its work launched in its turn should run */
     uint64_t told_end;  /* its turn's end as the rule told it (turns.c) */
     struct vgpu_turn_state turn;   /* turns.c's */
@@ -131,6 +149,51 @@ static double cost_of(const struct flight *f)
     return f->cost_ns > 0.0 ? f->cost_ns : (double)DEFAULT_COST_NS;
 }
 
+/* A kind's place (NULL: not there, or no room when make). Places are only
+ * ever overwritten, never emptied, so a search stops at a free one. */
+static struct kind *kind_at(struct flight *f, uint64_t key, int make)
+{
+    if (key == 0)
+        return NULL;
+    uint32_t h = (uint32_t)(key >> 32) ^ (uint32_t)key;
+    struct kind *victim = NULL;
+    for (uint32_t i = 0; i < KIND_PROBE; i++) {
+        struct kind *k = &f->kinds[(h + i) & (KINDS - 1)];
+        if (k->key == key)
+            return k;
+        if (k->key == 0) {
+            victim = k;
+            break;
+        }
+        if (victim == NULL || k->n < victim->n)
+            victim = k;
+    }
+    if (!make)
+        return NULL;
+    *victim = (struct kind){.key = key};
+    return victim;
+}
+
+/* What a launch of this kind should cost. */
+static double est_of(struct flight *f, uint64_t key)
+{
+    const struct kind *k = kind_at(f, key, 0);
+    return k != NULL && k->n > 0.0 ? k->ns : cost_of(f);
+}
+
+static void teach(struct flight *f, uint64_t key, uint64_t span)
+{
+    if (f->cost_n < COST_LAUNCHES)
+        f->cost_n += 1.0;
+    f->cost_ns += ((double)span - f->cost_ns) / f->cost_n;
+    struct kind *k = kind_at(f, key, 1);
+    if (k != NULL) {
+        if (k->n < KIND_LAUNCHES)
+            k->n += 1.0;
+        k->ns += ((double)span - k->ns) / k->n;
+    }
+}
+
 static void add_busy(int d, uint64_t ns, int own)
 {
     __atomic_fetch_add(&vgpu_g_usage->dev[d].busy_ns, ns, __ATOMIC_RELAXED);
@@ -153,17 +216,15 @@ static void measure(int d, struct flight *f, struct mark *m)
         return;
     }
     uint64_t span = ok ? (uint64_t)((double)ms * 1e6)
-                       : (uint64_t)(f->cost_ns > 0.0 ? f->cost_ns : 0.0);
+                       : (uint64_t)(f->cost_ns > 0.0 ? m->est_ns : 0.0);
     if (ok && m->wait_ns > MARK_LATE_NS) {
         /* the launch ran at least the span less the wait, at most the span:
-         * its measured cost, within those bounds (and no lesson for it) */
+         * its kind's cost, within those bounds (and no lesson for it) */
         uint64_t lo = span > m->wait_ns ? span - m->wait_ns : 0;
-        double est = cost_of(f);
+        double est = m->est_ns;
         span = est < (double)lo ? lo : est > (double)span ? span : (uint64_t)est;
     } else if (ok) {
-        if (f->cost_n < COST_LAUNCHES)
-            f->cost_n += 1.0;
-        f->cost_ns += ((double)span - f->cost_ns) / f->cost_n;
+        teach(f, m->kind, span);
         __atomic_store_n(&vgpu_g_usage->dev[d].cost_ns, (uint64_t)f->cost_ns, __ATOMIC_RELAXED);
     }
     add_busy(d, span, (int)m->own);
@@ -183,7 +244,7 @@ static void publish(int d, struct flight *f, uint64_t now)
     struct vgpu_signal *sig = vgpu_g_signal;
     if (sig == NULL)
         return;
-    uint64_t pending = (uint64_t)(cost_of(f) * f->n);
+    uint64_t pending = (uint64_t)f->pending_ns;
     if (f->cost_ns <= 0.0 && pending > GUESS_HORIZON_NS)
         pending = GUESS_HORIZON_NS;
     __atomic_store_n(&sig->dev[d].busy_until_ns, now + pending, __ATOMIC_RELAXED);
@@ -202,7 +263,7 @@ static void tell_end(int d, struct flight *f)
 
 static void own_until(int d, struct flight *f, uint64_t now)
 {
-    uint64_t until = now + (uint64_t)(cost_of(f) * f->n);
+    uint64_t until = now + (uint64_t)f->pending_ns;
     if (until <= f->own_until)
         return;
     f->own_until = until;
@@ -230,13 +291,14 @@ static void poll(int d, struct flight *f, uint64_t now)
         if (rc == CUDA_SUCCESS)
             measure(d, f, m);
         /* else its context is gone, and the event with it */
+        f->pending_ns = f->n > 1 && f->pending_ns > m->est_ns ? f->pending_ns - m->est_ns : 0.0;
         f->head = (f->head + 1) % MAX_MARKS;
         f->n--;
     }
     if (f->n != n0) {
         publish(d, f, now);
         /* what is left in flight bounds what is left of its own work */
-        uint64_t left = now + (uint64_t)(cost_of(f) * f->n);
+        uint64_t left = now + (uint64_t)f->pending_ns;
         if (f->own_until > left) {
             f->own_until = left;
             tell_end(d, f);
@@ -244,17 +306,16 @@ static void poll(int d, struct flight *f, uint64_t now)
     }
 }
 
-int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v)
+int vgpu_flight_poll(int d, uint64_t now, uint64_t kind, struct vgpu_flight_view *v)
 {
     struct flight *f = flight_of(d);
     if (f == NULL)
         return 0;
     poll(d, f, now);
-    double cost = cost_of(f);
     v->n = f->n;
-    v->cost_ns = (uint64_t)cost;
+    v->cost_ns = (uint64_t)est_of(f, kind);
     v->measured = f->cost_ns > 0.0;
-    v->pending_ns = (uint64_t)(cost * f->n);
+    v->pending_ns = (uint64_t)f->pending_ns;
     v->head = f->n > 0 ? f->m[f->head].ev : NULL;
     v->turn = &f->turn;
     return 1;
@@ -314,6 +375,9 @@ void vgpu_flight_track(const struct vgpu_launch *l, int own)
             m->ctx = l->ctx;
             m->own = (uint32_t)own;
             m->wait_ns = vgpu_now_ns() - l->now;
+            m->kind = l->kind;
+            m->est_ns = est_of(f, l->kind);
+            f->pending_ns += m->est_ns;
             f->n++;
             publish(d, f, l->now);
             if (own)

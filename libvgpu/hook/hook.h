@@ -256,7 +256,7 @@ static inline void vgpu_leave_hook(int *unused)
 struct vgpu_flight_view {
     uint32_t n;             /* launches in flight */
     int measured;           /* cost_ns was measured (else a default) */
-    uint64_t cost_ns;       /* GPU time of one launch */
+    uint64_t cost_ns;       /* GPU time of the launch asking (its kind's) */
     uint64_t pending_ns;    /* estimated GPU time of what is in flight */
     CUevent head;           /* the oldest launch's mark; NULL when none */
     struct vgpu_turn_state *turn;
@@ -269,12 +269,13 @@ struct vgpu_launch {
     CUstream s;
     CUcontext ctx;
     uint64_t now;
+    uint64_t kind;          /* its function (or graph) and shape, hashed (flight.c) */
 };
 void vgpu_flight_lock(void);
 void vgpu_flight_unlock(void);
 /* Take in the completed launches and describe what is in flight (lock held);
  * 0 when out of memory. */
-int vgpu_flight_poll(int d, uint64_t now, struct vgpu_flight_view *v);
+int vgpu_flight_poll(int d, uint64_t now, uint64_t kind, struct vgpu_flight_view *v);
 /* The GPU time one launch takes, as measured (*measured 0: a default). */
 uint64_t vgpu_flight_cost(int d, int *measured);
 /* Before a tracked launch: start a stretch if nothing is in flight. The
@@ -315,7 +316,7 @@ const struct vgpu_signal *vgpu_attach_signal(int id);
 void vgpu_prio_signal(int d, uint64_t now);
 /* Before a launch on d of a job with higher classes beside it: wait while
  * they need the GPU; the time it went (now, if it did not wait). */
-uint64_t vgpu_prio_hold(int d, uint64_t now);
+uint64_t vgpu_prio_hold(int d, uint64_t now, uint64_t kind);
 void vgpu_priority_atfork_child(void);
 
 /* ---- logging (log.c) -------------------------------------------------------- */

@@ -50,7 +50,7 @@ static __attribute__((noinline)) int gate_slow(uint64_t w, struct vgpu_launch *l
     if (hold & VGPU_HOLD_SIGNAL)
         vgpu_prio_signal(d, l->now);
     if (hold & VGPU_HOLD_HELD)
-        l->now = vgpu_prio_hold(d, l->now);
+        l->now = vgpu_prio_hold(d, l->now, l->kind);
     if (throttle != VGPU_GATE_TURNS) {
         vgpu_flight_begin(l);
         return VGPU_GO_OWN;
@@ -87,18 +87,37 @@ static inline __attribute__((always_inline)) uint64_t gate_word(int *dev)
     return w;
 }
 
+/* A launch's kind: its function (or graph) and its shape, hashed (never 0).
+ * The same kernel at the same shape takes about the same time from one step
+ * of a program to the next; flight.c learns a cost for each kind. */
+static inline uint64_t kind_of(const void *fn, uint64_t gx, uint64_t gy, uint64_t gz,
+                               uint64_t block, uint64_t shm)
+{
+    uint64_t k = (uint64_t)(uintptr_t)fn;
+    uint64_t parts[5] = {gx, gy, gz, block, shm};
+    for (int i = 0; i < 5; i++) {
+        k = (k ^ parts[i]) * 0x9E3779B97F4A7C15ull;
+        k ^= k >> 29;
+    }
+    return k ? k : 1;
+}
+
+#define LAUNCH_KIND(f, c) \
+    kind_of((f), (c)->gridDimX, (c)->gridDimY, (c)->gridDimZ, \
+            (uint64_t)(c)->blockDimX * (c)->blockDimY * (c)->blockDimZ, (c)->sharedMemBytes)
+
 /* A launch entry point: the fast path is the count and a tail call to the
  * driver; the slow path the gate, the call, and the mark of its
  * work in flight (flight.c). `stream` is the stream it launches into
- * (for a _ptsz form, NULL is the calling thread's default stream), only
- * evaluated on the slow path. */
-#define GATED(sym, args, stream) \
+ * (for a _ptsz form, NULL is the calling thread's default stream) and
+ * `kind` its kind, both only evaluated on the slow path. */
+#define GATED(sym, args, stream, kind_expr) \
     do { \
         CU_PROLOGUE(sym, args); \
         int dev_; \
         uint64_t w_ = gate_word(&dev_); \
         if (VGPU_UNLIKELY(w_ != 0)) { \
-            struct vgpu_launch l_ = {.d = dev_, .s = (stream)}; \
+            struct vgpu_launch l_ = {.d = dev_, .s = (stream), .kind = (kind_expr)}; \
             int go_ = gate_slow(w_, &l_); \
             if (go_ == VGPU_GO_CLOSED) \
                 return CUDA_ERROR_NOT_PERMITTED; \
@@ -121,60 +140,74 @@ static inline CUstream config_stream(const CUlaunchConfig *config)
     return config ? config->hStream : NULL;
 }
 
+/* The kind of a launch given its grid and block one by one. */
+#define GRID_KIND(f) \
+    kind_of((f), gridDimX, gridDimY, gridDimZ, \
+            (uint64_t)blockDimX * blockDimY * blockDimZ, sharedMemBytes)
+
+static inline uint64_t config_kind(const CUlaunchConfig *config, CUfunction f)
+{
+    return config ? LAUNCH_KIND(f, config) : kind_of(f, 0, 0, 0, 0, 0);
+}
+
 CUresult hook_cuLaunchKernel VGPU_LAUNCH_PARAMS
 {
-    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS, hStream);
+    GATED(cuLaunchKernel, VGPU_LAUNCH_ARGS, hStream, GRID_KIND(f));
 }
 
 CUresult hook_cuLaunchKernel_ptsz VGPU_LAUNCH_PARAMS
 {
-    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS, ptsz(hStream));
+    GATED(cuLaunchKernel_ptsz, VGPU_LAUNCH_ARGS, ptsz(hStream), GRID_KIND(f));
 }
 
 CUresult hook_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                                void **extra)
 {
-    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra), config_stream(config));
+    GATED(cuLaunchKernelEx, (config, f, kernelParams, extra), config_stream(config),
+          config_kind(config, f));
 }
 
 CUresult hook_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
                                     void **kernelParams, void **extra)
 {
     GATED(cuLaunchKernelEx_ptsz, (config, f, kernelParams, extra),
-          ptsz(config_stream(config)));
+          ptsz(config_stream(config)), config_kind(config, f));
 }
 
 CUresult hook_cuLaunchCooperativeKernel VGPU_COOP_PARAMS
 {
-    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS, hStream);
+    GATED(cuLaunchCooperativeKernel, VGPU_COOP_ARGS, hStream, GRID_KIND(f));
 }
 
 CUresult hook_cuLaunchCooperativeKernel_ptsz VGPU_COOP_PARAMS
 {
-    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS, ptsz(hStream));
+    GATED(cuLaunchCooperativeKernel_ptsz, VGPU_COOP_ARGS, ptsz(hStream), GRID_KIND(f));
 }
 
 CUresult hook_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    GATED(cuGraphLaunch, (hGraphExec, hStream), hStream);
+    GATED(cuGraphLaunch, (hGraphExec, hStream), hStream, kind_of(hGraphExec, 0, 0, 0, 0, 0));
 }
 
 CUresult hook_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
-    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream), ptsz(hStream));
+    GATED(cuGraphLaunch_ptsz, (hGraphExec, hStream), ptsz(hStream),
+          kind_of(hGraphExec, 0, 0, 0, 0, 0));
 }
 
 CUresult hook_cuLaunch(CUfunction f)
 {
-    GATED(cuLaunch, (f), NULL);
+    GATED(cuLaunch, (f), NULL, kind_of(f, 1, 1, 1, 0, 0));
 }
 
 CUresult hook_cuLaunchGrid(CUfunction f, int grid_width, int grid_height)
 {
-    GATED(cuLaunchGrid, (f, grid_width, grid_height), NULL);
+    GATED(cuLaunchGrid, (f, grid_width, grid_height), NULL,
+          kind_of(f, (unsigned)grid_width, (unsigned)grid_height, 1, 0, 0));
 }
 
 CUresult hook_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream)
 {
-    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream), hStream);
+    GATED(cuLaunchGridAsync, (f, grid_width, grid_height, hStream), hStream,
+          kind_of(f, (unsigned)grid_width, (unsigned)grid_height, 1, 0, 0));
 }

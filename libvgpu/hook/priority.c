@@ -151,7 +151,7 @@ static int holders_active(int d, uint64_t now, uint64_t *busy_until)
 }
 
 /* ---- the held launch ----------------------------------------------------------------- */
-uint64_t vgpu_prio_hold(int d, uint64_t now)
+uint64_t vgpu_prio_hold(int d, uint64_t now, uint64_t kind)
 {
     const struct vgpu_dev_limit *l = &vgpu_g_limits->dev[d];
     for (;; now = vgpu_now_ns()) {
@@ -163,7 +163,7 @@ uint64_t vgpu_prio_hold(int d, uint64_t now)
             return now;
         struct vgpu_flight_view v;
         vgpu_flight_lock();
-        int ok = vgpu_flight_poll(d, now, &v);
+        int ok = vgpu_flight_poll(d, now, kind, &v);
         vgpu_flight_unlock();
         if (!ok)
             return now;

@@ -174,7 +174,7 @@ int vgpu_turn_gate(struct vgpu_launch *ln)
          * waits for the turn before the span, not for another's borrowing) */
         uint64_t open_before =
             o >= 0 ? busy_until(sc.open[o].prev_signal_id, sc.open[o].prev_dev, 1) : 0;
-        if (!vgpu_flight_poll(d, now, &v)) {
+        if (!vgpu_flight_poll(d, now, ln->kind, &v)) {
             vgpu_flight_unlock();
             return VGPU_GO_OWN;
         }

@@ -5,6 +5,7 @@
  *             [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]
  *             [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]
  *             [--request K --think-ms MS [--seed S]]
+ *             [--long-every K --long-us US [--long-run R]]
  *
  * Driver API only, reached as the CUDA runtime reaches it: dlopen
  * ("libcuda.so.1"), then every entry point through cuGetProcAddress. The
@@ -12,6 +13,11 @@
  * nanoseconds; a real driver JIT-compiles it (no toolkit needed), and the
  * simulated GPU runs it for that long by its duration rule. So the same
  * program measures compute shares on the simulator and on a real GPU.
+ *
+ * --long-every K --long-us US [--long-run R]: of every K kernels, the last R
+ * (1 by default) run US microseconds each, on a grid of two blocks (another
+ * kind of launch: a training step's few big kernels among its many small
+ * ones); plain launches only.
  *
  * --graph N: each launch is a CUDA graph of N such kernels (cuGraphLaunch),
  * and --inflight counts graphs.
@@ -204,12 +210,16 @@ struct opts {
     double duty;      /* percent; 0: no pause */
     double period_ms;
     double on_ms, off_ms;  /* wall-time on/off; 0: none */
+    int long_every;   /* of every K kernels, the last long_run long; 0: none */
+    int long_run;
+    double long_us;
 };
 
 #define USAGE "usage: %s [--device N] --kernel-us US (--seconds S | --count K)" \
               " [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]" \
               " [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]" \
-              " [--request K --think-ms MS [--seed S]]\n"
+              " [--request K --think-ms MS [--seed S]]" \
+              " [--long-every K --long-us US [--long-run R]]\n"
 
 static void usage_error(const char *fmt, const char *arg)
 {
@@ -284,6 +294,18 @@ static struct opts parse_args(int argc, char **argv)
             if (k != (int)k || k > 100000)
                 usage_error("%s needs a whole number from 1 to 100000", a);
             *(a[2] == 'g' ? &o.graph : &o.request) = (int)k;
+        } else if (strcmp(a, "--long-every") == 0) {
+            double k = parse_number(a, v, 2);
+            if (k != (int)k || k > 100000)
+                usage_error("%s needs a whole number from 2 to 100000", a);
+            o.long_every = (int)k;
+        } else if (strcmp(a, "--long-run") == 0) {
+            double k = parse_number(a, v, 1);
+            if (k != (int)k || k > 100000)
+                usage_error("%s needs a whole number from 1 to 100000", a);
+            o.long_run = (int)k;
+        } else if (strcmp(a, "--long-us") == 0) {
+            o.long_us = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--work") == 0) {
             o.work = 1;
             continue;
@@ -304,6 +326,16 @@ static struct opts parse_args(int argc, char **argv)
         usage_error("give exactly one of %s", "--seconds or --count");
     if (o.request && o.graph)
         usage_error("%s: a client launches plain kernels", "--graph");
+    if ((o.long_every > 0) != (o.long_us > 0))
+        usage_error("give both of %s", "--long-every and --long-us");
+    if (o.long_every && (o.graph || o.request))
+        usage_error("%s: plain launches only", "--long-every");
+    if (o.long_run && !o.long_every)
+        usage_error("%s goes with --long-every", "--long-run");
+    if (o.long_run >= o.long_every && o.long_every)
+        usage_error("%s: fewer than --long-every", "--long-run");
+    if (!o.long_run)
+        o.long_run = 1;
     if ((o.on_ms > 0) != (o.off_ms > 0))
         usage_error("give both of %s", "--on-ms and --off-ms");
     if (o.on_ms > 0 && o.duty > 0)
@@ -533,6 +565,9 @@ int main(int argc, char **argv)
         }
         iters = (unsigned long long)(g_o.iters_per_us * g_o.kernel_us + 0.5);
     }
+    unsigned long long long_ns = (unsigned long long)(g_o.long_us * 1000.0 + 0.5);
+    unsigned long long long_iters = (unsigned long long)(g_o.iters_per_us * g_o.long_us + 0.5);
+    void *long_args[] = {&long_ns, &long_iters, &out};
     if (g_o.request)
         return client(fn, stream, args);
     CUgraphExec exec = NULL;
@@ -593,11 +628,13 @@ int main(int argc, char **argv)
             CHECK("cuEventSynchronize", cu.EventSynchronize(ev[slot]));
             g_done += per;
         }
+        int lng = g_o.long_every > 0 &&
+                  launched % g_o.long_every >= g_o.long_every - g_o.long_run;
         if (exec)
             CHECK("cuGraphLaunch", cu.GraphLaunch(exec, stream));
         else
-            CHECK("cuLaunchKernel",
-                  cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, NULL));
+            CHECK("cuLaunchKernel", cu.LaunchKernel(fn, lng ? 2 : 1, 1, 1, 1, 1, 1, 0, stream,
+                                                    lng ? long_args : args, NULL));
         CHECK("cuEventRecord", cu.EventRecord(ev[slot], stream));
         launched++;
     }

@@ -1,6 +1,8 @@
 """Two PyTorch training loops on one GPU, at --core 30 and --core 60 (hard):
 each gets its share of the simulated GPU's time, within 2 points, as the
-simulator's own timeline records it (busy time per VGPU_SIM_TAG)."""
+simulator's own timeline records it (busy time per VGPU_SIM_TAG); two loops
+of the same program, and of two programs (a small CNN beside torchvision's
+ResNet-18), whose kernels differ in number and in length."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from support.daemon import needs_native, read_line, vgpuctl_argv, wait_for
 
 pytestmark = needs_native
@@ -27,15 +30,18 @@ def busy_by_tag(env: dict[str, str]) -> tuple[float, dict[str, int]]:
     return t, {x["name"]: x["devices"][0]["busy_ns"] for x in json.loads(r.stdout)["tags"]}
 
 
-def test_two_training_loops_get_their_shares(daemon_factory):
+@pytest.mark.parametrize("models", [("cnn", "cnn"), ("cnn", "resnet18")],
+                         ids=["same-program", "two-programs"])
+def test_two_training_loops_get_their_shares(daemon_factory, models):
     d = daemon_factory(gpus="1x16G")
     # Kernels of 50 us per wave: each loop alone would keep the GPU busy, so
     # what each gets is the share vgpuctl holds it to.
     env = {"VGPU_SIM_NS_PER_BLOCK": "50000"}
     jobs = [d.popen("run", "--mem", "2G", "--core", str(core), "--policy", "hard",
                     "--name", tag, "--",
-                    sys.executable, str(LOOP), "--loop", "120", env={**env, "VGPU_SIM_TAG": tag})
-            for tag, core in SHARES.items()]
+                    sys.executable, str(LOOP), "--loop", "120", "--model", model,
+                    env={**env, "VGPU_SIM_TAG": tag})
+            for (tag, core), model in zip(SHARES.items(), models, strict=True)]
     try:
         for j in jobs:
             assert "ready" in read_line(j.stdout, timeout=120), j.stderr.read()

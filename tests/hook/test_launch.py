@@ -178,10 +178,12 @@ def burn_result(p: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]
 
 
 @contextmanager
-def burning(sim: Sim, jobs: dict[str, tuple[Region, int]]) -> Iterator[None]:
+def burning(sim: Sim, jobs: dict[str, tuple[Region, int]],
+            more: dict[str, list[str]] | None = None) -> Iterator[None]:
     """vgpu-burn saturating GPU 0 in each job (tag -> its region and kernel
-    length in us) for the block; each run must still be going at its end."""
-    procs = [start_burn(sim, region, tag, kernel_us, 60)
+    length in us; `more`: tag -> its other options) for the block; each run
+    must still be going at its end."""
+    procs = [start_burn(sim, region, tag, kernel_us, 60, *(more or {}).get(tag, []))
              for tag, (region, kernel_us) in jobs.items()]
     try:
         yield
@@ -199,13 +201,17 @@ def sleep_until(t_ns: int) -> None:
 
 
 def shares(sim: Sim, epoch_ns: int, tags: list[str], cycles: int,
-           phase_ns: int = 47 * MS + MS // 2) -> dict[str, float]:
+           phase_ns: int = 47 * MS + MS // 2,
+           hooks: dict[str, Region] | None = None,
+           measured: dict[str, float] | None = None) -> dict[str, float]:
     """Each tag's percent of GPU 0 by the simulator's timeline, over `cycles`
     whole cycles of the turns from epoch_ns, once every tag's job runs: from
     a reading at phase_ns of a cycle to one at the same phase `cycles` later
     (a phase where no turn of the tests' runs, so neither reading cuts a
     turn's kernels; the run's start and end, where a job waits for its
-    first turn or for its last, are left out)."""
+    first turn or for its last, are left out). `hooks`: tag -> its job's
+    region, whose percent as the job's hook measured it (busy_ns) over the
+    same cycles goes into `measured`."""
     with sim.probe() as probe:
         wait_for(lambda: all(probe.busy_ns(tags)[1].values()), what="every job to run kernels")
         # two cycles more: each hook has measured its launches' cost
@@ -213,8 +219,12 @@ def shares(sim: Sim, epoch_ns: int, tags: list[str], cycles: int,
         start = epoch_ns + phase_ns + -(-after // CYCLE_NS) * CYCLE_NS
         sleep_until(start)
         t0, b0 = probe.busy_ns(tags)
+        h0 = {tag: r.read_usage().devices[0].busy_ns for tag, r in (hooks or {}).items()}
         sleep_until(start + cycles * CYCLE_NS)
         t1, b1 = probe.busy_ns(tags)
+        h1 = {tag: r.read_usage().devices[0].busy_ns for tag, r in (hooks or {}).items()}
+    if measured is not None:
+        measured.update({tag: 100.0 * (h1[tag] - h0[tag]) / (t1 - t0) for tag in h0})
     return {tag: 100.0 * (b1[tag] - b0[tag]) / (t1 - t0) for tag in tags}
 
 
@@ -297,6 +307,32 @@ def test_two_jobs_get_their_turns(sim):
         got = shares(sim, epoch, ["job-a", "job-b"], 40)
     assert abs(got["job-a"] - 30.0) <= TOLERANCE and abs(got["job-b"] - 60.0) <= TOLERANCE, \
         f"a {got['job-a']:.2f} %, b {got['job-b']:.2f} %"
+
+
+def test_a_step_of_unlike_kernels_keeps_to_its_turn(sim):
+    """Job a launches, of every 64 kernels, 48 of 50 us and then 16 of 2 ms
+    on another grid (a training step's many small kernels and its few big
+    ones; 16 queued), beside job b's 1 ms kernels, turns 0-15 and 15-45 ms:
+    30 % and 60 % of the device, and each hook measures what the simulator
+    ran for its job (40 cycles: 2 s). On one cost for all of a's launches
+    (about 540 us), its 2 ms kernels went into its turn on a quarter of
+    their cost and ran into b's turn, and each job's spans counted the
+    other's time slices."""
+    epoch = time.monotonic_ns()
+    a = sim.region([GiB], name="a")
+    b = sim.region([GiB], name="b")
+    write_turn(a, 0, replace(turn(0, 15, epoch), prev_signal_id=b.signal_id))
+    write_turn(b, 0, replace(turn(15, 30, epoch), prev_signal_id=a.signal_id))
+    hook: dict[str, float] = {}
+    with burning(sim, {"job-a": (a, 50), "job-b": (b, 1000)},
+                 {"job-a": ["--long-every", "64", "--long-run", "16", "--long-us", "2000",
+                            "--inflight", "16"]}):
+        got = shares(sim, epoch, ["job-a", "job-b"], 40, hooks={"job-a": a, "job-b": b},
+                     measured=hook)
+    seen = {tag: f"{got[tag]:.2f} % (its hook: {hook[tag]:.2f})" for tag in got}
+    for tag, want in (("job-a", 30.0), ("job-b", 60.0)):
+        assert abs(got[tag] - want) <= TOLERANCE, seen
+        assert abs(hook[tag] - got[tag]) <= TOLERANCE, seen
 
 
 def test_a_kernel_longer_than_the_turn_runs_and_later_turns_pay(sim):
