@@ -181,6 +181,21 @@ static double est_of(struct flight *f, uint64_t key)
     return k != NULL && k->n > 0.0 ? k->ns : cost_of(f);
 }
 
+/* The job's first launch measured: what it launched before, each estimated
+ * at the default (DEFAULT_COST_NS), is estimated again. A job of 5 ms
+ * kernels had its first turn's launches let in at 1 ms each, ran 10 ms
+ * past its turn, and the turns after it began late for seconds. */
+static void reestimate(struct flight *f)
+{
+    double pending = 0.0;
+    for (uint32_t i = 0; i < f->n; i++) {
+        struct mark *m = &f->m[(f->head + i) % MAX_MARKS];
+        m->est_ns = est_of(f, m->kind);
+        pending += m->est_ns;
+    }
+    f->pending_ns = pending;
+}
+
 static void teach(struct flight *f, uint64_t key, uint64_t span)
 {
     if (f->cost_n < COST_LAUNCHES)
@@ -224,8 +239,11 @@ static void measure(int d, struct flight *f, struct mark *m)
         double est = m->est_ns;
         span = est < (double)lo ? lo : est > (double)span ? span : (uint64_t)est;
     } else if (ok) {
+        int first = f->cost_ns <= 0.0;
         teach(f, m->kind, span);
         __atomic_store_n(&vgpu_g_usage->dev[d].cost_ns, (uint64_t)f->cost_ns, __ATOMIC_RELAXED);
+        if (first)
+            reestimate(f);
     }
     add_busy(d, span, (int)m->own);
     if (m->own)

@@ -31,6 +31,7 @@ from support.hook import (
 
 from vgpuctl.core.turns import CLOSED, OPEN_TURN, TURNS, Turn
 from vgpuctl.system import native
+from vgpuctl.system.priority import read_signal
 from vgpuctl.system.region import Region
 from vgpuctl.system.turns import write_turn
 
@@ -291,6 +292,30 @@ def test_a_mark_recorded_late_does_not_charge_the_wait(sim):
     dev = region.read_usage().devices[0]
     assert_measured(sim, "job-stall", dev.busy_ns, at_least_ns=19_000_000, within_ns=2_000_000)
     assert 450_000 <= dev.cost_ns <= 550_000    # learnt from the marks on time
+
+
+def test_what_was_launched_before_the_first_measure_is_estimated_again(sim):
+    """Eight 10 ms kernels queued at once by a job whose turn is the whole
+    cycle, each estimated at the default of 1 ms (nothing measured yet).
+    Once one is measured, the job's signal says its work runs as long as
+    what it has queued does (60 ms and more), not 6 ms: the next turn's job
+    waits for it by that, and the job's turn lets no more in until it fits
+    (a 5 ms job's first turn set every turn after it 10 ms late for
+    seconds)."""
+    region = sim.region([GiB], turn=whole_cycle())
+    p = start_burn(sim, region, "job-first", 10_000, None, "--count", "10", "--inflight", "8")
+    try:
+        wait_for(lambda: region.read_usage().devices[0].cost_ns > 0, what="a launch measured")
+        launches = region.read_usage().devices[0].launches
+        sig = read_signal(region, 1)
+        now = time.monotonic_ns()
+        ran = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
+                   if t["name"] == "job-first")
+    finally:
+        burn_result(p)
+    assert sig is not None
+    said_ms, left_ms = (sig[0].busy_until_ns - now) / 1e6, (launches * 10_000_000 - ran) / 1e6
+    assert said_ms >= left_ms - 15, f"its signal says {said_ms:.1f} ms more, {left_ms:.1f} queued"
 
 
 def test_two_jobs_get_their_turns(sim):
