@@ -36,8 +36,8 @@
 
 #define MAX_MARKS 1024                  /* launches tracked in flight (a queue's depth) */
 #define POOL_MAX 256
-/* What a launch costs, by kind. A program's launches differ by hundreds of
- * times (a training step's convolutions, then its optimizer's many small
+/* What a launch costs, by kind. A program's launches differ widely in
+ * length (a training step's convolutions, then its optimizer's many small
  * kernels), and one average of all of them is wrong for each: the big
  * ones went into a turn on a fraction of their cost, ran past it, and
  * time-sliced with the next turn's job, both jobs' spans then counting the
