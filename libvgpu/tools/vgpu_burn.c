@@ -239,6 +239,18 @@ static double parse_number(const char *opt, const char *s, double min)
     return v;
 }
 
+/* A whole number from lo to hi (an option's value), or a usage error. */
+static int parse_whole(const char *opt, const char *s, int lo, int hi)
+{
+    double k = parse_number(opt, s, lo);
+    if (k != (int)k || k > hi) {
+        char fmt[64];
+        snprintf(fmt, sizeof fmt, "%%s needs a whole number from %d to %d", lo, hi);
+        usage_error(fmt, opt);
+    }
+    return (int)k;
+}
+
 static unsigned long long parse_size(const char *s)
 {
     uint64_t n;
@@ -285,25 +297,13 @@ static struct opts parse_args(int argc, char **argv)
         } else if (strcmp(a, "--off-ms") == 0) {
             o.off_ms = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--inflight") == 0) {
-            double k = parse_number(a, v, 1);
-            if (k != (int)k || k > 1024)
-                usage_error("%s needs a whole number from 1 to 1024", a);
-            o.inflight = (int)k;
+            o.inflight = parse_whole(a, v, 1, 1024);
         } else if (strcmp(a, "--graph") == 0 || strcmp(a, "--request") == 0) {
-            double k = parse_number(a, v, 1);
-            if (k != (int)k || k > 100000)
-                usage_error("%s needs a whole number from 1 to 100000", a);
-            *(a[2] == 'g' ? &o.graph : &o.request) = (int)k;
+            *(a[2] == 'g' ? &o.graph : &o.request) = parse_whole(a, v, 1, 100000);
         } else if (strcmp(a, "--long-every") == 0) {
-            double k = parse_number(a, v, 2);
-            if (k != (int)k || k > 100000)
-                usage_error("%s needs a whole number from 2 to 100000", a);
-            o.long_every = (int)k;
+            o.long_every = parse_whole(a, v, 2, 100000);
         } else if (strcmp(a, "--long-run") == 0) {
-            double k = parse_number(a, v, 1);
-            if (k != (int)k || k > 100000)
-                usage_error("%s needs a whole number from 1 to 100000", a);
-            o.long_run = (int)k;
+            o.long_run = parse_whole(a, v, 1, 100000);
         } else if (strcmp(a, "--long-us") == 0) {
             o.long_us = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--work") == 0) {

@@ -245,8 +245,7 @@ def test_the_hook_measures_the_gpu_time_the_simulator_ran(sim):
     run (a run of 2 s)."""
     region = sim.region([GiB], turn=turn(0, 15, time.monotonic_ns()))
     res = burn_result(start_burn(sim, region, "job-m", 1000, 2))
-    truth = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
-                 if t["name"] == "job-m")
+    truth = ran_ns(sim, "job-m")
     dev = region.read_usage().devices[0]
     elapsed_ns = res["seconds"] * 1e9
     assert truth > 0 and dev.launches >= res["kernels"]
@@ -269,10 +268,14 @@ def test_work_that_completed_is_measured_at_the_synchronisation(sim):
     assert_measured(sim, "job-sync", dev.busy_ns, at_least_ns=29_000_000, within_ns=1_000_000)
 
 
+def ran_ns(sim: Sim, tag: str) -> int:
+    """The GPU time the simulator's timeline ran for a tag on GPU 0."""
+    return next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"] if t["name"] == tag)
+
+
 def assert_measured(sim: Sim, tag: str, busy_ns: int, at_least_ns: int, within_ns: int) -> None:
     """The job's GPU time as its hooks measured it is the simulator's."""
-    truth = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
-                 if t["name"] == tag)
+    truth = ran_ns(sim, tag)
     assert truth >= at_least_ns
     assert abs(busy_ns - truth) <= within_ns, \
         f"hook {busy_ns / 1e6:.1f} ms, simulator {truth / 1e6:.1f} ms"
@@ -309,8 +312,7 @@ def test_what_was_launched_before_the_first_measure_is_estimated_again(sim):
         launches = region.read_usage().devices[0].launches
         sig = read_signal(region, 1)
         now = time.monotonic_ns()
-        ran = next(int(t["devices"][0]["busy_ns"]) for t in sim.stats()["tags"]
-                   if t["name"] == "job-first")
+        ran = ran_ns(sim, "job-first")
     finally:
         burn_result(p)
     assert sig is not None
