@@ -78,6 +78,7 @@ struct mark {
 struct kind {
     uint64_t key;       /* 0: a free place */
     double ns, n;       /* its cost, over n launches (up to KIND_LAUNCHES) */
+    double w;           /* 1 / n */
 };
 
 struct flight {
@@ -87,6 +88,7 @@ struct flight {
     CUcontext ref_ctx;
     double cost_ns;     /* any launch's, 0: none measured yet */
     double cost_n;      /* launches in that average, up to COST_LAUNCHES */
+    double cost_w;      /* 1 / cost_n */
     double pending_ns;  /* the est_ns of the marks in flight */
     struct kind kinds[KINDS];
     uint64_t own_until; /* until when its work launched in its turn should run */
@@ -196,26 +198,36 @@ static void reestimate(struct flight *f)
     f->pending_ns = pending;
 }
 
+/* (the weights' inverses kept, so that a launch divides only while its
+ * averages fill) */
 static void teach(struct flight *f, uint64_t key, uint64_t span)
 {
-    if (f->cost_n < COST_LAUNCHES)
+    if (f->cost_n < COST_LAUNCHES) {
         f->cost_n += 1.0;
-    f->cost_ns += ((double)span - f->cost_ns) / f->cost_n;
+        f->cost_w = 1.0 / f->cost_n;
+    }
+    f->cost_ns += ((double)span - f->cost_ns) * f->cost_w;
     struct kind *k = kind_at(f, key, 1);
     if (k != NULL) {
-        if (k->n < KIND_LAUNCHES)
+        if (k->n < KIND_LAUNCHES) {
             k->n += 1.0;
-        k->ns += ((double)span - k->ns) / k->n;
+            k->w = 1.0 / k->n;
+        }
+        k->ns += ((double)span - k->ns) * k->w;
     }
 }
 
+/* (flight_lock held: the process's own figure needs no locked add; the
+ * job's is shared by its processes) */
 static void add_busy(int d, uint64_t ns, int own)
 {
     __atomic_fetch_add(&vgpu_g_usage->dev[d].busy_ns, ns, __ATOMIC_RELAXED);
     if (!own)
         __atomic_fetch_add(&vgpu_g_usage->dev[d].borrowed_ns, ns, __ATOMIC_RELAXED);
-    if (vgpu_g_slot != NULL)
-        __atomic_fetch_add(&vgpu_g_slot->busy_ns[d], ns, __ATOMIC_RELAXED);
+    if (vgpu_g_slot != NULL) {
+        uint64_t *mine = &vgpu_g_slot->busy_ns[d];
+        __atomic_store_n(mine, __atomic_load_n(mine, __ATOMIC_RELAXED) + ns, __ATOMIC_RELAXED);
+    }
 }
 
 /* A completed mark: the span since the stretch's last completed event. */

@@ -17,6 +17,7 @@
  *   priority.c   classes: held launches, the job's signal
  *   nvml.c       NVML memory info and process lists
  *   log.c        "vgpu:" messages, each once
+ *   clock.c      CLOCK_MONOTONIC from the time-stamp counter, between anchors
  */
 #ifndef VGPU_HOOK_H
 #define VGPU_HOOK_H
@@ -325,7 +326,13 @@ void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Format a byte count the way users write it (512M, 1.5G). */
 const char *vgpu_fmt_size(uint64_t n, char *buf, unsigned len);
 
-/* ---- helpers ------------------------------------------------------------------ */
+/* ---- the clock (clock.c) ------------------------------------------------------ */
+/* Read the clocksource once (the hook's first use); before, and where the
+ * time-stamp counter isn't it, vgpu_now_ns is clock_gettime. */
+void vgpu_clock_init(void);
+/* CLOCK_MONOTONIC in ns; a thread's readings never go back. */
 uint64_t vgpu_now_ns(void);
+/* 1: vgpu_now_ns reads the time-stamp counter between anchors. */
+int vgpu_clock_counts(void);
 
 #endif /* VGPU_HOOK_H */

@@ -92,13 +92,6 @@ _Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 544, "vgpu_usag
 _Static_assert(VGPU_REGION_VERSION == 4, "libvgpu/hook follows region layout version 4");
 
 /* ---- helpers -------------------------------------------------------------- */
-uint64_t vgpu_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* /proc/<pid>/stat: start time (clock ticks since boot) and state letter.
  * Returns 0 when it can't be read. */
 static uint64_t proc_stat(int pid, char *state)
@@ -536,8 +529,10 @@ int vgpu_state_init_slow(void)
     pthread_mutex_lock(&state_lock);
     int s = __atomic_load_n(&vgpu_g_state, __ATOMIC_ACQUIRE);
     if (s == VGPU_UNINIT) {
-        if (configured_mode == VGPU_UNINIT)
+        if (configured_mode == VGPU_UNINIT) {
+            vgpu_clock_init();
             configured_mode = configure();
+        }
         s = configured_mode;
         if (s == VGPU_ACTIVE && vgpu_g_slot == NULL && !claim_slot()) {
             vgpu_log(VGPU_LOG_ERROR, "no free process slot in the job's region (%d processes "
