@@ -267,7 +267,10 @@ static void measure(int d, struct flight *f, struct mark *m)
 
 /* Until when this job's work in flight should run, into its signal: the job
  * of the next turn waits for it (turns.c), and the lower classes do
- * (priority.c). Before a launch was measured, at most GUESS_HORIZON_NS. */
+ * (priority.c). Before a launch was measured, at most GUESS_HORIZON_NS.
+ * Nothing in flight (all of it seen completed): 0, not the time it was
+ * seen, which the lower classes would take for an estimate made at a
+ * launch and wait a budget past (priority.c). */
 #define GUESS_HORIZON_NS 20000000ull
 static void publish(int d, struct flight *f, uint64_t now)
 {
@@ -277,7 +280,8 @@ static void publish(int d, struct flight *f, uint64_t now)
     uint64_t pending = (uint64_t)f->pending_ns;
     if (f->cost_ns <= 0.0 && pending > GUESS_HORIZON_NS)
         pending = GUESS_HORIZON_NS;
-    __atomic_store_n(&sig->dev[d].busy_until_ns, now + pending, __ATOMIC_RELAXED);
+    __atomic_store_n(&sig->dev[d].busy_until_ns, f->n == 0 ? 0 : now + pending,
+                     __ATOMIC_RELAXED);
 }
 
 /* The turn's end the job tells (its signal's turn_end_ns): the rule's, or,

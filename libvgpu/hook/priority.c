@@ -43,6 +43,7 @@
 #define DEFAULT_BUDGET_NS 1000000ull
 #define DEFAULT_HOLDOFF_NS 100000000ull
 #define MAX_NAP_NS 1000000ull           /* a held thread re-reads the signals this often */
+#define FINE_NAP_NS 100000ull           /* ... and this often past a holder's estimate */
 
 struct holders {
     uint64_t gen;
@@ -168,13 +169,16 @@ uint64_t vgpu_prio_hold(int d, uint64_t now, uint64_t kind)
         if (!ok)
             return now;
         /* A holder's estimate starts its work when it launched; work of the
-         * lower classes in flight then (at most a budget's worth) ran first. */
-        if (busy_until != 0)
-            busy_until += budget;
+         * lower classes in flight then (at most a budget's worth) ran first,
+         * so its work may run a budget past it: in that budget, the signals
+         * are read again each FINE_NAP_NS (a holder that saw its work
+         * complete says so at once: busy_until 0, flight.c). */
         uint64_t nap = 0;
         CUevent wait_for = NULL;
         if (busy_until > now)
             nap = busy_until - now;                        /* a holder's work runs */
+        else if (busy_until != 0 && busy_until + budget > now)
+            nap = FINE_NAP_NS;                             /* ... may still run */
         else if (v.n > 0 && v.pending_ns + v.cost_ns > budget)
             wait_for = v.head;                             /* over the budget */
         if (nap == 0 && wait_for == NULL)
