@@ -5,7 +5,7 @@
  *             [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]
  *             [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]
  *             [--request K --think-ms MS [--seed S]]
- *             [--long-every K --long-us US [--long-run R]]
+ *             [--long-every K --long-us US [--long-run R]] [--flip-us US --flip-s S]
  *
  * Driver API only, reached as the CUDA runtime reaches it: dlopen
  * ("libcuda.so.1"), then every entry point through cuGetProcAddress. The
@@ -18,6 +18,11 @@
  * (1 by default) run US microseconds each, on a grid of two blocks (another
  * kind of launch: a training step's few big kernels among its many small
  * ones); plain launches only.
+ *
+ * --flip-us US --flip-s S: every S seconds the kernels' length flips between
+ * --kernel-us and US, the same kernel on the same grid (one kind of launch
+ * whose length its arguments set: what a co-tenant does to a cost learnt
+ * per kind); plain launches only.
  *
  * --graph N: each launch is a CUDA graph of N such kernels (cuGraphLaunch),
  * and --inflight counts graphs.
@@ -213,13 +218,14 @@ struct opts {
     int long_every;   /* of every K kernels, the last long_run long; 0: none */
     int long_run;
     double long_us;
+    double flip_us, flip_s;   /* every flip_s seconds, kernels of flip_us; 0: none */
 };
 
 #define USAGE "usage: %s [--device N] --kernel-us US (--seconds S | --count K)" \
               " [--alloc SIZE] [--inflight K] [--graph N] [--work [--iters-per-us X]]" \
               " [--duty PCT [--period-ms MS]] [--on-ms MS --off-ms MS]" \
               " [--request K --think-ms MS [--seed S]]" \
-              " [--long-every K --long-us US [--long-run R]]\n"
+              " [--long-every K --long-us US [--long-run R]] [--flip-us US --flip-s S]\n"
 
 static void usage_error(const char *fmt, const char *arg)
 {
@@ -306,6 +312,8 @@ static struct opts parse_args(int argc, char **argv)
             o.long_run = parse_whole(a, v, 1, 100000);
         } else if (strcmp(a, "--long-us") == 0) {
             o.long_us = parse_number(a, v, 1e-9);
+        } else if (strcmp(a, "--flip-us") == 0 || strcmp(a, "--flip-s") == 0) {
+            *(a[7] == 'u' ? &o.flip_us : &o.flip_s) = parse_number(a, v, 1e-9);
         } else if (strcmp(a, "--work") == 0) {
             o.work = 1;
             continue;
@@ -336,6 +344,10 @@ static struct opts parse_args(int argc, char **argv)
         usage_error("%s: fewer than --long-every", "--long-run");
     if (!o.long_run)
         o.long_run = 1;
+    if ((o.flip_us > 0) != (o.flip_s > 0))
+        usage_error("give both of %s", "--flip-us and --flip-s");
+    if (o.flip_us > 0 && (o.graph || o.request || o.long_every))
+        usage_error("%s: plain launches of one length only", "--flip-us");
     if ((o.on_ms > 0) != (o.off_ms > 0))
         usage_error("give both of %s", "--on-ms and --off-ms");
     if (o.on_ms > 0 && o.duty > 0)
@@ -568,6 +580,9 @@ int main(int argc, char **argv)
     unsigned long long long_ns = (unsigned long long)(g_o.long_us * 1000.0 + 0.5);
     unsigned long long long_iters = (unsigned long long)(g_o.iters_per_us * g_o.long_us + 0.5);
     void *long_args[] = {&long_ns, &long_iters, &out};
+    unsigned long long flip_ns = (unsigned long long)(g_o.flip_us * 1000.0 + 0.5);
+    unsigned long long flip_iters = (unsigned long long)(g_o.iters_per_us * g_o.flip_us + 0.5);
+    void *flip_args[] = {&flip_ns, &flip_iters, &out};
     if (g_o.request)
         return client(fn, stream, args);
     CUgraphExec exec = NULL;
@@ -630,11 +645,13 @@ int main(int argc, char **argv)
         }
         int lng = g_o.long_every > 0 &&
                   launched % g_o.long_every >= g_o.long_every - g_o.long_run;
+        int flip = g_o.flip_s > 0 && (long long)((now_s() - g_start) / g_o.flip_s) % 2 == 1;
         if (exec)
             CHECK("cuGraphLaunch", cu.GraphLaunch(exec, stream));
         else
             CHECK("cuLaunchKernel", cu.LaunchKernel(fn, lng ? 2 : 1, 1, 1, 1, 1, 1, 0, stream,
-                                                    lng ? long_args : args, NULL));
+                                                    lng ? long_args : flip ? flip_args : args,
+                                                    NULL));
         CHECK("cuEventRecord", cu.EventRecord(ev[slot], stream));
         launched++;
     }

@@ -24,6 +24,16 @@ def test_time_mode_runs_that_long(sim_env, burn_program):
     assert r["rate"] == pytest.approx(2000, rel=0.2)  # the device is kept busy
 
 
+def test_flip_mode_switches_the_kernels_length(sim_env, burn_program):
+    # 100 us kernels, 1 ms ones, in turn every 0.25 s, the device kept busy:
+    # half the time each, so about 5,000 + 500 kernels in a second (10,000
+    # without the flips, 1,000 if they never flipped back)
+    r = burn(sim_env, str(burn_program), "--kernel-us", "100", "--flip-us", "1000",
+             "--flip-s", "0.25", "--seconds", "1", "--inflight", "8")
+    assert r["rc"] == 0, r
+    assert 4000 <= r["kernels"] / r["seconds"] <= 7000, r
+
+
 def test_alloc_beyond_the_device_fails_with_the_error_name(sim_env, burn_program):
     r = burn(sim_env, str(burn_program), "--kernel-us", "10", "--count", "1", "--alloc", "17G")
     assert r["rc"] == 2
@@ -48,6 +58,9 @@ def test_a_missing_device_is_a_driver_error(sim_env, burn_program):
     (["--kernel-us", "5", "--count", "1", "--inflight", "0"], "--inflight"),
     (["--kernel-us", "5", "--count", "1", "--bogus"], "unknown option '--bogus'"),
     (["--kernel-us"], "--kernel-us needs a positive number"),
+    (["--kernel-us", "5", "--count", "1", "--flip-us", "10"], "both of --flip-us and --flip-s"),
+    (["--kernel-us", "5", "--count", "1", "--flip-us", "10", "--flip-s", "1", "--graph", "2"],
+     "--flip-us: plain launches"),
 ])
 def test_bad_arguments(sim_env, burn_program, args, message):
     r = burn(sim_env, str(burn_program), *args)
