@@ -97,15 +97,23 @@ uint64_t vgpu_now_ns(void)
     if (!__atomic_load_n(&g_tsc, __ATOMIC_ACQUIRE))
         return mono();
     struct anchor *a = &t_anchor;
-    uint64_t t = __rdtsc();
     double rate;
     __atomic_load(&g_rate, &rate, __ATOMIC_RELAXED);
     uint64_t ns;
-    double since = (double)(t - a->tsc) * rate;
-    if (a->ns == 0 || t < a->tsc || rate <= 0.0 || since >= (double)ANCHOR_NS)
-        ns = reanchor(a);
-    else
-        ns = a->ns + (uint64_t)since;
+    if (rate <= 0.0) {
+        /* not measured yet: the real clock, and an anchor (which measures
+         * the rate) once CALIBRATE_NS have passed */
+        ns = mono();
+        if (ns - g_first.ns >= CALIBRATE_NS)
+            reanchor(a);
+    } else {
+        uint64_t t = __rdtsc();
+        double since = (double)(t - a->tsc) * rate;
+        if (a->ns == 0 || t < a->tsc || since >= (double)ANCHOR_NS)
+            ns = reanchor(a);
+        else
+            ns = a->ns + (uint64_t)since;
+    }
     if (ns < a->last)
         ns = a->last;
     a->last = ns;
