@@ -91,6 +91,9 @@ struct flight {
     double cost_w;      /* 1 / cost_n */
     double pending_ns;  /* the est_ns of the marks in flight */
     struct kind kinds[KINDS];
+    struct kind *last;  /* the place kind_at found last (a launch asks for its
+                         * kind two or three times: its estimate, its mark's,
+                         * its lesson) */
     uint64_t own_until; /* until when its work launched in its turn should run */
     uint64_t told_end;  /* its turn's end as the rule told it (turns.c) */
     struct vgpu_turn_state turn;   /* turns.c's */
@@ -157,12 +160,14 @@ static struct kind *kind_at(struct flight *f, uint64_t key, int make)
 {
     if (key == 0)
         return NULL;
+    if (f->last != NULL && f->last->key == key)
+        return f->last;
     uint32_t h = (uint32_t)(key >> 32) ^ (uint32_t)key;
     struct kind *victim = NULL;
     for (uint32_t i = 0; i < KIND_PROBE; i++) {
         struct kind *k = &f->kinds[(h + i) & (KINDS - 1)];
         if (k->key == key)
-            return k;
+            return f->last = k;
         if (k->key == 0) {
             victim = k;
             break;
@@ -173,7 +178,7 @@ static struct kind *kind_at(struct flight *f, uint64_t key, int make)
     if (!make)
         return NULL;
     *victim = (struct kind){.key = key};
-    return victim;
+    return f->last = victim;
 }
 
 /* What a launch of this kind should cost. */

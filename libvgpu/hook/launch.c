@@ -93,12 +93,14 @@ static inline __attribute__((always_inline)) uint64_t gate_word(int *dev)
 static inline uint64_t kind_of(const void *fn, uint64_t gx, uint64_t gy, uint64_t gz,
                                uint64_t block, uint64_t shm)
 {
-    uint64_t k = (uint64_t)(uintptr_t)fn;
-    uint64_t parts[5] = {gx, gy, gz, block, shm};
-    for (int i = 0; i < 5; i++) {
-        k = (k ^ parts[i]) * 0x9E3779B97F4A7C15ull;
-        k ^= k >> 29;
-    }
+    /* each part by its own odd constant (the products side by side, not
+     * one after another), then mixed once */
+    uint64_t k = (uint64_t)(uintptr_t)fn ^ gx * 0x9E3779B97F4A7C15ull ^
+                 gy * 0xC2B2AE3D27D4EB4Full ^ gz * 0x165667B19E3779F9ull ^
+                 block * 0xD6E8FEB86659FD93ull ^ shm * 0xFF51AFD7ED558CCDull;
+    k ^= k >> 32;
+    k *= 0x9E3779B97F4A7C15ull;
+    k ^= k >> 29;
     return k ? k : 1;
 }
 

@@ -86,6 +86,24 @@ static int read_schedule(const struct vgpu_dev_limit *l, struct vgpu_schedule *s
     return __atomic_load_n(&l->turn_gen, __ATOMIC_RELAXED) == g1;
 }
 
+/* Each device's schedule as last read, kept until the daemon writes a new
+ * one (its turn_gen moves): a launch reads one word of it, not the whole.
+ * Guarded by the flight lock. */
+static struct vgpu_schedule g_sched[VGPU_MAX_DEVICES];
+
+static const struct vgpu_schedule *schedule_of(int d, const struct vgpu_dev_limit *l)
+{
+    struct vgpu_schedule *sc = &g_sched[d];
+    uint64_t gen = __atomic_load_n(&l->turn_gen, __ATOMIC_ACQUIRE);
+    if (gen != 0 && sc->gen == gen)
+        return sc;
+    if (!read_schedule(l, sc)) {
+        sc->gen = 0;
+        return NULL;
+    }
+    return sc;
+}
+
 /* Other jobs' signals (the turn before this one's, and those before the
  * open spans), attached read-only when the daemon made them (state.c) and
  * kept while the limits name them: a few, the least recently used detached
@@ -159,27 +177,28 @@ int vgpu_turn_gate(struct vgpu_launch *ln)
             return VGPU_GO_CLOSED;
         if (gate != VGPU_GATE_TURNS)
             return VGPU_GO_OWN;   /* lifted while we waited */
-        struct vgpu_schedule sc;
-        if (!read_schedule(l, &sc)) {
+        vgpu_flight_lock();     /* the schedules' and the signals' caches too */
+        const struct vgpu_schedule *sc = schedule_of(d, l);
+        if (sc == NULL) {
+            vgpu_flight_unlock();
             nap(MIN_NAP_NS);
             continue;
         }
         uint64_t now = tries == 0 ? ln->now : vgpu_now_ns();
         ln->now = now;
-        int o = vgpu_turn_open_at(&sc, now);
+        int o = vgpu_turn_open_at(sc, now);
         struct vgpu_flight_view v;
-        vgpu_flight_lock();     /* the signals' cache too */
-        uint64_t before = sc.prev ? busy_until(sc.prev_signal_id, sc.prev_dev, 0) : 0;
+        uint64_t before = sc->prev ? busy_until(sc->prev_signal_id, sc->prev_dev, 0) : 0;
         /* (borrowers in the span share it, each with a little in flight: one
          * waits for the turn before the span, not for another's borrowing) */
         uint64_t open_before =
-            o >= 0 ? busy_until(sc.open[o].prev_signal_id, sc.open[o].prev_dev, 1) : 0;
+            o >= 0 ? busy_until(sc->open[o].prev_signal_id, sc->open[o].prev_dev, 1) : 0;
         if (!vgpu_flight_poll(d, now, ln->kind, &v)) {
             vgpu_flight_unlock();
             return VGPU_GO_OWN;
         }
         struct vgpu_verdict vd =
-            vgpu_turn_decide(&sc, v.turn, now, v.n, v.cost_ns, v.pending_ns, before,
+            vgpu_turn_decide(sc, v.turn, now, v.n, v.cost_ns, v.pending_ns, before,
                              open_before);
         CUevent head = v.head;
         vgpu_flight_tell_end(d, vd.turn_end_ns);

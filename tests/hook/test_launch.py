@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from support.hook import (
     CUDA_ERROR_NOT_PERMITTED,
+    Client,
     GiB,
     Sim,
     slot_of,
@@ -63,6 +64,11 @@ def far_turn() -> Turn:
 def whole_cycle() -> Turn:
     """A turn of the whole cycle: the job may use all of the GPU."""
     return turn(0, 50, time.monotonic_ns())
+
+
+def launches_printed(c: Client) -> int:
+    c.printed("launch")     # (reads what is there)
+    return sum(1 for fields in c.lines if fields[:1] == ["launch"])
 
 
 def waited(region: Region) -> bool:
@@ -137,6 +143,27 @@ def test_lifting_the_gate_releases_a_waiting_launch(sim, clients, client_factory
     assert slot_of(region, c.pid).launches[0] == 2
     # the launch that waited went through the gate; the next, the fast path
     assert region.read_usage().devices[0].launches == 1
+
+
+def test_a_turn_rewritten_between_launches_is_kept_at_the_next(sim, clients, client_factory):
+    """The hook keeps the schedule it read until the daemon writes a new one:
+    a job that launched in its turn, then had it moved away, waits at its
+    next launch, and goes once it is given the cycle again."""
+    region = sim.region([GiB, GiB], turn={0: whole_cycle()})
+    c = client_factory(clients["direct"], ["ctx", "0", "launch", "kernel", "1", "hold",
+                                           "launch", "kernel", "1", "hold"],
+                       sim.job_env(region.path))
+    assert c.until("launch") == ["0"]
+    c.until("hold")
+    assert not waited(region)
+    write_turn(region, 0, far_turn())
+    c.go()
+    wait_for(lambda: waited(region) or launches_printed(c) > 1, what="the launch to wait")
+    assert launches_printed(c) == 1, "a launch returned out of its turn: the old schedule was kept"
+    write_turn(region, 0, whole_cycle())
+    assert c.until("launch") == ["0"]
+    c.until("hold")
+    assert region.read_usage().devices[0].launches == 2
 
 
 def test_only_the_launching_thread_waits(sim, clients, client_factory):
