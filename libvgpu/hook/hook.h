@@ -14,6 +14,7 @@
  *   launch.c     the launch gate: fast path, or the slow one below
  *   flight.c     work in flight, GPU time measured by events
  *   turns.c      turns: when a gated job may launch
+ *   turns_rule.c the rule of turns, pure (tests/c/turns_table.c drives it)
  *   priority.c   classes: held launches, the job's signal
  *   nvml.c       NVML memory info and process lists
  *   log.c        "vgpu:" messages, each once

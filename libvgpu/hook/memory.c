@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "hook.h"
+#include "vgpu/array.h"
 
 #define PITCH_ALIGN 512ull
 
@@ -273,21 +274,6 @@ CUresult hook_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 
 
 /* ---- arrays ------------------------------------------------------------------- */
-static uint64_t format_bytes(CUarray_format f)
-{
-    switch ((int)f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    default:   /* 32-bit formats, and the rarer ones counted generously */
-        return 4;
-    }
-}
-
 static uint64_t dim(size_t v, unsigned level)
 {
     uint64_t x = (uint64_t)v >> level;
@@ -297,7 +283,10 @@ static uint64_t dim(size_t v, unsigned level)
 static uint64_t array_bytes(size_t w, size_t h, size_t depth, CUarray_format f, unsigned ch,
                             unsigned levels)
 {
-    uint64_t elem = format_bytes(f) * (ch ? ch : 1);
+    /* a format the header does not list (newer drivers have more) is
+     * counted at the widest it lists, never below what it may hold */
+    uint64_t fb = vgpu_format_bytes(f);
+    uint64_t elem = (fb ? fb : VGPU_FORMAT_BYTES_MAX) * (ch ? ch : 1);
     uint64_t total = 0;
     if (levels == 0)
         levels = 1;

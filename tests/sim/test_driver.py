@@ -80,6 +80,35 @@ def test_memory_copies_and_accounting(sim_env):
     assert out["range"] == [True, 1000]
 
 
+def test_arrays_take_their_formats_bytes(sim_env):
+    """An array takes width x height x channels x its format's bytes (one
+    table, vgpu/array.h, shared with the hook, which reserves the same), and
+    a format the simulator does not model is refused as the driver refuses
+    a wrong one."""
+    out = run_py(sim_env, SETUP, """
+        F = cu.CUarray_format
+        def taken(fmt, ch):
+            d = cu.CUDA_ARRAY_DESCRIPTOR()
+            d.Width, d.Height, d.Format, d.NumChannels = 2048, 1024, fmt, ch
+            free0, _ = ck(cu.cuMemGetInfo())
+            rc, arr = cu.cuArrayCreate(d)
+            if rc != cu.CUresult.CUDA_SUCCESS:
+                return rc.name
+            free1, _ = ck(cu.cuMemGetInfo())
+            ck(cu.cuArrayDestroy(arr))
+            return (free0 - free1) // (2048 * 1024)   # whole 2 MiB granules
+        out({name: taken(getattr(F, name), ch) for name, ch in [
+            ("CU_AD_FORMAT_UNSIGNED_INT8", 4), ("CU_AD_FORMAT_SIGNED_INT8", 1),
+            ("CU_AD_FORMAT_HALF", 2), ("CU_AD_FORMAT_SIGNED_INT16", 1),
+            ("CU_AD_FORMAT_FLOAT", 4), ("CU_AD_FORMAT_UNSIGNED_INT32", 2),
+            ("CU_AD_FORMAT_BC7_UNORM", 4)]})
+    """)
+    assert out == {"CU_AD_FORMAT_UNSIGNED_INT8": 4, "CU_AD_FORMAT_SIGNED_INT8": 1,
+                   "CU_AD_FORMAT_HALF": 4, "CU_AD_FORMAT_SIGNED_INT16": 2,
+                   "CU_AD_FORMAT_FLOAT": 16, "CU_AD_FORMAT_UNSIGNED_INT32": 8,
+                   "CU_AD_FORMAT_BC7_UNORM": "CUDA_ERROR_INVALID_VALUE"}
+
+
 def test_out_of_memory(sim_env):
     out = run_py(sim_env, SETUP, """
         out({"huge": err(cu.cuMemAlloc(16 << 30)),

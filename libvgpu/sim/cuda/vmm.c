@@ -20,6 +20,7 @@
 #include "init.h"
 #include "stream.h"
 #include "vmm.h"
+#include "vgpu/array.h"
 #include "vgpu/size.h"
 
 /* ---- arrays ---- */
@@ -31,25 +32,6 @@ struct CUarray_st {
     size_t row;  /* bytes per row */
     size_t rows; /* height x depth */
 };
-
-static size_t format_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4;
-    default:
-        return 0;
-    }
-}
 
 int cu_array_span(CUarray a, uintptr_t *base, size_t *row, size_t *rows)
 {
@@ -67,7 +49,7 @@ static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
     CUresult rc = cu_current(&ctx);
     if (rc)
         return rc;
-    size_t fb = d ? format_bytes(d->Format) : 0;
+    size_t fb = d ? vgpu_format_bytes(d->Format) : 0;
     if (!pa || !fb || d->Width == 0 ||
         (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
         return CUDA_ERROR_INVALID_VALUE;
