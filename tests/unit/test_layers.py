@@ -6,6 +6,7 @@ functions count as much as those at the top."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__import__("vgpuctl").__file__).resolve().parent
@@ -132,3 +133,79 @@ def test_the_architecture_docs_draw_this_table():
                 x.strip() for x in rest.split(",")}
     want = {k: v - {"vgpuctl"} for k, v in ALLOWED.items() if k not in ("__main__", "__init__")}
     assert drawn == want
+
+
+DAEMON_BLOCK = "### The daemon, split by concern"
+
+
+def daemon_imports(package: Path) -> dict[str, set[str]]:
+    """Each module of the daemon and the daemon's modules it imports, inside
+    functions too, but not under ``if TYPE_CHECKING:`` (annotations only)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((package / "daemon").glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test)
+                       for stmt in node.body for n in ast.walk(stmt)}
+        uses: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module == "vgpuctl.daemon":
+                uses |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.startswith("vgpuctl.daemon."):
+                uses.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                uses |= {a.name.split(".")[2] for a in node.names
+                         if a.name.startswith("vgpuctl.daemon.")}
+        out[path.stem] = uses - {path.stem}
+    return out
+
+
+def drawn_daemon(doc: str) -> list[tuple[str, set[str]]]:
+    """The daemon's import block of docs/architecture.md, in its order."""
+    section = doc[doc.index(DAEMON_BLOCK):]
+    block = section.split("```")[1]
+    rows = []
+    for line in block.splitlines():
+        if line.strip():
+            name, rest = line.split(None, 1)
+            rows.append((name, set() if rest.strip() == "-" else set(rest.split())))
+    return rows
+
+
+def test_the_architecture_docs_draw_the_daemons_imports():
+    """docs/architecture.md's map of the daemon is its imports: every
+    module in it, each with the daemon modules it imports, none importing a
+    module drawn above it, and each named in the modules' table."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    real = daemon_imports(PACKAGE)
+    rows = drawn_daemon(doc)
+    right = "\n".join(f"{m:<11} {' '.join(sorted(u)) or '-'}" for m, u in sorted(real.items()))
+    assert dict(rows) == real, f"the daemon's imports are now:\n{right}"
+    order = [m for m, _ in rows]
+    upward = [f"{m} imports {u}" for i, (m, uses) in enumerate(rows)
+              for u in sorted(uses) if u in order[:i]]
+    assert upward == []
+    table = doc[doc.index("| module | does | used by the lifecycle through |"):]
+    table = table[:table.index("\n\n")]
+    named = {name for line in table.splitlines()[2:]
+             for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert set(real) - named == set(), "daemon modules missing from the modules' table"
+
+
+def test_the_daemon_map_check_sees_a_new_import(tmp_path):
+    """The check itself: an import added to a copy of a daemon module, one
+    under TYPE_CHECKING (not counted), and a module drawn above its import."""
+    pkg = tmp_path / "vgpuctl"
+    (pkg / "daemon").mkdir(parents=True)
+    (pkg / "daemon" / "jobs.py").write_text("def f():\n    from vgpuctl.daemon import views\n")
+    (pkg / "daemon" / "views.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from vgpuctl.daemon.jobs import JobTable\n")
+    assert daemon_imports(pkg) == {"jobs": {"views"}, "views": set()}
+    rows = drawn_daemon(f"{DAEMON_BLOCK}\n\n```\nviews  -\njobs   views\n```\n")
+    assert rows == [("views", set()), ("jobs", {"views"})]
