@@ -1,3 +1,3 @@
 """vgpuctl: share one GPU among many jobs, each with a memory limit and a compute share."""
 
-__version__ = "0.1.0"
+__version__ = "0.5.0"
