@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support.daemon import ask
 
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
@@ -146,11 +147,11 @@ def failing(tmp_path: Path, monkeypatch):
 
 
 def test_a_request_failing_on_a_bug_is_an_internal_error_and_the_daemon_serves_on(failing):
-    reply = failing.handle_line(ME, P.encode_request("ping"))
+    reply = ask(failing, ME, P.encode_request("ping"))
     assert reply["ok"] is False and reply["error"]["code"] == "internal"
     assert "RuntimeError: boom" in reply["error"]["message"]
     assert isinstance(P.reply_exception(reply), Exception)
-    after = failing.handle_line(ME, P.encode_request("ps"))
+    after = ask(failing, ME, P.encode_request("ps"))
     assert after["ok"] is True and after["jobs"] == []
 
 
@@ -159,7 +160,7 @@ def test_a_flood_of_failing_requests_is_one_log_line(failing, logged):
     line of text; the log gets one line (the exception, no traceback at
     the daemon's default level) for the burst."""
     for _ in range(200):
-        reply = failing.handle_line(ME, P.encode_request("ping"))
+        reply = ask(failing, ME, P.encode_request("ping"))
         assert reply["error"]["code"] == "internal"
         assert len(reply["error"]["message"].splitlines()) == 1, reply
     lines = logged()

@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
-from support.daemon import read_line, wait_for
+from support.daemon import ask, read_line, wait_for
 
 from vgpuctl.core import placement, turns
 from vgpuctl.core import protocol as P
@@ -43,7 +44,7 @@ def make(tmp_path: Path, config: Config | None = None) -> Supervisor:
 
 
 def call(sup, peer, op, **fields):
-    reply = sup.handle_line(peer, P.encode_request(op, **fields))
+    reply = ask(sup, peer, P.encode_request(op, **fields))
     exc = P.reply_exception(reply)
     if exc is not None:
         raise exc
@@ -152,6 +153,26 @@ def test_only_owner_or_root_may_change_or_kill(tmp_path):
     with pytest.raises(P.errors.PermissionDenied):
         call(sup, Peer(1, 12345, 12345), "reload")
     call(sup, OTHER, "set", job=jid, core=10)   # the owner may
+
+
+def test_every_request_has_one_route(tmp_path):
+    """Each request type of the protocol is answered by one op of the
+    supervisor's table, through its one path (Supervisor.reply)."""
+    sup = make(tmp_path)
+    assert set(sup._routes) == set(typing.get_args(P.Request))
+
+
+def test_a_kill_that_cannot_read_proc_is_answered_and_sends_nothing(tmp_path):
+    sup = make(tmp_path)
+    mine = run(sup, mem=G)["job"]["id"]
+
+    async def unreadable():
+        raise PermissionError(13, "Permission denied", "/proc")
+    sup.scan = unreadable
+    reply = ask(sup, ME, P.encode_request("kill", job=mine))
+    assert reply["ok"] is False and reply["error"]["code"] == "internal"
+    assert reply["error"]["message"].startswith("could not read /proc: ")
+    assert mine in sup.table
 
 
 def test_started_tracks_the_process_and_the_job_ends_with_it(tmp_path, procs):
@@ -263,9 +284,9 @@ def test_restart_readopts_live_jobs_and_ends_the_rest(tmp_path, procs):
 def test_garbage_gets_an_error_reply(tmp_path):
     sup = make(tmp_path)
     for line in (b"\x00\x01\x02", b"{}", b'{"v":1,"op":"run","command":5,"cwd":"/"}'):
-        reply = sup.handle_line(ME, line)
+        reply = ask(sup, ME, line)
         assert reply["ok"] is False and reply["error"]["code"] == "protocol"
-    assert sup.handle_line(ME, P.encode_request("ping"))["ok"] is True
+    assert ask(sup, ME, P.encode_request("ping"))["ok"] is True
 
 
 def turn_of(r, i: int = 0) -> turns.Turn:
@@ -586,7 +607,7 @@ def test_a_user_flooding_admissions_is_capped_and_others_get_in(tmp_path):
     flooder = Peer(os.getpid(), 65534, 65534)
     admitted = busy = 0
     for _ in range(200):
-        reply = sup.handle_line(flooder, P.encode_request(
+        reply = ask(sup, flooder, P.encode_request(
             "run", command=["x"], cwd="/", mem=64 << 20))
         if reply["ok"]:
             admitted += 1
@@ -607,7 +628,7 @@ def test_a_users_caps_count_jobs_memory_and_speed(tmp_path, procs):
     user = Peer(os.getpid(), 65534, 65534)
     for _ in range(2):
         run(sup, peer=user, mem=G)
-    reply = sup.handle_line(user, P.encode_request("run", command=["x"], cwd="/", mem=G))
+    reply = ask(sup, user, P.encode_request("run", command=["x"], cwd="/", mem=G))
     assert "faster than 1 a second" in reply["error"]["message"]
     assert reply["error"]["retry"] is True          # `vgpuctl run` asks again
     # Half of the node's capacity (2 x 15.5G): 15.5G in all.

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.daemon import ask
 
 from vgpuctl.core import protocol as P
 from vgpuctl.core import turns
@@ -51,7 +52,7 @@ class Node:
         self.first: dict[str, float] = {}
 
     def run(self, **fields) -> tuple[str, Region]:
-        reply = self.sup.handle_line(ME, P.encode_request(
+        reply = ask(self.sup, ME, P.encode_request(
             "run", command=["sleep", "60"], cwd="/", mem=G, **fields))
         exc = P.reply_exception(reply)
         if exc is not None:

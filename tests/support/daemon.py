@@ -9,6 +9,7 @@ as another uid can reach the socket.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -41,6 +42,12 @@ def native_built() -> bool:
 
 # Marks a test (or, as pytestmark, a module) that runs jobs on the simulated GPU.
 needs_native = pytest.mark.skipif(not native_built(), reason="native parts not built")
+
+
+def ask(sup: Any, peer: Any, line: bytes) -> dict[str, Any]:
+    """A supervisor's reply to one request line, by the path the server's
+    requests take (Supervisor.reply), on an event loop of its own."""
+    return asyncio.run(sup.reply(peer, line))
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

@@ -171,10 +171,6 @@ class SlurmRelease(NamedTuple):
 Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | Suspend | Resume
            | Drain | Report | SlurmRegister | SlurmAttach | SlurmRelease)
 
-# The requests the daemon answers after driver calls or reads that take a
-# while (docs/daemon.md): served off the event loop's thread.
-SLOW = (Suspend, Resume, Drain, Report)
-
 # -- field checks -----------------------------------------------------------
 
 Check = Callable[[str, Any], Any]

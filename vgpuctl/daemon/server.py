@@ -49,7 +49,7 @@ from vgpuctl.core import protocol as P
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.logs import Burst
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.errors import DaemonConflict, RequestInvalid, StateError
+from vgpuctl.errors import DaemonConflict, StateError
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -203,6 +203,7 @@ class Server:
         self._lsock: socket.socket | None = None
         self._spare: int | None = None
         self._scan: asyncio.Future[Any] | None = None
+        sup.scan = self._proc_table     # kill's /proc scan: shared, off the loop
         self._refused = Burst("connections refused over the caps")
         self._accept_failed = Burst("accept failed")
         self._overlong = Burst(f"lines over {P.MAX_LINE} bytes, disconnected")
@@ -365,22 +366,7 @@ class Server:
                 conn.close()
 
     async def _reply(self, peer: Peer, line: bytes) -> dict[str, Any]:
-        try:
-            req = P.parse_request(line)
-        except RequestInvalid as e:
-            return P.error("protocol", str(e))
-        if isinstance(req, P.Kill):
-            # The /proc scan a kill needs runs off the event loop.
-            try:
-                table = await self._proc_table()
-            except OSError as e:
-                return P.error("internal", f"could not read /proc: {e}")
-            return self.sup.handle(peer, req, table=table)
-        if isinstance(req, P.SLOW):
-            return await self.sup.handle_slow(peer, req)
-        if isinstance(req, P.Run):      # may preempt (driver calls: off the loop's thread)
-            return await self.sup.handle_run(peer, req)
-        return self.sup.handle(peer, req)
+        return await self.sup.reply(peer, line)
 
     async def _proc_table(self) -> tracking.ProcTable:
         """A fresh /proc scan, shared by the requests that wait for one."""

@@ -30,10 +30,10 @@ import logging
 import os
 import signal as _signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from vgpuctl import __version__
 from vgpuctl.core import placement
@@ -88,6 +88,20 @@ class Peer:
     gid: int
 
 
+class Route(NamedTuple):
+    """How a request is answered: its op, and whether the op waits (a
+    coroutine: driver calls, the database or a /proc scan off the event
+    loop's thread) or answers at once."""
+    op: Callable[..., Any]
+    waits: bool = False
+
+
+async def _scan_here() -> tracking.ProcTable:
+    """A /proc scan on the caller's thread (the server gives the supervisor
+    one that runs off the event loop's)."""
+    return tracking.scan()
+
+
 class Supervisor:
     def __init__(self, config: Config, paths: DaemonPaths, store: Store,
                  devices: list[GpuStats], hook_library: Callable[[], Path],
@@ -124,13 +138,24 @@ class Supervisor:
         # exception type (logs.Bursts); the traceback at debug level only.
         self.failures = logs.Bursts("request failed (a bug: log_level debug shows where)",
                                     logging.ERROR)
-        self._handlers: dict[type, Callable[[Peer, Any], dict[str, Any]]] = {
-            P.Ping: self.op_ping, P.Run: self.op_run, P.Started: self.op_started,
-            P.Exited: self.op_exited, P.Ps: self.op_ps, P.Set: self.op_set,
-            P.Kill: self.op_kill, P.Reload: self.op_reload,
-            P.SlurmRegister: self.op_slurm_register, P.SlurmAttach: self.op_slurm_attach,
-            P.SlurmRelease: self.op_slurm_release,
+        # Each request's op, and whether it waits (a coroutine, awaited) or
+        # answers at once on the event loop's thread.
+        self._routes: dict[type, Route] = {
+            P.Ping: Route(self.op_ping), P.Run: Route(self.op_run_or_preempt, waits=True),
+            P.Started: Route(self.op_started), P.Exited: Route(self.op_exited),
+            P.Ps: Route(self.op_ps), P.Set: Route(self.op_set),
+            P.Kill: Route(self.op_kill, waits=True), P.Reload: Route(self.op_reload),
+            P.Suspend: Route(self.op_suspend, waits=True),
+            P.Resume: Route(self.op_resume, waits=True),
+            P.Drain: Route(self.op_drain, waits=True),
+            P.Report: Route(self.op_report, waits=True),
+            P.SlurmRegister: Route(self.op_slurm_register),
+            P.SlurmAttach: Route(self.op_slurm_attach),
+            P.SlurmRelease: Route(self.op_slurm_release),
         }
+        # A fresh /proc scan for `kill` (the server shares one among the
+        # requests that wait for it, off the event loop's thread).
+        self.scan: Callable[[], Awaitable[tracking.ProcTable]] = _scan_here
         # One report read at a time: a user's flood of them waits its turn
         # rather than reading the database many times over at once.
         self._reports = asyncio.Lock()
@@ -155,22 +180,19 @@ class Supervisor:
             hear(job, now)
 
     # -- requests ---------------------------------------------------------------
-    def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
-        """The reply to one request line. Never raises."""
+    async def reply(self, peer: Peer, line: bytes) -> dict[str, Any]:
+        """The reply to one request line, the daemon's one request path: the
+        line parsed, the request's op found in the table (`_routes`), awaited
+        when it waits (driver calls, the database, a /proc scan: off the
+        event loop's thread), its error turned into a reply here and only
+        here. Never raises."""
         try:
             req = P.parse_request(line)
         except RequestInvalid as e:
             return P.error("protocol", str(e))
-        return self.handle(peer, req)
-
-    def handle(self, peer: Peer, req: P.Request,
-               table: tracking.ProcTable | None = None) -> dict[str, Any]:
-        """The reply to one request. table: a fresh /proc scan, which `kill`
-        then uses instead of scanning on the caller's thread."""
         try:
-            if table is not None and isinstance(req, P.Kill):
-                return self.op_kill(peer, req, table)
-            return self._handlers[type(req)](peer, req)
+            op, waits = self._routes[type(req)]
+            return await op(peer, req) if waits else op(peer, req)
         except AdmissionBusy as e:      # nothing was done: the client asks again
             return P.error("admission", str(e), retry=True)
         except VgpuError as e:
@@ -186,26 +208,6 @@ class Supervisor:
                           f"{op} of pid {peer.pid} (uid {peer.uid}): {what}")
         log.debug("request %r failed", req, exc_info=True)
         return P.error("internal", f"internal error: {what}")
-
-    async def handle_slow(self, peer: Peer, req: P.Request) -> dict[str, Any]:
-        """The reply to a request of P.SLOW (suspend, resume, drain): the
-        driver's calls run on a worker thread meanwhile. Never raises."""
-        try:
-            if isinstance(req, P.Suspend):
-                return await self.op_suspend(peer, req)
-            if isinstance(req, P.Resume):
-                return await self.op_resume(peer, req)
-            if isinstance(req, P.Drain):
-                return await self.op_drain(peer, req)
-            if isinstance(req, P.Report):
-                return await self.op_report(peer, req)
-            raise RequestInvalid(f"{P.op_name(req)} is not a slow request")
-        except AdmissionBusy as e:      # nothing was done: the client asks again
-            return P.error("admission", str(e), retry=True)
-        except VgpuError as e:
-            return P.error(P.error_code(e), str(e))
-        except Exception as e:  # a bug: answer, log one line per burst, keep serving
-            return self._internal_error(peer, req, e)
 
     async def op_suspend(self, peer: Peer, req: P.Suspend) -> dict[str, Any]:
         job = self.table.get(req.job)
@@ -295,30 +297,26 @@ class Supervisor:
                 "slurm": {"shard_size": self.config.slurm.shard_size,
                           "allow_run": self.config.slurm.allow_run}}
 
-    async def handle_run(self, peer: Peer, req: P.Run) -> dict[str, Any]:
-        """The reply to a `run`: admitted as it is when it fits; else, when
-        the job is normal or high, of one GPU, and preemption is on, suspend
-        the fewest low jobs that make room and admit it (docs/suspend.md).
-        Never raises."""
-        reply = self.handle(peer, req)
-        err = reply.get("error") if not reply.get("ok") else None
-        if (err is None or err.get("code") != "admission" or err.get("retry")
-                or not self.config.priority.preempt
-                or (req.priority or self.config.priority.default) == "low"
-                or (req.gpus or 1) > 1 or (req.gpu is not None and "," in req.gpu)):
-            return reply
+    async def op_run_or_preempt(self, peer: Peer, req: P.Run) -> dict[str, Any]:
+        """A `run`: admitted as it is when it fits; else, when the job is
+        normal or high, of one GPU, and preemption is on, suspend the fewest
+        low jobs that make room and admit it (docs/suspend.md)."""
         try:
+            return self.op_run(peer, req)
+        except AdmissionBusy:
+            raise
+        except AdmissionRefused as e:
+            if (not self.config.priority.preempt
+                    or (req.priority or self.config.priority.default) == "low"
+                    or (req.gpus or 1) > 1 or (req.gpu is not None and "," in req.gpu)):
+                raise
             got = await self.op_run_preempting(peer, req)
             if got is not None:
                 return got
             resting = self.suspender.resting(self.admission.run_gpus(req.gpu))
             if resting:
-                err["message"] += "; " + resting
-            return reply
-        except VgpuError as e:
-            return P.error(P.error_code(e), str(e))
-        except Exception as e:  # a bug: answer, log one line per burst, keep serving
-            return self._internal_error(peer, req, e)
+                raise AdmissionRefused(f"{e}; {resting}") from None
+            raise
 
     async def op_run_preempting(self, peer: Peer, req: P.Run) -> dict[str, Any] | None:
         """Admit the job by suspending low jobs for it; None when no GPU can
@@ -485,16 +483,17 @@ class Supervisor:
                  ", ".join(f"{k}={v}" for k, v in changes.items()))
         return P.ok(job=self.view(job), warnings=warnings)
 
-    def op_kill(self, peer: Peer, req: P.Kill,
-                table: tracking.ProcTable | None = None) -> dict[str, Any]:
+    async def op_kill(self, peer: Peer, req: P.Kill) -> dict[str, Any]:
         job = self.table.get(req.job)
         self._authorize(peer, job, "kill")
         try:
             sig = _signal.Signals(req.signal)
         except ValueError:
             raise UsageError(f"no signal {req.signal}") from None
-        if table is None:
-            table = tracking.scan()
+        try:
+            table = await self.scan()
+        except OSError as e:
+            raise VgpuError(f"could not read /proc: {e}") from None
         done = []
         for pid in sorted(self.tracker.processes(job, table)):
             if job.rec.uid != 0 and tracking.proc_uid(pid) != job.rec.uid:
