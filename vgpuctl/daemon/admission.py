@@ -23,7 +23,7 @@ from pathlib import Path
 from vgpuctl.core import placement, priority
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, UserLimits
-from vgpuctl.core.job import ENDED, STARTING, JobRecord
+from vgpuctl.core.job import STARTING, JobRecord
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.jobs import POLICY_CODES, JobTable, LiveJob
@@ -300,13 +300,10 @@ class Admission:
                 uuid=u, mem_limit=mem, core_share=core, policy=POLICY_CODES[rec.policy])
                 for u, (mem, core) in limits.items()])
         except (OSError, ValueError) as e:
-            rec.state, rec.ended = ENDED, self._clock()
-            self._table.save(rec)
+            self._table.unmade(rec)
             Region.discard(job_dir)         # what it made of the region: nothing is left
             raise StateError(f"could not create the job's region in {job_dir}: {e}") from None
-        rec.region = str(job_dir)
-        self._table.save(rec, ["region"])
-        job = self._table.add(rec, region)
+        job = self._table.admitted(rec, region, job_dir)
         self._trust.watch(job)
         return job
 

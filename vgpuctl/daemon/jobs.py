@@ -2,10 +2,17 @@
 region, its last trusted counters, its gates, its violations), and the one
 place a job's record is changed and written to the store.
 
-Every other part of the daemon reaches a job through `JobTable`'s methods:
-admission adds one, tracking updates its processes, trust flags it, the
-requests end it. Nothing outside this module writes a record's fields to the
-store.
+A job's life is one state machine, here: each transition is a method of
+`JobTable` that checks the state it starts from (`MOVES`), sets the fields
+it changes and writes those, and only those, to the store:
+
+    admitted -> starting -> started -> running <-> suspended/resumed
+    any state but ended -> ended (or a job that could not be made: unmade)
+
+and, within a state: its processes seen, its launcher's exit, its limits
+changed, its promise yielded, its region flagged, its GPU moved. Every
+other part of the daemon calls these; nothing outside this module assigns
+a record's fields or names a column.
 """
 
 from __future__ import annotations
@@ -17,15 +24,23 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import placement
-from vgpuctl.core.job import ENDED, SUSPENDED, DeviceUsage, JobRecord, promised
+from vgpuctl.core.job import ENDED, RUNNING, STARTING, SUSPENDED, DeviceUsage, JobRecord, promised
 from vgpuctl.core.turns import Turn
-from vgpuctl.errors import NotFound
+from vgpuctl.errors import NotFound, StateError
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.region import Region
 
 log = logging.getLogger("vgpuctl.daemon")
 
 POLICY_CODES = {"hard": 0, "soft": 1}     # region.h VGPU_POLICY_*
+
+# The states each transition may start from (a bug in the caller raises
+# StateError: the request fails, the record is untouched).
+MOVES = {
+    "started": {STARTING},
+    "suspended": {RUNNING},
+    "resumed": {SUSPENDED},
+}
 
 # Violations kept per job (the newest), and the jobs ended last whose
 # violations are kept (as many as `ps --all` shows).
@@ -150,11 +165,95 @@ class JobTable:
         job = self._jobs[rec.id] = LiveJob(rec, region)
         return job
 
-    def save(self, job: LiveJob | JobRecord, columns: Iterable[str] | None = None) -> None:
+    def _save(self, job: LiveJob | JobRecord, columns: Iterable[str] | None = None) -> None:
         """Write a record's changed columns (all when None); kept in memory
         and written later when the store can't take it now."""
         rec = job.rec if isinstance(job, LiveJob) else job
         self._store.update_job(rec, columns)
+
+    def _check(self, job: LiveJob, move: str) -> None:
+        if job.rec.state not in MOVES[move]:
+            raise StateError(f"job {job.id} is {job.rec.state}: it can't be {move}")
+
+    # -- a job's life ------------------------------------------------------------
+    def admitted(self, rec: JobRecord, region: Region, job_dir: Path) -> LiveJob:
+        """A recorded job whose region was made: live from now, starting."""
+        rec.region = str(job_dir)
+        self._save(rec, ["region"])
+        return self.add(rec, region)
+
+    def unmade(self, rec: JobRecord) -> None:
+        """A recorded job whose region could not be made: ended, never live."""
+        rec.state, rec.ended = ENDED, self.clock()
+        self._save(rec)
+
+    def started(self, job: LiveJob, pid: int, start: int | None, alive: bool) -> None:
+        """Its command runs as pid (start: its start time, when known; alive:
+        it still runs, so it is the job's first process)."""
+        self._check(job, "started")
+        rec = job.rec
+        rec.state, rec.started = RUNNING, self.clock()
+        rec.root_pid, rec.root_start = pid, start
+        if start is not None and alive:
+            rec.pids = {pid: start}
+        self._save(job, ["state", "started", "root_pid", "root_start", "pids"])
+
+    def launcher_exited(self, job: LiveJob, code: int | None, signal: int | None) -> None:
+        """Its command exited so (its launcher is leaving; what the command
+        left behind may still run)."""
+        rec = job.rec
+        rec.exit_code, rec.exit_signal = code, signal
+        rec.launcher_pid = rec.launcher_start = None
+        self._save(job, ["exit_code", "exit_signal", "launcher_pid", "launcher_start"])
+
+    def processes_seen(self, job: LiveJob, live: dict[int, int]) -> None:
+        """Its processes (pid -> start time) as a scan found them."""
+        if live != job.rec.pids:
+            job.rec.pids = live
+            self._save(job, ["pids"])
+
+    def process_added(self, job: LiveJob, pid: int, start: int) -> None:
+        """One more process of it (Slurm's attach)."""
+        if job.rec.pids.get(pid) != start:
+            job.rec.pids[pid] = start
+            self._save(job, ["pids"])
+
+    def flagged(self, job: LiveJob, why: str) -> None:
+        """Its usage region held what the hook never writes (trust)."""
+        job.rec.region_error = why
+        job.usage = []
+        self._save(job, ["region_error"])
+
+    def suspended(self, job: LiveJob, reason: str, now: float) -> None:
+        """Its processes were checkpointed: off the GPU, holding nothing."""
+        self._check(job, "suspended")
+        rec = job.rec
+        rec.state, rec.suspended_at, rec.suspend_reason = SUSPENDED, now, reason
+        rec.suspensions += 1
+        self._save(job, ["state", "suspended_at", "suspend_reason", "suspensions"])
+
+    def stays_suspended(self, job: LiveJob, reason: str) -> None:
+        """A suspended job that could not resume (a drain found no room)."""
+        job.rec.suspend_reason = reason
+        self._save(job, ["suspend_reason"])
+
+    def resumed(self, job: LiveJob, now: float) -> None:
+        """Back on its GPU (the one it was moved to, if moved)."""
+        self._check(job, "resumed")
+        rec = job.rec
+        if rec.suspended_at is not None:
+            rec.suspended_s += max(0.0, now - rec.suspended_at)
+        rec.state, rec.suspended_at, rec.suspend_reason = RUNNING, None, None
+        self._save(job, ["state", "suspended_s", "suspended_at", "suspend_reason", "gpus"])
+
+    def moved(self, job: LiveJob, gpus: list[dict[str, Any]]) -> None:
+        """Its GPUs are now these (a suspended job's move, or its undoing):
+        its record and its region's UUIDs alike."""
+        job.rec.gpus = gpus
+        if job.region is not None:
+            for i, g in enumerate(gpus):
+                job.region.update_device(i, uuid=str(g.get("uuid")))
+        self._save(job, ["gpus"])
 
     def change_limits(self, job: LiveJob, mem: int | None, core: int | None,
                       policy: str | None, priority: str | None = None) -> dict[str, Any]:
@@ -182,8 +281,8 @@ class JobTable:
         shown = dict(changes)
         if priority is not None:
             rec.priority = shown["priority"] = priority
-        self.save(job, ["mem_limit", "core_share", "policy", "gpus", "priority",
-                        "core_promised"])
+        self._save(job, ["mem_limit", "core_share", "policy", "gpus", "priority",
+                         "core_promised"])
         return shown
 
     def yield_promise(self, job: LiveJob) -> None:
@@ -196,7 +295,7 @@ class JobTable:
         if job.region is not None:
             for i in range(len(rec.gpus)):
                 job.region.update_device(i, core_share=100)
-        self.save(job, ["core_share", "gpus", "core_promised"])
+        self._save(job, ["core_share", "gpus", "core_promised"])
 
     def note_violation(self, job_id: str | None, entry: dict[str, Any]) -> bool:
         """Keep a violation in its job's record (a live job, or one that
@@ -225,7 +324,7 @@ class JobTable:
             if p.parent == self.jobs_dir:
                 Region.discard(p)
         rec.state, rec.ended, rec.pids = ENDED, self.clock(), {}
-        self.save(rec, ["state", "ended", "pids"])
+        self._save(rec, ["state", "ended", "pids"])
         self._jobs.pop(rec.id, None)
         if job.violations:
             self._ended_violations[rec.id] = job.violations

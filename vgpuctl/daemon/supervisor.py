@@ -41,7 +41,7 @@ from vgpuctl.core import priority as prio
 from vgpuctl.core import protocol as P
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import RUNNING, STARTING, promised
+from vgpuctl.core.job import STARTING, promised
 from vgpuctl.core.sizes import format_size
 from vgpuctl.core.turns import OPEN
 from vgpuctl.daemon import logs, metrics, outage, tracking, views
@@ -394,12 +394,7 @@ class Supervisor:
         uid = tracking.proc_uid(req.pid)
         if start is not None and uid != job.rec.uid and job.rec.uid != 0:
             raise PermissionDenied(f"process {req.pid} does not run as {job.rec.user}")
-        rec = job.rec
-        rec.state, rec.started = RUNNING, self.clock()
-        rec.root_pid, rec.root_start = req.pid, start
-        if start is not None and tracking.start_time(req.pid) is not None:
-            rec.pids = {req.pid: start}
-        self.table.save(job, ["state", "started", "root_pid", "root_start", "pids"])
+        self.table.started(job, req.pid, start, tracking.start_time(req.pid) is not None)
         return P.ok(job=self.view(job))
 
     def op_exited(self, peer: Peer, req: P.Exited) -> dict[str, Any]:
@@ -408,10 +403,7 @@ class Supervisor:
         if job.rec.slurm_job is not None:
             raise UsageError(f"job {job.id} is Slurm job {job.rec.slurm_job}'s: it ends at "
                              "its Epilog")
-        rec = job.rec
-        rec.exit_code, rec.exit_signal = req.code, req.signal
-        rec.launcher_pid = rec.launcher_start = None    # the launcher is leaving
-        self.table.save(job, ["exit_code", "exit_signal", "launcher_pid", "launcher_start"])
+        self.table.launcher_exited(job, req.code, req.signal)
         # The command's own process is gone: end the job now unless something
         # it left behind still runs (the next pass looks for descendants).
         if not self.tracker.any_alive(job):

@@ -149,11 +149,7 @@ class Suspender:
             _open_region(job)
             raise
         now = self._clock()
-        rec.state = SUSPENDED
-        rec.suspended_at = now
-        rec.suspend_reason = reason
-        rec.suspensions += 1
-        self._table.save(job, ["state", "suspended_at", "suspend_reason", "suspensions"])
+        self._table.suspended(job, reason, now)
         job.suspended_pids = cuda
         self._on_suspend(job, now)
         tracking.poke_launcher(rec)
@@ -254,13 +250,7 @@ class Suspender:
         finally:
             job.resuming = False
         now = self._clock()
-        if rec.suspended_at is not None:
-            rec.suspended_s += max(0.0, now - rec.suspended_at)
-        rec.state = RUNNING
-        rec.suspended_at = None
-        rec.suspend_reason = None
-        self._table.save(job, ["state", "suspended_s", "suspended_at", "suspend_reason",
-                               "gpus"])
+        self._table.resumed(job, now)
         job.suspended_pids = None
         job.resumed_at = now
         tracking.poke_launcher(rec)
@@ -275,20 +265,13 @@ class Suspender:
         rec = job.rec
         first = dict(rec.gpus[0]) if rec.gpus and isinstance(rec.gpus[0], dict) else {}
         first.update(index=target.index, uuid=target.uuid)   # its limits there stay
-        rec.gpus = [first, *rec.gpus[1:]]
-        if job.region is not None:
-            job.region.update_device(0, uuid=target.uuid)
-        self._table.save(job, ["gpus"])
+        self._table.moved(job, [first, *rec.gpus[1:]])
         job.measured.clear()
         job.target.clear()
         job.held = {}
 
     def _point_back(self, job: LiveJob, before: list[dict[str, Any]]) -> None:
-        job.rec.gpus = before
-        if job.region is not None:
-            for i, g in enumerate(before):
-                job.region.update_device(i, uuid=str(g.get("uuid")))
-        self._table.save(job, ["gpus"])
+        self._table.moved(job, before)
 
     def _no_room(self, job: LiveJob, uuids: list[str], rooms: list[rules.Room],
                  held: int) -> str:
@@ -337,8 +320,7 @@ class Suspender:
         try:
             return await self.resume(job)
         except AdmissionRefused as e:
-            job.rec.suspend_reason = "drained"
-            self._table.save(job, ["suspend_reason"])
+            self._table.stays_suspended(job, "drained")
             return Outcome(job.id, "suspended", None, str(e))
 
     def undrain(self, gpu: str) -> tuple[placement.Gpu, bool]:

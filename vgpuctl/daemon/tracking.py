@@ -184,9 +184,7 @@ class Tracker:
                 self._table.end(job)
                 continue
             live = self.processes(job, table, children, roots)
-            if live != rec.pids:
-                rec.pids = live
-                self._table.save(job, ["pids"])
+            self._table.processes_seen(job, live)
             if not live and not self.launcher_alive(job, table) and rec.slurm_job is None:
                 self._table.end(job)     # a Slurm job ends at its Epilog, not here
 
@@ -204,8 +202,7 @@ class Tracker:
                                 rec.id, sorted(live))
                 self._table.end(job)
                 continue
-            rec.pids = live
-            self._table.save(job, ["pids"])
+            self._table.processes_seen(job, live)
             log.info("job %s (%s) of %s re-adopted: pids %s", rec.id, rec.name, rec.user,
                      sorted(live) or [rec.launcher_pid])
         self._table.remove_stray_regions()
@@ -224,6 +221,4 @@ class Tracker:
             return
         if job.rec.uid != 0 and proc_uid(pid) != job.rec.uid:
             raise PermissionDenied(f"process {pid} does not run as {job.rec.user}")
-        if job.rec.pids.get(pid) != start:
-            job.rec.pids[pid] = start
-            self._table.save(job, ["pids"])
+        self._table.process_added(job, pid, start)

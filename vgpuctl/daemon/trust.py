@@ -144,9 +144,7 @@ class Trust:
         good: its kernel launches fail. Only this job is affected."""
         if job.rec.region_error is not None:
             return
-        job.rec.region_error = why
-        job.usage = []
-        self._table.save(job, ["region_error"])
+        self._table.flagged(job, why)
         log.warning("job %s (%s) of %s: its usage region was tampered with (%s): "
                     "its counters are ignored and its kernel launches fail",
                     job.id, job.rec.name, job.rec.user, why)
