@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpuctl.core.job import ENDED, RUNNING, STARTING, SUSPENDED, STATES, JobRecord
+from vgpuctl.core.job import ENDED, RUNNING, STARTING, STATES, SUSPENDED, JobRecord
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.errors import StateError
 from vgpuctl.store.jobs import Store

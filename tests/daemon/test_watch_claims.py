@@ -13,7 +13,7 @@ import pytest
 from vgpuctl.core.violations import JobLimits
 from vgpuctl.daemon.busysplit import CLAIM_BEHIND_S
 from vgpuctl.daemon.violations import GpuStats, JobProcs, Known, Watch
-from vgpuctl.system.busy import Window
+from vgpuctl.system.busy import BusyWindow
 
 G = 1 << 30
 GPU = "GPU-test"
@@ -38,9 +38,9 @@ def _bills(busy_per_tick: list[float], claims_per_tick: list[float]) -> tuple[fl
     """(claims, beyond) billed to the job over the ticks."""
     state = {"i": -1}
 
-    def busy(uuid: str) -> Window:
+    def busy(uuid: str) -> BusyWindow:
         i = state["i"]
-        return Window(uuid, i * TICK, (i + 1) * TICK, busy_per_tick[i] if i >= 0 else 0.0)
+        return BusyWindow(uuid, i * TICK, (i + 1) * TICK, busy_per_tick[i] if i >= 0 else 0.0)
 
     w = Watch(lambda: [GpuStats(0, GPU, "test", 16 * G, processes={os.getpid(): G})], busy)
     total_ns, beyond = 0, 0.0
@@ -87,9 +87,9 @@ def test_busy_time_of_a_job_that_left_is_not_the_lone_job_lefts():
         procs = {me: G, them: G}
         state = {"i": -1, "busy": 0.0}
 
-        def busy(uuid: str) -> Window:
+        def busy(uuid: str) -> BusyWindow:
             i = state["i"]
-            return Window(uuid, i * TICK, (i + 1) * TICK, state["busy"])
+            return BusyWindow(uuid, i * TICK, (i + 1) * TICK, state["busy"])
 
         w = Watch(lambda: [GpuStats(0, GPU, "test", 16 * G, processes=dict(procs))], busy)
 

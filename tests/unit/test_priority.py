@@ -33,22 +33,22 @@ def test_a_user_may_lower_a_jobs_class_only_root_may_raise_it(old, new, admin, o
 
 
 def test_each_job_heeds_every_job_of_a_higher_class_on_its_gpu():
-    ms = [P.Member("h", "3", 0, "high"), P.Member("n", "5", 1, "normal"),
-          P.Member("l", "9", 0, "low"), P.Member("l2", "10", 0, "low")]
+    ms = [P.Seat("h", "3", 0, "high"), P.Seat("n", "5", 1, "normal"),
+          P.Seat("l", "9", 0, "low"), P.Seat("l2", "10", 0, "low")]
     h = P.holds(ms)
     assert h["h"] == P.Hold(P.SIGNAL, ())
     assert h["n"] == P.Hold(P.HELD | P.SIGNAL, (("3", 0, 2),))
     assert h["l"] == P.Hold(P.HELD, (("3", 0, 2), ("5", 1, 1)))
     assert h["l2"] == h["l"]          # two of one class hold nothing of each other
     # jobs of one class only: nothing to heed, the launch fast path
-    assert set(P.holds([P.Member("a", "1", 0, "normal"),
-                        P.Member("b", "2", 0, "normal")]).values()) == {P.Hold()}
+    assert set(P.holds([P.Seat("a", "1", 0, "normal"),
+                        P.Seat("b", "2", 0, "normal")]).values()) == {P.Hold()}
 
 
 def test_at_most_max_holders_the_highest_classes_first():
-    ms = [P.Member(i, str(i + 1), 0, "normal") for i in range(10)]
-    ms.append(P.Member("top", "99", 0, "high"))
-    ms.append(P.Member("me", "100", 0, "low"))
+    ms = [P.Seat(i, str(i + 1), 0, "normal") for i in range(10)]
+    ms.append(P.Seat("top", "99", 0, "high"))
+    ms.append(P.Seat("me", "100", 0, "low"))
     held = P.holds(ms, max_holders=3)["me"].holders
     assert held == (("99", 0, 2), ("1", 0, 1), ("2", 0, 1))
 

@@ -21,7 +21,7 @@ from vgpuctl.core.turns import (
     OPEN,
     OPEN_TURN,
     TURNS,
-    Member,
+    Share,
     Turn,
     needs_turns,
     plan,
@@ -78,7 +78,7 @@ def test_one_hard_job_alone_gets_its_share_of_the_cycle_and_nothing_more():
     """Its credit is its share; with no one to borrow the rest of the cycle
     its turn spans the cycle (but the guard), so that a host late to feed
     the GPU has the time to spend its share."""
-    [t] = plan([Member("a", 30, "hard")], EPOCH).values()
+    [t] = plan([Share("a", 30, "hard")], EPOCH).values()
     assert fields(t) == (TURNS, EPOCH, C, 0, ROOM, pct(30), False, 0, ())
     assert t.share == pytest.approx(0.30)
     assert t.credit_ns == 3 * C // 10
@@ -89,20 +89,20 @@ def test_turns_are_stretched_only_where_no_job_borrows():
     their credits their shares. A job that borrows (soft, or no share)
     beside them keeps the rest of the cycle open, and the turns their
     shares' length."""
-    p = plan([Member("a", 30, "hard"), Member("b", 60, "hard")], EPOCH)
+    p = plan([Share("a", 30, "hard"), Share("b", 60, "hard")], EPOCH)
     assert (p["a"].len_ns, p["b"].len_ns) == (stretched(30, 90), stretched(60, 90))
     assert (p["a"].credit_ns, p["b"].credit_ns) == (pct(30), pct(60))
-    for borrower in (Member("s", 5, "soft"), Member("f", 100, "hard")):
-        q = plan([Member("a", 30, "hard"), Member("b", 60, "hard"), borrower], EPOCH)
+    for borrower in (Share("s", 5, "soft"), Share("f", 100, "hard")):
+        q = plan([Share("a", 30, "hard"), Share("b", 60, "hard"), borrower], EPOCH)
         assert (q["a"].len_ns, q["b"].len_ns) == (pct(30), pct(60))
         assert (q["a"].credit_ns, q["b"].credit_ns) == (pct(30), pct(60))
     # a full cycle has nothing to stretch over
-    r = plan([Member("a", 40, "hard"), Member("b", 60, "hard")], EPOCH)
+    r = plan([Share("a", 40, "hard"), Share("b", 60, "hard")], EPOCH)
     assert r["a"].len_ns + r["b"].len_ns <= ROOM and r["a"].len_ns == r["a"].credit_ns
 
 
 def test_two_hard_jobs_get_turns_apart():
-    p = plan([Member("a", 30, "hard"), Member("b", 60, "hard")], EPOCH)
+    p = plan([Share("a", 30, "hard"), Share("b", 60, "hard")], EPOCH)
     a, b = p["a"], p["b"]
     assert (a.start_ns, a.len_ns, a.credit_ns) == (0, stretched(30, 90), pct(30))
     assert (b.start_ns, b.len_ns, b.credit_ns) == (stretched(30, 90), stretched(60, 90),
@@ -113,7 +113,7 @@ def test_two_hard_jobs_get_turns_apart():
 
 
 def test_a_soft_job_gets_its_turn_and_borrows_the_open_spans():
-    p = plan([Member("s", 20, "soft"), Member("h", 30, "hard")], EPOCH)
+    p = plan([Share("s", 20, "soft"), Share("h", 30, "hard")], EPOCH)
     s, h = p["s"], p["h"]
     assert (s.start_ns, s.len_ns, s.credit_ns) == (0, pct(20), pct(20))
     assert (h.start_ns, h.len_ns) == (pct(20), pct(30))
@@ -124,7 +124,7 @@ def test_a_soft_job_gets_its_turn_and_borrows_the_open_spans():
 
 
 def test_a_job_without_a_share_beside_a_hard_one_borrows_the_rest():
-    p = plan([Member("free", 100, "hard"), Member("h", 20, "hard")], EPOCH)
+    p = plan([Share("free", 100, "hard"), Share("h", 20, "hard")], EPOCH)
     f, h = p["free"], p["h"]
     assert f.gate == TURNS and f.len_ns == 0 and f.credit_ns == 0 and f.share == 0
     assert f.borrow and f.borrow_ns == BORROW_NS
@@ -133,11 +133,11 @@ def test_a_job_without_a_share_beside_a_hard_one_borrows_the_rest():
 
 
 @pytest.mark.parametrize("members", [
-    [Member("a", 30, "soft")],                  # a lone soft job may use it all
-    [Member("a", 100, "soft")],
-    [Member("a", 100, "hard")],                 # a lone job promised it all
-    [Member("a", 100, "hard", "high")],
-    [Member("a", 60, "soft", "low")],
+    [Share("a", 30, "soft")],                  # a lone soft job may use it all
+    [Share("a", 100, "soft")],
+    [Share("a", 100, "hard")],                 # a lone job promised it all
+    [Share("a", 100, "hard", "high")],
+    [Share("a", 60, "soft", "low")],
 ], ids=["soft-30", "soft-100", "hard-100", "high-100", "low-soft-60"])
 def test_a_lone_job_that_needs_no_turns_is_not_gated(members):
     """The launch fast path: a job alone on its GPU with no hard cap has
@@ -148,9 +148,9 @@ def test_a_lone_job_that_needs_no_turns_is_not_gated(members):
 
 
 @pytest.mark.parametrize("members", [
-    [Member("a", 99, "hard")],                  # a hard share is a cap even alone
-    [Member("a", 30, "soft"), Member("b", 100, "hard")],
-    [Member("a", 100, "soft"), Member("b", 1, "soft")],
+    [Share("a", 99, "hard")],                  # a hard share is a cap even alone
+    [Share("a", 30, "soft"), Share("b", 100, "hard")],
+    [Share("a", 100, "soft"), Share("b", 1, "soft")],
 ])
 def test_a_share_below_100_that_binds_needs_turns(members):
     assert needs_turns(members)
@@ -161,7 +161,7 @@ def test_a_high_job_is_not_held_to_a_window():
     """A high job launches when it wants (the lower classes make way): its
     window is the whole cycle, and a hard share below 100 is its GPU time
     a cycle; it takes no span from the others' turns."""
-    p = plan([Member("hi", 40, "hard", "high"), Member("n", 30, "hard")], EPOCH)
+    p = plan([Share("hi", 40, "hard", "high"), Share("n", 30, "hard")], EPOCH)
     hi, n = p["hi"], p["n"]
     assert (hi.gate, hi.start_ns, hi.len_ns, hi.credit_ns) == (TURNS, 0, C, pct(40))
     assert hi.share == pytest.approx(0.40) and not hi.borrow and hi.open == ()
@@ -172,7 +172,7 @@ def test_a_high_job_is_not_held_to_a_window():
 def test_a_high_job_without_a_hard_cap_is_not_held_back(share, policy):
     """Not gated at all, or gated with the whole cycle for its turn and a
     GPU time a cycle it never reaches."""
-    p = plan([Member("hi", share, policy, "high"), Member("n", 30, "hard")], EPOCH)
+    p = plan([Share("hi", share, policy, "high"), Share("n", 30, "hard")], EPOCH)
     hi = p["hi"]
     assert hi == OPEN_TURN or (
         hi.gate == TURNS and (hi.start_ns, hi.len_ns) == (0, hi.cycle_ns)
@@ -181,8 +181,8 @@ def test_a_high_job_without_a_hard_cap_is_not_held_back(share, policy):
 
 
 def test_low_jobs_turns_come_after_the_normal_ones():
-    p = plan([Member("low", 30, "hard", "low"), Member("n1", 20, "hard"),
-              Member("n2", 30, "soft")], EPOCH)
+    p = plan([Share("low", 30, "hard", "low"), Share("n1", 20, "hard"),
+              Share("n2", 30, "soft")], EPOCH)
     assert (p["n1"].start_ns, p["n1"].len_ns) == (0, pct(20))
     assert (p["n2"].start_ns, p["n2"].len_ns) == (pct(20), pct(30))
     assert (p["low"].start_ns, p["low"].len_ns, p["low"].credit_ns) == (pct(50), pct(30),
@@ -192,8 +192,8 @@ def test_low_jobs_turns_come_after_the_normal_ones():
 def test_low_jobs_shrink_to_what_is_left():
     """A low job's share is best effort: its turn is what the normal jobs'
     promises leave, never a part of theirs."""
-    p = plan([Member("n", 80, "hard"), Member("l1", 15, "hard", "low"),
-              Member("l2", 30, "soft", "low"), Member("l3", 10, "hard", "low")], EPOCH)
+    p = plan([Share("n", 80, "hard"), Share("l1", 15, "hard", "low"),
+              Share("l2", 30, "soft", "low"), Share("l3", 10, "hard", "low")], EPOCH)
     # the normal job keeps all of its 80 %, whatever the low ones asked
     assert (p["n"].start_ns, p["n"].len_ns, p["n"].credit_ns) == (0, pct(80), pct(80))
     lows = [p["l1"], p["l2"], p["l3"]]
@@ -210,8 +210,8 @@ def test_low_jobs_shrink_to_what_is_left():
 
 
 def test_an_idle_jobs_turn_is_lent_but_it_keeps_it():
-    ms = [Member("idle", 30, "hard", idle=True), Member("busy", 20, "hard"),
-          Member("free", 100, "hard")]
+    ms = [Share("idle", 30, "hard", idle=True), Share("busy", 20, "hard"),
+          Share("free", 100, "hard")]
     p = plan(ms, EPOCH)
     # the idle job keeps its own turn: it launches there as soon as it comes back
     assert (p["idle"].start_ns, p["idle"].len_ns, p["idle"].credit_ns) == (0, pct(30), pct(30))
@@ -219,22 +219,22 @@ def test_an_idle_jobs_turn_is_lent_but_it_keeps_it():
     # its turn is open to the borrowers; the busy job's is not
     assert p["free"].open == ((0, pct(30)), (pct(50), pct(50)))
     # a busy job and an idle one: the same turns, only the open spans differ
-    awake = plan([Member("idle", 30, "hard"), *ms[1:]], EPOCH)
+    awake = plan([Share("idle", 30, "hard"), *ms[1:]], EPOCH)
     assert awake["idle"] == p["idle"] and awake["busy"] == p["busy"]
     assert awake["free"].open == ((pct(50), pct(50)),)
 
 
 def test_adjacent_idle_turns_make_one_open_span():
-    p = plan([Member("i1", 10, "hard", idle=True), Member("i2", 10, "hard", idle=True),
-              Member("b", 10, "hard"), Member("s", 10, "soft")], EPOCH)
+    p = plan([Share("i1", 10, "hard", idle=True), Share("i2", 10, "hard", idle=True),
+              Share("b", 10, "hard"), Share("s", 10, "soft")], EPOCH)
     assert p["s"].open == ((0, pct(20)), (pct(40), pct(60)))
 
 
 def test_at_most_max_open_spans_the_longest_kept():
     # 21 turns of 2 %, every other one idle: ten 1 ms spans lent, and the
     # cycle's unpromised 58 %: eleven open spans, more than region.h holds.
-    ms = [Member(i, 2, "hard", idle=i % 2 == 1) for i in range(21)]
-    ms.append(Member("free", 100, "hard"))
+    ms = [Share(i, 2, "hard", idle=i % 2 == 1) for i in range(21)]
+    ms.append(Share("free", 100, "hard"))
     p = plan(ms, EPOCH)
     cyc = p["free"].cycle_ns
     all_open = complement([(p[i].start_ns, p[i].len_ns) for i in range(0, 21, 2)], cyc)
@@ -249,7 +249,7 @@ def test_at_most_max_open_spans_the_longest_kept():
 
 
 def test_64_jobs_at_1_percent_all_get_turns_apart():
-    ms = [Member(i, 1, "hard") for i in range(64)]
+    ms = [Share(i, 1, "hard") for i in range(64)]
     p = plan(ms, EPOCH)
     assert len(p) == 64
     cyc = p[0].cycle_ns
@@ -271,14 +271,14 @@ def test_the_turn_after_waits_for_the_one_before():
     job going idle changes no one else's turn: an idle one has nothing in
     flight to wait for), and a turn alone waits on no one."""
     sig = {"a": (11, 0), "b": (22, 1), "c": (33, 0)}
-    p = plan([Member("a", 30, "hard"), Member("b", 20, "hard"), Member("c", 10, "hard")],
+    p = plan([Share("a", 30, "hard"), Share("b", 20, "hard"), Share("c", 10, "hard")],
              EPOCH, signal_of=lambda k: sig[k])
     assert (p["b"].prev_signal_id, p["c"].prev_signal_id) == (11, 22)
     assert p["c"].prev_dev == 1
-    q = plan([Member("a", 30, "hard", idle=True), Member("b", 20, "hard"),
-              Member("c", 10, "hard", idle=True)], EPOCH, signal_of=lambda k: sig[k])
+    q = plan([Share("a", 30, "hard", idle=True), Share("b", 20, "hard"),
+              Share("c", 10, "hard", idle=True)], EPOCH, signal_of=lambda k: sig[k])
     assert all(q[k].prev_signal_id == p[k].prev_signal_id for k in "abc")
-    [t] = plan([Member("a", 30, "hard")], EPOCH, signal_of=lambda k: sig[k]).values()
+    [t] = plan([Share("a", 30, "hard")], EPOCH, signal_of=lambda k: sig[k]).values()
     assert t.prev_signal_id == -1
 
 
@@ -288,8 +288,8 @@ def test_borrowed_work_waits_for_the_job_before_each_open_span():
     that borrowed work does not time-slice with that job's overrun and count
     in its spans; a borrower is never told to wait for itself."""
     sig = {"a": (11, 0), "b": (22, 1), "i": (33, 0), "s": (44, 0), "f": (55, 0)}
-    p = plan([Member("a", 20, "hard"), Member("i", 10, "hard", idle=True),
-              Member("b", 30, "hard"), Member("s", 20, "soft"), Member("f", 100, "hard")],
+    p = plan([Share("a", 20, "hard"), Share("i", 10, "hard", idle=True),
+              Share("b", 30, "hard"), Share("s", 20, "soft"), Share("f", 100, "hard")],
              EPOCH, signal_of=lambda k: sig[k])
     # a 0-20, i 20-30 (idle: lent), b 30-60, s 60-80, the rest 80-100 open
     assert p["f"].open == ((pct(20), pct(10)), (pct(80), pct(20)))
@@ -297,14 +297,14 @@ def test_borrowed_work_waits_for_the_job_before_each_open_span():
     assert p["s"].open_prev == ((11, 0), (-1, 0))     # after itself: none
     assert p["a"].open_prev == () and p["b"].open_prev == ()   # hard: no borrowing
     # an open span that begins the cycle follows the last held turn
-    q = plan([Member("x", 100, "hard"), Member("i", 20, "hard", idle=True),
-              Member("b", 30, "hard")], EPOCH, signal_of=lambda k: sig.get(k, (66, 0)))
+    q = plan([Share("x", 100, "hard"), Share("i", 20, "hard", idle=True),
+              Share("b", 30, "hard")], EPOCH, signal_of=lambda k: sig.get(k, (66, 0)))
     assert q["x"].open == ((0, pct(20)), (pct(50), pct(50)))
     assert q["x"].open_prev == ((22, 1), (22, 1))
 
 
 def test_the_cycle_is_the_one_asked_for():
-    p = plan([Member("a", 25, "hard"), Member("b", 100, "soft")], EPOCH, cycle_ns=8 * MS,
+    p = plan([Share("a", 25, "hard"), Share("b", 100, "soft")], EPOCH, cycle_ns=8 * MS,
              borrow_ns=MS // 4)
     assert (p["a"].cycle_ns, p["a"].len_ns) == (8 * MS, 2 * MS)
     assert p["b"].open == ((2 * MS, 6 * MS),) and p["b"].borrow_ns == MS // 4
@@ -334,7 +334,7 @@ def test_cycle_no_job_waits_long_for_its_turn():
     inference server at --core 10) waits nearly a cycle between its turns,
     and its requests stall that long. A tenth of a second is already felt."""
     for share in (10, 30, 50):
-        p = plan([Member("a", share, "hard"), Member("b", 100 - share, "hard")], EPOCH)
+        p = plan([Share("a", share, "hard"), Share("b", 100 - share, "hard")], EPOCH)
         t = p["a"]
         assert t.cycle_ns - t.len_ns <= 100 * MS, (share, t)
 
@@ -344,7 +344,7 @@ def test_cycle_a_small_turn_holds_a_few_kernels():
     millisecond kernels (vgpu-burn's, a training step's), so nearly every
     launch runs past its turn into the next job's and is paid back later:
     the shares come in bursts and neighbours wait for kernels not theirs."""
-    [t] = plan([Member("a", 10, "hard")], EPOCH).values()
+    [t] = plan([Share("a", 10, "hard")], EPOCH).values()
     assert t.len_ns >= 4 * MS, t
 
 
@@ -353,7 +353,7 @@ def test_min_turn_a_tiny_share_still_gets_a_turn_a_late_thread_can_use():
     missed whole by a launching thread the host woke a little late, and the
     job runs well below its share. Its turn is a millisecond at least."""
     for share in (1, 2, 3):
-        p = plan([Member("tiny", share, "hard"), Member("big", 100 - share, "hard")], EPOCH)
+        p = plan([Share("tiny", share, "hard"), Share("big", 100 - share, "hard")], EPOCH)
         assert p["tiny"].len_ns >= 1 * MS, (share, p["tiny"])
         assert p["tiny"].share == pytest.approx(share / 100, rel=0.02)
 
@@ -364,9 +364,9 @@ def test_max_cycle_no_share_stretches_the_cycle_past_half_a_second():
     percents and MIN_TURN_NS as it is, the cycle grows to 200 ms at most:
     the bound is checked on a cycle asked for longer.)"""
     for share in (1, 2):
-        p = plan([Member("tiny", share, "hard"), Member("b", 50, "hard")], EPOCH)
+        p = plan([Share("tiny", share, "hard"), Share("b", 50, "hard")], EPOCH)
         assert p["b"].cycle_ns - p["b"].len_ns <= 500 * MS
-    assert T.cycle_for([Member("tiny", 1, "hard")], cycle_ns=5_000 * MS) <= 500 * MS
+    assert T.cycle_for([Share("tiny", 1, "hard")], cycle_ns=5_000 * MS) <= 500 * MS
 
 
 def test_guard_promises_that_fill_the_gpu_lose_little_to_the_hand_over():
@@ -375,7 +375,7 @@ def test_guard_promises_that_fill_the_gpu_lose_little_to_the_hand_over():
     see less than they were promised, too little and a turn carried past
     its end runs into the next job's."""
     for shares in ([50, 50], [25] * 4, [10] * 10, [60, 40], [2] * 50):
-        p = plan([Member(i, s) for i, s in enumerate(shares)], EPOCH)
+        p = plan([Share(i, s) for i, s in enumerate(shares)], EPOCH)
         for i, s in enumerate(shares):
             assert p[i].share >= s / 100 * 0.97, (shares, p[i])
         spans = [(t.start_ns, t.len_ns) for t in p.values()]
@@ -396,7 +396,7 @@ def test_borrow_a_job_coming_back_waits_little_for_its_turn():
     """BORROW_NS too big: what a borrower keeps in flight in an open span
     delays the job whose turn begins; more than a quarter of a --core 10
     turn is felt as a share that runs late."""
-    p = plan([Member("a", 10, "hard"), Member("b", 100, "soft")], EPOCH)
+    p = plan([Share("a", 10, "hard"), Share("b", 100, "soft")], EPOCH)
     assert p["b"].borrow_ns == BORROW_NS
     assert p["b"].borrow_ns <= p["a"].len_ns // 4
 
@@ -405,7 +405,7 @@ def test_borrow_a_borrower_keeps_the_gpu_busy_in_the_open():
     """BORROW_NS too small: a borrower gets one small kernel in flight at a
     time, and the GPU idles between its launches in the open spans: a
     borrower keeps at least two quarter-millisecond kernels queued."""
-    p = plan([Member("a", 10, "hard"), Member("b", 100, "hard")], EPOCH)
+    p = plan([Share("a", 10, "hard"), Share("b", 100, "hard")], EPOCH)
     assert p["b"].borrow_ns >= 2 * MS // 4
 
 
@@ -477,7 +477,7 @@ def test_gates_plan_the_jobs_turns_when_they_come():
     node = Node()
     a = node.add("a", 30)
     assert [fields(t) for t in a.turns] == [
-        fields(plan([Member(("a", 0), 30)], a.turns[0].epoch_ns)[("a", 0)])]
+        fields(plan([Share(("a", 0), 30)], a.turns[0].epoch_ns)[("a", 0)])]
     assert a.target[GPU] == pytest.approx(0.30)
     b = node.add("b")
     assert b.turns[0].open == ((pct(30), pct(70)),) and b.target[GPU] == 1.0   # no turn: its cap

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuctl.core.enforcement import KILL, PROTECT, REPORT, Cooldown, Gpu, act
+from vgpuctl.core.enforcement import KILL, PROTECT, REPORT, Cooldown, GpuMemory, act
 from vgpuctl.core.violations import (
     BURST_S,
     BURST_UNGATED_S,
@@ -19,7 +19,7 @@ from vgpuctl.core.violations import (
     USER,
     Checker,
     JobLimits,
-    Window,
+    ProcWindow,
     allowed,
 )
 
@@ -37,7 +37,7 @@ def windows(t0: float, seconds: float, busy: dict[int, float], period: float = P
     busy the given share of each."""
     out, t = [], t0
     while t < t0 + seconds - 1e-9:
-        out.append(Window(GPU, t, t + period, {p: s * period for p, s in busy.items()}))
+        out.append(ProcWindow(GPU, t, t + period, {p: s * period for p, s in busy.items()}))
         t += period
     return out
 
@@ -49,7 +49,7 @@ def run(c: Checker, limits, busy: dict[int, float], owner, seconds: float, t0: f
     t = t0
     for w in windows(t0, seconds, busy):
         if duty is not None and not duty(w.start):
-            w = Window(w.uuid, w.start, w.end, {})
+            w = ProcWindow(w.uuid, w.start, w.end, {})
         t = w.end
         found, _ = c.check(t, limits, {}, [w], owner)
         if any(v.kind == COMPUTE for v in found):
@@ -317,7 +317,7 @@ def _memory_case():
     c = Checker()
     mem = {GPU: {1: 12 * G, 2: int(0.3 * G)}}
     found, _ = c.check(0.0, limits, mem, [], {(GPU, 1): "a", (GPU, 2): "b"})
-    gpus = {GPU: Gpu(GPU, 16 * G, int(12.6 * G))}
+    gpus = {GPU: GpuMemory(GPU, 16 * G, int(12.6 * G))}
     held = {("a", GPU): 12 * G, ("b", GPU): int(0.3 * G)}
     return found, gpus, limits, held
 
@@ -333,7 +333,7 @@ def test_protect_leaves_an_overrun_that_takes_nothing_promised_and_fits_the_rese
     limits = [lim(mem=4 * G, job="a")]
     c = Checker()
     found, _ = c.check(0.0, limits, {GPU: {1: 4 * G + (100 << 20)}}, [], {(GPU, 1): "a"})
-    gpus = {GPU: Gpu(GPU, 16 * G, 4 * G + (100 << 20))}
+    gpus = {GPU: GpuMemory(GPU, 16 * G, 4 * G + (100 << 20))}
     todo = act(found, PROTECT, gpus, limits, {("a", GPU): 4 * G + (100 << 20)}, 512 << 20)
     assert todo.end == {} and [v.kind for v in found] == [MEMORY]
     assert list(act(found, KILL, gpus, limits, {}, 512 << 20).end) == ["a"]
@@ -343,9 +343,9 @@ def test_protect_kills_a_process_in_no_job_only_where_it_takes_promised_memory()
     limits = [lim(mem=8 * G, job="b")]
     c = Checker()
     found, _ = c.check(0.0, limits, {GPU: {9: 10 * G}}, [], {(GPU, 9): None})
-    short = {GPU: Gpu(GPU, 16 * G, 10 * G)}     # 6 free, 8 promised
+    short = {GPU: GpuMemory(GPU, 16 * G, 10 * G)}     # 6 free, 8 promised
     assert [v.pid for v in act(found, PROTECT, short, limits, {}, 512 << 20).kill] == [9]
-    ample = {GPU: Gpu(GPU, 32 * G, 10 * G)}     # however much it holds: no one is short
+    ample = {GPU: GpuMemory(GPU, 32 * G, 10 * G)}     # however much it holds: no one is short
     assert act(found, PROTECT, ample, limits, {}, 512 << 20).kill == []
 
 
@@ -357,7 +357,7 @@ def test_protect_never_ends_a_job_for_the_drivers_own_growth():
     c = Checker()
     found, _ = c.check(0.0, limits, {GPU: {1: held, 2: 6 * G}}, [],
                        {(GPU, 1): "a", (GPU, 2): "b"})
-    full = {GPU: Gpu(GPU, 16 * G, held + 6 * G + G)}      # b is short of 40 MiB
+    full = {GPU: GpuMemory(GPU, 16 * G, held + 6 * G + G)}      # b is short of 40 MiB
     assert [v.kind for v in found] == [MEMORY]
     assert act(found, PROTECT, full, limits, {("a", GPU): held, ("b", GPU): 6 * G},
                512 << 20).end == {}
@@ -368,7 +368,7 @@ def test_protect_reports_compute_and_kill_ends_the_job():
     found = []
     for w in windows(0.0, 3.0, {1: 1.0}):
         found, _ = c.check(w.end, [lim(0.1)], {}, [w], {(GPU, 1): "1"})
-    gpus = {GPU: Gpu(GPU, 16 * G, 0)}
+    gpus = {GPU: GpuMemory(GPU, 16 * G, 0)}
     assert act(found, PROTECT, gpus, [lim(0.1)], {}, 0).end == {}
     assert list(act(found, KILL, gpus, [lim(0.1)], {}, 0).end) == ["1"]
 
@@ -377,7 +377,7 @@ def test_protect_ends_a_job_whose_work_went_past_its_hook_where_jobs_take_turns(
     owner = {(GPU, 1): "a", (GPU, 2): "b"}
     limits = [JobLimits("a", GPU, G, 0.6, 1, turn=0.6), lim(0.1, job="b", uid=2)]
     _, found = _first_found(Checker(), limits, {1: 0.6, 2: 0.4}, owner, {1})
-    gpus = {GPU: Gpu(GPU, 16 * G, 0)}
+    gpus = {GPU: GpuMemory(GPU, 16 * G, 0)}
     assert {v.scope for v in found} >= {BYPASS}
     assert list(act(found, PROTECT, gpus, limits, {}, 0).end) == ["b"]
     assert act(found, REPORT, gpus, limits, {}, 0).end == {}

@@ -43,7 +43,7 @@ TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
-class Gpu:
+class GpuMemory:
     """A GPU's memory as NVML shows it, for `act`."""
     uuid: str
     total: int
@@ -63,7 +63,7 @@ def tolerance(limit: float) -> float:
     return max(TOLERANCE_MIN, TOLERANCE * limit)
 
 
-def shortfall(gpu: Gpu, limits: Iterable[JobLimits], held: Mapping[str, int]) -> int:
+def shortfall(gpu: GpuMemory, limits: Iterable[JobLimits], held: Mapping[str, int]) -> int:
     """Bytes the jobs on a GPU were promised and could not get now: what
     their limits still promise them (limit less what NVML shows them hold,
     for each job within its limit) less the memory free. Positive: someone
@@ -75,7 +75,7 @@ def shortfall(gpu: Gpu, limits: Iterable[JobLimits], held: Mapping[str, int]) ->
     return promised - max(gpu.total - gpu.used, 0)
 
 
-def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, Gpu],
+def act(found: Iterable[Violation], on_violation: str, gpus: Mapping[str, GpuMemory],
         limits: Iterable[JobLimits], held: Mapping[tuple[str, str], int],
         reserve: int) -> Actions:
     """What to do about the violations found, as on_violation says (the

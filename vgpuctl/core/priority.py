@@ -72,7 +72,7 @@ def check_change(old: str, new: str, job: str, admin: bool) -> None:
 
 
 @dataclass(frozen=True)
-class Member:
+class Seat:
     """A job on one GPU, as the classes see it."""
     key: Hashable           # the caller's key for (job, GPU)
     job_id: str
@@ -89,7 +89,7 @@ class Hold:
     holders: tuple[tuple[str, int, int], ...] = ()
 
 
-def holds(members: Iterable[Member], max_holders: int = MAX_HOLDERS) -> dict[Hashable, Hold]:
+def holds(members: Iterable[Seat], max_holders: int = MAX_HOLDERS) -> dict[Hashable, Hold]:
     """For the jobs of one GPU: whom each heeds (every job of a higher
     class, at most max_holders: the highest classes first, then the oldest
     jobs) and whether it signals (a job of a lower class is there)."""

@@ -55,7 +55,7 @@ GUARD_MIN = 0.01            # of the cycle
 
 
 @dataclass(frozen=True)
-class Member:
+class Share:
     """A job on one GPU, as the turns see it."""
     key: Hashable
     share: int = 100                 # percent, 1..100
@@ -94,7 +94,7 @@ OPEN_TURN = Turn()
 CLOSED_TURN = Turn(gate=CLOSED)
 
 
-def needs_turns(members: Iterable[Member]) -> bool:
+def needs_turns(members: Iterable[Share]) -> bool:
     """Whether a GPU's jobs are gated: a hard share below 100 % (a cap even
     alone), or two jobs or more (each one's GPU time is then its hook's
     measure; a job alone has the device's)."""
@@ -102,7 +102,7 @@ def needs_turns(members: Iterable[Member]) -> bool:
     return len(ms) > 1 or any(m.policy == "hard" and m.share < 100 for m in ms)
 
 
-def cycle_for(members: Iterable[Member], cycle_ns: int = CYCLE_NS) -> int:
+def cycle_for(members: Iterable[Share], cycle_ns: int = CYCLE_NS) -> int:
     """The cycle for a GPU's jobs: cycle_ns, longer where a share is so small
     that its turn would be shorter than MIN_TURN_NS."""
     small = min((m.share for m in members if m.cls != "high" and m.share < 100), default=100)
@@ -112,7 +112,7 @@ def cycle_for(members: Iterable[Member], cycle_ns: int = CYCLE_NS) -> int:
 Signals = Callable[[Hashable], "tuple[int, int] | None"]
 
 
-def plan(members: Iterable[Member], epoch_ns: int, cycle_ns: int = CYCLE_NS,
+def plan(members: Iterable[Share], epoch_ns: int, cycle_ns: int = CYCLE_NS,
          borrow_ns: int = BORROW_NS,
          signal_of: Signals = lambda key: (-1, 0)) -> dict[Hashable, Turn]:
     """Each job's turn on one GPU (signal_of: a job's signal segment and its
@@ -161,7 +161,7 @@ def _turn_before(spans: dict[Hashable, tuple[int, int]]) -> dict[Hashable, Hasha
     return {k: order[i - 1][1] for i, (_, k) in enumerate(order) if len(order) > 1}
 
 
-def _borrows(m: Member) -> bool:
+def _borrows(m: Share) -> bool:
     """Whether a job launches in the open spans (soft, or no share)."""
     return m.cls != "high" and (m.policy == "soft" or m.share >= 100)
 
@@ -199,7 +199,7 @@ def _held_before(held: dict[Hashable, tuple[int, int]], at: int,
     return min(held, key=lambda k: (at - held[k][0] - held[k][1]) % cycle_ns)
 
 
-def _turn_of(m: Member, base: Turn, span: tuple[int, int], credit: int, borrow_ns: int,
+def _turn_of(m: Share, base: Turn, span: tuple[int, int], credit: int, borrow_ns: int,
              gaps: tuple[tuple[int, int], ...], gaps_prev: tuple[tuple[int, int], ...],
              prev: tuple[int, int]) -> Turn:
     cycle = base.cycle_ns
@@ -218,7 +218,7 @@ def _turn_of(m: Member, base: Turn, span: tuple[int, int], credit: int, borrow_n
                    prev_signal_id=prev[0], prev_dev=prev[1])
 
 
-def _lay_out(turned: list[Member], cycle_ns: int) -> dict[Hashable, tuple[int, int]]:
+def _lay_out(turned: list[Share], cycle_ns: int) -> dict[Hashable, tuple[int, int]]:
     """The turns' spans (start, length), one after another from the cycle's
     start: normal before low; jobs on several GPUs first, so that where the
     same jobs share the same GPUs their ranks' turns begin together on each

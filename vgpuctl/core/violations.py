@@ -114,7 +114,7 @@ class JobLimits:
 
 
 @dataclass(frozen=True)
-class Window:
+class ProcWindow:
     """NVML's busy time per process on one GPU between two instants."""
     uuid: str
     start: float            # seconds (NVML's clock)
@@ -275,7 +275,7 @@ class Checker:
 
     def check(self, now: float, limits: list[JobLimits],
               memory: Mapping[str, Mapping[int, int]],
-              windows: Iterable[Window],
+              windows: Iterable[ProcWindow],
               owner: Mapping[tuple[str, int], str | None],
               hooked: Container[int] | None = None
               ) -> tuple[list[Violation], list[Violation]]:
@@ -311,7 +311,7 @@ class Checker:
         self.seen = keys
         return found, new
 
-    def _per_job(self, w: Window, given: Container[str],
+    def _per_job(self, w: ProcWindow, given: Container[str],
                  owner: Mapping[tuple[str, int], str | None], hooked: Container[int] | None
                  ) -> tuple[dict[str, float], dict[str, float], float]:
         """A window's busy time by job: all of it, what went through no gate
@@ -345,7 +345,7 @@ class Checker:
             for ukey in [k for k in ustore if k not in users]:
                 del ustore[ukey]
 
-    def _account(self, w: Window, jobs: list[JobLimits],
+    def _account(self, w: ProcWindow, jobs: list[JobLimits],
                  owner: Mapping[tuple[str, int], str | None],
                  hooked: Container[int] | None) -> None:
         dt = w.duration
@@ -489,7 +489,7 @@ def _memory(limits: list[JobLimits], memory: Mapping[str, Mapping[int, int]],
 
 
 def _strays(limits: list[JobLimits], memory: Mapping[str, Mapping[int, int]],
-            windows: list[Window],
+            windows: list[ProcWindow],
             owner: Mapping[tuple[str, int], str | None]) -> list[JobLimits]:
     """Limits of zero for each job seen on a GPU it was not given (a process
     of it that walked past CUDA_VISIBLE_DEVICES): no memory, no share."""

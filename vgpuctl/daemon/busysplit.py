@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vgpuctl.core.violations import Window
+from vgpuctl.core.violations import ProcWindow
 from vgpuctl.system.nvml import GpuStats
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vgpuctl.daemon")
 
-Busy = Callable[[str], Any]   # uuid -> a vgpuctl.system.busy.Window (or None)
+Busy = Callable[[str], Any]   # uuid -> a vgpuctl.system.busy.BusyWindow (or None)
 
 # Window by window the hooks' claims and the device's busy time differ; over
 # a run they agree. The claims lag: a hook claims a span once it sees it done
@@ -67,7 +67,7 @@ class BusySplit:
         self._left: dict[str, float] = {}
 
     def windows(self, stats: list[GpuStats], known: Known,
-                 owner: dict[tuple[str, int], str | None], mono: float) -> list[Window]:
+                 owner: dict[tuple[str, int], str | None], mono: float) -> list[ProcWindow]:
         """Each GPU's new busy window, split: each job's claim (its hooks'
         GPU time since the previous window) to one of its processes, what
         the device ran beyond the claims to the processes on it that loaded
@@ -103,7 +103,7 @@ class BusySplit:
             for p in free:
                 busy[p] = busy.get(p, 0.0) + beyond / len(free)
                 self.beyond[(s.uuid, p)] = beyond / len(free)
-            out.append(Window(s.uuid, w.start_s, w.end_s, busy))
+            out.append(ProcWindow(s.uuid, w.start_s, w.end_s, busy))
         live = {(lim.job_id, lim.uuid) for lim in known.limits}
         for key in [k for k in self._claimed if k not in live]:
             del self._claimed[key]

@@ -164,10 +164,10 @@ class Gates:
                     else cap
                 self._trust.write_gate(job, i, t)
 
-    def _member(self, job: LiveJob, i: int, uuid: str, now: float) -> turns.Member:
+    def _member(self, job: LiveJob, i: int, uuid: str, now: float) -> turns.Share:
         rec = job.rec
         m = self._meters.get((job.id, uuid))
-        return turns.Member((job.id, i), rec.gpu_core_share(i), rec.policy, rec.priority,
+        return turns.Share((job.id, i), rec.gpu_core_share(i), rec.policy, rec.priority,
                             idle=m is not None and m.idle(now), gpus=len(job.uuids()))
 
     def busy_s(self, job_id: str, uuid: str) -> float:

@@ -48,7 +48,7 @@ class Priorities:
         """Write every live job's class fields, on each of its GPUs, where
         they changed (at admission, an end, a change of class, each tick)."""
         pc = self._config().priority
-        by_gpu: dict[str, list[prio.Member]] = {}
+        by_gpu: dict[str, list[prio.Seat]] = {}
         jobs: dict[str, LiveJob] = {}
         for job in self._table:
             if job.region is None or job.rec.region_error is not None or job.rec.suspended:
@@ -56,7 +56,7 @@ class Priorities:
             jobs[job.id] = job
             for i, uuid in enumerate(job.uuids()):
                 by_gpu.setdefault(uuid, []).append(
-                    prio.Member((job.id, i), job.id, i, job.rec.priority))
+                    prio.Seat((job.id, i), job.id, i, job.rec.priority))
         holds: dict[Hashable, prio.Hold] = {}
         for members in by_gpu.values():
             holds.update(prio.holds(members))

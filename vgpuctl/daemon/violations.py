@@ -51,9 +51,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpuctl.core.enforcement import Actions, Cooldown, Gpu, act
+from vgpuctl.core.enforcement import Actions, Cooldown, GpuMemory, act
 from vgpuctl.core.job import SUSPENDED
-from vgpuctl.core.violations import KINDS, MEMORY, Checker, JobLimits, Violation, Window
+from vgpuctl.core.violations import KINDS, MEMORY, Checker, JobLimits, ProcWindow, Violation
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.busysplit import Busy, BusySplit
 from vgpuctl.daemon.jobs import MAX_VIOLATIONS, JobTable
@@ -169,7 +169,7 @@ class Watch:
             for lim in known.limits:
                 if lim.uuid == w.uuid and lim.job_id not in per:
                     res.share[(lim.job_id, w.uuid)] = 0.0
-        gpus = {s.uuid: Gpu(s.uuid, s.memory_total, s.memory_used) for s in stats}
+        gpus = {s.uuid: GpuMemory(s.uuid, s.memory_total, s.memory_used) for s in stats}
         todo = act(found, on_violation, gpus, known.limits, res.memory, known.reserve)
         self._do(todo, known, owner, res, mono)
         return res
@@ -222,7 +222,7 @@ class Watch:
         self._verdicts[pid] = (start, job, now)
         return job
 
-    def _gated(self, known: Known, windows: list[Window]) -> set[int] | None:
+    def _gated(self, known: Known, windows: list[ProcWindow]) -> set[int] | None:
         """The pids of the windows that loaded the hook: in a slot of their
         job's region, now or when last seen (the same process: start time)."""
         if known.hooked is None:

@@ -7,7 +7,7 @@ instance has none (docs/compute.md).
 
 Each sample is the device's utilization, in whole percents, over the sample
 period that ends at its timestamp (microseconds of the wall clock). A read
-asks for the samples newer than the newest it saw, and gives a `Window`: from
+asks for the samples newer than the newest it saw, and gives a `BusyWindow`: from
 the previous window's end to the newest sample's timestamp, busy the samples'
 utilization times the period (learnt as the shortest spacing of consecutive
 timestamps), so windows tile the timeline. The first read of a GPU only sets
@@ -35,7 +35,7 @@ MAX_PERIOD_US = 2_000_000
 
 
 @dataclass(frozen=True)
-class Window:
+class BusyWindow:
     """The device's busy time between two instants (seconds, wall clock)."""
     uuid: str
     start_s: float
@@ -64,7 +64,7 @@ class DeviceBusy:
         self._gpus: dict[str, _Gpu] = {}
         self._said: set[str] = set()
 
-    def read(self, uuid: str) -> Window | None:
+    def read(self, uuid: str) -> BusyWindow | None:
         g = self._gpus.setdefault(uuid, _Gpu())
         try:
             if g.handle is None:
@@ -83,7 +83,7 @@ class DeviceBusy:
             return None
         return self.take(uuid, [(int(s.timeStamp), int(s.sampleValue.uiVal)) for s in samples])
 
-    def take(self, uuid: str, samples: list[tuple[int, int]]) -> Window | None:
+    def take(self, uuid: str, samples: list[tuple[int, int]]) -> BusyWindow | None:
         """One read's samples (timestamp us, percent): the window they make."""
         g = self._gpus.setdefault(uuid, _Gpu())
         new = sorted((ts, min(max(v, 0), 100)) for ts, v in samples if ts > g.last_us)
@@ -103,5 +103,5 @@ class DeviceBusy:
         period = g.period_us or DEFAULT_PERIOD_US
         busy_us = sum(v / 100 * period for _, v in new)
         start_us = max(prev, new[-1][0] - len(new) * period)
-        return Window(uuid, start_us / 1e6, new[-1][0] / 1e6,
+        return BusyWindow(uuid, start_us / 1e6, new[-1][0] / 1e6,
                       min(busy_us, new[-1][0] - start_us) / 1e6)
