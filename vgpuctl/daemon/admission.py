@@ -153,13 +153,7 @@ class Admission:
         policy = req.policy or cfg.default_policy
         cls = req.priority or cfg.priority.default
         limits = cfg.limits_for(user, uid, admin)
-        if req.gpus is not None and req.gpu is not None:
-            raise UsageError("--gpus and --gpu: give one (--gpus N picks N GPUs, "
-                             "--gpu A,B names them)")
-        if req.gpus is not None and req.gpus < 1:
-            placement.check_count(req.gpus, self.gpus)
-        count = req.gpus if req.gpus is not None else (
-            len(req.gpu.split(",")) if req.gpu is not None else 1)
+        count = self._count(req)
         self.check_user(limits, uid, user, mem, core, count)
         self.check_priority(cls, uid, user, admin)
         # A share asked for is a promise on each of its GPUs (a low job's is a
@@ -174,25 +168,12 @@ class Admission:
                                         pin=on or req.gpu, reserve=cfg.reserve,
                                         oversubscribe=cfg.oversubscribe, core=promise,
                                         core_oversubscribe=cfg.core_oversubscribe)
-        yielded: list[LiveJob] = []
         now = time.monotonic()
         try:
-            where = place()
+            where, yielded = self._place_yielding(place, gpus if promise else [])
         except AdmissionRefused:
-            # An idle job's promise yields to one that needs it (the most
-            # idle first, as few as will do): promise_idle_s.
-            idle = self.idle_promises({g.uuid for g in gpus}) if promise else []
-            where = None
-            for k in range(1, len(idle) + 1):
-                try:
-                    where = place({j.id for j in idle[:k]})
-                except AdmissionRefused:
-                    continue
-                yielded = idle[:k]
-                break
-            if where is None:
-                self._note_waiting(uid, user, now, place)
-                raise
+            self._note_waiting(uid, user, now, place)
+            raise
         if not make_room:       # (a preemption makes its own room)
             self._check_turn(uid, user, now, place)
         self._check_rate(limits, uid, user)
@@ -213,16 +194,46 @@ class Admission:
         log.info("job %s (%s) of %s admitted on GPU %s: mem %s, core %d%%%s, %s, priority %s",
                  rec.id, name, user, ",".join(str(p.gpu.index) for p in where),
                  format_size(mem), core, " promised" if promise else "", policy, cls)
-        warnings = []
-        for y in yielded:
-            self._table.yield_promise(y)
-            log.info("job %s (%s) of %s gave up its promised share, idle for %d s, to job %s",
-                     y.id, y.rec.name, y.rec.user, cfg.promise_idle_s, rec.id)
-            warnings.append(f"job {y.id} of {y.rec.user} gave up its promised share to this "
-                            f"one (it launched nothing for promise_idle_s, "
-                            f"{cfg.promise_idle_s} s)")
+        warnings = [self._yield(y, rec.id, cfg.promise_idle_s) for y in yielded]
         small = placement.context_warning(mem, self.context_mem)
         return job, warnings + ([small] if small else [])
+
+    def _count(self, req: P.Run) -> int:
+        """How many GPUs a run asks for (--gpus N, or the GPUs --gpu names)."""
+        if req.gpus is not None and req.gpu is not None:
+            raise UsageError("--gpus and --gpu: give one (--gpus N picks N GPUs, "
+                             "--gpu A,B names them)")
+        if req.gpus is not None and req.gpus < 1:
+            placement.check_count(req.gpus, self.gpus)
+        return req.gpus if req.gpus is not None else (
+            len(req.gpu.split(",")) if req.gpu is not None else 1)
+
+    def _place_yielding(self, place: Callable[..., list[placement.Placement]],
+                        promised_on: list[placement.Gpu]
+                        ) -> tuple[list[placement.Placement], list[LiveJob]]:
+        """Where the job goes, and the idle jobs whose promises yield to it
+        (the most idle first, as few as will do: promise_idle_s), when it
+        has a promise and fits only so (promised_on: its GPUs, or none);
+        AdmissionRefused when it does not fit even so."""
+        try:
+            return place(), []
+        except AdmissionRefused:
+            idle = self.idle_promises({g.uuid for g in promised_on}) if promised_on else []
+            for k in range(1, len(idle) + 1):
+                try:
+                    return place({j.id for j in idle[:k]}), idle[:k]
+                except AdmissionRefused:
+                    continue
+            raise
+
+    def _yield(self, y: LiveJob, to: str, idle_s: int) -> str:
+        """An idle job gives up its promise to job `to`: the warning for
+        the new job's user."""
+        self._table.yield_promise(y)
+        log.info("job %s (%s) of %s gave up its promised share, idle for %d s, to job %s",
+                 y.id, y.rec.name, y.rec.user, idle_s, to)
+        return (f"job {y.id} of {y.rec.user} gave up its promised share to this "
+                f"one (it launched nothing for promise_idle_s, {idle_s} s)")
 
     # -- the next room to the user who has asked the longest -------------------------------
     def _note_waiting(self, uid: int, user: str, now: float,

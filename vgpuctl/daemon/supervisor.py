@@ -443,6 +443,18 @@ class Supervisor:
         if (req.mem is None and req.core is None and req.policy is None
                 and req.priority is None):
             raise UsageError("nothing to change: give --mem, --core, --policy or --priority")
+        self._check_set(peer, job, req)
+        changes = self.table.change_limits(job, req.mem, req.core, req.policy, req.priority)
+        self.refresh_gpus()
+        warnings = [w for w in [self._over_new_limit(job, req.mem)] if w]
+        log.info("job %s changed by uid %d: %s", rec.id, peer.uid,
+                 ", ".join(f"{k}={v}" for k, v in changes.items()))
+        return P.ok(job=self.view(job), warnings=warnings)
+
+    def _check_set(self, peer: Peer, job: LiveJob, req: P.Set) -> None:
+        """Whether the change may be made: a user's maxima and total, a
+        class raised only by root, the room on its GPUs, the shares promised."""
+        rec = job.rec
         admin = self.is_admin(peer)
         if not admin:
             limits = self.config.limits_for(rec.user, rec.uid)
@@ -461,19 +473,16 @@ class Supervisor:
                                                       else None)
         if core is not None and prio.promises(cls):
             self.admission.check_core(job, core)
-        changes = self.table.change_limits(job, req.mem, req.core, req.policy, req.priority)
-        self.refresh_gpus()
-        warnings = []
-        usage = self.trust.read(job) if req.mem is not None else []
+
+    def _over_new_limit(self, job: LiveJob, mem: int | None) -> str | None:
+        """The warning for a limit set below what the job holds."""
+        usage = self.trust.read(job) if mem is not None else []
         used = max(u.used for u in usage) if usage else None
-        if req.mem is not None and used is not None and used > req.mem:
-            warnings.append(
-                f"job {rec.id} holds {format_size(used)}, more than its new limit of "
-                f"{format_size(req.mem)}: it keeps what it holds, and its allocations "
+        if mem is None or used is None or used <= mem:
+            return None
+        return (f"job {job.id} holds {format_size(used)}, more than its new limit of "
+                f"{format_size(mem)}: it keeps what it holds, and its allocations "
                 f"fail until it is back under the limit")
-        log.info("job %s changed by uid %d: %s", rec.id, peer.uid,
-                 ", ".join(f"{k}={v}" for k, v in changes.items()))
-        return P.ok(job=self.view(job), warnings=warnings)
 
     async def op_kill(self, peer: Peer, req: P.Kill) -> dict[str, Any]:
         job = self.table.get(req.job)

@@ -190,35 +190,7 @@ class Suspender:
         if len(rec.uuids) > 1 and gpu is not None:
             raise UsageError(f"job {job.id} has {len(rec.uuids)} GPUs: it resumes on them "
                              "(--gpu moves one-GPU jobs)")
-        held = self.held(job)
-        rooms = self.rooms(job)
-        if gpu is not None:
-            g = placement.resolve_gpu(self.gpus, gpu)
-            if g.uuid in self.drained:
-                raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
-                                       f"{g.index} takes it back)")
-            if all(r.uuid != g.uuid for r in rooms):
-                why = (f"job {job.id} is Slurm job {rec.slurm_job}'s: it stays on its GPU"
-                       if rec.slurm_job is not None else f"GPU {g.index} is Slurm's "
-                       "([slurm] gpus)")
-                raise AdmissionRefused(why)
-            target = next((r for r in rooms if r.uuid == g.uuid), None)
-            if target is None or rules.resume_target([target], None, rec.mem_limit,
-                                                     held) is None:
-                raise AdmissionRefused(self._no_room(job, [g.uuid], rooms, held))
-        elif len(rec.uuids) > 1:
-            target = None
-            for i, u in enumerate(rec.uuids):
-                r = next((r for r in rooms if r.uuid == u), None)
-                there = job.usage[i].used if i < len(job.usage) else 0
-                if r is None or rules.resume_target([r], None, rec.gpu_mem_limit(i),
-                                                    there) is None:
-                    raise AdmissionRefused(self._no_room(job, rec.uuids, rooms, held))
-        else:
-            target = rules.resume_target(rooms, home, rec.mem_limit, held)
-            if target is None:
-                raise AdmissionRefused(self._no_room(job, [r.uuid for r in rooms], rooms,
-                                                     held))
+        target = self._target(job, gpu, home)
         moves = {home: target.uuid} if target is not None and home and target.uuid != home \
             else {}
         if moves:
@@ -259,6 +231,46 @@ class Suspender:
         log.info("job %s (%s) %s GPU %s after %.1f s suspended", job.id, rec.name,
                  "moved to" if moves else "resumed on", where, rec.suspended_s)
         return Outcome(job.id, action, where)
+
+    def _target(self, job: LiveJob, gpu: str | None, home: str | None) -> rules.Room | None:
+        """Where a suspended job resumes: the GPU named, else its own when it
+        has room, else the one with the most (None: a job of several GPUs,
+        on its own); AdmissionRefused when that has no room for it."""
+        rec = job.rec
+        held = self.held(job)
+        rooms = self.rooms(job)
+        if gpu is not None:
+            return self._named_target(job, gpu, rooms, held)
+        if len(rec.uuids) > 1:
+            for i, u in enumerate(rec.uuids):
+                r = next((r for r in rooms if r.uuid == u), None)
+                there = job.usage[i].used if i < len(job.usage) else 0
+                if r is None or rules.resume_target([r], None, rec.gpu_mem_limit(i),
+                                                    there) is None:
+                    raise AdmissionRefused(self._no_room(job, rec.uuids, rooms, held))
+            return None
+        target = rules.resume_target(rooms, home, rec.mem_limit, held)
+        if target is None:
+            raise AdmissionRefused(self._no_room(job, [r.uuid for r in rooms], rooms, held))
+        return target
+
+    def _named_target(self, job: LiveJob, gpu: str, rooms: list[rules.Room],
+                      held: int) -> rules.Room:
+        """The GPU a resume names, if the job may go there and fits."""
+        rec = job.rec
+        g = placement.resolve_gpu(self.gpus, gpu)
+        if g.uuid in self.drained:
+            raise AdmissionRefused(f"GPU {g.index} is drained (vgpuctl drain --undo "
+                                   f"{g.index} takes it back)")
+        if all(r.uuid != g.uuid for r in rooms):
+            why = (f"job {job.id} is Slurm job {rec.slurm_job}'s: it stays on its GPU"
+                   if rec.slurm_job is not None else f"GPU {g.index} is Slurm's "
+                   "([slurm] gpus)")
+            raise AdmissionRefused(why)
+        target = next((r for r in rooms if r.uuid == g.uuid), None)
+        if target is None or rules.resume_target([target], None, rec.mem_limit, held) is None:
+            raise AdmissionRefused(self._no_room(job, [g.uuid], rooms, held))
+        return target
 
     def _point(self, job: LiveJob, target: rules.Room) -> None:
         """The suspended job's first GPU is now target's (a move)."""

@@ -117,6 +117,29 @@ class Result:
     debts: dict[str, float] = field(default_factory=dict)   # job -> compute debt, GPU-s
 
 
+def _job_by_origin(pid: int, ppid: int, start: int, known: Known) -> str | None:
+    """The job of a process seen for the first time (or since it changed):
+    its Slurm job's, a launcher's own, or its nearest tracked ancestor's
+    (or a launcher ancestor's), up to MAX_DEPTH generations; None for none."""
+    job = slurm_job(pid, known.slurm, known.jobs) if known.slurm else None
+    if job is None and pid in known.launchers and known.launchers[pid][0] == start:
+        job = known.launchers[pid][1]
+    if job is not None:
+        return job
+    for _ in range(MAX_DEPTH):
+        if ppid <= 1:
+            return None
+        if ppid in known.pids:
+            return known.pids[ppid]
+        pst = tracking.read_stat(ppid)
+        if pst is None:
+            return None
+        if ppid in known.launchers and known.launchers[ppid][0] == pst[1]:
+            return known.launchers[ppid][1]
+        ppid = pst[0]
+    return None
+
+
 class Watch:
     def __init__(self, snapshot: Callable[[], list[GpuStats]],
                  busy: Busy | None = None,
@@ -185,10 +208,6 @@ class Watch:
                 self._verdicts[pid] = (want, job, now)      # checked when first seen
                 return job
         st = tracking.read_stat(pid)
-        if job is not None and st is not None and st[1] == known.starts.get(pid) \
-                and st[2] not in ("Z", "X"):
-            self._verdicts[pid] = (st[1], job, now)
-            return job
         if st is None or st[2] in ("Z", "X"):
             # Gone (its busy time is reported after it exited): what it was.
             if job is not None:
@@ -198,27 +217,14 @@ class Watch:
                 return cached[1]
             return None
         start = st[1]
+        if job is not None and start == known.starts.get(pid):
+            self._verdicts[pid] = (start, job, now)
+            return job
         if cached is not None and cached[0] == start and (cached[1] is None
                                                           or cached[1] in jobs):
             self._verdicts[pid] = (start, cached[1], now)
             return cached[1]
-        job = slurm_job(pid, known.slurm, known.jobs) if known.slurm else None
-        if job is None and pid in known.launchers and known.launchers[pid][0] == start:
-            job = known.launchers[pid][1]
-        ppid = st[0] if job is None else 0
-        for _ in range(MAX_DEPTH):
-            if ppid <= 1:
-                break
-            if ppid in known.pids:
-                job = known.pids[ppid]
-                break
-            pst = tracking.read_stat(ppid)
-            if pst is None:
-                break
-            if ppid in known.launchers and known.launchers[ppid][0] == pst[1]:
-                job = known.launchers[ppid][1]
-                break
-            ppid = pst[0]
+        job = _job_by_origin(pid, st[0], start, known)
         self._verdicts[pid] = (start, job, now)
         return job
 
@@ -250,6 +256,19 @@ class Watch:
     # -- acting ----------------------------------------------------------------------
     def _do(self, todo: Actions, known: Known, owner: Mapping[tuple[str, int], str | None],
             res: Result, now: float) -> None:
+        self._end_jobs(todo, known, owner, res, now)
+        for v in todo.kill:
+            start = tracking.start_time(v.pid)
+            cached = self._verdicts.get(v.pid)
+            if cached is not None and cached[0] is not None and cached[0] != start:
+                continue        # not the process NVML listed any more
+            if _kill(v.pid, start):
+                res.killed.append(v)
+
+    def _end_jobs(self, todo: Actions, known: Known,
+                  owner: Mapping[tuple[str, int], str | None], res: Result, now: float) -> None:
+        """The jobs being ended (newly, or still: their processes killed each
+        pass until none is left, their launcher after LAUNCHER_AFTER_S)."""
         for job_id, v in todo.end.items():
             if job_id not in self._ending and job_id in known.jobs:
                 self._ending[job_id] = now
@@ -266,13 +285,6 @@ class Watch:
             for v in res.found:
                 if v.job_id == job_id and (v.pid in killed or v.pid == 0):
                     res.killed.append(v)
-        for v in todo.kill:
-            start = tracking.start_time(v.pid)
-            cached = self._verdicts.get(v.pid)
-            if cached is not None and cached[0] is not None and cached[0] != start:
-                continue        # not the process NVML listed any more
-            if _kill(v.pid, start):
-                res.killed.append(v)
 
 
 def _kill(pid: int, start: int | None, sig: int = signal.SIGKILL) -> bool:
@@ -416,15 +428,13 @@ class Record:
 
     def apply(self, res: Result, table: JobTable, now: float,
               close: Callable[[Any, str], None] | None = None) -> None:
-        # The check ran on a copy of the jobs taken before it read NVML: a
-        # suspended job held to nothing that has begun to resume since (its
-        # memory back on the GPU) broke no rule.
-        stale = {v.key for v in res.found if v.kind == MEMORY and v.limit == 0
-                 and (job := table.find(v.job_id)) is not None and v.uuid in job.uuids()
-                 and job.rec.mem_limit > 0 and not held_to_nothing(job, table.clock())}
-        if stale:
-            res.new = [v for v in res.new if v.key not in stale]
-            res.ended = {j: v for j, v in res.ended.items() if v.key not in stale}
+        _drop_stale(res, table)
+        self._note_new(res, table, now)
+        self._note_ended(res, table, now, close)
+
+    def _note_new(self, res: Result, table: JobTable, now: float) -> None:
+        """Each new violation into its job's record (or the strays), the
+        totals and the log."""
         killed = {v.key for v in res.killed}
         for v in res.new:
             self.totals[v.kind] = self.totals.get(v.kind, 0) + 1
@@ -440,6 +450,12 @@ class Record:
         for v in res.killed:
             if v.key not in fresh:
                 log.debug("violation (%s): pid %d killed again", v.kind, v.pid)
+
+    def _note_ended(self, res: Result, table: JobTable, now: float,
+                    close: Callable[[Any, str], None] | None) -> None:
+        """The jobs the watch ended: recorded, their gates closed, their
+        users' cooldown counted, the log."""
+        fresh = {v.key for v in res.new}
         for job_id, v in res.ended.items():
             job = table.find(job_id)
             if job is None:
@@ -453,6 +469,18 @@ class Record:
             log.warning("job %s (%s) of %s ended for a %s violation: every process of it "
                         "is killed and its gate closed", job_id, job.rec.name, job.rec.user,
                         v.kind)
+
+
+def _drop_stale(res: Result, table: JobTable) -> None:
+    """The check ran on a copy of the jobs taken before it read NVML: a
+    suspended job held to nothing that has begun to resume since (its
+    memory back on the GPU) broke no rule."""
+    stale = {v.key for v in res.found if v.kind == MEMORY and v.limit == 0
+             and (job := table.find(v.job_id)) is not None and v.uuid in job.uuids()
+             and job.rec.mem_limit > 0 and not held_to_nothing(job, table.clock())}
+    if stale:
+        res.new = [v for v in res.new if v.key not in stale]
+        res.ended = {j: v for j, v in res.ended.items() if v.key not in stale}
 
 
 def record(v: Violation, action: str, at: float) -> dict[str, Any]:
