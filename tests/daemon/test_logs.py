@@ -16,7 +16,7 @@ from support.daemon import ask
 
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
-from vgpuctl.daemon import logs
+from vgpuctl.daemon import logs, requests
 from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
@@ -134,7 +134,7 @@ def boom(self, peer, req):
 @pytest.fixture
 def failing(tmp_path: Path, monkeypatch):
     """A Supervisor in-process whose `ping` handler fails as a bug would."""
-    monkeypatch.setattr(Supervisor, "op_ping", boom)
+    monkeypatch.setitem(requests.ROUTES, P.Ping, requests.Route(boom))
     dp = DaemonPaths(socket=tmp_path / "s.sock", runtime_dir=tmp_path / "run",
                      state_dir=tmp_path / "state", config=None, system=False)
     dp.jobs_dir.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,11 @@ from vgpuctl.daemon import server as S
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 
 class Supervisor:
-    def handle(self, peer, req, table=None):
+    async def reply(self, peer, line):
+        try:
+            req = P.parse_request(line)
+        except P.errors.RequestInvalid as e:
+            return P.error("protocol", str(e))
         if isinstance(req, P.Reload):       # a bug, as the server must expect one
             raise RuntimeError("a bug")
         return P.ok(pong=True)
