@@ -427,7 +427,7 @@ def test_job_user_cannot_write_its_limits():
                     os._exit(2)
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
-        from vgpuctl.system.region import shm_attach
+        from vgpuctl.system.shm import shm_attach
         assert attempt(lambda: shm_attach(region.limits_id, writable=True)) == 1
         assert attempt(lambda: shm_attach(region.limits_id, writable=False)) == 0
         assert attempt(lambda: shm_attach(region.usage_id, writable=True)) == 0
