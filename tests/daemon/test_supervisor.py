@@ -21,8 +21,8 @@ from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region
-from vgpuctl.system.region import ffi as region_ffi
 from vgpuctl.system.shm import shm_stat
+from vgpuctl.system.structs import ffi as region_ffi
 from vgpuctl.system.turns import read_turn
 
 G = 1 << 30

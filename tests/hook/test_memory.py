@@ -26,7 +26,7 @@ from support.hook import (
 )
 from support.sim import run_py
 
-from vgpuctl.system.region import const
+from vgpuctl.system.structs import const
 
 # name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)
 ENTRY_POINTS = {

@@ -25,7 +25,8 @@ from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
-from vgpuctl.system.region import MAX_COUNT, Region, ffi
+from vgpuctl.system.region import MAX_COUNT, Region
+from vgpuctl.system.structs import ffi
 from vgpuctl.system.turns import read_turn
 
 G = 1 << 30

@@ -49,10 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cffi
-
-from vgpuctl.system import native
 from vgpuctl.system.shm import shm_attach, shm_create, shm_detach, shm_remove, shm_stat
+from vgpuctl.system.structs import const, ffi, sizes
 
 REGION_FILE = "region"
 REGION_TAG = "vgpu-region"
@@ -68,44 +66,6 @@ MAX_COUNT = 1 << 53
 class BadRegion(ValueError):
     """A job's usage region holds what the hook never writes (wrong magic, a
     counter out of range): the job tampered with it."""
-
-
-def _cdef_source(text: str) -> str:
-    """The header as cffi's cdef accepts it: comments and preprocessor lines
-    dropped, except `#define NAME <integer>`."""
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    out = []
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("#"):
-            if re.match(r"#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$", s):
-                out.append(s)
-            continue
-        out.append(line)
-    return "\n".join(out)
-
-
-_ffi: Any = None
-_consts: dict[str, int] = {}
-
-
-def ffi() -> Any:
-    """The cffi instance that knows the region's structs."""
-    global _ffi
-    if _ffi is None:
-        text = native.region_header().read_text()
-        f = cffi.FFI()
-        f.cdef(_cdef_source(text))
-        for m in re.finditer(r"^#define\s+(VGPU_\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$", text, re.M):
-            _consts[m.group(1)] = int(m.group(2), 0)
-        _ffi = f
-    return _ffi
-
-
-def const(name: str) -> int:
-    """An integer #define of region.h, by name."""
-    ffi()
-    return _consts[name]
 
 
 @dataclass
@@ -219,12 +179,6 @@ def _any_ids(path: Path) -> list[int]:
     return [int(x) for x in m.group(1).split()] if m else []
 
 
-def _sizes() -> tuple[int, int, int]:
-    f = ffi()
-    return (f.sizeof("struct vgpu_limits"), f.sizeof("struct vgpu_usage"),
-            f.sizeof("struct vgpu_signal"))
-
-
 def _own_segment(sid: int, size: int) -> bool:
     """Whether segment sid exists, was made by this process's user and holds
     size bytes or more: one of our regions' (a stale id may name another's)."""
@@ -269,7 +223,7 @@ class Region:
         max_dev = const("VGPU_MAX_DEVICES")
         if len(devices) > max_dev:
             raise ValueError(f"at most {max_dev} devices per job")
-        lsize, usize, ssize = _sizes()
+        lsize, usize, ssize = sizes()
         made: list[int] = []
         reg: Region | None = None
         try:
@@ -374,7 +328,7 @@ class Region:
         made them, and its files), the region open or not."""
         path = Path(path)
         try:
-            named = list(zip(read_ids(path), _sizes(), strict=True))
+            named = list(zip(read_ids(path), sizes(), strict=True))
         except (OSError, ValueError):
             named = [(sid, 1) for sid in _any_ids(path)]
         for sid, size in named:
