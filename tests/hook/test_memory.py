@@ -406,7 +406,8 @@ def test_job_user_cannot_write_its_limits():
     region = None
     try:
         os.chmod(top, 0o755)
-        from vgpuctl.system.region import DeviceLimit, Region
+        from vgpuctl.system.limits import DeviceLimit
+        from vgpuctl.system.region import Region
         region = Region.create(top / "job", "job-perm", nobody,
                                [DeviceLimit(uuid="GPU-00000000-0000-0000-0000-000000000000",
                                             mem_limit=GiB)])
