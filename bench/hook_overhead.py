@@ -54,7 +54,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from vgpuctl.core.turns import TURNS, Turn  # noqa: E402
 from vgpuctl.system import native  # noqa: E402
-from vgpuctl.system.region import DeviceLimit, Region  # noqa: E402
+from vgpuctl.system.limits import DeviceLimit  # noqa: E402
+from vgpuctl.system.region import Region  # noqa: E402
 from vgpuctl.system.turns import write_turn  # noqa: E402
 
 NULL_DRIVER = "do-nothing driver"

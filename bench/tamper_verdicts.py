@@ -44,7 +44,8 @@ from run_overhead import remove_regions, start_daemon, vgpuctl_argv  # noqa: E40
 
 from vgpuctl.client.connection import Client  # noqa: E402
 from vgpuctl.system import native  # noqa: E402
-from vgpuctl.system.region import Region, ffi  # noqa: E402
+from vgpuctl.system.region import Region  # noqa: E402
+from vgpuctl.system.structs import ffi  # noqa: E402
 
 TAMPERED = "its usage region was tampered with"
 # Shares each round walks through, (job A, job B) per step.

@@ -103,7 +103,7 @@ def _regions_removed():
     made in this process and left behind (daemons' are removed by the
     daemon fixtures)."""
     yield
-    from vgpuctl.system.region import shm_remove
+    from vgpuctl.system.shm import shm_remove
 
     for sid in _own_segments():
         shm_remove(sid)

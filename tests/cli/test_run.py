@@ -106,6 +106,59 @@ def test_command_not_found_is_127_and_one_line(daemon):
         "vgpuctl: error: cannot run no-such-command-xyz: No such file or directory"]
 
 
+def test_a_command_that_is_not_executable_is_126_and_one_line(daemon, tmp_path):
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\n")
+    r = daemon.cli("run", "-q", "--mem", "1G", "--", str(script))
+    assert r.returncode == 126
+    assert r.stderr.strip().splitlines() == [
+        f"vgpuctl: error: cannot run {script}: Permission denied"]
+
+
+def test_run_waits_for_what_the_command_left_and_passes_it_signals(daemon, tmp_path):
+    """As a subreaper, run waits for a child the command left in the
+    background (it is the job's until it ends), sends it the signals run
+    gets, and exits with the command's own code."""
+    shell, got = tmp_path / "shell", tmp_path / "got"
+    p = daemon.popen("run", "-q", "--mem", "1G", "--", "sh", "-c",
+                     f"echo $$ > {shell}; (trap 'echo TERM > {got}; exit 5' TERM; echo ready; "
+                     "while :; do sleep 0.1; done) & exit 3")
+    try:
+        assert read_line(p.stdout).strip() == "ready"
+        pid = int(wait_for(lambda: shell.read_text().strip(), what="the command's pid"))
+
+        def reaped() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+        wait_for(reaped, what="the command's end")
+        assert p.poll() is None                 # the child it left runs on
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(20) == 3
+        assert got.read_text() == "TERM\n"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_a_daemon_gone_before_the_command_ends_is_warned_with_verbose(daemon):
+    p = daemon.popen("run", "-v", "--mem", "1G", "--", "sh", "-c", "echo ready; read x; exit 4",
+                     stdin=subprocess.PIPE)
+    try:
+        assert read_line(p.stdout).strip() == "ready"
+        daemon.stop(signal.SIGKILL)
+        out, err = p.communicate("go\n", timeout=30)
+        assert p.returncode == 4
+        assert err.splitlines()[1:] == ["vgpuctl: warning: the daemon did not get `exited`"]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_stdin_and_stdout_are_the_commands(daemon):
     r = daemon.cli("run", "--mem", "64M", "--", "cat", input="hello job\n")
     assert r.returncode == 0 and r.stdout == "hello job\n"

@@ -21,8 +21,9 @@ from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
-from vgpuctl.system.region import Region, shm_stat
-from vgpuctl.system.region import ffi as region_ffi
+from vgpuctl.system.region import Region
+from vgpuctl.system.shm import shm_stat
+from vgpuctl.system.structs import ffi as region_ffi
 from vgpuctl.system.turns import read_turn
 
 G = 1 << 30

@@ -26,7 +26,7 @@ from support.hook import (
 )
 from support.sim import run_py
 
-from vgpuctl.system.region import const
+from vgpuctl.system.structs import const
 
 # name: (allocation, its free, what the driver reserves, an allocation over 1 GiB)
 ENTRY_POINTS = {
@@ -406,7 +406,8 @@ def test_job_user_cannot_write_its_limits():
     region = None
     try:
         os.chmod(top, 0o755)
-        from vgpuctl.system.region import DeviceLimit, Region
+        from vgpuctl.system.limits import DeviceLimit
+        from vgpuctl.system.region import Region
         region = Region.create(top / "job", "job-perm", nobody,
                                [DeviceLimit(uuid="GPU-00000000-0000-0000-0000-000000000000",
                                             mem_limit=GiB)])
@@ -427,7 +428,7 @@ def test_job_user_cannot_write_its_limits():
                     os._exit(2)
             return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
-        from vgpuctl.system.region import shm_attach
+        from vgpuctl.system.shm import shm_attach
         assert attempt(lambda: shm_attach(region.limits_id, writable=True)) == 1
         assert attempt(lambda: shm_attach(region.limits_id, writable=False)) == 0
         assert attempt(lambda: shm_attach(region.usage_id, writable=True)) == 0

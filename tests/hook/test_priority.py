@@ -22,17 +22,10 @@ from support.hook import GiB, wait_for
 
 from vgpuctl.system import native
 from vgpuctl.system.priority import ClassFields, read_signal, write_class
-from vgpuctl.system.region import (
-    IPC_SET,
-    Region,
-    const,
-    ffi,
-    shm_attach,
-    shm_create,
-    shm_remove,
-    shm_stat,
-)
-from vgpuctl.system.region import _lib as region_lib
+from vgpuctl.system.region import Region
+from vgpuctl.system.shm import IPC_SET, shm_attach, shm_create, shm_remove, shm_stat
+from vgpuctl.system.shm import _lib as shm_lib
+from vgpuctl.system.structs import const, ffi
 
 from .test_launch import PATHS
 
@@ -241,11 +234,11 @@ def test_a_signal_the_daemon_did_not_make_holds_no_one(sim):
         runs_freely()                              # the daemon's, not a signal
         ds = shm_stat(holder.signal_id)
         ds.perm.mode = 0o666
-        assert region_lib().shmctl(holder.signal_id, IPC_SET, ctypes.byref(ds)) == 0
+        assert shm_lib().shmctl(holder.signal_id, IPC_SET, ctypes.byref(ds)) == 0
         heed(holder.signal_id)
         runs_freely()                              # a signal others may write
         ds.perm.mode = 0o644
-        assert region_lib().shmctl(holder.signal_id, IPC_SET, ctypes.byref(ds)) == 0
+        assert shm_lib().shmctl(holder.signal_id, IPC_SET, ctypes.byref(ds)) == 0
         heed(-1)
         heed(holder.signal_id)
         wait_for(lambda: queued_ms(sim, p.pid) == 0, what="the trainer to be held")

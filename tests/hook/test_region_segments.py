@@ -1,5 +1,5 @@
 """The region lives in System V shared memory: the layout of struct
-shmid_ds that vgpuctl/system/region.py declares for ctypes is the C
+shmid_ds that vgpuctl/system/shm.py declares for ctypes is the C
 library's, and a segment is what the daemon promises (its size for good,
 every page allocated, the owner and modes it sets)."""
 
@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from vgpuctl.system import region as R
+from vgpuctl.system import shm
 
 PROBE = r"""
 #include <stddef.h>
@@ -33,26 +34,26 @@ def test_shmid_ds_is_the_c_librarys(tmp_path: Path):
     subprocess.run(["gcc", "-o", str(exe), str(src)], check=True, capture_output=True)
     got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True,
                                           check=True).stdout.split()]
-    perm = R.ShmidDs.perm.offset
-    ours = [ctypes.sizeof(R.ShmidDs), perm + R.IpcPerm.uid.offset,
-            perm + R.IpcPerm.cuid.offset, perm + R.IpcPerm.mode.offset,
-            R.ShmidDs.segsz.offset, R.ShmidDs.cpid.offset, R.ShmidDs.nattch.offset]
+    perm = shm.ShmidDs.perm.offset
+    ours = [ctypes.sizeof(shm.ShmidDs), perm + shm.IpcPerm.uid.offset,
+            perm + shm.IpcPerm.cuid.offset, perm + shm.IpcPerm.mode.offset,
+            shm.ShmidDs.segsz.offset, shm.ShmidDs.cpid.offset, shm.ShmidDs.nattch.offset]
     assert got[:7] == ours
     assert got[7] in (2, 4)      # a 16-bit mode with padding, or 32 bits: little-endian alike
 
 
 def test_a_segment_has_every_page_allocated_and_the_mode_asked():
     """(System V has no call that changes a segment's size.)"""
-    sid = R.shm_create(54288, None, 0o600)
+    sid = shm.shm_create(54288, None, 0o600)
     try:
-        ds = R.shm_stat(sid)
+        ds = shm.shm_stat(sid)
         assert ds.segsz == 54288 and ds.perm.mode & 0o777 == 0o600
         # Resident: the daemon touched every page before anyone attaches.
         line = next(ln.split() for ln in Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
                     if int(ln.split()[1]) == sid)
         assert int(line[14]) >= 54288          # rss
     finally:
-        R.shm_remove(sid)
+        shm.shm_remove(sid)
 
 
 def test_no_segment_left_is_one_error_that_names_who_made_them(tmp_path: Path):
@@ -83,7 +84,7 @@ def test_no_segment_left_is_one_error_that_names_who_made_them(tmp_path: Path):
                 if child == 0:                          # nobody takes every segment
                     os.setgid(65534)
                     os.setuid(65534)
-                    while (sid := R._lib().shmget(0, 1, 0o1000 | 0o600)) >= 0:
+                    while (sid := shm._lib().shmget(0, 1, 0o1000 | 0o600)) >= 0:
                         ds = ctypes.create_string_buffer(256)
                         libc.shmctl(sid, 2, ds)                   # IPC_STAT
                         struct.pack_into("<I", ds, 4, 1)          # shm_perm.uid: daemon's
@@ -115,7 +116,7 @@ def test_a_region_of_an_earlier_layout_is_discarded_with_its_segments(tmp_path: 
     """A daemon upgraded to a new region layout ends the jobs of the old one
     it can't open (their hooks read another layout): their segments go with
     their directories, not only the files (a layout 1 region named two)."""
-    made = [R.shm_create(3000, None, 0o644), R.shm_create(54288, None, 0o600)]
+    made = [shm.shm_create(3000, None, 0o644), shm.shm_create(54288, None, 0o600)]
     job = tmp_path / "7"
     job.mkdir()
     (job / "region").write_text(f"vgpu-region 1 {made[0]} {made[1]}\n")
@@ -124,13 +125,13 @@ def test_a_region_of_an_earlier_layout_is_discarded_with_its_segments(tmp_path: 
         assert not job.exists()
         for sid in made:
             try:
-                R.shm_stat(sid)
+                shm.shm_stat(sid)
                 raise AssertionError(f"segment {sid} is still there")
             except OSError:
                 pass
     finally:
         for sid in made:
-            R.shm_remove(sid)
+            shm.shm_remove(sid)
 
 
 def test_a_removed_region_leaves_nothing_and_a_failed_checkpoint_no_file(tmp_path: Path):

@@ -16,7 +16,8 @@ from support.hook import Sim
 from support.store import usage_rows
 
 from vgpuctl.system import native
-from vgpuctl.system.region import Region, const, ffi
+from vgpuctl.system.region import Region
+from vgpuctl.system.structs import const, ffi
 
 pytestmark = needs_native
 

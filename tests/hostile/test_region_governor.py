@@ -26,8 +26,10 @@ from vgpuctl.daemon.supervisor import Peer, Supervisor
 from vgpuctl.store.jobs import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
-from vgpuctl.system.region import MAX_COUNT, Region, ffi
+from vgpuctl.system.region import Region
+from vgpuctl.system.structs import ffi
 from vgpuctl.system.turns import read_turn
+from vgpuctl.system.usage import MAX_COUNT
 
 G = 1 << 30
 U64_MAX = 2**64 - 1

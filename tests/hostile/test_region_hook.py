@@ -17,7 +17,8 @@ import pytest
 from support.daemon import needs_native
 
 from vgpuctl.system import native, paths
-from vgpuctl.system.region import Region, read_ids, shm_remove
+from vgpuctl.system.region import Region, read_ids
+from vgpuctl.system.shm import shm_remove
 
 pytestmark = needs_native
 

@@ -20,7 +20,8 @@ from support.store import usage_rows
 from vgpuctl.core import turns
 from vgpuctl.core.accounting import BUSY_SLACK_S
 from vgpuctl.system import native
-from vgpuctl.system.region import Region, ffi
+from vgpuctl.system.region import Region
+from vgpuctl.system.structs import ffi
 from vgpuctl.system.turns import read_turn
 
 pytestmark = needs_native

@@ -91,7 +91,8 @@ def test_a_pid_a_job_writes_into_its_region_is_not_suspended(daemon_factory):
         region = d.runtime / "jobs" / j["job"]
 
         def poke():
-            from vgpuctl.system.region import Region, ffi
+            from vgpuctl.system.region import Region
+            from vgpuctl.system.structs import ffi
             f = ffi()
             base = f.offsetof("struct vgpu_usage", "procs")
             reg = Region.open(region, writable_usage=True)

@@ -311,7 +311,8 @@ def test_a_bypass_that_writes_itself_a_slot_is_still_caught(node):
     region (the region is theirs to write), so that it passes for a process
     that loaded the hook: it is held to the gated burst, and caught."""
     from vgpuctl.daemon import tracking
-    from vgpuctl.system.region import Region, ffi
+    from vgpuctl.system.region import Region
+    from vgpuctl.system.structs import ffi
 
     d = node(KILL)
     j = start_job_as_nobody(d.socket, ["sh", "-c", "sleep 1; exec " + " ".join(

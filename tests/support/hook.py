@@ -24,7 +24,8 @@ from support import C_DIR, REPO
 from support import daemon as daemon_fixture
 from vgpuctl.core.turns import OPEN, Turn
 from vgpuctl.system import native
-from vgpuctl.system.region import DeviceLimit, Region
+from vgpuctl.system.limits import DeviceLimit
+from vgpuctl.system.region import Region
 from vgpuctl.system.turns import write_turn
 
 INCLUDE = REPO / "libvgpu" / "include"

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
+from datetime import timezone
 
 import pytest
 from support.store import record
 
-from vgpuctl.core import layout, nodeview
+from vgpuctl.core import layout, nodeview, output
+from vgpuctl.core.output import Field
 from vgpuctl.core.report import Report, ReportRow, summary_table, terminal_table
 from vgpuctl.errors import NotFound, UsageError
 
@@ -166,6 +168,41 @@ def test_csv_writes_control_characters_as_escapes():
     assert out.count("\n") == 2            # the header and one row
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\rok\\nfake,row\\u2028" in out
     assert "/tmp/\\x1b[31mred" in out
+
+
+@pytest.mark.parametrize("value,field,cell", [
+    (None, Field("mem", "bytes"), ""),
+    (3 << 20, Field("mem", "bytes"), "3"),
+    (True, Field("mem", "bytes"), ""),
+    (0, Field("ok", "bool"), "false"),
+    ("x", Field("ok", "bool"), "true"),
+    ([1, 2], Field("pids", "list"), "1 2"),
+    (("a", "b"), Field("who", "names"), "a b"),
+    ("a", Field("who", "names"), "a"),
+    (["sh", "-c", "a b"], Field("command", "argv"), "sh -c 'a b'"),
+    ([{"kind": "mem", "pid": 7}, "x", {"kind": "ipc", "pid": 8}],
+     Field("violations", "violations"), "mem:7 ipc:8"),
+    ("none", Field("violations", "violations"), "none"),
+    ([{"index": 0, "mem_used": 3 << 20, "mem_limit": 4 << 20, "core_measured": 0.3}, 1,
+      {"index": 1}], Field("per_gpu", "per_gpu"), "0:3/4:30% 1:-/-:-"),
+    ({"index": 0}, Field("per_gpu", "per_gpu"), "{'index': 0}"),
+    (0, Field("start", "time"), "1970-01-01T00:00:00+00:00"),
+    (True, Field("start", "time"), "1970-01-01T00:00:01+00:00"),
+    ("soon", Field("start", "time", digits=1), "soon"),
+    (0.305, Field("core", "share"), "30.5"),
+    (True, Field("core", "share"), "True"),
+    (1.25, Field("runtime", "seconds"), "1.2"),
+    (1.25, Field("runtime", "seconds", digits=3), "1.250"),
+    (2, Field("gib_hours", "number"), "2.000"),
+    (3, Field("n", "int", digits=2), "3.00"),
+    (3, Field("n", "int"), "3"),
+    (True, Field("t", "text", digits=1), "True"),
+    ("x", Field("t", "seconds"), "x"),
+])
+def test_each_kind_of_field_is_its_cell(value, field, cell):
+    """A value's CSV cell by its field's kind; a value not of its kind's
+    form is written as it is."""
+    assert output.cell(value, field, "mib", timezone.utc) == cell
 
 
 # -- filters and JOB arguments ---------------------------------------------------

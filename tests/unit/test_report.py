@@ -89,6 +89,14 @@ def test_by_day_splits_at_midnight():
     assert by["2024-05-01"].jobs == by["2024-05-02"].jobs == {"1"}
 
 
+def test_usage_outside_the_window_counts_for_nothing():
+    """Job 2's usage row ends before the window (the same day): its job,
+    alive in the window, shows with zeros."""
+    for by, key in (("user", "bob"), ("day", "2024-05-01")):
+        r = aggregate(JOBS, USAGE, by, T + 200, T + 1000, UTC)
+        assert [(row.key, row.jobs, row.gpu_seconds) for row in r.rows] == [(key, {"2"}, 0.0)]
+
+
 def test_csv_headers_are_stable_and_carry_units():
     r = aggregate(JOBS, USAGE, "job", T, T + 1000, UTC)
     text = rep.to_csv(r, UTC)

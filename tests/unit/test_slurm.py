@@ -71,9 +71,16 @@ def test_shards_on_several_gpus_are_read_per_gpu_where_slurm_says_so():
         S.parse_job(SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=shard:4(4/x)"), "vm")
 
 
+def test_shards_scontrol_places_on_no_gpu_are_counted_on_none():
+    job = S.parse_job(SHOW_JOB.replace("GRES=shard:4(IDX:1)", "GRES=shard:3"), "vm")
+    assert (job.shards, job.gpus, job.gpu_shards) == (3, (), ())
+
+
 def test_scontrol_output_without_a_job_is_an_error():
     with pytest.raises(UsageError, match="JobId"):
         S.parse_job("slurm_load_jobs error: Invalid job id specified", "vm")
+    with pytest.raises(UsageError, match="JobId"):
+        S.parse_job(SHOW_JOB.replace("JobId=1", "JobId=x"), "vm")
 
 
 def test_host_lists_expand_as_slurm_writes_them():

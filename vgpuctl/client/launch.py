@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, NoReturn
 
 from vgpuctl.client.connection import Client
 from vgpuctl.errors import AdmissionRefused, DaemonUnavailable, NotFound, UsageError, VgpuError
@@ -93,10 +93,12 @@ def _other_sim(cl: Client, theirs: str | None) -> str | None:
 
 
 def _notice(path: Any, job_id: str, seen: tuple[Any, ...] | None,
-            tell: Say) -> tuple[Any, ...] | None:
+            tell: Say | None) -> tuple[Any, ...] | None:
     """The daemon poked us: ask for our job and tell what changed since
     ``seen`` (its state, why it is suspended, its GPU); returns what is seen
-    now."""
+    now. Nothing is asked when no one hears (tell None)."""
+    if tell is None:
+        return seen
     try:
         with Client.connect(path, timeout=5.0) as c:
             view = c.call("ps", job=job_id)["jobs"][0]
@@ -262,63 +264,107 @@ def launch(cl: Client, job_id: str, env_add: Mapping[str, str], command: list[st
     reaper = become_subreaper()
     pid = os.fork()
     if pid == 0:  # the command
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-            for s in (signal.SIGPIPE, signal.SIGXFSZ):   # Python ignores these
-                signal.signal(s, signal.SIG_DFL)
-            os.execvpe(command[0], command, env)
-        except OSError as e:
-            # The one error line not written by vgpuctl.cli.main: this is the
-            # forked child, which must end in os._exit (never unwind into the
-            # parent's CLI edge), so it writes the edge's form to fd 2 itself.
-            os.write(2, f"vgpuctl: error: cannot run {command[0]}: {e.strerror}\n".encode())
-            os._exit(127 if e.errno == errno.ENOENT else 126)
-        finally:
-            os._exit(127)
+        _exec_command(command, env, old)
     maybe: Client | None = _tell(cl, "started", warn, job=job_id, pid=pid)
     if maybe is not None:
         # Not held while the command runs: a user's connections are capped
         # (a burst of jobs would fill them); `exited` comes on a new one.
         maybe.close()
+    status = _wait(cl.path, job_id, pid, block, reaper, tell)
+    code = os.waitstatus_to_exitcode(status) if status is not None else 1
+    if maybe is not None:
+        _tell_exited(maybe.path, job_id, code, warn)
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    return code if code >= 0 else 128 - code
+
+
+def _exec_command(command: list[str], env: Mapping[str, str],
+                  mask: set[signal.Signals]) -> NoReturn:
+    """In the forked child: become the command, with the signal mask and
+    dispositions it would have had; exit 127 or 126 when it can't run."""
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s in (signal.SIGPIPE, signal.SIGXFSZ):   # Python ignores these
+            signal.signal(s, signal.SIG_DFL)
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        # The one error line not written by vgpuctl.cli.main: this is the
+        # forked child, which must end in os._exit (never unwind into the
+        # parent's CLI edge), so it writes the edge's form to fd 2 itself.
+        os.write(2, f"vgpuctl: error: cannot run {command[0]}: {e.strerror}\n".encode())
+        os._exit(127 if e.errno == errno.ENOENT else 126)
+    finally:
+        os._exit(127)
+
+
+def _wait(path: Any, job_id: str, pid: int, block: set[signal.Signals], reaper: bool,
+          tell: Say | None) -> int | None:
+    """Wait for the command to end and, as a subreaper, for what it left
+    behind; meanwhile pass on the signals we get and tell what the daemon's
+    pokes say. Returns the command's wait status (None: we have no child
+    left and never saw it end)."""
     stat = read_stat(pid)
     since = stat[1] if stat is not None else 0
-    status = None
+    status: int | None = None
     seen: tuple[Any, ...] | None = None
     while True:
         info = signal.sigtimedwait(block, 1.0)
         if info is not None and info.si_signo == NOTICE_SIGNAL:
-            if tell is not None:
-                seen = _notice(cl.path, job_id, seen, tell)
-        elif (info is not None and info.si_signo != signal.SIGCHLD
-              and info.si_code != SI_KERNEL):
-            for target in [pid] if status is None else _left_behind(since):
-                try:
-                    os.kill(target, info.si_signo)
-                except ProcessLookupError:
-                    pass
-        gone = False
-        while True:     # reap the command, and (subreaper) whatever it left
-            try:
-                done, st = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                gone = True
-                break
-            if done == 0:
-                break
-            if done == pid:
-                status = st
-        if gone or (status is not None and (not reaper or not _left_behind(since))):
-            break
-    code = os.waitstatus_to_exitcode(status) if status is not None else 1
-    fields = {"code": code} if code >= 0 else {"signal": -code}
-    if maybe is not None:
+            seen = _notice(path, job_id, seen, tell)
+        elif info is not None and _to_forward(info):
+            _forward(info.si_signo, [pid] if status is None else _left_behind(since))
+        gone, status = _reap(pid, status)
+        if gone or _all_ended(status, reaper, since):
+            return status
+
+
+def _to_forward(info: signal.struct_siginfo) -> bool:
+    """Whether a signal we got is for the command: not SIGCHLD, nor one the
+    kernel sent the whole process group (the command has it already)."""
+    return info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL
+
+
+def _forward(signo: int, targets: list[int]) -> None:
+    """Send signal signo to each of targets that is still there."""
+    for target in targets:
         try:
-            maybe = _tell(Client.connect(maybe.path), "exited", warn, job=job_id, **fields)
-        except OSError:
-            maybe = None
-            if warn is not None:
-                warn("the daemon did not get `exited`")
-        if maybe is not None:
-            maybe.close()
-    signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    return code if code >= 0 else 128 - code
+            os.kill(target, signo)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(pid: int, status: int | None) -> tuple[bool, int | None]:
+    """Reap the command, and (subreaper) whatever it left, that have ended,
+    without waiting. Returns whether we have no child left, and the
+    command's wait status (status: the one known before)."""
+    while True:
+        try:
+            done, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True, status
+        if done == 0:
+            return False, status
+        if done == pid:
+            status = st
+
+
+def _all_ended(status: int | None, reaper: bool, since: int) -> bool:
+    """Whether the command has ended (status: its wait status, None while
+    it runs) and, where we are a subreaper, left nothing alive behind it
+    (since: its start, in clock ticks since boot)."""
+    return status is not None and (not reaper or not _left_behind(since))
+
+
+def _tell_exited(path: Any, job_id: str, code: int, warn: Say | None) -> None:
+    """Tell the daemon, on a new connection, how the command ended (code:
+    its exit code, or minus the signal that killed it)."""
+    fields = {"code": code} if code >= 0 else {"signal": -code}
+    maybe: Client | None
+    try:
+        maybe = _tell(Client.connect(path), "exited", warn, job=job_id, **fields)
+    except OSError:
+        maybe = None
+        if warn is not None:
+            warn("the daemon did not get `exited`")
+    if maybe is not None:
+        maybe.close()

@@ -21,7 +21,7 @@ plain aligned tables, the same way for both.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vgpuctl.core.protocol import escape_controls
@@ -115,29 +115,63 @@ def short_uuids(uuids: Sequence[str]) -> dict[str, str]:
 def cell(v: Any, f: Field, units: str, tz: tzinfo | None = None) -> str:
     """A field's value as a CSV cell (and a --fields table's): empty for
     null, sizes in ``units``, lists space-separated, times as ISO 8601."""
-    kind = f.kind
     if v is None:
         return ""
-    if kind == "bytes":
-        return size_text(v, units)
-    if kind == "bool":
-        return "true" if v else "false"
-    if kind in ("list", "names"):
-        return " ".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
-    if kind == "argv":
-        return command_text(v)
-    if kind == "violations" and isinstance(v, list):     # kind:pid, newest last
-        return " ".join(f"{x.get('kind')}:{x.get('pid')}" for x in v if isinstance(x, dict))
-    if kind == "per_gpu" and isinstance(v, list):   # index:used/limit:measured per GPU
-        return " ".join(_gpu_cell(x, units) for x in v if isinstance(x, dict))
-    if kind == "time" and isinstance(v, (int, float)):
-        return iso_time(v, tz)
-    if kind == "share" and isinstance(v, (int, float)) and not isinstance(v, bool):
-        return f"{100 * v:.1f}"          # a percent, as the share it is measured against
-    digits = f.digits if f.digits is not None else _DIGITS.get(kind)
-    if digits is not None and isinstance(v, (int, float)) and not isinstance(v, bool):
+    of_kind = _CELLS.get(f.kind)
+    text = of_kind(v, units, tz) if of_kind is not None else None
+    if text is not None:
+        return text
+    digits = f.digits if f.digits is not None else _DIGITS.get(f.kind)
+    if digits is not None and _is_number(v):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+def _is_number(v: Any) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _list_cell(v: Any, units: str, tz: tzinfo | None) -> str:
+    return " ".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v)
+
+
+def _violations_cell(v: Any, units: str, tz: tzinfo | None) -> str | None:
+    """kind:pid of each violation, newest last."""
+    if not isinstance(v, list):
+        return None
+    return " ".join(f"{x.get('kind')}:{x.get('pid')}" for x in v if isinstance(x, dict))
+
+
+def _per_gpu_cell(v: Any, units: str, tz: tzinfo | None) -> str | None:
+    """index:used/limit:measured of each GPU."""
+    if not isinstance(v, list):
+        return None
+    return " ".join(_gpu_cell(x, units) for x in v if isinstance(x, dict))
+
+
+def _time_cell(v: Any, units: str, tz: tzinfo | None) -> str | None:
+    return iso_time(v, tz) if isinstance(v, (int, float)) else None
+
+
+def _share_cell(v: Any, units: str, tz: tzinfo | None) -> str | None:
+    """A percent, as the share it is measured against."""
+    return f"{100 * v:.1f}" if _is_number(v) else None
+
+
+# A kind's cell, where it is not its value's text; None: the value is not of
+# the kind's form, and is written as any other value.
+_CELLS: dict[str, Callable[[Any, str, tzinfo | None], str | None]] = {
+    "bytes": lambda v, units, tz: size_text(v, units),
+    "bool": lambda v, units, tz: "true" if v else "false",
+    "list": _list_cell,
+    "names": _list_cell,
+    "argv": lambda v, units, tz: command_text(v),
+    "violations": _violations_cell,
+    "per_gpu": _per_gpu_cell,
+    "time": _time_cell,
+    "share": _share_cell,
+}
 
 
 def _gpu_cell(g: dict[str, Any], units: str) -> str:

@@ -156,84 +156,100 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
         raise UsageError("--until must be later than --since")
     records = {j.id: j for j in jobs}
     rows: dict[str, ReportRow] = {}
-
-    def row(key: str) -> ReportRow:
-        r = rows.get(key)
-        if r is None:
-            r = rows[key] = ReportRow(key=key)
-        return r
-
-    def keys_for(job_id: str, gpu: str) -> list[str]:
-        if by == "job":
-            return [job_id]
-        if by == "user":
-            rec = records.get(job_id)
-            return [rec.user if rec and rec.user else "?"]
-        if by == "gpu":
-            return [gpu]
-        if by == "slurm-job":
-            rec = records.get(job_id)
-            return [rec.slurm_job if rec and rec.slurm_job else NOT_SLURM]
-        return []
-
     # in time order: a job's row lists its GPUs in the order it used them
     for u in sorted(usage, key=lambda u: u.t0):
-        if by == "day":
-            for day, lo, hi in _days(max(since, u.t0), min(until, max(u.t1, u.t0 + 1e-9)), tz):
-                part = _row_part(u, lo, hi)
-                if part is None:
-                    continue
-                r = row(day)
-                r.jobs.add(u.job_id)
-                r.gpu_seconds += u.gpu_seconds * part
-                r.mem_gib_hours += u.mem_gib_hours * part
-                r.peak_mem_bytes = max(r.peak_mem_bytes, u.peak_mem_bytes)
-            continue
-        part = _row_part(u, since, until)
-        if part is None:
-            continue
-        for key in keys_for(u.job_id, u.gpu_uuid):
-            r = row(key)
-            if by == "job" and u.gpu_uuid not in r.gpus:
-                r.gpus.append(u.gpu_uuid)
-            r.jobs.add(u.job_id)
-            r.gpu_seconds += u.gpu_seconds * part
-            r.mem_gib_hours += u.mem_gib_hours * part
-            r.peak_mem_bytes = max(r.peak_mem_bytes, u.peak_mem_bytes)
-
+        for key, part in _usage_parts(u, by, records, since, until, tz):
+            _add(_row(rows, key), u, part, by)
     # Jobs alive in the window with no usage there still count.
     for j in records.values():
-        start = j.start
-        end = j.ended if j.ended is not None else math.inf
-        if start >= until or end < since:
-            continue
-        if by == "day":
-            lo = max(since, start)
-            hi = min(until, end if end > lo else lo + 1e-9)
-            for day, _, _ in _days(lo, hi, tz):
-                row(day).jobs.add(j.id)
-        elif by == "gpu":
-            for g in j.uuids:
-                row(g).jobs.add(j.id)
-        else:
-            for key in keys_for(j.id, ""):
-                row(key).jobs.add(j.id)
-
+        for key in _alive_keys(j, by, since, until, tz):
+            _row(rows, key).jobs.add(j.id)
     if by == "job":
-        for key, r in rows.items():
-            r.job = records.get(key)
-            # then those it holds that it did not use in the window
-            r.gpus += [g for g in (r.job.uuids if r.job else []) if g not in r.gpus]
-        ordered = sorted(rows.values(), key=lambda r: (
-            r.job.start if r.job is not None else math.inf, r.key))
+        ordered = _job_rows(rows, records)
     else:
         ordered = sorted(rows.values(), key=lambda r: r.key)
     if by == "gpu":
-        index = {str(g.get("uuid")): g["index"] for j in records.values() for g in j.gpus
-                 if isinstance(g, dict) and isinstance(g.get("index"), int)}
-        for r in ordered:
-            r.index = index.get(r.key)
+        _set_indices(ordered, records)
     return Report(by=by, since=since, until=until, rows=ordered)
+
+
+# A usage row's (or an alive job's) key in a report by job, user, GPU or Slurm
+# job: from its job's id, its job's record (None: unknown) and its GPU.
+_KEYS: dict[str, Callable[[str, JobRecord | None, str], str]] = {
+    "job": lambda job_id, rec, gpu: job_id,
+    "user": lambda job_id, rec, gpu: rec.user if rec and rec.user else "?",
+    "gpu": lambda job_id, rec, gpu: gpu,
+    "slurm-job": lambda job_id, rec, gpu: rec.slurm_job if rec and rec.slurm_job else NOT_SLURM,
+}
+
+
+def _row(rows: dict[str, ReportRow], key: str) -> ReportRow:
+    """The report's row of key, new (zeros) if it has none yet."""
+    r = rows.get(key)
+    if r is None:
+        r = rows[key] = ReportRow(key=key)
+    return r
+
+
+def _usage_parts(u: UsageRow, by: str, records: dict[str, JobRecord], since: float,
+                 until: float, tz: tzinfo | None) -> list[tuple[str, float]]:
+    """The rows usage row u counts for, each with the fraction of its sums
+    that falls there: inside the window, and by day inside each day."""
+    if by == "day":
+        spans = _days(max(since, u.t0), min(until, max(u.t1, u.t0 + 1e-9)), tz)
+        parts = [(day, _row_part(u, lo, hi)) for day, lo, hi in spans]
+        return [(day, part) for day, part in parts if part is not None]
+    part = _row_part(u, since, until)
+    if part is None:
+        return []
+    return [(_KEYS[by](u.job_id, records.get(u.job_id), u.gpu_uuid), part)]
+
+
+def _add(r: ReportRow, u: UsageRow, part: float, by: str) -> None:
+    """Add part of usage row u's sums (and its peak) to report row r."""
+    if by == "job" and u.gpu_uuid not in r.gpus:
+        r.gpus.append(u.gpu_uuid)
+    r.jobs.add(u.job_id)
+    r.gpu_seconds += u.gpu_seconds * part
+    r.mem_gib_hours += u.mem_gib_hours * part
+    r.peak_mem_bytes = max(r.peak_mem_bytes, u.peak_mem_bytes)
+
+
+def _alive_keys(j: JobRecord, by: str, since: float, until: float,
+                tz: tzinfo | None) -> list[str]:
+    """The rows job j counts in for being alive in the window, usage or
+    not: its days there, its GPUs, or its one key; none when it was not."""
+    start = j.start
+    end = j.ended if j.ended is not None else math.inf
+    if start >= until or end < since:
+        return []
+    if by == "day":
+        lo = max(since, start)
+        hi = min(until, end if end > lo else lo + 1e-9)
+        return [day for day, _, _ in _days(lo, hi, tz)]
+    if by == "gpu":
+        return list(j.uuids)
+    return [_KEYS[by](j.id, j, "")]
+
+
+def _job_rows(rows: dict[str, ReportRow], records: dict[str, JobRecord]) -> list[ReportRow]:
+    """The rows of a report by job, each with its job's record and every
+    GPU the job holds, in the order the jobs started."""
+    for key, r in rows.items():
+        r.job = records.get(key)
+        # then those it holds that it did not use in the window
+        r.gpus += [g for g in (r.job.uuids if r.job else []) if g not in r.gpus]
+    return sorted(rows.values(), key=lambda r: (
+        r.job.start if r.job is not None else math.inf, r.key))
+
+
+def _set_indices(rows: list[ReportRow], records: dict[str, JobRecord]) -> None:
+    """Give each row of a report by GPU its GPU's NVML index, as the jobs'
+    records name it."""
+    index = {str(g.get("uuid")): g["index"] for j in records.values() for g in j.gpus
+             if isinstance(g, dict) and isinstance(g.get("index"), int)}
+    for r in rows:
+        r.index = index.get(r.key)
 
 
 def row_gpus(r: ReportRow) -> list[str]:

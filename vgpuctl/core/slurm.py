@@ -102,16 +102,40 @@ def parse_job(text: str, node: str) -> SlurmJob:
     job_id = _value(text, "JobId")
     if job_id is None or not job_id.isdigit():
         raise UsageError("scontrol's output names no job (JobId=)")
-    shards = None
-    gpus: tuple[int, ...] = ()
-    counts: dict[int, int] = {}
+    shards, gpus, counts = _node_shards(text, node)
+    where = tuple(sorted(set(gpus)))
+    cmd_m = re.search(r"(?:^|\s)Command=(.*)$", text, re.M)
+    return SlurmJob(job_id=job_id, name=_value(text, "JobName") or "",
+                    partition=_value(text, "Partition"), account=_value(text, "Account"),
+                    command=(cmd_m.group(1).strip() if cmd_m else ""),
+                    work_dir=_value(text, "WorkDir") or "",
+                    shards=shards, gpus=where,
+                    gpu_shards=_gpu_shards(shards, where, counts))
+
+
+def _node_gres(text: str, node: str) -> list[str]:
+    """The GRES= of each per-node line that names ``node``."""
+    out = []
     for line in text.splitlines():
         nodes = _value(line, "Nodes")
         gres = _value(line, "GRES")
-        if nodes is None or gres is None or node not in expand_hostlist(nodes):
-            continue
+        if nodes is not None and gres is not None and node in expand_hostlist(nodes):
+            out.append(gres)
+    return out
+
+
+_SHARD_ITEM = re.compile(r"shard(?::[^:(]+)?:(\d+)(?:\(([^)]*)\))?")
+
+
+def _node_shards(text: str, node: str) -> tuple[int | None, tuple[int, ...], dict[int, int]]:
+    """This node's shards (None: none), the GPUs they are on (as often as
+    scontrol names each) and, where scontrol says, how many on each GPU."""
+    shards = None
+    gpus: tuple[int, ...] = ()
+    counts: dict[int, int] = {}
+    for gres in _node_gres(text, node):
         for item in _gres_items(gres):
-            m = re.fullmatch(r"shard(?::[^:(]+)?:(\d+)(?:\(([^)]*)\))?", item)
+            m = _SHARD_ITEM.fullmatch(item)
             if m is None:
                 continue
             shards = (shards or 0) + int(m.group(1))
@@ -122,18 +146,18 @@ def parse_job(text: str, node: str) -> SlurmJob:
                 for i, c in _per_gpu(where_text):
                     gpus += (i,)
                     counts[i] = counts.get(i, 0) + c
-    where = tuple(sorted(set(gpus)))
+    return shards, gpus, counts
+
+
+def _gpu_shards(shards: int | None, where: tuple[int, ...],
+                counts: dict[int, int]) -> tuple[int, ...]:
+    """The shards on each of the GPUs ``where``: scontrol's counts, checked
+    against the total, or all of them on the one GPU; () when neither says."""
     if counts and sum(counts.values()) != shards:
         raise UsageError(f"scontrol's shards per GPU ({counts}) do not add up to {shards}")
     if not counts and len(where) == 1 and shards is not None:
         counts = {where[0]: shards}
-    cmd_m = re.search(r"(?:^|\s)Command=(.*)$", text, re.M)
-    return SlurmJob(job_id=job_id, name=_value(text, "JobName") or "",
-                    partition=_value(text, "Partition"), account=_value(text, "Account"),
-                    command=(cmd_m.group(1).strip() if cmd_m else ""),
-                    work_dir=_value(text, "WorkDir") or "",
-                    shards=shards, gpus=where,
-                    gpu_shards=tuple(counts[i] for i in where) if counts else ())
+    return tuple(counts[i] for i in where) if counts else ()
 
 
 def _per_gpu(spec: str) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ kernel launches fail) only on *proof*: something the hook can never have
 written, whatever the machine's load did to either side's timing:
 
 - **an impossible value** (`check_counters`, and the format checks of
-  vgpuctl.system.region: a header that is not the region's, a byte counter
+  vgpuctl.system.usage: a header that is not the region's, a byte counter
   beyond any GPU): no hook writes it, on any schedule;
 - **a counter that went back** (`went_back`): the hook only ever adds to its
   launch and GPU-time counters.

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vgpuctl.system.region import Region, const, ffi
+from vgpuctl.system.region import Region
+from vgpuctl.system.structs import const, ffi
 
 
 @dataclass(frozen=True)

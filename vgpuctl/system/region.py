@@ -36,288 +36,36 @@ into its own memory and validates what it got: a wrong magic or a counter
 out of any physically possible range raises `BadRegion`, which is that
 job's problem (the daemon flags it and closes its gate), never the
 daemon's. See docs/security.md, "The usage region".
+
+The parts: vgpuctl.system.shm (the segments, through libc),
+vgpuctl.system.structs (region.h through cffi), vgpuctl.system.limits (the
+limits, the daemon's to write) and vgpuctl.system.usage (the usage and the
+signal, the job's: copied, then validated). Here: the job directory's
+files, and a region made, opened, closed and removed whole.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import cffi
+from vgpuctl.system.limits import DeviceLimit, RegionLimits
+from vgpuctl.system.shm import shm_attach, shm_create, shm_detach, shm_remove, shm_stat
+from vgpuctl.system.structs import const, ffi, sizes
+from vgpuctl.system.usage import MAX_BYTES, BadRegion, RegionUsage
 
-from vgpuctl.system import native
+# What vgpuctl.daemon imports from here (DeviceLimit, MAX_BYTES and BadRegion
+# live in vgpuctl.system.limits and vgpuctl.system.usage).
+__all__ = ["MAX_BYTES", "BadRegion", "DeviceLimit", "Region"]
 
 REGION_FILE = "region"
 REGION_TAG = "vgpu-region"
 # The daemon's checkpoint of the hook's counters (owner-only: the daemon's).
 CHECKPOINT_FILE = "checkpoint"
-
-# No GPU holds a pebibyte: a byte counter above this is a lie, not a reading.
-MAX_BYTES = 1 << 50
-# Counters are saturated here (exact in a double, and in SQLite's INTEGER).
-MAX_COUNT = 1 << 53
-
-
-class BadRegion(ValueError):
-    """A job's usage region holds what the hook never writes (wrong magic, a
-    counter out of range): the job tampered with it."""
-
-
-# -- System V shared memory, through libc --------------------------------------------
-IPC_PRIVATE = 0
-IPC_CREAT = 0o1000
-IPC_EXCL = 0o2000
-IPC_RMID = 0
-IPC_SET = 1
-IPC_STAT = 2
-SHM_RDONLY = 0o10000
-
-
-class IpcPerm(ctypes.Structure):
-    """struct ipc_perm on 64-bit Linux (x86_64 and aarch64 lay it out alike;
-    tests/sim/test_region_segments.py checks it against the C headers)."""
-    _fields_ = [("key", ctypes.c_int32), ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
-                ("cuid", ctypes.c_uint32), ("cgid", ctypes.c_uint32),
-                ("mode", ctypes.c_uint32),           # a 16-bit mode and its padding
-                ("seq", ctypes.c_uint16), ("pad2", ctypes.c_uint16),
-                ("reserved1", ctypes.c_ulong), ("reserved2", ctypes.c_ulong)]
-
-
-class ShmidDs(ctypes.Structure):
-    """struct shmid_ds on 64-bit Linux."""
-    _fields_ = [("perm", IpcPerm), ("segsz", ctypes.c_size_t), ("atime", ctypes.c_long),
-                ("dtime", ctypes.c_long), ("ctime", ctypes.c_long),
-                ("cpid", ctypes.c_int32), ("lpid", ctypes.c_int32),
-                ("nattch", ctypes.c_ulong), ("reserved4", ctypes.c_ulong),
-                ("reserved5", ctypes.c_ulong)]
-
-
-_libc: Any = None
-
-
-def _lib() -> Any:
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
-        lib.shmget.restype = ctypes.c_int
-        lib.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-        lib.shmat.restype = ctypes.c_void_p
-        lib.shmdt.argtypes = [ctypes.c_void_p]
-        lib.shmdt.restype = ctypes.c_int
-        lib.shmctl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ShmidDs)]
-        lib.shmctl.restype = ctypes.c_int
-        _libc = lib
-    return _libc
-
-
-def _oserror(what: str) -> OSError:
-    e = ctypes.get_errno()
-    return OSError(e, f"{what}: {os.strerror(e)}")
-
-
-def shm_create(size: int, owner_uid: int | None, mode: int) -> int:
-    """A new private segment of size bytes, every page allocated and zero;
-    its owner set to owner_uid (None: ours) and its mode to mode. OSError
-    (ENOSPC: the kernel's segment limit, ENOMEM) when it can't be made."""
-    lib = _lib()
-    sid = lib.shmget(IPC_PRIVATE, size, IPC_CREAT | IPC_EXCL | 0o600)
-    if sid < 0:
-        e = ctypes.get_errno()
-        if e == errno.ENOSPC:
-            raise OSError(e, f"no System V shared memory segment left to make ({_holders()})")
-        raise _oserror("shmget")
-    try:
-        ds = shm_stat(sid)
-        if owner_uid is not None:
-            ds.perm.uid = owner_uid
-        ds.perm.mode = mode
-        if lib.shmctl(sid, IPC_SET, ctypes.byref(ds)) != 0:
-            raise _oserror("shmctl(IPC_SET)")
-        addr = shm_attach(sid, writable=True)
-        try:
-            ctypes.memset(addr, 0, size)     # every page allocated now, not at a store
-        finally:
-            lib.shmdt(ctypes.c_void_p(addr))
-    except BaseException:
-        shm_remove(sid)
-        raise
-    return sid
-
-
-def _holders() -> str:
-    """Who made the node's System V segments: the kernel's limit, and the
-    user who created the most (one user can make them all, and none is
-    left for the daemon: the operator should know whom to ask). By creator
-    (cuid), which no one can change: a segment's owner (uid) its creator
-    may set to another user, to blame them."""
-    count: dict[int, int] = {}
-    try:
-        with open("/proc/sysvipc/shm") as f:
-            next(f)
-            for line in f:
-                col = line.split()
-                count[int(col[9])] = count.get(int(col[9]), 0) + 1      # cuid
-        with open("/proc/sys/kernel/shmmni") as f:
-            limit = f.read().strip()
-    except (OSError, ValueError, IndexError, StopIteration):
-        return "kernel.shmmni"
-    if not count:
-        return f"kernel.shmmni is {limit}"
-    uid, n = max(count.items(), key=lambda kv: kv[1])
-    try:
-        import pwd
-
-        who = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        who = f"uid {uid}"
-    return f"kernel.shmmni is {limit}; {who} made {n} of the {sum(count.values())} there are"
-
-
-def shm_stat(sid: int) -> ShmidDs:
-    ds = ShmidDs()
-    if _lib().shmctl(sid, IPC_STAT, ctypes.byref(ds)) != 0:
-        raise _oserror(f"segment {sid}")
-    return ds
-
-
-def shm_attach(sid: int, writable: bool) -> int:
-    addr = _lib().shmat(sid, None, 0 if writable else SHM_RDONLY)
-    if addr is None or addr == ctypes.c_void_p(-1).value:
-        raise _oserror(f"segment {sid}")
-    return int(addr)
-
-
-def shm_detach(addr: int) -> None:
-    _lib().shmdt(ctypes.c_void_p(addr))
-
-
-def shm_remove(sid: int) -> None:
-    """Mark a segment for removal (it goes when the last process detaches);
-    nothing when it is already gone or not ours to remove."""
-    _lib().shmctl(sid, IPC_RMID, None)
-
-
-def _cdef_source(text: str) -> str:
-    """The header as cffi's cdef accepts it: comments and preprocessor lines
-    dropped, except `#define NAME <integer>`."""
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    out = []
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("#"):
-            if re.match(r"#define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\s*$", s):
-                out.append(s)
-            continue
-        out.append(line)
-    return "\n".join(out)
-
-
-_ffi: Any = None
-_consts: dict[str, int] = {}
-
-
-def ffi() -> Any:
-    """The cffi instance that knows the region's structs."""
-    global _ffi
-    if _ffi is None:
-        text = native.region_header().read_text()
-        f = cffi.FFI()
-        f.cdef(_cdef_source(text))
-        for m in re.finditer(r"^#define\s+(VGPU_\w+)\s+(0x[0-9a-fA-F]+|\d+)\s*$", text, re.M):
-            _consts[m.group(1)] = int(m.group(2), 0)
-        _ffi = f
-    return _ffi
-
-
-def const(name: str) -> int:
-    """An integer #define of region.h, by name."""
-    ffi()
-    return _consts[name]
-
-
-@dataclass
-class DeviceLimit:
-    uuid: str
-    mem_limit: int = 0          # bytes, 0 = none
-    core_share: int = 100       # percent
-    policy: int = 0             # VGPU_POLICY_HARD / VGPU_POLICY_SOFT
-    throttle: int = 0           # VGPU_GATE_*: open, turns, closed
-    ctx_overhead: int = 0
-
-
-@dataclass
-class ProcUsage:
-    pid: int
-    start_time: int
-    used: list[int]
-    ctx_bytes: list[int]
-    launches: list[int]
-    allocs: int
-    get_proc_calls: int
-    features: int = 0           # VGPU_FEATURE_* bits: what can't be checkpointed
-    busy_ns: list[int] = field(default_factory=list)   # GPU time its hook measured
-
-
-@dataclass
-class DeviceUsage:
-    used: int
-    peak: int
-    launches: int
-    throttled_ns: int
-    oom_refusals: int
-    busy_ns: int = 0            # GPU time the job's hooks measured (job-written)
-    cost_ns: int = 0            # one launch's, as last measured
-    borrowed_ns: int = 0        # part of busy_ns run in open spans
-
-
-@dataclass
-class Usage:
-    devices: list[DeviceUsage]
-    procs: list[ProcUsage] = field(default_factory=list)
-
-
-def _bytes(v: int, what: str) -> int:
-    if v > MAX_BYTES:
-        raise BadRegion(f"{what} = {v} bytes, more than any GPU holds")
-    return int(v)
-
-
-def _count(v: int) -> int:
-    return min(int(v), MAX_COUNT)
-
-
-def _device_usage(d: Any) -> DeviceUsage:
-    used = _bytes(d.used, "used")
-    peak = _bytes(d.peak, "peak")
-    return DeviceUsage(used=used, peak=max(peak, used),
-                       launches=_count(d.launches), throttled_ns=_count(d.throttled_ns),
-                       busy_ns=_count(d.busy_ns), cost_ns=_count(d.cost_ns),
-                       borrowed_ns=_count(d.borrowed_ns),
-                       oom_refusals=_count(d.oom_refusals))
-
-
-_SLOTS: tuple[int, int, int, int] | None = None
-
-
-def _slot_layout() -> tuple[int, int, int, int]:
-    """(offset of the slots, a slot's size, offset of its start time, how
-    many), from region.h."""
-    global _SLOTS
-    if _SLOTS is None:
-        f = ffi()
-        assert f.offsetof("struct vgpu_proc_slot", "pid") == 0
-        size = f.sizeof("struct vgpu_proc_slot")
-        assert size % 4 == 0
-        _SLOTS = (f.offsetof("struct vgpu_usage", "procs"), size,
-                  f.offsetof("struct vgpu_proc_slot", "start_time"), const("VGPU_MAX_PROCS"))
-    return _SLOTS
 
 
 def read_ids(path: Path) -> tuple[int, int, int]:
@@ -353,12 +101,6 @@ def _any_ids(path: Path) -> list[int]:
     return [int(x) for x in m.group(1).split()] if m else []
 
 
-def _sizes() -> tuple[int, int, int]:
-    f = ffi()
-    return (f.sizeof("struct vgpu_limits"), f.sizeof("struct vgpu_usage"),
-            f.sizeof("struct vgpu_signal"))
-
-
 def _own_segment(sid: int, size: int) -> bool:
     """Whether segment sid exists, was made by this process's user and holds
     size bytes or more: one of our regions' (a stale id may name another's)."""
@@ -369,7 +111,7 @@ def _own_segment(sid: int, size: int) -> bool:
     return ds.perm.cuid == os.geteuid() and ds.segsz >= size
 
 
-class Region:
+class Region(RegionLimits, RegionUsage):
     """One job's region. Create with Region.create (daemon), or open an
     existing one with Region.open."""
 
@@ -386,10 +128,6 @@ class Region:
         self._saddr = signal_addr
         self.limits = f.cast("struct vgpu_limits *", limits_addr)
 
-    @property
-    def usage_readable(self) -> bool:
-        return self._uaddr is not None
-
     # -- creation and opening ------------------------------------------------
     @classmethod
     def create(cls, path: Path | str, job_id: str, owner_uid: int,
@@ -403,7 +141,7 @@ class Region:
         max_dev = const("VGPU_MAX_DEVICES")
         if len(devices) > max_dev:
             raise ValueError(f"at most {max_dev} devices per job")
-        lsize, usize, ssize = _sizes()
+        lsize, usize, ssize = sizes()
         made: list[int] = []
         reg: Region | None = None
         try:
@@ -508,7 +246,7 @@ class Region:
         made them, and its files), the region open or not."""
         path = Path(path)
         try:
-            named = list(zip(read_ids(path), _sizes(), strict=True))
+            named = list(zip(read_ids(path), sizes(), strict=True))
         except (OSError, ValueError):
             named = [(sid, 1) for sid in _any_ids(path)]
         for sid, size in named:
@@ -517,155 +255,6 @@ class Region:
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
-
-    # -- limits (daemon side) -------------------------------------------------
-    def _writable(self) -> None:
-        if not self._lwritable or self._laddr is None:
-            raise PermissionError(f"{self.path}: the limits segment is not attached writable")
-
-    def set_devices(self, devices: list[DeviceLimit]) -> None:
-        self._writable()
-        f = ffi()
-        lim = self.limits
-        for i, d in enumerate(devices):
-            self._write_dev(i, d)
-            lim.dev[i].prev_signal_id = -1     # no turn before (vgpuctl.system.turns)
-        for i in range(len(devices), const("VGPU_MAX_DEVICES")):
-            f.memmove(lim.dev[i].uuid, b"\0" * const("VGPU_UUID_LEN"),
-                      const("VGPU_UUID_LEN"))
-        lim.ndevices = len(devices)
-        lim.generation += 1
-
-    def _write_dev(self, i: int, d: DeviceLimit) -> None:
-        f = ffi()
-        dev = self.limits.dev[i]
-        u = d.uuid.encode()[: const("VGPU_UUID_LEN") - 1]
-        f.memmove(dev.uuid, u + b"\0" * (const("VGPU_UUID_LEN") - len(u)),
-                  const("VGPU_UUID_LEN"))
-        dev.mem_limit = d.mem_limit
-        dev.ctx_overhead = d.ctx_overhead
-        dev.core_share = d.core_share
-        dev.policy = d.policy
-        dev.throttle = int(d.throttle)
-
-    def update_device(self, i: int, **changes: Any) -> None:
-        """Change some fields of device i's limits live."""
-        self._writable()
-        d = self.device(i)
-        for k, v in changes.items():
-            if not hasattr(d, k):
-                raise AttributeError(k)
-            setattr(d, k, v)
-        self._write_dev(i, d)
-        self.limits.generation += 1
-
-    def device(self, i: int) -> DeviceLimit:
-        f = ffi()
-        dev = self.limits.dev[i]
-        return DeviceLimit(
-            uuid=f.string(dev.uuid).decode(), mem_limit=dev.mem_limit,
-            core_share=dev.core_share, policy=dev.policy, throttle=int(dev.throttle),
-            ctx_overhead=dev.ctx_overhead)
-
-    def devices(self) -> list[DeviceLimit]:
-        return [self.device(i) for i in range(self.limits.ndevices)]
-
-    @property
-    def job_id(self) -> str:
-        return ffi().string(self.limits.job_id).decode()
-
-    # -- usage (written by the hook: untrusted) ---------------------------------
-    def _copy(self, offset: int, size: int) -> bytes:
-        """size bytes of the usage segment at offset, copied into the
-        daemon's memory (the segment can neither shrink nor move: the copy
-        is all there is to check)."""
-        if self._uaddr is None:
-            raise PermissionError(f"{self.path}: the usage segment is not readable")
-        return ctypes.string_at(self._uaddr + offset, size)
-
-    def _read(self, end_field: str | None = None) -> Any:
-        """The usage struct up to ``end_field`` (everything when None), as a
-        private copy, its header checked."""
-        f = ffi()
-        size = (f.offsetof("struct vgpu_usage", end_field) if end_field
-                else f.sizeof("struct vgpu_usage"))
-        buf = f.new("struct vgpu_usage *")
-        f.memmove(buf, self._copy(0, size), size)
-        if buf.magic != const("VGPU_REGION_MAGIC") or buf.version != const("VGPU_REGION_VERSION"):
-            raise BadRegion("the usage segment's header was overwritten")
-        return buf
-
-    def poke_usage(self, offset: int, data: bytes) -> None:
-        """Write data into the usage segment at offset, as the hook (or
-        anything the job's user runs) can: for tests and benchmarks of a
-        region opened with writable_usage."""
-        if self._uaddr is None or not self._uwritable:
-            raise PermissionError(f"{self.path}: the usage segment is not attached writable")
-        if offset < 0 or offset + len(data) > ffi().sizeof("struct vgpu_usage"):
-            raise ValueError("outside the usage struct")
-        ctypes.memmove(self._uaddr + offset, data, len(data))
-
-    def signal_bytes(self) -> bytes | None:
-        """The job's signal (struct vgpu_signal), copied into our memory;
-        None when it is not attached. The job writes it: callers check it."""
-        if self._saddr is None:
-            return None
-        return ctypes.string_at(self._saddr, ffi().sizeof("struct vgpu_signal"))
-
-    def poke_signal(self, offset: int, data: bytes) -> None:
-        """Write data into the signal segment at offset, as the job's user
-        can: for tests of a region opened with writable_usage."""
-        if self._saddr is None or not self._uwritable:
-            raise PermissionError(f"{self.path}: the signal segment is not attached writable")
-        if offset < 0 or offset + len(data) > ffi().sizeof("struct vgpu_signal"):
-            raise ValueError("outside the signal struct")
-        ctypes.memmove(self._saddr + offset, data, len(data))
-
-    def _ndevices(self) -> int:
-        return min(int(self.limits.ndevices), const("VGPU_MAX_DEVICES"))
-
-    def read_devices(self) -> list[DeviceUsage]:
-        """The job-wide counters of each of the job's GPUs, validated: one
-        bounded copy of the header and device counters (cheap enough for
-        every job on every tick)."""
-        u = self._read("procs")
-        return [_device_usage(u.dev[i]) for i in range(self._ndevices())]
-
-    def read_usage(self) -> Usage:
-        u = self._read()
-        n = self._ndevices()
-        devs = [_device_usage(u.dev[i]) for i in range(n)]
-        procs = []
-        for i in range(const("VGPU_MAX_PROCS")):
-            s = u.procs[i]
-            if s.pid > 0:
-                procs.append(ProcUsage(
-                    pid=s.pid, start_time=s.start_time,
-                    used=[_bytes(s.used[j], "slot used") for j in range(n)],
-                    ctx_bytes=[_bytes(s.ctx_bytes[j], "slot ctx_bytes") for j in range(n)],
-                    launches=[_count(s.launches[j]) for j in range(n)],
-                    allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls),
-                    features=int(s.features),
-                    busy_ns=[_count(s.busy_ns[j]) for j in range(n)]))
-        return Usage(devs, procs)
-
-    def slot_pids(self) -> list[tuple[int, int]]:
-        """(pid, start_time) of every claimed process slot, read in place
-        (cheap enough to call for every job on every tick: the pids are the
-        only thing read of a free slot). Anything may be written there:
-        callers check each pid's owner."""
-        if self._uaddr is None:
-            return []
-        base, size, off_start, n = _slot_layout()
-        raw = (ctypes.c_char * (n * size)).from_address(self._uaddr + base)
-        mv = memoryview(raw).cast("B")
-        pids = mv.cast("i")[::size // 4].tolist()    # pid is the slot's first field
-        out = []
-        for i, pid in enumerate(pids):
-            if pid > 0:
-                at = i * size + off_start
-                out.append((pid, int.from_bytes(mv[at:at + 8], "little")))
-        return out
 
     # -- the daemon's checkpoint -------------------------------------------------
     def write_checkpoint(self, data: dict[str, Any]) -> None:
@@ -694,16 +283,6 @@ class Region:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-
-    def slot_launches(self) -> list[dict[tuple[int, int], int]]:
-        """Per device, each live slot's (pid, start time) and its cumulative
-        launches (the hook counts every launch there, gated or not)."""
-        u = self.read_usage()
-        out: list[dict[tuple[int, int], int]] = [{} for _ in range(self._ndevices())]
-        for p in u.procs:
-            for i, n in enumerate(p.launches):
-                out[i][(p.pid, p.start_time)] = n
-        return out
 
     def close(self) -> None:
         """Detach the segments (they stay: the job's processes use them)."""

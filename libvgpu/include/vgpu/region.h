@@ -1,6 +1,6 @@
 /*
  * region.h - the shared region: the one contract between the C hook
- * (libvgpu.so) and the Python daemon (vgpuctl/system/region.py reads this very file
+ * (libvgpu.so) and the Python daemon (vgpuctl/system/structs.py reads this very file
  * through cffi, so the two sides cannot drift).
  *
  * A job's region is three System V shared memory segments, created (every

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import click
 
 from vgpuctl.errors import SimError, UsageError
 from vgpuctl.system import native
+
+if TYPE_CHECKING:
+    from vgpuctl.system.simstate import SimStats, Usage
 
 
 @click.group()
@@ -51,36 +56,70 @@ def stats(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st.to_json()))
         return
-    names = {"last": "one process a period (the last to run)",
-             "busiest": "one process a period (the busiest)", "each": "each process",
-             "none": "no process (per-process utilization not supported)"}
-    click.echo(f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms, "
-               f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}, "
-               f"time slice {st.timeslice_us} us, switch {st.switch_us} us, "
-               f"utilization of {names.get(st.util_procs, st.util_procs)}")
+    for line in _stats_lines(st):
+        click.echo(line)
+
+
+# What a period's utilization names (VGPU_SIM_UTIL_PROCS).
+_UTIL_PROCS = {"last": "one process a period (the last to run)",
+               "busiest": "one process a period (the busiest)", "each": "each process",
+               "none": "no process (per-process utilization not supported)"}
+
+
+def _stats_lines(st: SimStats) -> Iterator[str]:
+    """`sim stats` as text: the settings, an injected NVML fault, the GPUs,
+    the processes' and tags' usage, the processes not running."""
+    yield (f"state {st.path}: {st.count} GPU(s), sample period {st.sample_ms} ms, "
+           f"idle periods {'skipped' if st.util_idle == 'skip' else 'averaged in'}, "
+           f"time slice {st.timeslice_us} us, switch {st.switch_us} us, "
+           f"utilization of {_UTIL_PROCS.get(st.util_procs, st.util_procs)}")
     if st.nvml_error_count:
         left = "until cleared" if st.nvml_error_count < 0 else f"{st.nvml_error_count} more"
-        click.echo(f"fault: NVML calls return {st.nvml_error} ({left})")
-    click.echo(f"{'GPU':<4} {'UUID':<41} {'used':>11} {'total':>11} {'busy s':>9} "
-               f"{'kernels':>9}  fail-allocs")
+        yield f"fault: NVML calls return {st.nvml_error} ({left})"
+    yield (f"{'GPU':<4} {'UUID':<41} {'used':>11} {'total':>11} {'busy s':>9} "
+           f"{'kernels':>9}  fail-allocs")
     for d in st.devices:
-        click.echo(f"{d.index:<4} {d.uuid:<41} {_mib(d.used):>11} {_mib(d.total):>11} "
-                   f"{d.busy_ns / 1e9:>9.3f} {d.kernels:>9}  {d.fail_allocs}")
-    rows = [("process", str(p.pid), p.tag or "-", u) for p in st.processes for u in p.devices
+        yield (f"{d.index:<4} {d.uuid:<41} {_mib(d.used):>11} {_mib(d.total):>11} "
+               f"{d.busy_ns / 1e9:>9.3f} {d.kernels:>9}  {d.fail_allocs}")
+    yield from _usage_lines(st)
+    yield from _checkpoint_lines(st)
+
+
+def _usage_lines(st: SimStats) -> Iterator[str]:
+    """A table of each process's and tag's use of each GPU it used; nothing
+    when none did."""
+    rows = _process_rows(st) + _tag_rows(st)
+    if not rows:
+        return
+    yield (f"\n{'':<8} {'pid/name':<16} {'tag':<12} {'GPU':<4} {'used':>11} {'peak':>11} "
+           f"{'busy s':>9}")
+    for kind, who, tag, u in rows:
+        yield (f"{kind:<8} {who:<16} {tag:<12} {u.index:<4} {_mib(u.used):>11} "
+               f"{_mib(u.peak):>11} {u.busy_ns / 1e9:>9.3f}")
+
+
+def _process_rows(st: SimStats) -> list[tuple[str, str, str, Usage]]:
+    """("process", its pid, its tag, its use of a GPU) for each GPU a
+    process holds memory, a context or kernel time on, or held before its
+    checkpoint."""
+    return [("process", str(p.pid), p.tag or "-", u) for p in st.processes for u in p.devices
             if u.used or u.contexts or u.busy_ns or u.held]
-    rows += [("tag", t.name, "", u) for t in st.tags for u in t.devices
-             if u.used or u.peak or u.busy_ns]
-    if rows:
-        click.echo(f"\n{'':<8} {'pid/name':<16} {'tag':<12} {'GPU':<4} {'used':>11} {'peak':>11} "
-                   f"{'busy s':>9}")
-        for kind, who, tag, u in rows:
-            click.echo(f"{kind:<8} {who:<16} {tag:<12} {u.index:<4} {_mib(u.used):>11} "
-                       f"{_mib(u.peak):>11} {u.busy_ns / 1e9:>9.3f}")
+
+
+def _tag_rows(st: SimStats) -> list[tuple[str, str, str, Usage]]:
+    """("tag", its name, "", its use of a GPU) for each GPU a tag used."""
+    return [("tag", t.name, "", u) for t in st.tags for u in t.devices
+            if u.used or u.peak or u.busy_ns]
+
+
+def _checkpoint_lines(st: SimStats) -> Iterator[str]:
+    """The state of each process not running (the checkpoint API's), and
+    the device memory it holds in host memory."""
     for p in st.processes:
         if p.checkpoint != "running":
             held = sum(u.held for u in p.devices)
-            click.echo(f"process {p.pid}: {p.checkpoint}"
-                       + (f", {_mib(held)} of device memory in host memory" if held else ""))
+            yield (f"process {p.pid}: {p.checkpoint}"
+                   + (f", {_mib(held)} of device memory in host memory" if held else ""))
 
 
 @sim.command()
