@@ -47,7 +47,7 @@ struct CUctx_st {
     uint64_t mem;         /* device memory the context costs */
 };
 
-/* A capture sequence (stream.c, graph.c): the graph that stream capture
+/* A capture sequence (stream.c, capture.c): the graph that stream capture
  * records into, begun on one stream (its origin), which other streams join
  * by waiting on an event recorded in it. All of it under cu_capture_lock. */
 struct capture {

@@ -3,7 +3,7 @@
  * for. Every stream of the process feeds the one queue of exec.c, so a
  * stream's last sequence number is all it needs to know.
  *
- * Stream capture's bookkeeping is here too (graph.c records the nodes): a
+ * Stream capture's bookkeeping is here too (capture.c records the nodes): a
  * capture sequence begun on one stream, which another stream joins by
  * waiting on an event recorded in it (a fork; waiting back on an event of
  * the joined stream is the join), and what the driver refuses while a
