@@ -139,7 +139,7 @@ struct CUmod_st {
 
 /* What an explicit synchronisation (cuCtxSynchronize, cuStreamSynchronize,
  * cuEventSynchronize) does besides waiting, once the work is done: set by
- * vmm.c (pools give back their spare reserve), NULL until then. */
+ * pool.c (pools give back their spare reserve), NULL until then. */
 extern void (*volatile cu_on_sync)(void);
 
 /* Guards every capture sequence and the capture fields of streams and
