@@ -92,7 +92,7 @@ struct CUevent_st {
     unsigned long long capture_id;
     CUgraphNode *cap_deps;
     size_t cap_ndeps;
-    /* an interprocess event (stream.c): the page its records and their
+    /* an interprocess event (ipc_event.c): the page its records and their
      * completions are counted in, shared with other processes */
     struct ipc_event_page *ipc;
 };
