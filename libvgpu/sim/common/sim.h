@@ -110,7 +110,7 @@ void sim_device_bus_id(int index, char *out, size_t len, int nvml_form);
  * (peer access over PCIe); 1 unless set to 0. */
 int sim_peer_access(void);
 
-/* ---- account.c: memory and time on the shared devices ---- */
+/* ---- account.c: memory on the shared devices ---- */
 
 /* Charge `bytes` of device `dev` to this process. `alloc` marks a device
  * allocation (fault injection applies to those, not to contexts).
@@ -122,7 +122,9 @@ void sim_context_count(int dev, int delta);
 /* Device memory as seen by everyone: total and free bytes. */
 void sim_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 
-/* The device's timeline (account.c): every process has one in-order queue
+/* ---- timeline.c: kernel time on the shared devices ---- */
+
+/* The device's timeline (timeline.c): every process has one in-order queue
  * of kernel time per device, and processes with pending kernels take turns
  * in time slices (see docs/simulator.md).
  *

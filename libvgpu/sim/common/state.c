@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "sim.h"
+#include "slot.h"
 #include "vgpu/size.h"
 
 #define SLOT_LOCK_BASE ((off_t)1 << 40)
@@ -442,6 +443,17 @@ int sim_self_slot(void)
     g_slot = slot;
     g_slot_pid = self;
     return slot;
+}
+
+struct vgpu_sim_proc *sim_self_proc(struct vgpu_sim_state *s)
+{
+    int slot = sim_self_slot();
+    return slot < 0 ? NULL : &s->procs[slot];
+}
+
+struct vgpu_sim_tag *sim_proc_tag(struct vgpu_sim_state *s, const struct vgpu_sim_proc *p)
+{
+    return (p && p->tag >= 0 && p->tag < VGPU_SIM_MAX_TAGS) ? &s->tags[p->tag] : NULL;
 }
 
 /* ---- the lock ---- */

@@ -91,7 +91,7 @@ struct vgpu_sim_period {
 };
 
 /* The device's scheduler: processes with pending kernels take turns in time
- * slices (see account.c). The timeline is played up to played_ns. */
+ * slices (see timeline.c). The timeline is played up to played_ns. */
 struct vgpu_sim_sched {
     uint64_t played_ns;      /* the timeline is decided up to here */
     int32_t cur;             /* process slot holding the device, -1: none */

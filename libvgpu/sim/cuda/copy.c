@@ -8,12 +8,12 @@
 #include <string.h>
 
 #include "alloctab.h"
+#include "array.h"
 #include "context.h"
 #include "copy.h"
 #include "exec.h"
 #include "gate.h"
 #include "stream.h"
-#include "vmm.h"
 
 typedef struct {
     size_t srcXInBytes, srcY;

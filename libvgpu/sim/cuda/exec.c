@@ -7,7 +7,7 @@
  * trivially. A kernel goes to its device's timeline (sim_submit_kernel) the
  * moment it is queued, unless a host function before it has not run yet
  * (then when that one has returned), as a GPU's front end takes work as soon
- * as it is pushed; the device's scheduler (common/account.c) runs the
+ * as it is pushed; the device's scheduler (common/timeline.c) runs the
  * kernels of all processes in time slices. The worker completes the queue's
  * ops in order at the times the timeline gives them. Copies and memsets do
  * not wait in the queue: kernels never touch memory here, so doing them at

@@ -47,7 +47,7 @@ struct CUctx_st {
     uint64_t mem;         /* device memory the context costs */
 };
 
-/* A capture sequence (stream.c, graph.c): the graph that stream capture
+/* A capture sequence (stream.c, capture.c): the graph that stream capture
  * records into, begun on one stream (its origin), which other streams join
  * by waiting on an event recorded in it. All of it under cu_capture_lock. */
 struct capture {
@@ -92,7 +92,7 @@ struct CUevent_st {
     unsigned long long capture_id;
     CUgraphNode *cap_deps;
     size_t cap_ndeps;
-    /* an interprocess event (stream.c): the page its records and their
+    /* an interprocess event (ipc_event.c): the page its records and their
      * completions are counted in, shared with other processes */
     struct ipc_event_page *ipc;
 };
@@ -139,7 +139,7 @@ struct CUmod_st {
 
 /* What an explicit synchronisation (cuCtxSynchronize, cuStreamSynchronize,
  * cuEventSynchronize) does besides waiting, once the work is done: set by
- * vmm.c (pools give back their spare reserve), NULL until then. */
+ * pool.c (pools give back their spare reserve), NULL until then. */
 extern void (*volatile cu_on_sync)(void);
 
 /* Guards every capture sequence and the capture fields of streams and

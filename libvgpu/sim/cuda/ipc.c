@@ -1,6 +1,6 @@
 /*
  * ipc.c - CUDA IPC of device memory: cuIpcGetMemHandle, cuIpcOpenMemHandle,
- * cuIpcCloseMemHandle (event handles are stream.c's).
+ * cuIpcCloseMemHandle (event handles are ipc_event.c's).
  *
  * A device pointer here is the address of a host mapping (alloctab.c), so
  * sharing an allocation with another process is sharing its pages: the

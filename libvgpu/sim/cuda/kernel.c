@@ -1,6 +1,6 @@
 /*
  * kernel.c - checking a launch and the rule that gives a simulated kernel its
- * run time, for launches (launch.c) and graphs' kernel nodes (graph.c):
+ * run time, for launches (launch.c) and graphs' kernel nodes (graph_node.c):
  *
  *   - a function whose name starts with "vgpu_spin" runs for as many
  *     nanoseconds as its first parameter (a u64) says;

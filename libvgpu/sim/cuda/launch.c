@@ -3,16 +3,16 @@
  * before cuLaunchKernel: cuLaunch, cuLaunchGrid, cuLaunchGridAsync, whose
  * block shape and parameters are set on the function beforehand) and
  * occupancy. A launch on a capturing stream becomes a node of its graph
- * (graph.c); how long a kernel runs is kernel.c's rule.
+ * (capture.c); how long a kernel runs is kernel.c's rule.
  */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "capture.h"
 #include "context.h"
 #include "exec.h"
-#include "graph.h"
 #include "init.h"
 #include "kernel.h"
 #include "stream.h"

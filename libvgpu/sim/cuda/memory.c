@@ -9,7 +9,7 @@
 #include "context.h"
 #include "exec.h"
 #include "init.h"
-#include "vmm.h"
+#include "pool.h"
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {

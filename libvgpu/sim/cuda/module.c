@@ -1,5 +1,6 @@
 /*
- * module.c - modules, libraries and functions.
+ * module.c - modules, libraries and the functions they hold (their
+ * attributes are function.c's, the JIT linker link.c's).
  *
  * An image is PTX text (the entries and their parameter lists are parsed),
  * a cubin (ELF: one function per .text.<name> section) or a fatbinary
@@ -358,7 +359,7 @@ static void unload(struct CUmod_st *m)
     cu_obj_del(m, sizeof *m);
 }
 
-static void *read_file(const char *path, CUresult *rc)
+void *cu_module_read_file(const char *path, CUresult *rc)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -393,7 +394,7 @@ VGPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 }
 
 /* Answer the JIT's log options: nothing was logged. */
-static void empty_logs(unsigned int n, CUjit_option *opts, void **values)
+void cu_module_empty_logs(unsigned int n, CUjit_option *opts, void **values)
 {
     if (!opts || !values)
         return;
@@ -410,7 +411,7 @@ VGPU_EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, uns
                                         CUjit_option *opts, void **values)
 {
     CUresult rc = cuModuleLoadData(module, image);
-    empty_logs(n, opts, values);
+    cu_module_empty_logs(n, opts, values);
     return rc;
 }
 
@@ -427,7 +428,7 @@ VGPU_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path)
         return rc;
     if (!module || !path)
         return CUDA_ERROR_INVALID_VALUE;
-    void *img = read_file(path, &rc);
+    void *img = cu_module_read_file(path, &rc);
     if (!img)
         return rc;
     rc = load_image(img, ctx, module);
@@ -626,7 +627,7 @@ VGPU_EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, CUjit_o
         return CUDA_ERROR_INVALID_VALUE;
     struct CUmod_st *m;
     CUresult rc = load_image(code, NULL, &m);
-    empty_logs(nj, jopts, jvals);
+    cu_module_empty_logs(nj, jopts, jvals);
     if (rc)
         return rc;
     struct CUlib_st *l = cu_obj_new(sizeof *l, MAGIC_LIBRARY);
@@ -643,7 +644,7 @@ VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUj
     if (!path)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc;
-    void *img = read_file(path, &rc);
+    void *img = cu_module_read_file(path, &rc);
     if (!img)
         return rc;
     rc = cuLibraryLoadData(lib, img, jopts, jvals, nj, lopts, lvals, nl);
@@ -732,209 +733,4 @@ VGPU_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
         return CUDA_ERROR_INVALID_HANDLE;
     *f = (CUfunction)k;
     return CUDA_SUCCESS;
-}
-
-/* ---- function attributes ---- */
-
-VGPU_EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunction f)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    switch ((int)attr) {
-    case 0: *value = 1024; break;          /* MAX_THREADS_PER_BLOCK */
-    case 4: *value = 16; break;            /* NUM_REGS */
-    case 5: *value = 90; break;            /* PTX_VERSION */
-    case 6: *value = 90; break;            /* BINARY_VERSION */
-    case 8: *value = 232448 - 1024; break; /* MAX_DYNAMIC_SHARED_SIZE_BYTES */
-    case 9: *value = -1; break;            /* PREFERRED_SHARED_MEMORY_CARVEOUT */
-    case 1: case 2: case 3: case 7: case 10: case 11: case 12: case 13: case 14: case 15:
-        *value = 0;
-        break;
-    default:
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    return CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int value)
-{
-    (void)value;
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    return ((int)attr < 0 || (int)attr > 15) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuKernelGetAttribute(int *value, CUfunction_attribute attr, CUkernel k,
-                                          CUdevice dev)
-{
-    CUresult rc = cu_check_device(dev);
-    return rc ? rc : cuFuncGetAttribute(value, attr, (CUfunction)k);
-}
-
-VGPU_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, CUkernel k,
-                                          CUdevice dev)
-{
-    CUresult rc = cu_check_device(dev);
-    return rc ? rc : cuFuncSetAttribute((CUfunction)k, attr, value);
-}
-
-VGPU_EXPORT CUresult cuFuncSetCacheConfig(CUfunction f, int config)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuFuncGetName(const char **name, CUfunction f)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!name)
-        return CUDA_ERROR_INVALID_VALUE;
-    *name = f->name;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuFuncGetName, cuKernelGetName)
-
-VGPU_EXPORT CUresult cuFuncGetModule(CUmodule *m, CUfunction f)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!m)
-        return CUDA_ERROR_INVALID_VALUE;
-    *m = f->mod;
-    return CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (f->nparams < 0)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    if (index >= (size_t)f->nparams)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (offset)
-        *offset = f->params[index].offset;
-    if (size)
-        *size = f->params[index].size;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuFuncGetParamInfo, cuKernelGetParamInfo)
-
-VGPU_EXPORT CUresult cuFuncIsLoaded(int *state, CUfunction f)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!state)
-        return CUDA_ERROR_INVALID_VALUE;
-    *state = 1; /* CU_FUNCTION_LOADING_STATE_LOADED */
-    return CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuFuncLoad(CUfunction f)
-{
-    return cu_obj_is(f, MAGIC_FUNC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-}
-
-/* ---- the JIT linker ----
- * Nothing is compiled or linked here: a link's result is the first image
- * added to it (PTX or a cubin, which the loaders read as they are). */
-
-struct link_state {
-    void *image;
-    size_t size;
-};
-
-VGPU_EXPORT CUresult cuLinkCreate_v2(unsigned int n, CUjit_option *opts, void **values,
-                                     void **state)
-{
-    if (!cu_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!state || (n && (!opts || !values)))
-        return CUDA_ERROR_INVALID_VALUE;
-    empty_logs(n, opts, values);
-    *state = calloc(1, sizeof(struct link_state));
-    return *state ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-VGPU_ALIAS(cuLinkCreate_v2, cuLinkCreate)
-
-VGPU_EXPORT CUresult cuLinkAddData_v2(void *state, int type, void *data, size_t size,
-                                      const char *name, unsigned int n, CUjit_option *opts,
-                                      void **values)
-{
-    (void)type, (void)name;
-    struct link_state *l = state;
-    if (!l || !data || !size)
-        return CUDA_ERROR_INVALID_VALUE;
-    empty_logs(n, opts, values);
-    if (l->image)
-        return CUDA_SUCCESS;
-    l->image = malloc(size + 1);
-    if (!l->image)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    memcpy(l->image, data, size);
-    ((char *)l->image)[size] = '\0';
-    l->size = size;
-    return CUDA_SUCCESS;
-}
-VGPU_ALIAS(cuLinkAddData_v2, cuLinkAddData)
-
-VGPU_EXPORT CUresult cuLinkAddFile_v2(void *state, int type, const char *path, unsigned int n,
-                                      CUjit_option *opts, void **values)
-{
-    if (!state || !path)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult rc;
-    char *img = read_file(path, &rc);
-    if (!img)
-        return rc;
-    rc = cuLinkAddData_v2(state, type, img, strlen(img) ? strlen(img) : 1, path, n, opts,
-                          values);
-    free(img);
-    return rc;
-}
-VGPU_ALIAS(cuLinkAddFile_v2, cuLinkAddFile)
-
-VGPU_EXPORT CUresult cuLinkComplete(void *state, void **cubin, size_t *size)
-{
-    struct link_state *l = state;
-    if (!l || !cubin || !size)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!l->image)
-        return CUDA_ERROR_INVALID_IMAGE;
-    *cubin = l->image;
-    *size = l->size;
-    return CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuLinkDestroy(void *state)
-{
-    struct link_state *l = state;
-    if (!l)
-        return CUDA_ERROR_INVALID_HANDLE;
-    free(l->image);
-    free(l);
-    return CUDA_SUCCESS;
-}
-
-/* Shared memory bank size and the cache preference of a kernel: accepted
- * and ignored, as Hopper does. */
-VGPU_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction f, int config)
-{
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    return (config < 0 || config > 2) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, int config, CUdevice dev)
-{
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
-    if (!cu_obj_is(k, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }

@@ -1,9 +1,10 @@
 /*
  * stream.c - streams and events: what a program queues work on and waits
  * for. Every stream of the process feeds the one queue of exec.c, so a
- * stream's last sequence number is all it needs to know.
+ * stream's last sequence number is all it needs to know. The page behind an
+ * interprocess event is ipc_event.c's.
  *
- * Stream capture's bookkeeping is here too (graph.c records the nodes): a
+ * Stream capture's bookkeeping is here too (capture.c records the nodes): a
  * capture sequence begun on one stream, which another stream joins by
  * waiting on an event recorded in it (a fork; waiting back on an event of
  * the joined stream is the join), and what the driver refuses while a
@@ -19,26 +20,17 @@
  * ends it with that error and no graph.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "alloctab.h"
 #include "context.h"
 #include "exec.h"
 #include "init.h"
+#include "ipc_event.h"
 #include "stream.h"
 
 static unsigned long long g_stream_ids = 1;
-
-struct ipc_event_page;
-static CUresult ipc_queue_wait(CUcontext ctx, CUstream s, struct ipc_event_page *p);
 
 /* ---- capture sequences ---- */
 
@@ -270,7 +262,7 @@ VGPU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags
         return CUDA_ERROR_INVALID_VALUE;
     if (e->ipc && !e->capture && !(s && s->capture)) {
         /* another process's work: the queue waits for it */
-        return ipc_queue_wait(ctx, s, e->ipc);
+        return cu_ipc_event_queue_wait(ctx, s, e->ipc);
     }
     if (!s && !e->capture)
         return CUDA_SUCCESS; /* one in-order queue: the event's work is ahead */
@@ -490,238 +482,6 @@ VGPU_EXPORT CUresult cuStreamAttachMemAsync(CUstream h, CUdeviceptr ptr, size_t 
 }
 VGPU_ALIAS(cuStreamAttachMemAsync, cuStreamAttachMemAsync_ptsz)
 
-/* ---- interprocess events ----
- * An event created with CU_EVENT_INTERPROCESS has a page, on a memfd, that
- * counts its records and their completions: a record adds one to `recorded`
- * at once and queues the completion behind the work before it (a host
- * function that sets `completed`). cuIpcGetEventHandle names the exporter's
- * fd; cuIpcOpenEventHandle maps it in another process (through /proc, as
- * ipc.c does memory), where querying, synchronising and cuStreamWaitEvent see
- * the exporter's records, and a record there counts on the same page. A wait
- * gives up if the process that recorded is gone. */
-
-#define IPC_EVENT_MAGIC 0x45504956u /* "VIPE" */
-#define IPC_EVENT_NAME "/memfd:vgpu-sim-ipc-event"
-
-struct ipc_event_shared {
-    uint64_t recorded;   /* records made, by any process */
-    uint64_t completed;  /* the highest record whose work is done */
-    int32_t pid;         /* the process that recorded last */
-    uint32_t pad;
-};
-
-struct ipc_event_page {
-    volatile struct ipc_event_shared *shm;
-    int fd;              /* the exporter's memfd (-1 in an importer) */
-    int refs;            /* the event, and each completion still queued */
-};
-
-struct ipc_event_handle {
-    uint32_t magic;
-    int32_t pid;
-    int32_t fd;
-    uint32_t pad;
-    uint64_t start_time;
-};
-
-_Static_assert(sizeof(struct ipc_event_handle) <= sizeof(CUipcEventHandle), "handle size");
-
-static pthread_mutex_t g_ipc_ev_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void ipc_page_put(struct ipc_event_page *p)
-{
-    if (!p)
-        return;
-    pthread_mutex_lock(&g_ipc_ev_lock);
-    int last = --p->refs == 0;
-    pthread_mutex_unlock(&g_ipc_ev_lock);
-    if (!last)
-        return;
-    munmap((void *)p->shm, sizeof *p->shm);
-    if (p->fd >= 0)
-        close(p->fd);
-    free(p);
-}
-
-static struct ipc_event_page *ipc_page_map(int fd, int own)
-{
-    void *m = mmap(NULL, sizeof(struct ipc_event_shared), PROT_READ | PROT_WRITE, MAP_SHARED,
-                   fd, 0);
-    if (m == MAP_FAILED)
-        return NULL;
-    struct ipc_event_page *p = calloc(1, sizeof *p);
-    if (!p) {
-        munmap(m, sizeof(struct ipc_event_shared));
-        return NULL;
-    }
-    p->shm = m;
-    p->fd = own ? fd : -1;
-    p->refs = 1;
-    return p;
-}
-
-static uint64_t ipc_recorded(struct ipc_event_page *p)
-{
-    return __atomic_load_n(&p->shm->recorded, __ATOMIC_ACQUIRE);
-}
-
-static int ipc_done(struct ipc_event_page *p, uint64_t gen)
-{
-    return __atomic_load_n(&p->shm->completed, __ATOMIC_ACQUIRE) >= gen;
-}
-
-static int pid_alive(int pid)
-{
-    return pid <= 0 || kill(pid, 0) == 0 || errno == EPERM;
-}
-
-/* Wait until record `gen` is complete, or its recorder is gone. */
-static void ipc_wait(struct ipc_event_page *p, uint64_t gen)
-{
-    unsigned us = 20;
-    while (!ipc_done(p, gen)) {
-        if (!pid_alive(__atomic_load_n(&p->shm->pid, __ATOMIC_RELAXED)))
-            return;
-        usleep(us);
-        if (us < 2000)
-            us *= 2;
-    }
-}
-
-struct ipc_completion {
-    struct ipc_event_page *page;
-    uint64_t gen;
-};
-
-static void ipc_complete(void *arg)
-{
-    struct ipc_completion *c = arg;
-    volatile struct ipc_event_shared *shm = c->page->shm;
-    uint64_t cur = __atomic_load_n(&shm->completed, __ATOMIC_RELAXED);
-    while (cur < c->gen &&
-           !__atomic_compare_exchange_n(&shm->completed, &cur, c->gen, 0, __ATOMIC_RELEASE,
-                                        __ATOMIC_RELAXED))
-        ;
-    ipc_page_put(c->page);
-    free(c);
-}
-
-static void ipc_await(void *arg)
-{
-    struct ipc_completion *c = arg;
-    ipc_wait(c->page, c->gen);
-    ipc_page_put(c->page);
-    free(c);
-}
-
-/* Queue fn(page, gen) behind the stream's work, holding a reference. */
-static CUresult ipc_queue(CUcontext ctx, CUstream s, struct ipc_event_page *p, uint64_t gen,
-                          void (*fn)(void *))
-{
-    struct ipc_completion *c = malloc(sizeof *c);
-    if (!c)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&g_ipc_ev_lock);
-    p->refs++;
-    pthread_mutex_unlock(&g_ipc_ev_lock);
-    c->page = p;
-    c->gen = gen;
-    exec_host_fn(ctx, s, fn, c);
-    return CUDA_SUCCESS;
-}
-
-static CUresult ipc_record(CUcontext ctx, CUstream s, struct ipc_event_page *p)
-{
-    __atomic_store_n(&p->shm->pid, (int32_t)getpid(), __ATOMIC_RELAXED);
-    uint64_t gen = __atomic_add_fetch(&p->shm->recorded, 1, __ATOMIC_ACQ_REL);
-    return ipc_queue(ctx, s, p, gen, ipc_complete);
-}
-
-static CUresult ipc_queue_wait(CUcontext ctx, CUstream s, struct ipc_event_page *p)
-{
-    uint64_t gen = ipc_recorded(p);
-    if (ipc_done(p, gen))
-        return CUDA_SUCCESS;
-    return ipc_queue(ctx, s, p, gen, ipc_await);
-}
-
-VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
-{
-    if (!cu_initialized)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (!handle)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!(e->flags & CU_EVENT_INTERPROCESS))
-        return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_ipc_ev_lock);
-    if (!e->ipc) {
-        int fd = memfd_create("vgpu-sim-ipc-event", MFD_CLOEXEC);
-        if (fd >= 0 && ftruncate(fd, sizeof(struct ipc_event_shared)) == 0)
-            e->ipc = ipc_page_map(fd, 1);
-        if (!e->ipc && fd >= 0)
-            close(fd);
-    }
-    struct ipc_event_page *p = e->ipc;
-    pthread_mutex_unlock(&g_ipc_ev_lock);
-    if (!p)
-        return CUDA_ERROR_MAP_FAILED;
-    if (p->fd < 0)
-        return CUDA_ERROR_INVALID_VALUE; /* an event opened from another process */
-    struct ipc_event_handle h = {.magic = IPC_EVENT_MAGIC, .pid = (int32_t)getpid(),
-                                 .fd = p->fd, .start_time = sim_proc_start_time((int)getpid())};
-    memset(handle, 0, sizeof *handle);
-    memcpy(handle, &h, sizeof h);
-    return CUDA_SUCCESS;
-}
-
-VGPU_EXPORT CUresult cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle handle)
-{
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
-    if (!pe)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct ipc_event_handle h;
-    memcpy(&h, &handle, sizeof h);
-    if (h.magic != IPC_EVENT_MAGIC || h.pid <= 0 || h.fd < 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (h.pid == (int32_t)getpid())
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (sim_proc_start_time(h.pid) != h.start_time)
-        return CUDA_ERROR_INVALID_HANDLE;
-    char path[64], link[128];
-    snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
-    ssize_t n = readlink(path, link, sizeof link - 1);
-    if (n <= 0)
-        return CUDA_ERROR_INVALID_HANDLE;
-    link[n] = '\0';
-    if (strncmp(link, IPC_EVENT_NAME, strlen(IPC_EVENT_NAME)) != 0)
-        return CUDA_ERROR_INVALID_HANDLE;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct stat st;
-    struct ipc_event_page *p = NULL;
-    if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct ipc_event_shared))
-        p = ipc_page_map(fd, 0);
-    close(fd);
-    if (!p)
-        return CUDA_ERROR_MAP_FAILED;
-    struct CUevent_st *e = cu_obj_new(sizeof *e, MAGIC_EVENT);
-    if (!e) {
-        ipc_page_put(p);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    e->ctx = ctx;
-    e->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
-    e->ipc = p;
-    *pe = e;
-    return CUDA_SUCCESS;
-}
-
 /* ---- events ---- */
 
 /* Last recorded in a capture still going on: it stands for graph nodes, not
@@ -769,7 +529,7 @@ VGPU_EXPORT CUresult cuEventDestroy_v2(CUevent e)
     e->cap_deps = NULL;
     e->capture = NULL;
     pthread_mutex_unlock(&cu_capture_lock);
-    ipc_page_put(e->ipc);
+    cu_ipc_event_put(e->ipc);
     exec_event_del(e);
     return CUDA_SUCCESS;
 }
@@ -815,7 +575,7 @@ VGPU_EXPORT CUresult cuEventRecord(CUevent e, CUstream h)
     e->recorded = 1;
     exec_event(ctx, s, e);
     if (e->ipc)
-        return ipc_record(ctx, s, e->ipc);
+        return cu_ipc_event_record(ctx, s, e->ipc);
     return CUDA_SUCCESS;
 }
 VGPU_ALIAS(cuEventRecord, cuEventRecord_ptsz)
@@ -837,7 +597,8 @@ VGPU_EXPORT CUresult cuEventQuery(CUevent e)
     if (captured_event(e))
         return CUDA_ERROR_CAPTURED_EVENT;
     if (e->ipc)
-        return ipc_done(e->ipc, ipc_recorded(e->ipc)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+        return cu_ipc_event_done(e->ipc, cu_ipc_event_recorded(e->ipc)) ? CUDA_SUCCESS
+                                                                        : CUDA_ERROR_NOT_READY;
     if (!e->recorded)
         return CUDA_SUCCESS;
     return exec_done(exec_read(&e->seq)) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -852,7 +613,7 @@ VGPU_EXPORT CUresult cuEventSynchronize(CUevent e)
     if (captured_event(e))
         return CUDA_ERROR_CAPTURED_EVENT;
     if (e->ipc)
-        ipc_wait(e->ipc, ipc_recorded(e->ipc));
+        cu_ipc_event_wait(e->ipc, cu_ipc_event_recorded(e->ipc));
     else if (e->recorded)
         exec_wait(exec_read(&e->seq));
     if (cu_on_sync)

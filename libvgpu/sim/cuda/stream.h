@@ -1,5 +1,6 @@
 /*
- * stream.h - streams and events (stream.c). Above context.h and exec.h.
+ * stream.h - streams and events (stream.c). Above context.h, exec.h and
+ * ipc_event.h.
  */
 #ifndef VGPU_SIM_CUDA_STREAM_H
 #define VGPU_SIM_CUDA_STREAM_H
