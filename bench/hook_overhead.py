@@ -56,7 +56,7 @@ from vgpuctl.core.turns import TURNS, Turn  # noqa: E402
 from vgpuctl.system import native  # noqa: E402
 from vgpuctl.system.limits import DeviceLimit  # noqa: E402
 from vgpuctl.system.region import Region  # noqa: E402
-from vgpuctl.system.turns import write_turn  # noqa: E402
+from vgpuctl.system.turn_fields import write_turn  # noqa: E402
 
 NULL_DRIVER = "do-nothing driver"
 OPS = {  # op: (what, batch size, {driver: target in ns added}; a driver not named: none)

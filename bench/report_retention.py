@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from vgpuctl.store.jobs import Store  # noqa: E402
+from vgpuctl.store.database import Store  # noqa: E402
 from vgpuctl.store.usage import create_schema  # noqa: E402
 
 GPU = "GPU-00000000-0000-0000-0000-000000000000"

@@ -197,7 +197,7 @@ def watch_cost(env: dict[str, str], sock: Path, seconds: float) -> float:
     import threading
 
     from vgpuctl.core.violations import JobLimits
-    from vgpuctl.daemon.violations import JobProcs, Known, Watch
+    from vgpuctl.daemon.watch import JobProcs, Known, Watch
     from vgpuctl.system.busy import DeviceBusy
     from vgpuctl.system.nvml import Nvml
     from vgpuctl.system.region import Region

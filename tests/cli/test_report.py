@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vgpuctl.core.accounting import Accountant
-from vgpuctl.store.jobs import ENDED, JobRecord, Store
+from vgpuctl.store.database import ENDED, JobRecord, Store
 from vgpuctl.store.usage import create_schema, flush
 
 G = 1 << 30

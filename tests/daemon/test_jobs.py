@@ -11,7 +11,7 @@ import pytest
 from vgpuctl.core.job import ENDED, RUNNING, STARTING, STATES, SUSPENDED, JobRecord
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.errors import StateError
-from vgpuctl.store.jobs import Store
+from vgpuctl.store.database import Store
 
 NOW = 1000.0
 

@@ -18,7 +18,7 @@ from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
 from vgpuctl.daemon import logs, requests
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.store.jobs import Store
+from vgpuctl.store.database import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from support.daemon import needs_native, wait_for
 
-from vgpuctl.core import priority as prio
+from vgpuctl.core import classes
 from vgpuctl.system import native
-from vgpuctl.system.priority import read_class, read_signal
+from vgpuctl.system.class_fields import read_class, read_signal
 from vgpuctl.system.region import Region
 
 from .test_e2e import as_user
@@ -38,7 +38,7 @@ def job_named(daemon, name: str) -> dict:
                                  None), what=f"job {name}")
 
 
-def classes(daemon, job: dict):
+def fields_of(daemon, job: dict):
     reg = Region.open(Path(daemon.runtime) / "jobs" / job["id"])
     try:
         return read_class(reg, 0)
@@ -65,21 +65,21 @@ def test_set_priority_takes_effect_on_a_running_job(daemon):
     try:
         ja, jb = job_named(daemon, "a"), job_named(daemon, "b")
         wait_for(lambda: queued_ms(daemon, ja["pids"]) >= 8, 30, "a's queue to fill")
-        assert classes(daemon, ja).hold == 0          # one class: the launch fast path
+        assert fields_of(daemon, ja).hold == 0          # one class: the launch fast path
         r = daemon.cli("set", "a", "--priority", "low")
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip().endswith("priority low")
         assert daemon.job(ja["id"])["priority"] == "low"
-        c = classes(daemon, ja)
-        assert (c.priority, c.hold) == (prio.RANK["low"], prio.HELD)
+        c = fields_of(daemon, ja)
+        assert (c.priority, c.hold) == (classes.RANK["low"], classes.HELD)
         assert [h[0] for h in c.holders] == [jb["id"]]
-        assert classes(daemon, jb).hold == prio.SIGNAL
+        assert fields_of(daemon, jb).hold == classes.SIGNAL
         wait_for(lambda: queued_ms(daemon, ja["pids"]) <= 1.0, 30, "a to be held")
         assert max(queued_ms(daemon, ja["pids"]) for _ in range(5)) <= 1.0
         assert queued_ms(daemon, jb["pids"]) >= 8
         r = daemon.cli("set", "a", "--priority", "normal")     # root may raise it
         assert r.returncode == 0, r.stderr
-        assert classes(daemon, ja).hold == 0
+        assert fields_of(daemon, ja).hold == 0
         wait_for(lambda: queued_ms(daemon, ja["pids"]) >= 8, 30, "a's queue to fill again")
     finally:
         for p in (a, b):
@@ -227,10 +227,10 @@ def test_a_job_cannot_raise_its_class_by_writing_its_region(daemon):
             pids = set(daemon.job(jl["id"])["pids"])
             return any(p["pid"] in pids and p["devices"][0]["contexts"] for p in r["processes"])
         wait_for(has_context, 30, "the low job's context")
-        cn, cl = classes(daemon, jn), classes(daemon, jl)
-        assert (cl.priority, cl.hold) == (prio.RANK["low"], prio.HELD)
+        cn, cl = fields_of(daemon, jn), fields_of(daemon, jl)
+        assert (cl.priority, cl.hold) == (classes.RANK["low"], classes.HELD)
         assert [h[0] for h in cl.holders] == [jn["id"]]
-        assert (cn.hold, cn.holders) == (prio.SIGNAL, ())     # heeds no one
+        assert (cn.hold, cn.holders) == (classes.SIGNAL, ())     # heeds no one
         seen_n = [queued_ms(daemon, jn["pids"]) for _ in range(5)]
         seen_l = [queued_ms(daemon, daemon.job(jl["id"])["pids"]) for _ in range(5)]
         assert min(seen_n) >= 8, seen_n
@@ -290,9 +290,9 @@ def test_a_signal_that_claims_work_the_gpu_does_not_run_is_not_believed(daemon_f
         jl = job_named(d, "low")
         t.start()
         jliar = job_named(d, "liar")
-        wait_for(lambda: [h[0] for h in classes(d, jl).holders] == [jliar["id"]], 30,
+        wait_for(lambda: [h[0] for h in fields_of(d, jl).holders] == [jliar["id"]], 30,
                  "the low job to heed the liar")
-        wait_for(lambda: classes(d, jl).holders == (), 30,
+        wait_for(lambda: fields_of(d, jl).holders == (), 30,
                  "the daemon to stop believing the liar's signal")
         a, t0 = busy_by_tag(d.env).get("low", 0.0), time.monotonic()
         wait_for(lambda: time.monotonic() - t0 >= 2.0, 10, "a 2 s window")
@@ -323,12 +323,12 @@ def test_an_honest_holder_stays_believed_under_cpu_load(daemon_factory, duty):
                      "--duty", str(duty), "--period-ms", "37")
     try:
         jl, jn = job_named(d, "low"), job_named(d, "normal")
-        wait_for(lambda: [h[0] for h in classes(d, jl).holders] == [jn["id"]], 30,
+        wait_for(lambda: [h[0] for h in fields_of(d, jl).holders] == [jn["id"]], 30,
                  "the low job to heed the normal one")
         t0 = time.monotonic()
         seen = []
         while time.monotonic() - t0 < 4.0:     # (the daemon judges a holder within 1 s)
-            seen.append([h[0] for h in classes(d, jl).holders])
+            seen.append([h[0] for h in fields_of(d, jl).holders])
             time.sleep(0.1)
         assert all(s == [jn["id"]] for s in seen), seen
         assert "its signal claims" not in d.log.read_text()

@@ -7,7 +7,7 @@ import time
 from support.daemon import needs_native, wait_for
 from support.store import DAY, fill_db, job_names
 
-from vgpuctl.store.jobs import ENDED
+from vgpuctl.store.database import ENDED
 
 
 @needs_native

@@ -18,13 +18,13 @@ from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, SlurmConfig, UserLimits
 from vgpuctl.daemon import requests, tracking
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.store.jobs import Store
+from vgpuctl.store.database import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region
 from vgpuctl.system.shm import shm_stat
 from vgpuctl.system.structs import ffi as region_ffi
-from vgpuctl.system.turns import read_turn
+from vgpuctl.system.turn_fields import read_turn
 
 G = 1 << 30
 DEVICES = [GpuStats(0, "GPU-00000000-aaaa", "Sim GPU", 16 * G),

@@ -423,7 +423,7 @@ def test_a_long_suspension_resumes_without_a_violation(daemon_factory, jobs):
     its memory back while its record still says suspended, and that is no
     violation (it once ended the job it was resuming). A slow copy (1G/s)
     makes the watch look while the memory comes back."""
-    from vgpuctl.daemon.violations import SUSPENDED_GRACE_S
+    from vgpuctl.daemon.watch import SUSPENDED_GRACE_S
 
     d = daemon_factory("1x16G", start=False)
     d.env["VGPU_SIM_CKPT_RATE"] = "1G"

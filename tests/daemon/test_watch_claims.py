@@ -12,7 +12,7 @@ import pytest
 
 from vgpuctl.core.violations import JobLimits
 from vgpuctl.daemon.busysplit import CLAIM_BEHIND_S
-from vgpuctl.daemon.violations import GpuStats, JobProcs, Known, Watch
+from vgpuctl.daemon.watch import GpuStats, JobProcs, Known, Watch
 from vgpuctl.system.busy import BusyWindow
 
 G = 1 << 30

@@ -32,9 +32,9 @@ from support.hook import (
 
 from vgpuctl.core.turns import CLOSED, OPEN_TURN, TURNS, Turn
 from vgpuctl.system import native
-from vgpuctl.system.priority import read_signal
+from vgpuctl.system.class_fields import read_signal
 from vgpuctl.system.region import Region
-from vgpuctl.system.turns import write_turn
+from vgpuctl.system.turn_fields import write_turn
 
 # cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch (each
 # also _ptsz), and the launches before cuLaunchKernel: cuLaunch, cuLaunchGrid,

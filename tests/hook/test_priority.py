@@ -21,7 +21,7 @@ import pytest
 from support.hook import GiB, wait_for
 
 from vgpuctl.system import native
-from vgpuctl.system.priority import ClassFields, read_signal, write_class
+from vgpuctl.system.class_fields import ClassFields, read_signal, write_class
 from vgpuctl.system.region import Region
 from vgpuctl.system.shm import IPC_SET, shm_attach, shm_create, shm_remove, shm_stat
 from vgpuctl.system.shm import _lib as shm_lib

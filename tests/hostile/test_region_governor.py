@@ -23,12 +23,12 @@ from vgpuctl.core.accounting import BUSY_SLACK_S, Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.daemon.gates import Gates
 from vgpuctl.daemon.supervisor import Peer, Supervisor
-from vgpuctl.store.jobs import Store
+from vgpuctl.store.database import Store
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region
 from vgpuctl.system.structs import ffi
-from vgpuctl.system.turns import read_turn
+from vgpuctl.system.turn_fields import read_turn
 from vgpuctl.system.usage import MAX_COUNT
 
 G = 1 << 30

@@ -22,7 +22,7 @@ from vgpuctl.core.accounting import BUSY_SLACK_S
 from vgpuctl.system import native
 from vgpuctl.system.region import Region
 from vgpuctl.system.structs import ffi
-from vgpuctl.system.turns import read_turn
+from vgpuctl.system.turn_fields import read_turn
 
 pytestmark = needs_native
 

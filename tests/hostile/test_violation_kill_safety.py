@@ -15,7 +15,7 @@ from support.daemon import wait_for
 
 from vgpuctl.core.violations import JobLimits
 from vgpuctl.daemon import tracking
-from vgpuctl.daemon.violations import JobProcs, Known, Watch
+from vgpuctl.daemon.watch import JobProcs, Known, Watch
 from vgpuctl.system.nvml import GpuStats
 
 G = 1 << 30

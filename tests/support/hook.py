@@ -26,7 +26,7 @@ from vgpuctl.core.turns import OPEN, Turn
 from vgpuctl.system import native
 from vgpuctl.system.limits import DeviceLimit
 from vgpuctl.system.region import Region
-from vgpuctl.system.turns import write_turn
+from vgpuctl.system.turn_fields import write_turn
 
 INCLUDE = REPO / "libvgpu" / "include"
 

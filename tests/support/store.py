@@ -7,7 +7,7 @@ import os
 import sqlite3
 
 from vgpuctl.core.accounting import Accountant
-from vgpuctl.store.jobs import ENDED, JobRecord, Store
+from vgpuctl.store.database import ENDED, JobRecord, Store
 from vgpuctl.store.usage import create_schema, flush
 
 GPU = "GPU-00000000-0000-0000-0000-000000000000"

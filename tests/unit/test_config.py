@@ -7,7 +7,7 @@ from support import REPO
 
 from vgpuctl.core.config import Config, SlurmConfig, UserLimits, parse_config
 from vgpuctl.errors import ConfigError
-from vgpuctl.system.config import load_config
+from vgpuctl.system.config_file import load_config
 
 G = 1 << 30
 

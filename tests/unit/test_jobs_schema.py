@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from vgpuctl.store.jobs import SCHEMA_VERSION, JobRecord, Store
+from vgpuctl.store.database import SCHEMA_VERSION, JobRecord, Store
 
 # The jobs table as schema 1 created it.
 SCHEMA_1 = """

@@ -1,11 +1,11 @@
-"""Priority classes, the pure part (vgpuctl.core.priority): who may use which
+"""Priority classes, the pure part (vgpuctl.core.classes): who may use which
 class, who may change it, and whom each job on a GPU heeds."""
 
 from __future__ import annotations
 
 import pytest
 
-from vgpuctl.core import priority as P
+from vgpuctl.core import classes as P
 from vgpuctl.errors import PermissionDenied
 
 

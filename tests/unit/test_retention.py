@@ -9,7 +9,7 @@ import time
 from support.store import DAY, fill_db, job_names
 
 from vgpuctl.store import retention
-from vgpuctl.store.jobs import ENDED, RUNNING, Store
+from vgpuctl.store.database import ENDED, RUNNING, Store
 from vgpuctl.store.reports import load
 from vgpuctl.store.usage import read_usage
 

@@ -1,4 +1,4 @@
-"""Slurm's shards as vgpuctl limits (vgpuctl.core.slurm): what a Prolog
+"""Slurm's shards as vgpuctl limits (vgpuctl.core.slurm_text): what a Prolog
 reads from scontrol, the limits a count of shards gives, the gres.conf that
 matches the daemon, and which registered jobs the controller has ended."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuctl.core import slurm as S
+from vgpuctl.core import slurm_text as S
 from vgpuctl.errors import AdmissionRefused, UsageError
 
 G = 1 << 30

@@ -1,4 +1,4 @@
-"""The pure rules of suspend and resume (vgpuctl.core.suspend): the UUID
+"""The pure rules of suspend and resume (vgpuctl.core.suspend_rules): the UUID
 pairs of a move, what can't be suspended, where a job resumes, and which
 preemptible jobs make room."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuctl.core.suspend import (
+from vgpuctl.core.suspend_rules import (
     FEATURE_IPC,
     FEATURE_MANAGED,
     Candidate,

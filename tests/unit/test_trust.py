@@ -1,4 +1,4 @@
-"""Region trust (vgpuctl.core.trust): a verdict that closes a job's gate rests
+"""Region trust (vgpuctl.core.tamper): a verdict that closes a job's gate rests
 on proof, never on timing. The proof is what the hook can never have
 written: an impossible value (check_counters), or a launch or GPU-time
 counter that went back (went_back: the hook only ever adds to them)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vgpuctl.core.job import DeviceUsage
-from vgpuctl.core.trust import check_counters, went_back
+from vgpuctl.core.tamper import check_counters, went_back
 
 G = 1 << 30
 

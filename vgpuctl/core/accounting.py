@@ -6,7 +6,7 @@ the GPU-busy seconds NVML's per-process utilization gave its processes
 since the last tick (or its measured share, 0..1), and the bytes NVML
 shows its processes hold there. The violation watch attributes each
 process NVML reports to its job when it reports it
-(vgpuctl.daemon.violations), so a process too short-lived for /proc
+(vgpuctl.daemon.watch), so a process too short-lived for /proc
 tracking, or one that walked past the hook, is billed like any other. The
 accountant integrates
 

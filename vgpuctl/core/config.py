@@ -3,7 +3,7 @@ a parsed TOML table (every key in etc/vgpu.toml) into a ``Config``. An
 unknown key or a bad value raises ConfigError naming the source, the key and
 the reason. Sizes are strings with a unit ("512M", "8G", "100B"); the one
 bare number allowed is 0, for ``reserve``. Reading
-the file is vgpuctl.system.config's job.
+the file is vgpuctl.system.config_file's job.
 """
 
 from __future__ import annotations

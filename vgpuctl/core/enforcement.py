@@ -1,6 +1,6 @@
 """What is done about the violations found (vgpuctl.core.violations), as
 ``on_violation`` says (`act`). Pure: the daemon's watch
-(vgpuctl.daemon.violations) hands in what it found and does what this
+(vgpuctl.daemon.watch) hands in what it found and does what this
 returns.
 
 - ``report``: nothing but the record.

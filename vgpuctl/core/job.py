@@ -246,7 +246,7 @@ GPU_FIELDS: dict[str, Field] = field_table(GpuView)
 @dataclass(frozen=True)
 class DeviceUsage:
     """What a job's usage region says of one of its GPUs, once validated
-    (vgpuctl.core.trust): the hook's counters."""
+    (vgpuctl.core.tamper): the hook's counters."""
     used: int = 0
     peak: int = 0
     launches: int = 0

@@ -18,7 +18,7 @@ share) launch there, with a little in flight at most.
   has a share, with no bound on what it keeps in flight).
 - class ``high``: no turn of its own: the whole cycle is its turn, and it
   launches when it wants (the lower classes make way,
-  vgpuctl.core.priority), a hard share below 100 % being its GPU time a
+  vgpuctl.core.classes), a hard share below 100 % being its GPU time a
   cycle.
 - class ``low``: a turn after the normal jobs', of what is left.
 

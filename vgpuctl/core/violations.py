@@ -1,6 +1,6 @@
 """Violations: what NVML says the GPU's processes hold and use, against the
 jobs the daemon knows, and what is done about them. Pure: the daemon's
-watch (vgpuctl.daemon.violations) reads NVML and /proc, attributes each
+watch (vgpuctl.daemon.watch) reads NVML and /proc, attributes each
 process NVML lists to its job *when NVML reports it* (by its ancestry, its
 job's launcher, or its Slurm job's cgroup), and hands the figures in.
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vgpuctl.core import placement, priority
+from vgpuctl.core import classes, placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, UserLimits
 from vgpuctl.core.job import STARTING, JobRecord
@@ -133,8 +133,8 @@ class Admission:
     def check_priority(self, cls: str, uid: int, user: str, admin: bool) -> None:
         """PermissionDenied when the user may not run a job of class cls."""
         pc = self._config().priority
-        groups = group_names(uid) if cls == priority.HIGH else []
-        priority.check_class(cls, user, groups, admin or uid == 0, pc.high_users,
+        groups = group_names(uid) if cls == classes.HIGH else []
+        classes.check_class(cls, user, groups, admin or uid == 0, pc.high_users,
                              pc.high_groups)
 
     # -- run ------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class Admission:
         self.check_priority(cls, uid, user, admin)
         # A share asked for is a promise on each of its GPUs (a low job's is a
         # cap only).
-        promise = core if req.core is not None and priority.promises(cls) else 0
+        promise = core if req.core is not None and classes.promises(cls) else 0
         gpus = self.run_gpus(req.gpu)
 
         def place(unpromised: Collection[str] = ()) -> list[placement.Placement]:

@@ -3,7 +3,7 @@ how it is read"): each GPU's busy window from NVML's device samples, split
 between what the jobs' hooks claim (their own measure of their GPU time)
 and what stays beyond the claims, which goes to the processes on the GPU
 that loaded no hook (or, where one job alone has processes there, to it).
-The violation watch (vgpuctl.daemon.violations) hands each window's split
+The violation watch (vgpuctl.daemon.watch) hands each window's split
 to the rules.
 
 The claims and the device's busy time are set against each other run by
@@ -22,7 +22,7 @@ from vgpuctl.core.violations import ProcWindow
 from vgpuctl.system.nvml import GpuStats
 
 if TYPE_CHECKING:
-    from vgpuctl.daemon.violations import Known
+    from vgpuctl.daemon.watch import Known
 
 log = logging.getLogger("vgpuctl.daemon")
 

@@ -17,7 +17,7 @@ job's own figure, from its own hooks: a job that lies about it misleads its
 own view and nothing of its neighbours (their turns are the daemon's, and
 their hooks measure their own time). Bills come from the violation watch's
 split of the device's busy time, which believes a claim only as far as the
-device ran (vgpuctl.daemon.violations).
+device ran (vgpuctl.daemon.watch).
 """
 
 from __future__ import annotations

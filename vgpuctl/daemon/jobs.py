@@ -27,7 +27,7 @@ from vgpuctl.core import placement
 from vgpuctl.core.job import ENDED, RUNNING, STARTING, SUSPENDED, DeviceUsage, JobRecord, promised
 from vgpuctl.core.turns import Turn
 from vgpuctl.errors import NotFound, StateError
-from vgpuctl.store.jobs import Store
+from vgpuctl.store.database import Store
 from vgpuctl.system.region import Region
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -259,7 +259,7 @@ class JobTable:
                       policy: str | None, priority: str | None = None) -> dict[str, Any]:
         """Change a job's limits, in its record and its region (live); the
         fields changed, as the region has them (its class goes to the region
-        with the next pass of vgpuctl.daemon.priority). A share given is
+        with the next pass of vgpuctl.daemon.holds). A share given is
         promised from then on."""
         rec = job.rec
         changes: dict[str, Any] = {}

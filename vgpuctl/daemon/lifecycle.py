@@ -24,7 +24,7 @@ Loops (the blocking parts run in the default executor):
 Nothing at start is a traceback: a state or socket dir that can't be used
 (read-only, not ours) or a corrupt database is one StateError line (exit 8).
 The database, its -wal and -shm, and the lock are created 0600 whatever the
-umask (store/jobs.py); the process umask stays 022 because what the daemon
+umask (store/database.py); the process umask stays 022 because what the daemon
 shares with jobs (the runtime dirs, regions, socket) gets explicit modes.
 """
 
@@ -46,13 +46,13 @@ from vgpuctl.core.placement import CONTEXT_MEM
 from vgpuctl.daemon import logs, metrics, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
-from vgpuctl.daemon.violations import Watch
+from vgpuctl.daemon.watch import Watch
 from vgpuctl.errors import DaemonConflict, StateError, VgpuError
 from vgpuctl.store import retention, usage
-from vgpuctl.store.jobs import Store
-from vgpuctl.system import native, notify, paths, slurm
+from vgpuctl.store.database import Store
+from vgpuctl.system import native, notify, paths, scontrol
 from vgpuctl.system.busy import DeviceBusy
-from vgpuctl.system.config import load_daemon_config
+from vgpuctl.system.config_file import load_daemon_config
 from vgpuctl.system.nvml import Nvml
 
 log = logging.getLogger("vgpuctl.daemon")
@@ -455,7 +455,7 @@ class Daemon:
             if not every or not asked:
                 continue
             try:
-                states = await loop.run_in_executor(None, slurm.job_states)
+                states = await loop.run_in_executor(None, scontrol.job_states)
                 if states is None:
                     log.debug("squeue did not answer: Slurm jobs not reconciled")
                 else:

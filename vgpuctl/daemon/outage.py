@@ -13,7 +13,7 @@ rewritten (the hook frees a slot only when its process is gone, and only
 ever adds), or, rarely, exec'd a new program that started counting again:
 the job is charged the whole outage on that GPU, as if it had held it all
 along, and the log says why. It is not flagged: that takes proof
-(vgpuctl.core.trust), and an exec'd process is not tampering."""
+(vgpuctl.core.tamper), and an exec'd process is not tampering."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from vgpuctl.core import placement
-from vgpuctl.core import priority as prio
+from vgpuctl.core import classes, placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.job import STARTING
 from vgpuctl.core.sizes import format_size
@@ -314,13 +313,13 @@ def _check_set(sup: Supervisor, peer: Peer, job: LiveJob, req: P.Set) -> None:
                                        sup.admission.node_capacity())
     if req.priority is not None:
         # a user may lower their job's class, only root may raise it
-        prio.check_change(rec.priority, req.priority, job.id, admin)
+        classes.check_change(rec.priority, req.priority, job.id, admin)
     if req.mem is not None and req.mem > rec.mem_limit:
         sup.admission.check_resize(job, req.mem)
     cls = req.priority or rec.priority
     core = req.core if req.core is not None else (rec.core_share if rec.core_promised
                                                   else None)
-    if core is not None and prio.promises(cls):
+    if core is not None and classes.promises(cls):
         sup.admission.check_core(job, core)
 
 

@@ -1,7 +1,7 @@
 """Slurm's jobs: registered by the Prolog (root), joined by each task
 (TaskProlog), released by the Epilog, and ended here when squeue says the
-Slurm job is gone and its Epilog never came (docs/slurm.md). The arithmetic
-(shards to limits, which jobs are gone) is vgpuctl.core.slurm's."""
+Slurm job is gone and its Epilog never came (docs/slurm_text.md). The arithmetic
+(shards to limits, which jobs are gone) is vgpuctl.core.slurm_text's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vgpuctl.core import placement, slurm
+from vgpuctl.core import placement, slurm_text
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import RUNNING, JobRecord
@@ -80,9 +80,9 @@ class SlurmJobs:
         placed = []
         for index, shards in counts:
             gpu = self.gpu(index)
-            per_gpu = slurm.shards_per_gpu(
+            per_gpu = slurm_text.shards_per_gpu(
                 placement.capacity(gpu, cfg.reserve, cfg.oversubscribe), size)
-            mem, core = slurm.shard_limits(shards, per_gpu, size)
+            mem, core = slurm_text.shard_limits(shards, per_gpu, size)
             core = req.core or core
             if req.ask_core is not None:     # a job may take less than its share, not more
                 core = min(core, req.ask_core)
@@ -168,7 +168,7 @@ class SlurmJobs:
         before the controller was asked: a later one may be missing from its
         answer) that its list (job id -> state) shows ended or no longer
         has: an Epilog that never came."""
-        ended = slurm.gone(asked, states)
+        ended = slurm_text.gone(asked, states)
         for sid in ended:
             job = self._table.by_slurm(sid)
             if job is not None:

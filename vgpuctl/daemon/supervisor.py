@@ -11,8 +11,9 @@ The daemon is split by concern, each part behind a small interface:
 - `trust.Trust`: the usage regions read and judged, the gates written;
 - `tracking.Tracker`: which processes are a job's, and when it has ended;
 - `gates.Gates`: each GPU's turns, planned and written; each job's GPU time;
-- `violations`: NVML's figures against the jobs (the watch) and their record;
+- `watch`: NVML's figures against the jobs (the watch) and their record;
 - `views`: what `ps` and the metrics show (pure reads);
+- `holds.Priorities`: the classes' holds written into the jobs' limits;
 - `suspend.Suspender`: suspend, resume, move and drain through the driver's
   checkpoint API (its requests are answered off the event loop's thread).
 
@@ -40,12 +41,11 @@ from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import promised
 from vgpuctl.core.turns import OPEN
-from vgpuctl.daemon import logs, metrics, outage, requests, tracking, views
-from vgpuctl.daemon import violations as watch
+from vgpuctl.daemon import logs, metrics, outage, requests, tracking, views, watch
 from vgpuctl.daemon.admission import Admission
 from vgpuctl.daemon.gates import Gates
+from vgpuctl.daemon.holds import Priorities
 from vgpuctl.daemon.jobs import JobTable, LiveJob
-from vgpuctl.daemon.priority import Priorities
 from vgpuctl.daemon.requests import Peer
 from vgpuctl.daemon.slurm import SlurmJobs
 from vgpuctl.daemon.suspend import Suspender
@@ -56,8 +56,8 @@ from vgpuctl.errors import (
     RequestInvalid,
     VgpuError,
 )
-from vgpuctl.store.jobs import Store
-from vgpuctl.system.config import load_daemon_config
+from vgpuctl.store.database import Store
+from vgpuctl.system.config_file import load_daemon_config
 from vgpuctl.system.nvml import GpuStats
 from vgpuctl.system.paths import DaemonPaths
 from vgpuctl.system.region import Region

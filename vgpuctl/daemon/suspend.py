@@ -29,8 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vgpuctl.core import placement
-from vgpuctl.core import suspend as rules
+from vgpuctl.core import placement, suspend_rules
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import RUNNING, STARTING, SUSPENDED
 from vgpuctl.core.sizes import format_size
@@ -137,7 +136,7 @@ class Suspender:
         driver = await self.driver()
         loop = asyncio.get_running_loop()
         pids = await self._pids(job)
-        why = rules.unsuspendable(self._features(job, pids))
+        why = suspend_rules.unsuspendable(self._features(job, pids))
         if why:
             raise CheckpointError(f"job {job.id} can't be suspended: {why}; it keeps running")
         timeout_ms = self._config().suspend_lock_timeout_s * 1000
@@ -159,7 +158,7 @@ class Suspender:
                        f"{len(cuda)} process(es); {format_size(self.held(job))} in host memory")
 
     # -- resume ---------------------------------------------------------------------
-    def rooms(self, job: LiveJob | None = None) -> list[rules.Room]:
+    def rooms(self, job: LiveJob | None = None) -> list[suspend_rules.Room]:
         """What each GPU not drained can take now (of those the job may
         resume on: a Slurm job's own, a plain job's not Slurm's)."""
         cfg = self._config()
@@ -174,7 +173,7 @@ class Suspender:
             free = None
             if st is not None and st.memory_used is not None:
                 free = max(0, g.total - st.memory_used)
-            out.append(rules.Room(g.uuid, g.index,
+            out.append(suspend_rules.Room(g.uuid, g.index,
                                   placement.capacity(g, cfg.reserve, cfg.oversubscribe)
                                   - used.get(g.uuid, 0), free))
         return out
@@ -195,7 +194,7 @@ class Suspender:
             else {}
         if moves:
             driver.check_move()
-        pairs = rules.gpu_pairs([g.uuid for g in self.gpus], moves)
+        pairs = suspend_rules.gpu_pairs([g.uuid for g in self.gpus], moves)
         loop = asyncio.get_running_loop()
         pids = job.suspended_pids
         if pids is None:        # suspended before this daemon started: ask the driver
@@ -208,7 +207,7 @@ class Suspender:
         if moves:
             self._point(job, target)
         # From here its memory comes back to the GPU: the watch no longer
-        # holds it to a suspended job's nothing (vgpuctl.daemon.violations).
+        # holds it to a suspended job's nothing (vgpuctl.daemon.watch).
         job.resuming = True
         try:
             try:
@@ -232,7 +231,7 @@ class Suspender:
                  "moved to" if moves else "resumed on", where, rec.suspended_s)
         return Outcome(job.id, action, where)
 
-    def _target(self, job: LiveJob, gpu: str | None, home: str | None) -> rules.Room | None:
+    def _target(self, job: LiveJob, gpu: str | None, home: str | None) -> suspend_rules.Room | None:
         """Where a suspended job resumes: the GPU named, else its own when it
         has room, else the one with the most (None: a job of several GPUs,
         on its own); AdmissionRefused when that has no room for it."""
@@ -245,17 +244,17 @@ class Suspender:
             for i, u in enumerate(rec.uuids):
                 r = next((r for r in rooms if r.uuid == u), None)
                 there = job.usage[i].used if i < len(job.usage) else 0
-                if r is None or rules.resume_target([r], None, rec.gpu_mem_limit(i),
+                if r is None or suspend_rules.resume_target([r], None, rec.gpu_mem_limit(i),
                                                     there) is None:
                     raise AdmissionRefused(self._no_room(job, rec.uuids, rooms, held))
             return None
-        target = rules.resume_target(rooms, home, rec.mem_limit, held)
+        target = suspend_rules.resume_target(rooms, home, rec.mem_limit, held)
         if target is None:
             raise AdmissionRefused(self._no_room(job, [r.uuid for r in rooms], rooms, held))
         return target
 
-    def _named_target(self, job: LiveJob, gpu: str, rooms: list[rules.Room],
-                      held: int) -> rules.Room:
+    def _named_target(self, job: LiveJob, gpu: str, rooms: list[suspend_rules.Room],
+                      held: int) -> suspend_rules.Room:
         """The GPU a resume names, if the job may go there and fits."""
         rec = job.rec
         g = placement.resolve_gpu(self.gpus, gpu)
@@ -268,11 +267,12 @@ class Suspender:
                    "([slurm] gpus)")
             raise AdmissionRefused(why)
         target = next((r for r in rooms if r.uuid == g.uuid), None)
-        if target is None or rules.resume_target([target], None, rec.mem_limit, held) is None:
+        if target is None or suspend_rules.resume_target([target], None, rec.mem_limit,
+                                                         held) is None:
             raise AdmissionRefused(self._no_room(job, [g.uuid], rooms, held))
         return target
 
-    def _point(self, job: LiveJob, target: rules.Room) -> None:
+    def _point(self, job: LiveJob, target: suspend_rules.Room) -> None:
         """The suspended job's first GPU is now target's (a move)."""
         rec = job.rec
         first = dict(rec.gpus[0]) if rec.gpus and isinstance(rec.gpus[0], dict) else {}
@@ -285,7 +285,7 @@ class Suspender:
     def _point_back(self, job: LiveJob, before: list[dict[str, Any]]) -> None:
         self._table.moved(job, before)
 
-    def _no_room(self, job: LiveJob, uuids: list[str], rooms: list[rules.Room],
+    def _no_room(self, job: LiveJob, uuids: list[str], rooms: list[suspend_rules.Room],
                  held: int) -> str:
         by = {r.uuid: r for r in rooms}
         parts = []
@@ -402,7 +402,7 @@ class Suspender:
                 continue            # it fits as it is: no one need be suspended
             cands = {j.id: j for j in self._table
                      if g.uuid in j.uuids() and self.preemptible(j)}
-            ids = rules.victims([rules.Candidate(j.id, j.rec.mem_limit, j.rec.start)
+            ids = suspend_rules.victims([suspend_rules.Candidate(j.id, j.rec.mem_limit, j.rec.start)
                                  for j in cands.values()], short)
             if ids is None:
                 continue
@@ -430,7 +430,7 @@ class Suspender:
                 if job.id not in self._table:
                     continue
                 held = self.held(job)
-                if rules.resume_target(self.rooms(job),
+                if suspend_rules.resume_target(self.rooms(job),
                                        job.rec.uuids[0] if job.rec.uuids else None,
                                        job.rec.mem_limit, held) is None:
                     continue
@@ -538,7 +538,7 @@ def _close_region(job: LiveJob) -> None:
     is nothing until it resumes): a new process of it, or one that frees
     and allocates again, is refused by its hook, at what the job holds
     (at least 1 byte: 0 is "no limit" in a region). The watch holds it to
-    the same (vgpuctl.daemon.violations.known)."""
+    the same (vgpuctl.daemon.watch.known)."""
     if job.region is None:
         return
     for i in range(len(job.rec.gpus)):

@@ -1,4 +1,4 @@
-"""Region trust: the daemon's side of vgpuctl.core.trust. Every tick it reads
+"""Region trust: the daemon's side of vgpuctl.core.tamper. Every tick it reads
 each live job's usage counters once (a private copy, validated), checks them
 against what the hook can have written, keeps the reading for the views and
 the compute step, and writes every gate and turn the compute step sets. A
@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vgpuctl.core.job import ENDED, DeviceUsage
-from vgpuctl.core.trust import check_counters, went_back
+from vgpuctl.core.tamper import check_counters, went_back
 from vgpuctl.core.turns import CLOSED_TURN, OPEN_TURN, Turn
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.system.procfs import start_time
 from vgpuctl.system.region import MAX_BYTES, BadRegion
-from vgpuctl.system.turns import read_turn, write_turn
+from vgpuctl.system.turn_fields import read_turn, write_turn
 
 log = logging.getLogger("vgpuctl.daemon")
 

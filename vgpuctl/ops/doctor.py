@@ -412,7 +412,7 @@ def _answering_daemon(env: Mapping[str, str]) -> tuple[Path, dict[str, Any]] | N
 def check_config(env: Mapping[str, str]) -> Check:
     """The config file of the daemon that answers (the one whose settings
     hold), else the one a daemon started now would read."""
-    from vgpuctl.system.config import load_config
+    from vgpuctl.system.config_file import load_config
 
     found = _answering_daemon(env)
     if found is not None:

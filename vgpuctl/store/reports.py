@@ -12,7 +12,7 @@ from vgpuctl.core.accounting import UsageRow
 from vgpuctl.core.job import JobRecord
 from vgpuctl.core.report import Report, aggregate
 from vgpuctl.errors import PermissionDenied, StateError, UsageError
-from vgpuctl.store.jobs import record_from_row
+from vgpuctl.store.database import record_from_row
 from vgpuctl.store.usage import read_usage
 
 # The jobs a window's report can name: those alive in [since, until), and

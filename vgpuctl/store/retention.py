@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vgpuctl.store import usage
-from vgpuctl.store.jobs import Store
+from vgpuctl.store.database import Store
 
 BATCH = 5000
 DAY_S = 86400.0

@@ -39,7 +39,7 @@ class RegionLimits:
         lim = self.limits
         for i, d in enumerate(devices):
             self._write_dev(i, d)
-            lim.dev[i].prev_signal_id = -1     # no turn before (vgpuctl.system.turns)
+            lim.dev[i].prev_signal_id = -1     # no turn before (vgpuctl.system.turn_fields)
         for i in range(len(devices), const("VGPU_MAX_DEVICES")):
             f.memmove(lim.dev[i].uuid, b"\0" * const("VGPU_UUID_LEN"),
                       const("VGPU_UUID_LEN"))

@@ -19,7 +19,7 @@ and the segments:
   signal  written by the hook (when the job last launched, until when its
           work should keep the GPU): owned by the job's user, mode 0644; the
           hooks of jobs of a lower class on its GPU attach it read-only,
-          the daemon reads its launch counts (vgpuctl.system.priority)
+          the daemon reads its launch counts (vgpuctl.system.class_fields)
 
 Why segments and not files: a segment has the size it was created with for
 good. The job's user can write its usage, not truncate it, grow it, or fill

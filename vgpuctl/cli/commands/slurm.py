@@ -79,8 +79,8 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
     drain the node: the job's steps then fail in the TaskProlog.
     """
     from vgpuctl.cli import args, messages
-    from vgpuctl.core import slurm as core_slurm
-    from vgpuctl.system import slurm as sys_slurm
+    from vgpuctl.core import slurm_text
+    from vgpuctl.system import scontrol
 
     job_id = _slurm_env("SLURM_JOB_ID")
     uid_text = _slurm_env("SLURM_JOB_UID")
@@ -99,7 +99,7 @@ def prolog(core: str | None, policy: str | None, socket_path: str | None) -> int
     if not os.environ.get("SLURM_JOB_GPUS"):
         return 0                        # no GPU here (shards name theirs): don't ask slurmctld
     try:
-        job = core_slurm.parse_job(sys_slurm.show_job(job_id), _node())
+        job = slurm_text.parse_job(scontrol.show_job(job_id), _node())
         if job.shards is None:
             return 0                    # no shards here: nothing to fence
         gpus = list(job.gpus) or [int(i) for i in
@@ -205,7 +205,7 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
     oversubscribe) holds, so Slurm never admits a job the daemon refuses.
     """
     from vgpuctl.cli import args, messages
-    from vgpuctl.core import slurm as core_slurm
+    from vgpuctl.core import slurm_text
     from vgpuctl.core.sizes import format_size
 
     with _connect(socket_path, wait=False) as cl:
@@ -219,9 +219,9 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
         messages.warn(f"the daemon's shard size is {format_size(daemon_size)}: set "
                       f"[slurm] shard_size = \"{format_size(size)}\" in its configuration, "
                       "or its limits won't match these counts")
-    gpus = [core_slurm.GresGpu(g["minor"] if g.get("minor") is not None else g["index"],
+    gpus = [slurm_text.GresGpu(g["minor"] if g.get("minor") is not None else g["index"],
                                g["uuid"], g["capacity"]) for g in reply["gpus"]]
-    click.echo(core_slurm.gres_conf(gpus, size, node=_node(), dev_dir=dev_dir.rstrip("/"),
+    click.echo(slurm_text.gres_conf(gpus, size, node=_node(), dev_dir=dev_dir.rstrip("/"),
                                     gpu_type=gpu_type), nl=False)
 
 
@@ -237,7 +237,7 @@ def build_spank(output: str, cc: str, include_dirs: tuple[str, ...]) -> None:
     ABI across Slurm releases. List it in plugstack.conf:
     `required /usr/lib/slurm/spank_vgpu.so`.
     """
-    from vgpuctl.system import slurm as sys_slurm
+    from vgpuctl.system import scontrol
 
-    sys_slurm.build_spank(output, cc, list(include_dirs))
+    scontrol.build_spank(output, cc, list(include_dirs))
     click.echo(f"built {output}")

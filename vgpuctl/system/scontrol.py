@@ -1,6 +1,6 @@
 """Asking Slurm's controller: ``scontrol show job -d`` for a Prolog (its
 environment has no shard count) and ``squeue`` for the daemon's
-reconciliation. The text each prints is parsed by vgpuctl.core.slurm."""
+reconciliation. The text each prints is parsed by vgpuctl.core.slurm_text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-from vgpuctl.core.slurm import parse_squeue
+from vgpuctl.core.slurm_text import parse_squeue
 from vgpuctl.errors import MissingComponent, StateError, VgpuError
 
 TIMEOUT_S = 30.0

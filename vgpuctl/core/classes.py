@@ -1,5 +1,5 @@
 """Priority classes: who may use which, and what each job on a GPU heeds.
-Pure: the daemon (vgpuctl.daemon.priority) writes what this decides into
+Pure: the daemon (vgpuctl.daemon.holds) writes what this decides into
 each job's limits, and the hooks act on it (libvgpu/hook/priority.c).
 
 - ``high``: latency-sensitive. Jobs of a lower class on its GPU keep at most

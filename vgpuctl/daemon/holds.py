@@ -1,6 +1,6 @@
 """Priority classes on the daemon's side: what each live job on each of its
-GPUs heeds, written into its limits (vgpuctl.core.priority decides,
-vgpuctl.system.priority writes).
+GPUs heeds, written into its limits (vgpuctl.core.classes decides,
+vgpuctl.system.class_fields writes).
 
 The hooks act on their own within a millisecond (libvgpu/hook/priority.c):
 this module only tells each job which jobs of a higher class share its GPU
@@ -13,7 +13,7 @@ held job counts its own work in flight the same way. The signal is the
 job's own segment: what it writes there misleads only the lower classes'
 wait for it, which that job could make them do anyway by launching; and a
 signal that claims the GPU busy far more than the device is (NVML's device
-busy time, exact) is not believed for a while (vgpuctl.core.priority,
+busy time, exact) is not believed for a while (vgpuctl.core.classes,
 SignalCheck): the jobs it held stop heeding it.
 """
 
@@ -23,11 +23,11 @@ import logging
 import time
 from collections.abc import Callable, Hashable
 
-from vgpuctl.core import priority as prio
+from vgpuctl.core import classes
 from vgpuctl.core.config import Config
 from vgpuctl.daemon.jobs import JobTable, LiveJob
+from vgpuctl.system.class_fields import ClassFields, read_class, read_signal, write_class
 from vgpuctl.system.nvml import GpuStats
-from vgpuctl.system.priority import ClassFields, read_class, read_signal, write_class
 
 log = logging.getLogger("vgpuctl.daemon")
 
@@ -39,7 +39,7 @@ class Priorities:
         self._config = config
         self._clock = clock
         self._written: dict[tuple[str, int], ClassFields] = {}
-        self.signals = prio.SignalCheck()
+        self.signals = classes.SignalCheck()
         self._holders: set[tuple[str, int]] = set()   # (job, device index) someone heeds
         self._observed: float | None = None
 
@@ -48,7 +48,7 @@ class Priorities:
         """Write every live job's class fields, on each of its GPUs, where
         they changed (at admission, an end, a change of class, each tick)."""
         pc = self._config().priority
-        by_gpu: dict[str, list[prio.Seat]] = {}
+        by_gpu: dict[str, list[classes.Seat]] = {}
         jobs: dict[str, LiveJob] = {}
         for job in self._table:
             if job.region is None or job.rec.region_error is not None or job.rec.suspended:
@@ -56,10 +56,10 @@ class Priorities:
             jobs[job.id] = job
             for i, uuid in enumerate(job.uuids()):
                 by_gpu.setdefault(uuid, []).append(
-                    prio.Seat((job.id, i), job.id, i, job.rec.priority))
-        holds: dict[Hashable, prio.Hold] = {}
+                    classes.Seat((job.id, i), job.id, i, job.rec.priority))
+        holds: dict[Hashable, classes.Hold] = {}
         for members in by_gpu.values():
-            holds.update(prio.holds(members))
+            holds.update(classes.holds(members))
         live = set()
         now = self._clock()
         self._holders = {(hid, d) for hold in holds.values() for hid, d, _ in hold.holders}
@@ -70,7 +70,7 @@ class Priorities:
                             for hid, d, r in hold.holders
                             if self.signals.believed((hid, d), now))
             fields_ = ClassFields(
-                priority=prio.rank(job.rec.priority), hold=hold.bits, holders=holders,
+                priority=classes.rank(job.rec.priority), hold=hold.bits, holders=holders,
                 budget_ns=pc.budget_us * 1000, holdoff_ns=pc.holdoff_ms * 1_000_000)
             live.add((job_id, i))
             self._write(job, i, uuid, fields_)
@@ -118,7 +118,7 @@ class Priorities:
         for hid, uuid in turned:
             log.warning("job %s on GPU %s: its signal claims the GPU busy far more than the "
                         "GPU is; the jobs of a lower class stop heeding it for %.0f s", hid,
-                        uuid, prio.DISTRUST_S)
+                        uuid, classes.DISTRUST_S)
         if turned:
             self.refresh()
 
