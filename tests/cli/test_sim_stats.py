@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vgpuctl.system.simstate import DeviceStats, ProcessStats, SimStats, TagStats, Usage
+from vgpuctl.system.simstate import DeviceShare, DeviceStats, ProcessStats, SimStats, TagStats
 
 MiB = 1 << 20
 UUID0 = "GPU-d1d7f5c3-0b3e-4b3c-b29b-94600f3fb95e"
@@ -48,13 +48,13 @@ def test_an_idle_state_is_its_settings_and_gpus(capsys, monkeypatch):
 
 
 def test_processes_tags_faults_and_checkpoints_each_have_their_lines(capsys, monkeypatch):
-    busy = Usage(0, 100 * MiB, 200 * MiB, 250_000_000, contexts=1)
-    idle = Usage(1, 0, 0, 0)
-    held = Usage(1, 0, 0, 0, held=64 * MiB)
+    busy = DeviceShare(0, 100 * MiB, 200 * MiB, 250_000_000, contexts=1)
+    idle = DeviceShare(1, 0, 0, 0)
+    held = DeviceShare(1, 0, 0, 0, held=64 * MiB)
     processes = [ProcessStats(41, "train", [busy, idle]),
                  ProcessStats(42, None, [held], checkpoint="checkpointed"),
                  ProcessStats(43, None, [idle], checkpoint="locked")]
-    tags = [TagStats("train", [busy, idle]), TagStats("peak-only", [Usage(1, 0, MiB, 0)])]
+    tags = [TagStats("train", [busy, idle]), TagStats("peak-only", [DeviceShare(1, 0, MiB, 0)])]
     code, out, err = stats_text(state(processes=processes, tags=tags, util_idle="skip",
                                       util_procs="each", timeslice_us=2000, switch_us=25,
                                       nvml_error=999, nvml_error_count=-1),

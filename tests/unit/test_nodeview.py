@@ -13,7 +13,7 @@ from support.store import record
 
 from vgpuctl.core import layout, nodeview, output
 from vgpuctl.core.output import Field
-from vgpuctl.core.report import Report, ReportRow, summary_table, terminal_table
+from vgpuctl.core.report import ReportRow, UsageReport, summary_table, terminal_table
 from vgpuctl.errors import NotFound, UsageError
 
 G = 1 << 30
@@ -238,7 +238,7 @@ def test_summary_fits_80_columns_and_shows_the_share_got():
                       job=record(str(i), name=n, mem_limit=4 * G, core=30,
                                  policy="hard", start=100.0, end=110.0, exit_code=0))
             for i, n in ((1, "train"), (2, "a-rather-long-job-name-for-a-demo"))]
-    lines = text(summary_table(Report(by="job", since=0.0, until=200.0, rows=rows)), 80)
+    lines = text(summary_table(UsageReport(by="job", since=0.0, until=200.0, rows=rows)), 80)
     assert all(len(ln) <= 80 for ln in lines)
     assert lines[1].split() == ["1", "train", "4G", "30%", "hard", "3.0s", "30%", "300M", "0"]
 
@@ -251,7 +251,7 @@ def test_report_on_a_terminal_keeps_the_job_id_and_user_at_80_columns():
                                  start=100.0, end=700.0, exit_code=0,
                                  command=" ".join(COMMAND)))
             for i in (1, 2, 3)]
-    report = Report(by="job", since=0.0, until=1000.0, rows=rows)
+    report = UsageReport(by="job", since=0.0, until=1000.0, rows=rows)
     lines = text(terminal_table(report), 80)
     assert all(len(ln) <= 80 for ln in lines)
     # on a node of many users, who ran it outlasts the GPU and the start

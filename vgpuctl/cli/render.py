@@ -18,7 +18,7 @@ from rich.text import Text
 
 from vgpuctl.core import layout, nodeview
 from vgpuctl.core.report import (
-    Report,
+    UsageReport,
     empty_line,
     iso_time,
     summary_table,
@@ -110,7 +110,7 @@ def show(lines: Lines) -> None:
         sys.stdout.write(layout.plain(lines))
 
 
-def summary_lines(report: Report) -> Lines:
+def summary_lines(report: UsageReport) -> Lines:
     """The closing report of `vgpuctl demo`: a title, then each job's limits
     beside what it got (vgpuctl.core.report.summary_table)."""
     if not report.rows:
@@ -125,7 +125,7 @@ def status_view(data: dict[str, Any]) -> RenderableType:
 
 
 # -- reports -------------------------------------------------------------------
-def report_lines(report: Report, tz: tzinfo | None = None) -> Lines:
+def report_lines(report: UsageReport, tz: tzinfo | None = None) -> Lines:
     """`vgpuctl report` on a terminal: a title, then the report fitted to the
     terminal (vgpuctl.core.report.terminal_table), or a line when empty."""
     if not report.rows:

@@ -103,7 +103,7 @@ class ReportRow:
 
 
 @dataclass
-class Report:
+class UsageReport:
     by: str
     since: float
     until: float
@@ -144,7 +144,7 @@ def _days(lo: float, hi: float, tz: tzinfo | None) -> list[tuple[str, float, flo
 
 
 def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
-              since: float, until: float, tz: tzinfo | None = None) -> Report:
+              since: float, until: float, tz: tzinfo | None = None) -> UsageReport:
     """Sum usage inside [since, until) per job, user, GPU or local day.
 
     A job is in the report when it has usage in the window or was alive in it
@@ -170,7 +170,7 @@ def aggregate(jobs: Iterable[JobRecord], usage: Iterable[UsageRow], by: str,
         ordered = sorted(rows.values(), key=lambda r: r.key)
     if by == "gpu":
         _set_indices(ordered, records)
-    return Report(by=by, since=since, until=until, rows=ordered)
+    return UsageReport(by=by, since=since, until=until, rows=ordered)
 
 
 # A usage row's (or an alive job's) key in a report by job, user, GPU or Slurm
@@ -258,7 +258,7 @@ def row_gpus(r: ReportRow) -> list[str]:
 
 
 # -- columns -------------------------------------------------------------------
-class Column(NamedTuple):
+class ReportColumn(NamedTuple):
     """A report column: an output field (its JSON key, kind, unit and CSV
     header) and its value in a row; ``json`` its JSON form where that is
     not the value itself."""
@@ -276,66 +276,66 @@ def _job(attr: str, default: Any = None) -> Callable[[ReportRow], Any]:
     return lambda r: default if r.job is None else getattr(r.job, attr)
 
 
-def _common() -> list[Column]:
+def _common() -> list[ReportColumn]:
     return [
-        Column(Field("gpu_seconds", "seconds", unit="s", digits=3, header="gpu_time"),
+        ReportColumn(Field("gpu_seconds", "seconds", unit="s", digits=3, header="gpu_time"),
                lambda r: r.gpu_seconds, lambda v: round(v, 6)),
-        Column(Field("memory_gib_hours", "number", unit="GiB*h", digits=6,
+        ReportColumn(Field("memory_gib_hours", "number", unit="GiB*h", digits=6,
                      header="memory_time"),
                lambda r: r.mem_gib_hours, lambda v: round(v, 9)),
-        Column(Field("peak_memory_bytes", "bytes", header="peak_memory"),
+        ReportColumn(Field("peak_memory_bytes", "bytes", header="peak_memory"),
                lambda r: r.peak_mem_bytes),
     ]
 
 
-def columns(by: str, tz: tzinfo | None = None) -> list[Column]:
+def columns(by: str, tz: tzinfo | None = None) -> list[ReportColumn]:
     """The columns of a report grouped ``by``, in their stable order."""
     def when(v: Any) -> Any:
         return iso_time(v, tz) or None
     if by == "job":
         return [
-            Column(Field("job_id"), lambda r: r.key),
-            Column(Field("name"), _job("name", "")),
-            Column(Field("user"), _job("user", "")),
-            Column(Field("uid", "int"), _job("uid")),
-            Column(Field("gpus", "list"), row_gpus),
-            Column(Field("start", "time"), _job("start"), when),
-            Column(Field("end", "time"), _job("ended"), when),
-            Column(Field("exit_status", "int"), _job("exit_status")),
-            Column(Field("memory_limit_bytes", "bytes", header="memory_limit"),
+            ReportColumn(Field("job_id"), lambda r: r.key),
+            ReportColumn(Field("name"), _job("name", "")),
+            ReportColumn(Field("user"), _job("user", "")),
+            ReportColumn(Field("uid", "int"), _job("uid")),
+            ReportColumn(Field("gpus", "list"), row_gpus),
+            ReportColumn(Field("start", "time"), _job("start"), when),
+            ReportColumn(Field("end", "time"), _job("ended"), when),
+            ReportColumn(Field("exit_status", "int"), _job("exit_status")),
+            ReportColumn(Field("memory_limit_bytes", "bytes", header="memory_limit"),
                    _job("mem_limit")),
-            Column(Field("core_limit_percent", "int", unit="%", header="core_limit"),
+            ReportColumn(Field("core_limit_percent", "int", unit="%", header="core_limit"),
                    _job("core_share")),
             *_common(),
-            Column(Field("command"), _job("command_line", "")),
-            Column(Field("slurm_job"), _job("slurm_job")),
-            Column(Field("partition"), _job("slurm_partition")),
-            Column(Field("account"), _job("slurm_account")),
-            Column(Field("priority"), _job("priority", "")),
-            Column(Field("start_utc"), lambda r: utc_text(None if r.job is None
+            ReportColumn(Field("command"), _job("command_line", "")),
+            ReportColumn(Field("slurm_job"), _job("slurm_job")),
+            ReportColumn(Field("partition"), _job("slurm_partition")),
+            ReportColumn(Field("account"), _job("slurm_account")),
+            ReportColumn(Field("priority"), _job("priority", "")),
+            ReportColumn(Field("start_utc"), lambda r: utc_text(None if r.job is None
                                                           else r.job.start)),
-            Column(Field("end_utc"), lambda r: utc_text(None if r.job is None
+            ReportColumn(Field("end_utc"), lambda r: utc_text(None if r.job is None
                                                         else r.job.ended)),
         ]
-    first = {"user": Column(Field("user"), lambda r: r.key),
-             "gpu": Column(Field("gpu_uuid"), lambda r: r.key),
-             "day": Column(Field("day"), lambda r: r.key),
-             "slurm-job": Column(Field("slurm_job"),
+    first = {"user": ReportColumn(Field("user"), lambda r: r.key),
+             "gpu": ReportColumn(Field("gpu_uuid"), lambda r: r.key),
+             "day": ReportColumn(Field("day"), lambda r: r.key),
+             "slurm-job": ReportColumn(Field("slurm_job"),
                                  lambda r: None if r.key == NOT_SLURM else r.key)}
     if by not in first:
         raise UsageError(f"--by {by!r}: must be one of {', '.join(GROUPINGS)}")
     # columns are only ever appended (docs/operations.md)
-    index = [Column(Field("gpu_index", "int"), lambda r: r.index)] if by == "gpu" else []
-    return [first[by], Column(Field("jobs", "int"), lambda r: len(r.jobs)), *_common(),
+    index = [ReportColumn(Field("gpu_index", "int"), lambda r: r.index)] if by == "gpu" else []
+    return [first[by], ReportColumn(Field("jobs", "int"), lambda r: len(r.jobs)), *_common(),
             *index]
 
 
 # -- rendering -----------------------------------------------------------------
-def _cells(report: Report, cols: list[Column], tz: tzinfo | None) -> list[list[str]]:
+def _cells(report: UsageReport, cols: list[ReportColumn], tz: tzinfo | None) -> list[list[str]]:
     return [[output.cell(c.value(r), c.field, "mib", tz) for c in cols] for r in report.rows]
 
 
-def _heads(cols: list[Column]) -> list[str]:
+def _heads(cols: list[ReportColumn]) -> list[str]:
     return [output.header(c.field, "mib") for c in cols]
 
 
@@ -350,12 +350,12 @@ def utc_text(t: Any) -> str | None:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def to_csv(report: Report, tz: tzinfo | None = None) -> str:
+def to_csv(report: UsageReport, tz: tzinfo | None = None) -> str:
     cols = columns(report.by, tz)
     return output.csv_text(_heads(cols), _cells(report, cols, tz))
 
 
-def to_json(report: Report, tz: tzinfo | None = None) -> str:
+def to_json(report: UsageReport, tz: tzinfo | None = None) -> str:
     cols = columns(report.by, tz)
     data = []
     for r in report.rows:
@@ -367,11 +367,11 @@ def to_json(report: Report, tz: tzinfo | None = None) -> str:
     return output.json_text(data, indent=2)
 
 
-def empty_line(report: Report, tz: tzinfo | None = None) -> str:
+def empty_line(report: UsageReport, tz: tzinfo | None = None) -> str:
     return (f"no jobs between {iso_time(report.since, tz)} and {iso_time(report.until, tz)}\n")
 
 
-def to_text(report: Report, tz: tzinfo | None = None) -> str:
+def to_text(report: UsageReport, tz: tzinfo | None = None) -> str:
     """Plain aligned columns, no colour: for pipes, files and cron mail."""
     if not report.rows:
         return empty_line(report, tz)
@@ -384,7 +384,7 @@ def short_time(t: float | None, tz: tzinfo | None) -> str:
     return "" if t is None else _to_datetime(t, tz).strftime("%m-%d %H:%M")
 
 
-def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout.Cell]],
+def summary_table(report: UsageReport) -> tuple[list[layout.Column], list[list[layout.Cell]],
                                         list[layout.Step]]:
     """A narrow table of a --by job report (the demo's closing one): each
     job's limits beside the GPU time it got and the share of the GPU that
@@ -417,7 +417,7 @@ def summary_table(report: Report) -> tuple[list[layout.Column], list[list[layout
     return cols, rows, [layout.Cut("name", 8)]
 
 
-def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
+def terminal_table(report: UsageReport, tz: tzinfo | None = None) -> tuple[
         list[layout.Column], list[list[layout.Cell]], list[layout.Step]]:
     """The report for a terminal (`vgpuctl report` on a tty): sizes and
     times in short human forms, GPUs by short UUID, fitted by
@@ -478,7 +478,7 @@ def terminal_table(report: Report, tz: tzinfo | None = None) -> tuple[
     return cols, rows, plan
 
 
-def render(report: Report, fmt: str, tz: tzinfo | None = None) -> str:
+def render(report: UsageReport, fmt: str, tz: tzinfo | None = None) -> str:
     """The report as text in ``fmt`` (table = plain aligned text)."""
     if fmt == "csv":
         return to_csv(report, tz)

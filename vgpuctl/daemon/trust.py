@@ -73,11 +73,7 @@ class Trust:
             self.flag(job, str(e))
             return []
         uuids = job.uuids()
-        devs = [DeviceUsage(used=d.used, peak=d.peak, launches=d.launches,
-                            throttled_ns=d.throttled_ns, oom_refusals=d.oom_refusals,
-                            busy_ns=d.busy_ns, borrowed_ns=min(d.borrowed_ns, d.busy_ns),
-                            cost_ns=d.cost_ns)
-                for d in raw[:len(uuids)]]
+        devs = [replace(d, borrowed_ns=min(d.borrowed_ns, d.busy_ns)) for d in raw[:len(uuids)]]
         totals = [self._totals.get(u, MAX_BYTES) for u in uuids[:len(devs)]]
         why = check_counters(devs, totals,
                              [job.rec.gpu_mem_limit(i) for i in range(len(devs))])

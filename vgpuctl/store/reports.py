@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vgpuctl.core.accounting import UsageRow
 from vgpuctl.core.job import JobRecord
-from vgpuctl.core.report import Report, aggregate
+from vgpuctl.core.report import UsageReport, aggregate
 from vgpuctl.errors import PermissionDenied, StateError, UsageError
 from vgpuctl.store.database import record_from_row
 from vgpuctl.store.usage import read_usage
@@ -99,7 +99,7 @@ def load(db: Path, since: float, until: float, missing_ok: bool = False,
 
 def build(db: Path, by: str, since: float, until: float,
           tz: tzinfo | None = None, missing_ok: bool = False,
-          bad: list[int] | None = None) -> Report:
+          bad: list[int] | None = None) -> UsageReport:
     """The report of [since, until) grouped ``by`` from the database at ``db``."""
     if until <= since:
         raise UsageError("--until must be later than --since")

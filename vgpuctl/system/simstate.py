@@ -37,7 +37,7 @@ class DeviceStats:
 
 
 @dataclass(frozen=True)
-class Usage:
+class DeviceShare:
     """One process's or tag's share of one device."""
 
     index: int
@@ -53,14 +53,14 @@ class Usage:
 class ProcessStats:
     pid: int
     tag: str | None
-    devices: list[Usage]
+    devices: list[DeviceShare]
     checkpoint: str = "running"   # its state for the checkpoint API
 
 
 @dataclass(frozen=True)
 class TagStats:
     name: str
-    devices: list[Usage]
+    devices: list[DeviceShare]
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,9 @@ class SimStats:
         return asdict(self)
 
 
-def _usage(rows: list[dict[str, Any]]) -> list[Usage]:
-    return [Usage(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0),
-                  r.get("queued_ns", 0), r.get("held", 0))
+def _usage(rows: list[dict[str, Any]]) -> list[DeviceShare]:
+    return [DeviceShare(r["index"], r["used"], r["peak"], r["busy_ns"], r.get("contexts", 0),
+                        r.get("queued_ns", 0), r.get("held", 0))
             for r in rows]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vgpuctl.core.job import DeviceUsage
 from vgpuctl.system.structs import const, ffi
 
 # No GPU holds a pebibyte: a byte counter above this is a lie, not a reading.
@@ -39,19 +40,7 @@ class ProcUsage:
 
 
 @dataclass
-class DeviceUsage:
-    used: int
-    peak: int
-    launches: int
-    throttled_ns: int
-    oom_refusals: int
-    busy_ns: int = 0            # GPU time the job's hooks measured (job-written)
-    cost_ns: int = 0            # one launch's, as last measured
-    borrowed_ns: int = 0        # part of busy_ns run in open spans
-
-
-@dataclass
-class Usage:
+class UsageReading:
     devices: list[DeviceUsage]
     procs: list[ProcUsage] = field(default_factory=list)
 
@@ -163,7 +152,7 @@ class RegionUsage:
         u = self._read("procs")
         return [_device_usage(u.dev[i]) for i in range(self._ndevices())]
 
-    def read_usage(self) -> Usage:
+    def read_usage(self) -> UsageReading:
         u = self._read()
         n = self._ndevices()
         devs = [_device_usage(u.dev[i]) for i in range(n)]
@@ -179,7 +168,7 @@ class RegionUsage:
                     allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls),
                     features=int(s.features),
                     busy_ns=[_count(s.busy_ns[j]) for j in range(n)]))
-        return Usage(devs, procs)
+        return UsageReading(devs, procs)
 
     def slot_pids(self) -> list[tuple[int, int]]:
         """(pid, start_time) of every claimed process slot, read in place

@@ -96,7 +96,7 @@ def _is_dir(path: Path) -> bool:
 
 
 def _own_jobs(db: Path, by: str, since: float, until: float,
-              denied: PermissionDenied, bad: list[int]) -> rep.Report:
+              denied: PermissionDenied, bad: list[int]) -> rep.UsageReport:
     """The report of the caller's own jobs, from the daemon that keeps db,
     for a user who may not read it (as sacct shows a user their jobs);
     denied again when no daemon answers or it keeps another database."""

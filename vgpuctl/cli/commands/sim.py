@@ -12,7 +12,7 @@ from vgpuctl.errors import SimError, UsageError
 from vgpuctl.system import native
 
 if TYPE_CHECKING:
-    from vgpuctl.system.simstate import SimStats, Usage
+    from vgpuctl.system.simstate import DeviceShare, SimStats
 
 
 @click.group()
@@ -98,7 +98,7 @@ def _usage_lines(st: SimStats) -> Iterator[str]:
                f"{_mib(u.peak):>11} {u.busy_ns / 1e9:>9.3f}")
 
 
-def _process_rows(st: SimStats) -> list[tuple[str, str, str, Usage]]:
+def _process_rows(st: SimStats) -> list[tuple[str, str, str, DeviceShare]]:
     """("process", its pid, its tag, its use of a GPU) for each GPU a
     process holds memory, a context or kernel time on, or held before its
     checkpoint."""
@@ -106,7 +106,7 @@ def _process_rows(st: SimStats) -> list[tuple[str, str, str, Usage]]:
             if u.used or u.contexts or u.busy_ns or u.held]
 
 
-def _tag_rows(st: SimStats) -> list[tuple[str, str, str, Usage]]:
+def _tag_rows(st: SimStats) -> list[tuple[str, str, str, DeviceShare]]:
     """("tag", its name, "", its use of a GPU) for each GPU a tag used."""
     return [("tag", t.name, "", u) for t in st.tags for u in t.devices
             if u.used or u.peak or u.busy_ns]
