@@ -287,6 +287,22 @@ def _total(values: list[Any]) -> Any:
     return sum(known) if known else None
 
 
+def _gpu_part(rec: JobRecord, i: int, g: dict[str, Any], gl: GpuLive) -> dict[str, Any]:
+    """A job's part on its i-th GPU, as `per_gpu` shows it."""
+    u = gl.usage
+    limit = rec.gpu_mem_limit(i)
+    return {
+        "index": g.get("index"), "uuid": g.get("uuid"), "mem_limit": limit,
+        "core": rec.gpu_core_share(i),
+        "mem_used": None if u is None else u.used,
+        "mem_peak": None if u is None else u.peak, "mem_nvml": gl.mem_nvml,
+        "over_limit": bool(gl.mem_nvml is not None and gl.mem_nvml > limit),
+        "oom_refusals": None if u is None else u.oom_refusals,
+        "core_measured": gl.measured,
+        "gated_launches": None if u is None else u.launches,
+        "throttled_s": None if u is None else u.throttled_ns / 1e9}
+
+
 def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
     """The view of a job: its record, and what is known of it live. Its
     usage is added up over its GPUs (its measured share averaged), and
@@ -294,40 +310,16 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
     gpu = rec.gpus[0] if rec.gpus else {"index": None, "uuid": None}
     active = rec.active
     end = rec.ended if rec.ended is not None else now
-    per_gpu = []
-    for i, g in enumerate(rec.gpus):
-        gl = live.gpus[i] if active and i < len(live.gpus) else GpuLive()
-        u = gl.usage
-        limit = rec.gpu_mem_limit(i)
-        per_gpu.append({
-            "index": g.get("index"), "uuid": g.get("uuid"), "mem_limit": limit,
-            "core": rec.gpu_core_share(i),
-            "mem_used": None if u is None else u.used,
-            "mem_peak": None if u is None else u.peak, "mem_nvml": gl.mem_nvml,
-            "over_limit": bool(gl.mem_nvml is not None and gl.mem_nvml > limit),
-            "oom_refusals": None if u is None else u.oom_refusals,
-            "core_measured": gl.measured,
-            "gated_launches": None if u is None else u.launches,
-            "throttled_s": None if u is None else u.throttled_ns / 1e9})
-    measured = [p["core_measured"] for p in per_gpu if p["core_measured"] is not None]
-    throttled = _total([p["throttled_s"] for p in per_gpu])
+    per_gpu = [_gpu_part(rec, i, g, live.gpus[i] if active and i < len(live.gpus)
+                         else GpuLive())
+               for i, g in enumerate(rec.gpus)]
     return JobView(
         id=rec.id, name=rec.name, user=rec.user, uid=rec.uid, state=rec.state,
         pids=sorted(rec.pids) if active else [],
         gpu=gpu.get("index"), gpu_uuid=gpu.get("uuid"),
-        gpus=[p["index"] for p in per_gpu], gpu_uuids=[p["uuid"] for p in per_gpu],
-        mem_limit=rec.mem_limit,
-        mem_limit_total=sum(p["mem_limit"] for p in per_gpu) or rec.mem_limit,
-        mem_used=_total([p["mem_used"] for p in per_gpu]),
-        mem_peak=_total([p["mem_peak"] for p in per_gpu]),
-        mem_nvml=_total([p["mem_nvml"] for p in per_gpu]),
-        over_limit=any(p["over_limit"] for p in per_gpu),
-        oom_refusals=_total([p["oom_refusals"] for p in per_gpu]),
-        core=rec.core_share,
-        core_measured=sum(measured) / len(measured) if measured else None,
+        mem_limit=rec.mem_limit, core=rec.core_share,
         policy=rec.policy, priority=rec.priority, promised=promised(rec),
-        gated_launches=_total([p["gated_launches"] for p in per_gpu]),
-        throttled_s=throttled, per_gpu=per_gpu,
+        per_gpu=per_gpu, **_summed(per_gpu, rec.mem_limit),
         created=rec.created, started=rec.started, ended=rec.ended,
         runtime_s=max(0.0, end - rec.start),
         suspended_s=rec.suspended_for(end),
@@ -338,3 +330,17 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
         slurm_job=rec.slurm_job, slurm_partition=rec.slurm_partition,
         slurm_account=rec.slurm_account, slurm_shards=rec.slurm_shards,
         region_error=rec.region_error)
+
+
+def _summed(per_gpu: list[dict[str, Any]], mem_limit: int) -> dict[str, Any]:
+    """A job's figures over its GPUs: each GPU's added up (None where none
+    is known), its measured share averaged."""
+    measured = [p["core_measured"] for p in per_gpu if p["core_measured"] is not None]
+    out: dict[str, Any] = {k: _total([p[k] for p in per_gpu]) for k in (
+        "mem_used", "mem_peak", "mem_nvml", "oom_refusals", "gated_launches", "throttled_s")}
+    out.update(
+        gpus=[p["index"] for p in per_gpu], gpu_uuids=[p["uuid"] for p in per_gpu],
+        mem_limit_total=sum(p["mem_limit"] for p in per_gpu) or mem_limit,
+        over_limit=any(p["over_limit"] for p in per_gpu),
+        core_measured=sum(measured) / len(measured) if measured else None)
+    return out

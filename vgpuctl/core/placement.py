@@ -245,30 +245,29 @@ def place_many(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int,
     used = committed(commitments)
     cores = promised(commitments)
     core_cap = core_capacity(core_oversubscribe)
-    fits = []
-    for g in candidates:
-        cap = capacity(g, reserve, oversubscribe)
-        have = used.get(g.uuid, 0)
-        if have + mem <= cap and cores.get(g.uuid, 0) + core <= core_cap:
-            fits.append(Placement(g, cap, have, mem))
-    what = format_size(mem) + (f" and {core}% of the compute" if core else "")
-    if pin is not None:
-        if len(fits) < n:
-            full = [p.gpu for p in fits]
-            raise AdmissionRefused(
-                f"no room for {what} on each of GPUs "
-                f"{','.join(str(g.index) for g in candidates)}: "
-                + _left_text([g for g in candidates if g not in full], used, reserve,
-                             oversubscribe, cores if core else None, core_cap))
-        return fits
+    fits = [Placement(g, cap, used.get(g.uuid, 0), mem) for g in candidates
+            if used.get(g.uuid, 0) + mem <= (cap := capacity(g, reserve, oversubscribe))
+            and cores.get(g.uuid, 0) + core <= core_cap]
     if len(fits) < n:
+        short = candidates if pin is None else [g for g in candidates
+                                                if g not in [p.gpu for p in fits]]
         raise AdmissionRefused(
-            f"no room for {what} on each of {n} GPUs ({len(fits)} "
-            f"ha{'s' if len(fits) == 1 else 've'} it): "
-            + _left_text(candidates, used, reserve, oversubscribe,
-                         cores if core else None, core_cap))
+            _no_room_many(mem, core, candidates, n, len(fits), pin is not None) + ": "
+            + _left_text(short, used, reserve, oversubscribe, cores if core else None,
+                         core_cap))
+    if pin is not None:
+        return fits
     fits.sort(key=lambda p: (-(p.capacity - p.committed), p.gpu.index))
     return sorted(fits[:n], key=lambda p: p.gpu.index)
+
+
+def _no_room_many(mem: int, core: int, candidates: Sequence[Gpu], n: int, fit: int,
+                  pinned: bool) -> str:
+    """What a job placed on several GPUs did not find room for, and where."""
+    what = format_size(mem) + (f" and {core}% of the compute" if core else "")
+    if pinned:
+        return f"no room for {what} on each of GPUs {','.join(str(g.index) for g in candidates)}"
+    return f"no room for {what} on each of {n} GPUs ({fit} ha{'s' if fit == 1 else 've'} it)"
 
 
 def check_resize(gpus: Sequence[Gpu], commitments: Iterable[Commitment], job_id: str,
