@@ -33,7 +33,7 @@ from vgpuctl.core import placement, suspend_rules
 from vgpuctl.core.config import Config
 from vgpuctl.core.job import RUNNING, STARTING, SUSPENDED
 from vgpuctl.core.sizes import format_size
-from vgpuctl.daemon import tracking
+from vgpuctl.daemon import job_checkpoint, tracking
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.errors import (
     AdmissionRefused,
@@ -142,8 +142,8 @@ class Suspender:
         timeout_ms = self._config().suspend_lock_timeout_s * 1000
         _close_region(job)
         try:
-            cuda = await loop.run_in_executor(None, _checkpoint_all, driver, pids, timeout_ms,
-                                              job.id)
+            cuda = await loop.run_in_executor(None, job_checkpoint.checkpoint_all, driver,
+                                              pids, timeout_ms, job.id)
         except BaseException:
             _open_region(job)
             raise
@@ -198,7 +198,7 @@ class Suspender:
         loop = asyncio.get_running_loop()
         pids = job.suspended_pids
         if pids is None:        # suspended before this daemon started: ask the driver
-            pids = await loop.run_in_executor(None, _checkpointed, driver,
+            pids = await loop.run_in_executor(None, job_checkpoint.checkpointed, driver,
                                               await self._pids(job))
         # The job's record and region say where it goes before it gets there:
         # NVML then never sees its processes on a GPU the daemon does not
@@ -211,13 +211,14 @@ class Suspender:
         job.resuming = True
         try:
             try:
-                await loop.run_in_executor(None, _restore_all, driver, pids, pairs, job.id)
+                await loop.run_in_executor(None, job_checkpoint.restore_all, driver, pids,
+                                           pairs, job.id)
             except CheckpointError:
                 if moves:
                     self._point_back(job, before)
                 raise
             _open_region(job)
-            await loop.run_in_executor(None, _unlock_all, driver, pids, job.id)
+            await loop.run_in_executor(None, job_checkpoint.unlock_all, driver, pids, job.id)
         finally:
             job.resuming = False
         now = self._clock()
@@ -440,97 +441,6 @@ class Suspender:
                         UsageError) as e:
                     log.warning("job %s could not resume by itself: %s", job.id, e)
         return out
-
-
-# -- the driver's calls, on a worker thread ------------------------------------------------
-
-def _checkpoint_all(driver: Driver, pids: list[int], timeout_ms: int, job_id: str) -> list[int]:
-    """Lock, then checkpoint, every CUDA process among pids; returns them.
-    On a failure, what was done is undone (restored, unlocked) and a
-    CheckpointError says what failed and what could not be undone."""
-    cuda = [p for p in pids if driver.state(p) is not None]
-    if not cuda:
-        raise CheckpointError(f"job {job_id} has no process using CUDA: nothing to suspend")
-    locked: list[int] = []
-    done: list[int] = []
-    try:
-        for p in cuda:
-            driver.lock(p, timeout_ms)
-            locked.append(p)
-        for p in cuda:
-            driver.checkpoint(p)
-            done.append(p)
-    except CheckpointError as e:
-        stuck = _undo(driver, locked, done)
-        why = str(e)
-        if e.rc == 600:     # CUDA_ERROR_NOT_READY: the lock's timeout
-            why += (f": its work did not finish within {timeout_ms / 1000:g} s "
-                    "(suspend_lock_timeout_s)")
-        msg = f"job {job_id} could not be suspended: {why}"
-        raise CheckpointError(msg + (f"; {stuck}" if stuck else "; it keeps running"),
-                              e.rc) from None
-    return cuda
-
-
-def _undo(driver: Driver, locked: list[int], done: list[int]) -> str:
-    """Put processes back to running; what could not be, in words."""
-    bad = []
-    for p in done:
-        try:
-            driver.restore(p)
-        except CheckpointError as e:
-            bad.append(f"process {p} could not be restored ({e})")
-    for p in locked:
-        try:
-            driver.unlock(p)
-        except CheckpointError:
-            st = _state(driver, p)
-            if st not in (None, "running"):
-                bad.append(f"process {p} is left {st} by the driver")
-    return "; ".join(bad)
-
-
-def _state(driver: Driver, pid: int) -> str | None:
-    try:
-        return driver.state(pid)
-    except CheckpointError:
-        return None
-
-
-def _checkpointed(driver: Driver, pids: list[int]) -> list[int]:
-    return [p for p in pids if _state(driver, p) == "checkpointed"]
-
-
-def _restore_all(driver: Driver, pids: list[int], pairs: list[tuple[str, str]],
-                 job_id: str) -> None:
-    """Restore every process (they are then locked); on a failure the ones
-    restored are checkpointed again and the job stays suspended."""
-    restored: list[int] = []
-    try:
-        for p in pids:
-            driver.restore(p, pairs)
-            restored.append(p)
-    except CheckpointError as e:
-        bad = []
-        for p in restored:
-            try:
-                driver.checkpoint(p)
-            except CheckpointError as e2:
-                bad.append(f"process {p} could not be checkpointed again ({e2})")
-        msg = f"job {job_id} could not resume: {e}"
-        raise CheckpointError(msg + ("; " + "; ".join(bad) if bad else
-                                     "; it stays suspended"), e.rc) from None
-
-
-def _unlock_all(driver: Driver, pids: list[int], job_id: str) -> None:
-    bad = []
-    for p in pids:
-        try:
-            driver.unlock(p)
-        except CheckpointError as e:
-            bad.append(str(e))
-    if bad:
-        log.error("job %s: resumed, but %s", job_id, "; ".join(bad))
 
 
 def _close_region(job: LiveJob) -> None:
