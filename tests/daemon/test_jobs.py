@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpuctl.core.job import ENDED, RUNNING, STARTING, STATES, SUSPENDED, JobRecord
+from vgpuctl.core.job import ENDED, RUNNING, STARTING, STATES, SUSPENDED, JobGpu, JobRecord
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.errors import StateError
 from vgpuctl.store.database import Store
@@ -70,10 +70,10 @@ def test_within_a_state_only_what_changed_is_written(tmp_path):
     table.processes_seen(job, {5: 9})
     table.launcher_exited(job, 3, None)
     table.flagged(job, "a counter went back")
-    table.moved(job, [{"index": 1, "uuid": "GPU-1"}])
+    table.moved(job, [JobGpu(1, "GPU-1")])
     got = store.get_job(job.id)
     assert (got.pids, got.exit_code, got.region_error, got.gpus) == (
-        {5: 9}, 3, "a counter went back", [{"index": 1, "uuid": "GPU-1"}])
+        {5: 9}, 3, "a counter went back", [JobGpu(1, "GPU-1")])
     assert got.state == RUNNING
     writes = []
     store.update_job = lambda rec, cols: writes.append(cols)

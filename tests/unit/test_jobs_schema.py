@@ -4,8 +4,13 @@ jobs."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sqlite3
 
+import pytest
+
+from vgpuctl.core.job import JobGpu
 from vgpuctl.store.database import SCHEMA_VERSION, JobRecord, Store
 
 # The jobs table as schema 1 created it.
@@ -92,3 +97,27 @@ def test_a_schema_2_database_gains_the_suspend_columns(tmp_path):
     assert got is not None and got.suspended and got.suspended_for(7.5) == 2.5
     assert got.suspend_reason == "asked"
     store.close()
+
+
+def test_a_jobs_gpus_are_frozen_records_stored_as_before(tmp_path):
+    """A job's GPUs are frozen JobGpu records, stored as the same JSON as
+    before they were (index and uuid; a limit only where a GPU has its
+    own), read back equal; an entry that is no GPU (a hand-edited row) is
+    left out, and `set` clears a GPU's own limit by replacing it."""
+    store = Store.open(tmp_path / "vgpu.db")
+    rec = JobRecord(name="s", uid=0, user="root", command=["x"], cwd="/",
+                    gpus=[{"index": 0, "uuid": "GPU-a"},
+                          JobGpu(1, "GPU-b", mem_limit=2, core_share=40), "junk"],
+                    mem_limit=4, core_share=25, policy="hard", created=2.0)
+    assert rec.gpus == [JobGpu(0, "GPU-a"), JobGpu(1, "GPU-b", 2, 40)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rec.gpus[0].index = 3
+    store.insert_job(rec)
+    row = sqlite3.connect(tmp_path / "vgpu.db").execute(
+        "SELECT gpus FROM jobs WHERE id = ?", (rec.id,)).fetchone()[0]
+    assert json.loads(row) == [{"index": 0, "uuid": "GPU-a"},
+                               {"index": 1, "uuid": "GPU-b", "mem_limit": 2, "core_share": 40}]
+    assert store.get_job(rec.id) == rec
+    assert rec.limits_by_uuid() == {"GPU-a": (4, 25), "GPU-b": (2, 40)}
+    rec.set_limits(mem=8)
+    assert rec.limits_by_uuid() == {"GPU-a": (8, 25), "GPU-b": (8, 40)}

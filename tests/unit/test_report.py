@@ -4,6 +4,7 @@ JSON, plain text off a terminal, atomic --output, and one-line errors."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 from datetime import datetime, timedelta, timezone
@@ -128,7 +129,7 @@ def test_a_moved_job_lists_every_gpu_it_used_and_by_gpu_names_the_index():
     gives each GPU's index beside its UUID."""
     moved = record("4", name="moved", user="carol", uid=1002, gpus=(GPU1,), start=T,
                    end=T + 200)
-    moved.gpus[0]["index"] = 1
+    moved.gpus = [dataclasses.replace(moved.gpus[0], index=1)]
     usage = [u("4", GPU0, T, T + 100, 10.0), u("4", GPU1, T + 100, T + 200, 10.0)]
     r = aggregate([moved], usage, "job", T, T + 1000, UTC)
     assert r.rows[0].gpus == [GPU0, GPU1]

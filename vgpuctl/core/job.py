@@ -13,7 +13,7 @@ Adding a field is one line here and its line in docs/cli.md.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from vgpuctl.core.output import Field
@@ -30,6 +30,40 @@ STATES = (STARTING, RUNNING, SUSPENDED, ENDED)
 SUSPEND_REASONS = ("asked", "preempted", "drained")
 
 
+def _whole(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class JobGpu:
+    """One of a job's GPUs: where it is (its NVML index, its UUID) and its
+    limits there where they differ from the job's (a Slurm job's shards;
+    None: the job's own)."""
+    index: int | None
+    uuid: str
+    mem_limit: int | None = None
+    core_share: int | None = None
+
+    @staticmethod
+    def of(d: Any) -> JobGpu | None:
+        """One from its stored or wire form (a dict); None for what is not."""
+        if isinstance(d, JobGpu):
+            return d
+        if not isinstance(d, dict):
+            return None
+        return JobGpu(_whole(d.get("index")), str(d.get("uuid")),
+                      _whole(d.get("mem_limit")), _whole(d.get("core_share")))
+
+    def stored(self) -> dict[str, Any]:
+        """Its stored form: index and uuid, and a limit only where it has one."""
+        out: dict[str, Any] = {"index": self.index, "uuid": self.uuid}
+        if self.mem_limit is not None:
+            out["mem_limit"] = self.mem_limit
+        if self.core_share is not None:
+            out["core_share"] = self.core_share
+        return out
+
+
 @dataclass
 class JobRecord:
     """A job as the daemon persists it (one row of the jobs table). id is
@@ -39,9 +73,7 @@ class JobRecord:
     user: str
     command: list[str]
     cwd: str
-    gpus: list[dict[str, Any]]      # [{"index": int, "uuid": str}], in placement order;
-                                    # a GPU whose limits differ from the job's (a Slurm
-                                    # job's shards) also has "mem_limit" and "core_share"
+    gpus: list[JobGpu]              # in placement order (dicts given are made JobGpus)
     mem_limit: int                  # bytes, on each GPU (the largest where they differ)
     core_share: int                 # percent, on each GPU (the largest where they differ)
     policy: str                     # hard | soft
@@ -85,27 +117,28 @@ class JobRecord:
                if self.suspended_at is not None and self.state == SUSPENDED else 0.0)
         return self.suspended_s + cur
 
+    def __post_init__(self) -> None:
+        self.gpus = [g for g in map(JobGpu.of, self.gpus) if g is not None]
+
     @property
     def uuids(self) -> list[str]:
         """The UUIDs of its GPUs, in placement order."""
-        return [str(g.get("uuid")) for g in self.gpus if isinstance(g, dict)]
+        return [g.uuid for g in self.gpus]
 
     @property
     def indices(self) -> list[int | None]:
         """The NVML indices of its GPUs, in placement order."""
-        return [g.get("index") for g in self.gpus if isinstance(g, dict)]
+        return [g.index for g in self.gpus]
 
     def gpu_mem_limit(self, i: int) -> int:
         """The memory limit on its i-th GPU (placement order)."""
-        g = self.gpus[i] if 0 <= i < len(self.gpus) else {}
-        v = g.get("mem_limit") if isinstance(g, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) else self.mem_limit
+        v = self.gpus[i].mem_limit if 0 <= i < len(self.gpus) else None
+        return v if v is not None else self.mem_limit
 
     def gpu_core_share(self, i: int) -> int:
         """The compute share on its i-th GPU (placement order)."""
-        g = self.gpus[i] if 0 <= i < len(self.gpus) else {}
-        v = g.get("core_share") if isinstance(g, dict) else None
-        return v if isinstance(v, int) and not isinstance(v, bool) else self.core_share
+        v = self.gpus[i].core_share if 0 <= i < len(self.gpus) else None
+        return v if v is not None else self.core_share
 
     def limits_by_uuid(self) -> dict[str, tuple[int, int]]:
         """Each GPU's (memory limit, core share), by UUID."""
@@ -114,12 +147,9 @@ class JobRecord:
 
     def set_limits(self, mem: int | None = None, core: int | None = None) -> None:
         """One memory limit, or one share, on every GPU (`vgpuctl set`)."""
-        for g in self.gpus:
-            if isinstance(g, dict):
-                if mem is not None:
-                    g.pop("mem_limit", None)
-                if core is not None:
-                    g.pop("core_share", None)
+        self.gpus = [replace(g, mem_limit=None if mem is not None else g.mem_limit,
+                             core_share=None if core is not None else g.core_share)
+                     for g in self.gpus]
         if mem is not None:
             self.mem_limit = mem
         if core is not None:
@@ -287,12 +317,12 @@ def _total(values: list[Any]) -> Any:
     return sum(known) if known else None
 
 
-def _gpu_part(rec: JobRecord, i: int, g: dict[str, Any], gl: GpuLive) -> dict[str, Any]:
+def _gpu_part(rec: JobRecord, i: int, g: JobGpu, gl: GpuLive) -> dict[str, Any]:
     """A job's part on its i-th GPU, as `per_gpu` shows it."""
     u = gl.usage
     limit = rec.gpu_mem_limit(i)
     return {
-        "index": g.get("index"), "uuid": g.get("uuid"), "mem_limit": limit,
+        "index": g.index, "uuid": g.uuid, "mem_limit": limit,
         "core": rec.gpu_core_share(i),
         "mem_used": None if u is None else u.used,
         "mem_peak": None if u is None else u.peak, "mem_nvml": gl.mem_nvml,
@@ -307,7 +337,7 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
     """The view of a job: its record, and what is known of it live. Its
     usage is added up over its GPUs (its measured share averaged), and
     each GPU's is in per_gpu."""
-    gpu = rec.gpus[0] if rec.gpus else {"index": None, "uuid": None}
+    gpu = rec.gpus[0] if rec.gpus else JobGpu(None, "")
     active = rec.active
     end = rec.ended if rec.ended is not None else now
     per_gpu = [_gpu_part(rec, i, g, live.gpus[i] if active and i < len(live.gpus)
@@ -316,7 +346,7 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
     return JobView(
         id=rec.id, name=rec.name, user=rec.user, uid=rec.uid, state=rec.state,
         pids=sorted(rec.pids) if active else [],
-        gpu=gpu.get("index"), gpu_uuid=gpu.get("uuid"),
+        gpu=gpu.index, gpu_uuid=gpu.uuid or None,
         mem_limit=rec.mem_limit, core=rec.core_share,
         policy=rec.policy, priority=rec.priority, promised=promised(rec),
         per_gpu=per_gpu, **_summed(per_gpu, rec.mem_limit),

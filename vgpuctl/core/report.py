@@ -246,8 +246,8 @@ def _job_rows(rows: dict[str, ReportRow], records: dict[str, JobRecord]) -> list
 def _set_indices(rows: list[ReportRow], records: dict[str, JobRecord]) -> None:
     """Give each row of a report by GPU its GPU's NVML index, as the jobs'
     records name it."""
-    index = {str(g.get("uuid")): g["index"] for j in records.values() for g in j.gpus
-             if isinstance(g, dict) and isinstance(g.get("index"), int)}
+    index = {g.uuid: g.index for j in records.values() for g in j.gpus
+             if g.index is not None}
     for r in rows:
         r.index = index.get(r.key)
 

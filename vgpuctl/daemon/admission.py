@@ -23,7 +23,7 @@ from pathlib import Path
 from vgpuctl.core import classes, placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config, UserLimits
-from vgpuctl.core.job import STARTING, JobRecord
+from vgpuctl.core.job import STARTING, JobGpu, JobRecord
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import tracking
 from vgpuctl.daemon.jobs import POLICY_CODES, JobTable, LiveJob
@@ -185,7 +185,7 @@ class Admission:
         rec = JobRecord(name=name, uid=uid, user=user,
                         command=P.stored_command(req.command),
                         cwd=req.cwd,
-                        gpus=[{"index": p.gpu.index, "uuid": p.gpu.uuid} for p in where],
+                        gpus=[JobGpu(p.gpu.index, p.gpu.uuid) for p in where],
                         mem_limit=mem, core_share=core, policy=policy, created=self._clock(),
                         state=STARTING, launcher_pid=peer_pid,
                         launcher_start=tracking.start_time(peer_pid), priority=cls,

@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.core import placement
-from vgpuctl.core.job import ENDED, RUNNING, STARTING, SUSPENDED, DeviceUsage, JobRecord, promised
+from vgpuctl.core.job import (
+    ENDED,
+    RUNNING,
+    STARTING,
+    SUSPENDED,
+    DeviceUsage,
+    JobGpu,
+    JobRecord,
+    promised,
+)
 from vgpuctl.core.turns import Turn
 from vgpuctl.errors import NotFound, StateError
 from vgpuctl.store.database import Store
@@ -246,13 +255,13 @@ class JobTable:
         rec.state, rec.suspended_at, rec.suspend_reason = RUNNING, None, None
         self._save(job, ["state", "suspended_s", "suspended_at", "suspend_reason", "gpus"])
 
-    def moved(self, job: LiveJob, gpus: list[dict[str, Any]]) -> None:
+    def moved(self, job: LiveJob, gpus: list[JobGpu]) -> None:
         """Its GPUs are now these (a suspended job's move, or its undoing):
         its record and its region's UUIDs alike."""
         job.rec.gpus = gpus
         if job.region is not None:
             for i, g in enumerate(gpus):
-                job.region.update_device(i, uuid=str(g.get("uuid")))
+                job.region.update_device(i, uuid=g.uuid)
         self._save(job, ["gpus"])
 
     def change_limits(self, job: LiveJob, mem: int | None, core: int | None,

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from vgpuctl.core import placement, slurm_text
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import RUNNING, JobRecord
+from vgpuctl.core.job import RUNNING, JobGpu, JobRecord
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon.admission import Admission, user_name
 from vgpuctl.daemon.jobs import JobTable, LiveJob
@@ -95,14 +94,8 @@ class SlurmJobs:
             placed.append((gpu, mem, core))
         mem = max(m for _, m, _ in placed)
         core = max(c for _, _, c in placed)
-        gpus = []
-        for gpu, m, c in placed:
-            entry: dict[str, Any] = {"index": gpu.index, "uuid": gpu.uuid}
-            if m != mem:
-                entry["mem_limit"] = m
-            if c != core:
-                entry["core_share"] = c
-            gpus.append(entry)
+        gpus = [JobGpu(gpu.index, gpu.uuid, m if m != mem else None, c if c != core else None)
+                for gpu, m, c in placed]
         now = self._table.clock()
         rec = JobRecord(name=req.name or f"slurm-{req.slurm_job}", uid=req.uid,
                         user=user_name(req.uid),

@@ -26,12 +26,12 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vgpuctl.core import placement, suspend_rules
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import RUNNING, STARTING, SUSPENDED
+from vgpuctl.core.job import RUNNING, STARTING, SUSPENDED, JobGpu
 from vgpuctl.core.sizes import format_size
 from vgpuctl.daemon import job_checkpoint, tracking
 from vgpuctl.daemon.jobs import JobTable, LiveJob
@@ -203,7 +203,7 @@ class Suspender:
         # The job's record and region say where it goes before it gets there:
         # NVML then never sees its processes on a GPU the daemon does not
         # give them.
-        before = [dict(g) for g in rec.gpus]
+        before = list(rec.gpus)
         if moves:
             self._point(job, target)
         # From here its memory comes back to the GPU: the watch no longer
@@ -226,7 +226,7 @@ class Suspender:
         job.suspended_pids = None
         job.resumed_at = now
         tracking.poke_launcher(rec)
-        where = rec.gpus[0].get("index") if rec.gpus else None
+        where = rec.gpus[0].index if rec.gpus else None
         action = "moved" if moves else "resumed"
         log.info("job %s (%s) %s GPU %s after %.1f s suspended", job.id, rec.name,
                  "moved to" if moves else "resumed on", where, rec.suspended_s)
@@ -276,14 +276,14 @@ class Suspender:
     def _point(self, job: LiveJob, target: suspend_rules.Room) -> None:
         """The suspended job's first GPU is now target's (a move)."""
         rec = job.rec
-        first = dict(rec.gpus[0]) if rec.gpus and isinstance(rec.gpus[0], dict) else {}
-        first.update(index=target.index, uuid=target.uuid)   # its limits there stay
+        first = (replace(rec.gpus[0], index=target.index, uuid=target.uuid)  # its limits stay
+                 if rec.gpus else JobGpu(target.index, target.uuid))
         self._table.moved(job, [first, *rec.gpus[1:]])
         job.measured.clear()
         job.target.clear()
         job.held = {}
 
-    def _point_back(self, job: LiveJob, before: list[dict[str, Any]]) -> None:
+    def _point_back(self, job: LiveJob, before: list[JobGpu]) -> None:
         self._table.moved(job, before)
 
     def _no_room(self, job: LiveJob, uuids: list[str], rooms: list[suspend_rules.Room],

@@ -97,6 +97,8 @@ def _to_row(rec: JobRecord) -> dict[str, Any]:
         v = row[k]
         if k == "pids":
             v = {str(p): s for p, s in v.items()}
+        elif k == "gpus":
+            v = [g.stored() for g in rec.gpus]
         row[k] = json.dumps(v, separators=(",", ":"))
     return row
 
