@@ -341,3 +341,38 @@ def test_rtld_next_of_a_wrapped_name_resolves_from_the_caller(opt, hook_builds, 
     (nxt, driver, own), = results(res.stdout, "next")
     assert nxt != own, "RTLD_NEXT gave the interposer its own cuMemAlloc_v2"
     assert nxt == driver
+
+
+def size_table() -> list[tuple[str, list[str], int]]:
+    """docs/simulator.md's "Size, and what it earns": each part's file
+    globs (relative to libvgpu/sim) and its lines."""
+    doc = (REPO / "docs" / "simulator.md").read_text()
+    section = doc[doc.index("### Size, and what it earns"):]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[2].replace(",", "").isdigit():
+            rows.append((cells[0], re.findall(r"`([^`]+)`", cells[1]),
+                         int(cells[2].replace(",", ""))))
+    return rows
+
+
+def test_the_simulator_is_held_to_what_each_part_earns():
+    """Every source file of the simulator is in exactly one part of the
+    docs' size table, and no part has grown past its lines by a tenth."""
+    rows = size_table()
+    assert len(rows) >= 8
+    files = {p for p in SIM.rglob("*") if p.is_file() and p.suffix in (".c", ".h", ".def")}
+    owner: dict[Path, list[str]] = defaultdict(list)
+    for part, globs, _ in rows:
+        for g in globs:
+            for p in SIM.glob(g):
+                owner[p].append(part)
+    assert sorted(str(p.relative_to(SIM)) for p in files if len(owner[p]) != 1) == []
+    grown = {}
+    for part, _, lines in rows:
+        have = sum(len(p.read_text().splitlines())
+                   for p in files if owner[p] == [part])
+        if have > lines * 1.1:
+            grown[part] = (lines, have)
+    assert grown == {}, "parts past their lines in docs/simulator.md (say what they earn)"
