@@ -595,7 +595,7 @@ def test_a_starting_job_is_in_the_gates_inputs_with_its_launcher(tmp_path, procs
     launcher = procs("sleep", "60")
     jid = run(sup, peer=Peer(launcher.pid, ME.uid, ME.gid), mem=G, core=5)["job"]["id"]
     [inp] = sup.gates.inputs()
-    assert (inp.job_id, inp.core) == (jid, 5) and launcher.pid in inp.pids
+    assert (inp.on.job_id, inp.on.core) == (jid, 5) and launcher.pid in inp.pids
     sup.gates.step([inp])
     reg = Region.open(sup.table.get(jid).rec.region)
     t = read_turn(reg, 0)

@@ -70,9 +70,10 @@ class Node:
         inputs = gates.inputs()
         gates.step(inputs)
         for i in inputs:
-            self.first.setdefault(i.job_id, self.now)
-            self.acc.observe(i.job_id, i.uuid, self.now, gates.measured(i.job_id, i.uuid), 0,
-                             busy_s=gates.busy_s(i.job_id, i.uuid))
+            on = i.on
+            self.first.setdefault(on.job_id, self.now)
+            self.acc.observe(on.job_id, on.uuid, self.now, gates.measured(on.job_id, on.uuid), 0,
+                             busy_s=gates.busy_s(on.job_id, on.uuid))
 
     def close(self) -> None:
         self.sup.close()

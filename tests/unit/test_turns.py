@@ -656,4 +656,4 @@ def test_a_suspended_job_holds_no_turn():
     a.rec.state = SUSPENDED
     node.tick()
     assert (b.turns[0].start_ns, b.turns[0].credit_ns) == (0, pct(60))
-    assert [i.job_id for i in node.gates.inputs()] == ["b"]
+    assert [i.on.job_id for i in node.gates.inputs()] == ["b"]

@@ -64,6 +64,23 @@ class JobGpu:
         return out
 
 
+@dataclass(frozen=True)
+class JobOnGpu:
+    """A job on one of its GPUs: the one projection of a job on a GPU that
+    the daemon's parts derive theirs from (the turns' Share, the classes'
+    Seat, the watch's JobLimits, the gates' Input)."""
+    job_id: str
+    uid: int
+    dev: int            # the GPU's place in the job's region
+    uuid: str
+    mem_limit: int
+    core: int           # its share there, percent
+    policy: str
+    priority: str
+    promised: bool      # its share is a promise (asked for; normal or high class)
+    gpus: int           # how many GPUs the job is on
+
+
 @dataclass
 class JobRecord:
     """A job as the daemon persists it (one row of the jobs table). id is
@@ -139,6 +156,13 @@ class JobRecord:
         """The compute share on its i-th GPU (placement order)."""
         v = self.gpus[i].core_share if 0 <= i < len(self.gpus) else None
         return v if v is not None else self.core_share
+
+    def on_gpus(self) -> list[JobOnGpu]:
+        """The job on each of its GPUs, in placement order."""
+        return [JobOnGpu(self.id, self.uid, i, g.uuid, self.gpu_mem_limit(i),
+                         self.gpu_core_share(i), self.policy, self.priority,
+                         promised(self), len(self.gpus))
+                for i, g in enumerate(self.gpus)]
 
     def limits_by_uuid(self) -> dict[str, tuple[int, int]]:
         """Each GPU's (memory limit, core share), by UUID."""

@@ -72,6 +72,8 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from vgpuctl.core.job import JobOnGpu
+
 MEMORY = "memory"
 COMPUTE = "compute"
 NO_JOB = "no_job"
@@ -111,6 +113,16 @@ class JobLimits:
     borrows: bool = False   # it may use what the others leave (soft, or no share)
     turn: float = 0.0       # the share of the GPU its turn holds (0: it has none)
     given: bool = True      # False: a GPU it was not given (a limit of zero)
+
+    @staticmethod
+    def of(on: JobOnGpu, turn: float, closed: bool = False) -> JobLimits:
+        """A job's limits on one GPU from the job there; closed: it holds
+        nothing (suspended), so its memory limit is zero. A job that may
+        borrow (soft, or no share) may use what the others' promises leave
+        open."""
+        return JobLimits(on.job_id, on.uuid, 0 if closed else on.mem_limit,
+                         on.core / 100 if on.core < 100 else 0.0, on.uid,
+                         borrows=on.policy == "soft" or on.core >= 100, turn=turn)
 
 
 @dataclass(frozen=True)

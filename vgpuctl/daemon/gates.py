@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vgpuctl.core import turns
-from vgpuctl.core.job import DeviceUsage, promised
+from vgpuctl.core.job import DeviceUsage, JobOnGpu
 from vgpuctl.daemon.jobs import JobTable, LiveJob
 from vgpuctl.daemon.trust import Trust
 
@@ -41,15 +41,11 @@ WINDOW_CYCLES = 10
 
 @dataclass(frozen=True)
 class Input:
-    """One live job on one of its GPUs, this tick."""
-    job_id: str
-    index: int              # the GPU's place in the job's region
-    uuid: str
-    pids: frozenset[int]    # its processes and its launcher
-    core: int
-    policy: str
-    usage: DeviceUsage      # its counters (zeros when unknown)
-    promised: bool = True   # its share is a promise (asked for; normal or high class)
+    """One live job on one of its GPUs, this tick: the job there, its
+    processes and its launcher, and its counters (zeros when unknown)."""
+    on: JobOnGpu
+    pids: frozenset[int]
+    usage: DeviceUsage
 
 
 @dataclass
@@ -107,10 +103,8 @@ class Gates:
                 continue
             rec = job.rec
             pids = frozenset(rec.pids) | ({rec.launcher_pid} if rec.launcher_pid else set())
-            for i, uuid in enumerate(job.uuids()):
-                u = usage[i] if i < len(usage) else DeviceUsage()
-                out.append(Input(job.id, i, uuid, pids, rec.gpu_core_share(i), rec.policy, u,
-                                 promised(rec)))
+            out += [Input(on, pids, usage[on.dev] if on.dev < len(usage) else DeviceUsage())
+                    for on in rec.on_gpus()]
         return out
 
     def last_launch(self, job_id: str, uuid: str) -> float | None:
@@ -125,17 +119,17 @@ class Gates:
         now = self._clock()
         live = set()
         for i in inputs:
-            key = (i.job_id, i.uuid)
+            key = (i.on.job_id, i.on.uuid)
             live.add(key)
             m = self._meters.get(key)
             if m is None:
                 m = self._meters[key] = _Meter(launched_at=now)
-            cycle = self._cycles.get(i.uuid, 0) / 1e9
+            cycle = self._cycles.get(i.on.uuid, 0) / 1e9
             m.add(now, i.usage.busy_ns, i.usage.launches, max(WINDOW_S, WINDOW_CYCLES * cycle))
-            job = self._table.find(i.job_id)
+            job = self._table.find(i.on.job_id)
             share = m.share()
             if job is not None and share is not None:
-                job.measured[i.uuid] = share
+                job.measured[i.on.uuid] = share
         for key in [k for k in self._meters if k not in live]:
             del self._meters[key]
         self.replan()
@@ -143,32 +137,31 @@ class Gates:
     def replan(self) -> None:
         """Plan every GPU's turns from the live jobs now, and write them."""
         now = self._clock()
-        by_gpu: dict[str, list[tuple[LiveJob, int]]] = {}
+        by_gpu: dict[str, list[tuple[LiveJob, JobOnGpu]]] = {}
         for job in self._table:
             if job.region is None or job.rec.suspended:
                 continue
-            for i, uuid in enumerate(job.uuids()):
-                by_gpu.setdefault(uuid, []).append((job, i))
+            for on in job.rec.on_gpus():
+                by_gpu.setdefault(on.uuid, []).append((job, on))
         for uuid, jobs in by_gpu.items():
             epoch = self._epoch
-            members = [self._member(job, i, uuid, now) for job, i in jobs]
-            signals = {(job.id, i): (job.signal_id, i) for job, i in jobs}
+            members = [self._member(on, now) for _, on in jobs]
+            signals = {(job.id, on.dev): (job.signal_id, on.dev) for job, on in jobs}
             plan = turns.plan(members, epoch, self._cycle_ns(), signal_of=signals.get)
             self._cycles[uuid] = max((t.cycle_ns for t in plan.values()), default=0)
-            for job, i in jobs:
-                t = plan[(job.id, i)]
+            for job, on in jobs:
+                t = plan[(job.id, on.dev)]
                 # its turn's share of the cycle (a guard may shave a full
                 # GPU's); without a turn, its cap
-                cap = job.rec.gpu_core_share(i) / 100
+                cap = on.core / 100
                 job.target[uuid] = min(t.share, cap) if t.gate == turns.TURNS and t.len_ns \
                     else cap
-                self._trust.write_gate(job, i, t)
+                self._trust.write_gate(job, on.dev, t)
 
-    def _member(self, job: LiveJob, i: int, uuid: str, now: float) -> turns.Share:
-        rec = job.rec
-        m = self._meters.get((job.id, uuid))
-        return turns.Share((job.id, i), rec.gpu_core_share(i), rec.policy, rec.priority,
-                            idle=m is not None and m.idle(now), gpus=len(job.uuids()))
+    def _member(self, on: JobOnGpu, now: float) -> turns.Share:
+        m = self._meters.get((on.job_id, on.uuid))
+        return turns.Share((on.job_id, on.dev), on.core, on.policy, on.priority,
+                           idle=m is not None and m.idle(now), gpus=on.gpus)
 
     def busy_s(self, job_id: str, uuid: str) -> float:
         """The job's GPU time on that GPU since the previous tick."""

@@ -54,9 +54,9 @@ class Priorities:
             if job.region is None or job.rec.region_error is not None or job.rec.suspended:
                 continue            # (a suspended job is on no GPU: none heeds it)
             jobs[job.id] = job
-            for i, uuid in enumerate(job.uuids()):
-                by_gpu.setdefault(uuid, []).append(
-                    classes.Seat((job.id, i), job.id, i, job.rec.priority))
+            for on in job.rec.on_gpus():
+                by_gpu.setdefault(on.uuid, []).append(
+                    classes.Seat((on.job_id, on.dev), on.job_id, on.dev, on.priority))
         holds: dict[Hashable, classes.Hold] = {}
         for members in by_gpu.values():
             holds.update(classes.holds(members))

@@ -398,16 +398,16 @@ class Daemon:
             # the watch gave it of the device's busy time beyond every hook's
             # claim (its unhooked processes; alone and ungated, the device's);
             # memory as NVML reports its processes'.
-            for i in inputs:
-                job = sup.table.find(i.job_id)
+            for on in (i.on for i in inputs):
+                job = sup.table.find(on.job_id)
                 # suspended (or moved) since the tick began: its rows are
                 # closed, the time suspended is not billed
-                if job is not None and not job.rec.suspended and i.uuid in job.uuids():
-                    key = (i.job_id, i.uuid)
+                if job is not None and not job.rec.suspended and on.uuid in job.uuids():
+                    key = (on.job_id, on.uuid)
                     self.accountant.observe(
-                        i.job_id, i.uuid, wall, sup.gates.measured(i.job_id, i.uuid),
+                        on.job_id, on.uuid, wall, sup.gates.measured(*key),
                         res.memory.get(key, 0),
-                        busy_s=sup.gates.busy_s(i.job_id, i.uuid) + res.beyond.get(key, 0.0))
+                        busy_s=sup.gates.busy_s(*key) + res.beyond.get(key, 0.0))
             try:
                 if usage.maybe_flush(self.store.conn, self.accountant, wall):
                     sup.checkpoint(self.accountant, wall)   # a copy and a small file per job

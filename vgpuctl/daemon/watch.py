@@ -391,17 +391,13 @@ def known(table: JobTable, reserve: int = 0,
         # no hook, is over its limit (issue: a suspended job re-took the
         # memory the daemon had given away).
         closed = held_to_nothing(job, now)
-        for i, (u, (mem, core)) in enumerate(rec.limits_by_uuid().items()):
-            if closed:
-                mem = 0
+        for on in rec.on_gpus():
+            i = on.dev
             turn = min(job.turns[i].share, 1.0) \
                 if i < len(job.turns) and job.turns[i].len_ns > 0 else 0.0
-            # a job that may borrow (soft, or no share) may use what the
-            # others' promises leave open
-            limits.append(JobLimits(job.id, u, mem, core / 100 if core < 100 else 0.0, rec.uid,
-                                    borrows=rec.policy == "soft" or core >= 100, turn=turn))
+            limits.append(JobLimits.of(on, turn, closed))
             if i < len(job.usage):
-                claims[(job.id, u)] = job.usage[i].busy_ns
+                claims[(job.id, on.uuid)] = job.usage[i].busy_ns
         for p, start in rec.pids.items():
             pids[p] = job.id
             starts[p] = start
