@@ -143,6 +143,7 @@ static void val_put(struct fast_val *v, uint64_t size, CUcontext ctx, int dev)
 /* The slot of `key` in bucket b, or -1; *held: there, but held. */
 static int find(const struct bucket *b, uint64_t key, int *held)
 {
+#pragma GCC unroll 8
     for (unsigned i = 0; i < BUCKET; i++) {
         uint64_t k = __atomic_load_n(&b->key[i], __ATOMIC_RELAXED);
         if ((k | HELD) == (key | HELD)) {
@@ -317,9 +318,9 @@ static int shard_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out)
 
 /* ---- the process's allocations ------------------------------------------------------ */
 /* A device pointer: in its bucket, or in the sharded tables. */
-static int track_ptr(uint64_t key, uint64_t size, int dev, CUcontext ctx, struct vgpu_alloc *old)
+int vgpu_track_ptr(uint64_t key, uint64_t size, int dev, CUcontext ctx, struct vgpu_alloc *old)
 {
-    struct bucket *t = fast_table(1);
+    struct bucket *t = fast_key(key) ? fast_table(1) : NULL;
     if (VGPU_UNLIKELY(t == NULL))
         return shard_track(VGPU_K_PTR, key, size, dev, ctx, 0, old);
     struct bucket *b = bucket_of(t, key);
@@ -355,7 +356,7 @@ static int track_ptr(uint64_t key, uint64_t size, int dev, CUcontext ctx, struct
     }
 }
 
-static int untrack_ptr(uint64_t key, struct vgpu_alloc *out)
+int vgpu_untrack_ptr(uint64_t key, struct vgpu_alloc *out)
 {
     struct bucket *t = fast_table(0);
     if (VGPU_LIKELY(t != NULL && fast_key(key))) {
@@ -386,23 +387,23 @@ static int untrack_ptr(uint64_t key, struct vgpu_alloc *out)
 int vgpu_track(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
                struct vgpu_alloc *old)
 {
-    if (kind == VGPU_K_PTR && fast_key(key))
-        return track_ptr(key, size, dev, ctx, old);
+    if (kind == VGPU_K_PTR)
+        return vgpu_track_ptr(key, size, dev, ctx, old);
     return shard_track(kind, key, size, dev, ctx, 0, old);
 }
 
 int vgpu_track_aux(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontext ctx,
                    uint64_t aux, struct vgpu_alloc *old)
 {
-    if (kind == VGPU_K_PTR && aux == 0 && fast_key(key))
-        return track_ptr(key, size, dev, ctx, old);
+    if (kind == VGPU_K_PTR && aux == 0)
+        return vgpu_track_ptr(key, size, dev, ctx, old);
     return shard_track(kind, key, size, dev, ctx, aux, old);
 }
 
 int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out)
 {
     if (kind == VGPU_K_PTR)
-        return untrack_ptr(key, out);
+        return vgpu_untrack_ptr(key, out);
     return shard_untrack(kind, key, out);
 }
 

@@ -283,6 +283,9 @@ int vgpu_track_aux(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontex
                    uint64_t aux, struct vgpu_alloc *old);
 /* Take an allocation out of the table; 1 if it was there. */
 int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out);
+/* vgpu_track and vgpu_untrack of a device pointer (VGPU_K_PTR). */
+int vgpu_track_ptr(uint64_t key, uint64_t size, int dev, CUcontext ctx, struct vgpu_alloc *old);
+int vgpu_untrack_ptr(uint64_t key, struct vgpu_alloc *out);
 /* A handle's references and mappings change by dr and dm: 1 when both are
  * then 0 (its entry taken out, into *out), 0 when it stays, -1 when the
  * handle is not ours (an import). */
