@@ -175,7 +175,12 @@ static inline int vgpu_dev_for_launch(void)
 /* ---- memory (reserve.c, alloctab.c, memory.c, context.c) -------------------- */
 #define VGPU_GRANULARITY (2ull << 20)   /* what the driver reserves in */
 
-uint64_t vgpu_round_gran(uint64_t n);
+static inline uint64_t vgpu_round_gran(uint64_t n)
+{
+    if (n > UINT64_MAX - VGPU_GRANULARITY)
+        return UINT64_MAX;
+    return (n + VGPU_GRANULARITY - 1) & ~(VGPU_GRANULARITY - 1);
+}
 uint64_t vgpu_job_used(int d);
 uint64_t vgpu_dev_limit(int d);
 /* What the job sees of region device d: total = the limit, free = what is
@@ -184,9 +189,63 @@ uint64_t vgpu_dev_limit(int d);
  * 0 (nothing written) when the device has no limit. used_b may be NULL. */
 int vgpu_job_mem_view(int d, uint64_t *free_b, uint64_t *total_b, uint64_t *used_b);
 /* Reserve bytes on region device d for this process (is_ctx: a context's
- * memory); 1 on success, 0 when over the limit (after sweeping dead slots). */
-int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what);
-void vgpu_unreserve(int d, uint64_t bytes, int is_ctx);
+ * memory); 1 on success, 0 when over the limit (after sweeping dead slots).
+ * Inline, the common case: one compare-and-swap on the job's count that
+ * fits; anything else (a GPU not the job's, no room, a lost race) is the
+ * whole procedure in reserve.c, from the start. */
+int vgpu_reserve_slow(int d, uint64_t bytes, int is_ctx, const char *what);
+/* After a reservation took the job's count of d to `now`: its peak, and the
+ * process's slot. */
+static inline void vgpu_reserved(int d, uint64_t now, uint64_t bytes, int is_ctx)
+{
+    struct vgpu_dev_usage *u = &vgpu_g_usage->dev[d];
+    uint64_t peak = __atomic_load_n(&u->peak, __ATOMIC_RELAXED);
+    while (now > peak && !__atomic_compare_exchange_n(&u->peak, &peak, now, 1, __ATOMIC_RELAXED,
+                                                      __ATOMIC_RELAXED))
+        ;
+    struct vgpu_proc_slot *s = vgpu_g_slot;
+    __atomic_fetch_add(&s->used[d], bytes, __ATOMIC_RELAXED);
+    if (is_ctx)
+        __atomic_fetch_add(&s->ctx_bytes[d], bytes, __ATOMIC_RELAXED);
+}
+
+static inline int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what)
+{
+    if (VGPU_LIKELY(d >= 0)) {
+        uint64_t *used = &vgpu_g_usage->dev[d].used;
+        uint64_t limit = __atomic_load_n(&vgpu_g_limits->dev[d].mem_limit, __ATOMIC_RELAXED);
+        uint64_t cur = __atomic_load_n(used, __ATOMIC_RELAXED);
+        int fits = limit == 0 ? bytes <= UINT64_MAX - cur : (bytes <= limit && cur <= limit - bytes);
+        if (VGPU_LIKELY(fits) &&
+            __atomic_compare_exchange_n(used, &cur, cur + bytes, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED)) {
+            vgpu_reserved(d, cur + bytes, bytes, is_ctx);
+            return 1;
+        }
+    }
+    return vgpu_reserve_slow(d, bytes, is_ctx, what);
+}
+
+/* *p -= v, never below 0. */
+static inline void vgpu_sub_sat(uint64_t *p, uint64_t v)
+{
+    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(p, &cur, cur > v ? cur - v : 0, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
+/* Give back what vgpu_reserve(d, bytes, is_ctx) reserved. */
+static inline void vgpu_unreserve(int d, uint64_t bytes, int is_ctx)
+{
+    if (d < 0 || bytes == 0)
+        return;
+    struct vgpu_proc_slot *s = vgpu_g_slot;
+    vgpu_sub_sat(&s->used[d], bytes);
+    if (is_ctx)
+        vgpu_sub_sat(&s->ctx_bytes[d], bytes);
+    vgpu_sub_sat(&vgpu_g_usage->dev[d].used, bytes);
+}
 /* Count bytes the driver took beyond what was reserved (a pool that grew by
  * more than an allocation): past the limit if need be, as it is taken. */
 void vgpu_reserve_anyway(int d, uint64_t bytes);
@@ -224,6 +283,9 @@ int vgpu_track_aux(uint32_t kind, uint64_t key, uint64_t size, int dev, CUcontex
                    uint64_t aux, struct vgpu_alloc *old);
 /* Take an allocation out of the table; 1 if it was there. */
 int vgpu_untrack(uint32_t kind, uint64_t key, struct vgpu_alloc *out);
+/* vgpu_track and vgpu_untrack of a device pointer (VGPU_K_PTR). */
+int vgpu_track_ptr(uint64_t key, uint64_t size, int dev, CUcontext ctx, struct vgpu_alloc *old);
+int vgpu_untrack_ptr(uint64_t key, struct vgpu_alloc *out);
 /* A handle's references and mappings change by dr and dm: 1 when both are
  * then 0 (its entry taken out, into *out), 0 when it stays, -1 when the
  * handle is not ours (an import). */

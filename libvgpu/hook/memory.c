@@ -37,16 +37,25 @@ static void count_alloc(void)
     __atomic_fetch_add(&vgpu_g_slot->allocs, 1, __ATOMIC_RELAXED);
 }
 
-/* After a successful allocation: remember it. */
-static void remember(uint32_t kind, uint64_t key, uint64_t size, int d, CUcontext ctx)
+/* What vgpu_track answered, when not 0: the key was there (its free went
+ * another way: its old reservation goes back), or no host memory. */
+static void remembered(int r, const struct vgpu_alloc *old)
 {
-    struct vgpu_alloc old;
-    int r = vgpu_track(kind, key, size, d, ctx, &old);
     if (r == 1)
-        vgpu_unreserve(old.dev, old.size, 0);
+        vgpu_unreserve(old->dev, old->size, 0);
     else if (r < 0)
         vgpu_log(VGPU_LOG_ERROR, "out of host memory for the allocation table; "
                  "a free will not give its bytes back");
+}
+
+/* After a successful allocation: remember it. */
+static inline void remember(uint32_t kind, uint64_t key, uint64_t size, int d, CUcontext ctx)
+{
+    struct vgpu_alloc old;
+    int r = kind == VGPU_K_PTR ? vgpu_track_ptr(key, size, d, ctx, &old)
+                               : vgpu_track(kind, key, size, d, ctx, &old);
+    if (VGPU_UNLIKELY(r != 0))
+        remembered(r, &old);
 }
 
 /* After the real free: give back the reservation, or put it back in the
@@ -91,7 +100,9 @@ static void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
         ENTER(sym, args); \
         CU_PROLOGUE(sym, args); \
         struct vgpu_alloc e_; \
-        int had_ = vgpu_untrack(kind, (uint64_t)(uintptr_t)(key), &e_); \
+        uint64_t k_ = (uint64_t)(uintptr_t)(key); \
+        int had_ = (kind) == VGPU_K_PTR ? vgpu_untrack_ptr(k_, &e_) \
+                                        : vgpu_untrack(kind, k_, &e_); \
         CUresult r_ = REAL(sym) args; \
         settle_free(had_, &e_, r_); \
         if (!had_) /* perhaps a pool's: what the pool holds now */ \

@@ -2,7 +2,9 @@
  * reserve.c - the job's memory count: reserve before allocating, with a
  * compare-and-swap on the job's per-device total (usage->dev[d].used) that
  * never takes it past the limit, and give back exactly what was reserved.
- * Also the re-entrancy guard of the accounting wrappers.
+ * The common case of both is inline in hook.h (vgpu_reserve, one
+ * compare-and-swap that fits; vgpu_unreserve); here the rest. Also the
+ * re-entrancy guard of the accounting wrappers.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -10,21 +12,6 @@
 #include "hook.h"
 
 __thread int vgpu_t_inside __attribute__((tls_model("initial-exec")));
-
-uint64_t vgpu_round_gran(uint64_t n)
-{
-    if (n > UINT64_MAX - VGPU_GRANULARITY)
-        return UINT64_MAX;
-    return (n + VGPU_GRANULARITY - 1) & ~(VGPU_GRANULARITY - 1);
-}
-
-static void sub_sat(uint64_t *p, uint64_t v)
-{
-    uint64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (!__atomic_compare_exchange_n(p, &cur, cur > v ? cur - v : 0, 1, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_RELAXED))
-        ;
-}
 
 uint64_t vgpu_job_used(int d)
 {
@@ -37,8 +24,9 @@ uint64_t vgpu_dev_limit(int d)
 }
 
 /* Reserve `bytes` on region device d for this process; 1 on success. A
- * refusal sweeps dead processes' slots first and retries once. */
-int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what)
+ * refusal sweeps dead processes' slots first and retries once. The whole
+ * procedure, for what vgpu_reserve (hook.h) does not settle inline. */
+int vgpu_reserve_slow(int d, uint64_t bytes, int is_ctx, const char *what)
 {
     char a[32], b[32], c[32];
     if (d < 0) {
@@ -75,15 +63,7 @@ int vgpu_reserve(int d, uint64_t bytes, int is_ctx, const char *what)
                  vgpu_fmt_size(limit, c, sizeof(c)), vgpu_dev_uuid(d));
         return 0;
     }
-    uint64_t now = cur + bytes;
-    uint64_t peak = __atomic_load_n(&u->peak, __ATOMIC_RELAXED);
-    while (now > peak && !__atomic_compare_exchange_n(&u->peak, &peak, now, 1, __ATOMIC_RELAXED,
-                                                      __ATOMIC_RELAXED))
-        ;
-    struct vgpu_proc_slot *s = vgpu_g_slot;
-    __atomic_fetch_add(&s->used[d], bytes, __ATOMIC_RELAXED);
-    if (is_ctx)
-        __atomic_fetch_add(&s->ctx_bytes[d], bytes, __ATOMIC_RELAXED);
+    vgpu_reserved(d, cur + bytes, bytes, is_ctx);
     return 1;
 }
 
@@ -100,17 +80,6 @@ void vgpu_reserve_anyway(int d, uint64_t bytes)
     __atomic_fetch_add(&vgpu_g_slot->used[d], bytes, __ATOMIC_RELAXED);
 }
 
-void vgpu_unreserve(int d, uint64_t bytes, int is_ctx)
-{
-    if (d < 0 || bytes == 0)
-        return;
-    struct vgpu_proc_slot *s = vgpu_g_slot;
-    sub_sat(&s->used[d], bytes);
-    if (is_ctx)
-        sub_sat(&s->ctx_bytes[d], bytes);
-    sub_sat(&vgpu_g_usage->dev[d].used, bytes);
-}
-
 /* A slot whose process is gone (or exiting): its bytes leave the job. */
 void vgpu_release_slot_memory(struct vgpu_proc_slot *slot)
 {
@@ -118,6 +87,6 @@ void vgpu_release_slot_memory(struct vgpu_proc_slot *slot)
         uint64_t n = __atomic_exchange_n(&slot->used[d], 0, __ATOMIC_ACQ_REL);
         __atomic_store_n(&slot->ctx_bytes[d], 0, __ATOMIC_RELAXED);
         if (n != 0)
-            sub_sat(&vgpu_g_usage->dev[d].used, n);
+            vgpu_sub_sat(&vgpu_g_usage->dev[d].used, n);
     }
 }

@@ -60,3 +60,26 @@ def test_race_check_catches_refusals_of_what_fits(tmp_path, cbuild):
     hook's refusals at 1 GiB must then be reported (so the check can fail)."""
     totals, _, _, _ = _race(tmp_path, cbuild, GiB + GiB // 4)
     assert totals["illegit"] > 0
+
+
+def test_frees_of_one_pointer_at_once_give_it_back_once(tmp_path, cbuild):
+    """8 threads free the same pointer together, 3000 times (the driver frees
+    it for one of them, and hands its address out again): the hook takes its
+    entry out for one free only, so the job holds exactly the context and
+    the allocation kept throughout, and nothing once the process is gone."""
+    sim = make_sim(tmp_path, spec="1x16G", VGPU_SIM_CTX_MEM="32M")
+    region = sim.region([GiB])
+    prog = cbuild("free_race", "free_race.c", cuda=True)
+    rounds = 3000
+    res = subprocess.run([str(prog), "8", str(rounds)], env=sim.job_env(region.path),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"free_race rounds=(\d+) wins=(\d+) errors=(\d+) used=(\d+) ctx=(\d+)",
+                  res.stdout)
+    assert m, res.stdout + res.stderr
+    wins, errors, used, ctx = (int(g) for g in m.groups()[1:])
+    assert errors == 0
+    assert wins == rounds                      # the driver freed each pointer once
+    assert ctx == 32 * MiB
+    assert used == ctx + 64 * MiB              # nothing given back twice, nothing kept
+    assert region.read_usage().devices[0].used == 0
