@@ -735,7 +735,7 @@ def measured_vs_timeline(sc: Scenario, harness: DaemonHarness, record: DeviceRec
 
 def demo_run() -> dict[str, Any]:
     """Scenario 10: `vgpuctl demo`'s own jobs for DEMO_S, its report."""
-    from vgpuctl.ops.demo import Demo
+    from vgpuctl.ops.showcase import Demo
 
     rows: dict[str, Any] = {}
     with Demo(seconds=DEMO_S) as d:

@@ -26,7 +26,7 @@ import pytest
 from support.daemon import needs_native
 from support.sim import busy_by_tag
 
-from vgpuctl.ops.demo import Demo, DemoJob
+from vgpuctl.ops.showcase import Demo, DemoJob
 
 pytestmark = needs_native
 

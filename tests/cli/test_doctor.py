@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vgpuctl.core import protocol as P
-from vgpuctl.ops import doctor as dr
+from vgpuctl.ops import diagnosis
 from vgpuctl.system import native, paths
 
 
@@ -39,35 +39,35 @@ def native_built() -> bool:
 # -- config ---------------------------------------------------------------------
 def test_config_missing_is_fine(tmp_path):
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
-    c = dr.check_config(env)
-    assert c.status == dr.OK and "defaults" in c.detail
+    c = diagnosis.check_config(env)
+    assert c.status == diagnosis.OK and "defaults" in c.detail
 
 
 def test_config_bad_key_is_named(tmp_path):
     p = tmp_path / "vgpu.toml"
     p.write_text('tick_ms = "fast"\n')
-    c = dr.check_config({"VGPU_CONFIG": str(p)})
-    assert c.status == dr.FAIL
+    c = diagnosis.check_config({"VGPU_CONFIG": str(p)})
+    assert c.status == diagnosis.FAIL
     assert str(p) in c.detail and "tick_ms" in c.detail and c.fix
 
 
 def test_config_not_toml(tmp_path):
     p = tmp_path / "vgpu.toml"
     p.write_text("this is = = not toml\n")
-    c = dr.check_config({"VGPU_CONFIG": str(p)})
-    assert c.status == dr.FAIL and "TOML" in c.detail
+    c = diagnosis.check_config({"VGPU_CONFIG": str(p)})
+    assert c.status == diagnosis.FAIL and "TOML" in c.detail
 
 
 def test_config_good(tmp_path):
     p = tmp_path / "vgpu.toml"
     p.write_text("tick_ms = 50\n")
-    assert dr.check_config({"VGPU_CONFIG": str(p)}).status == dr.OK
+    assert diagnosis.check_config({"VGPU_CONFIG": str(p)}).status == diagnosis.OK
 
 
 # -- daemon socket ------------------------------------------------------------------
 def test_no_daemon_is_a_warning(tmp_path):
-    c = dr.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
-    assert c.status == dr.WARN and "no daemon" in c.detail and "vgpuctl run" in c.fix
+    c = diagnosis.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
+    assert c.status == diagnosis.WARN and "no daemon" in c.detail and "vgpuctl run" in c.fix
 
 
 def test_a_system_daemon_that_is_not_running_fails(tmp_path, monkeypatch):
@@ -79,11 +79,11 @@ def test_a_system_daemon_that_is_not_running_fails(tmp_path, monkeypatch):
     unit = tmp_path / "vgpud.service"
     unit.write_text("[Service]\n")
     monkeypatch.setattr(paths, "SYSTEM_UNIT_FILES", (unit,))
-    c = dr.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
-    assert c.status == dr.FAIL and "the system daemon is not running" in c.detail, c
+    c = diagnosis.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert c.status == diagnosis.FAIL and "the system daemon is not running" in c.detail, c
     assert c.fix == "systemctl start vgpud"                  # root needs no sudo
-    monkeypatch.setattr(dr.os, "geteuid", lambda: 1000)
-    c = dr.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
+    monkeypatch.setattr(diagnosis.os, "geteuid", lambda: 1000)
+    c = diagnosis.check_daemon({"XDG_RUNTIME_DIR": str(tmp_path)})
     assert c.fix == "the node's administrator runs: systemctl start vgpud"
 
 
@@ -91,13 +91,13 @@ def test_fixes_never_tell_a_user_to_sudo(tmp_path, monkeypatch):
     """A user on a shared node is not its administrator: no fix of theirs
     is a sudo command; where there is no driver (the simulator), none says
     to upgrade it."""
-    monkeypatch.setattr(dr.os, "geteuid", lambda: 1000)
-    c = dr.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
+    monkeypatch.setattr(diagnosis.os, "geteuid", lambda: 1000)
+    c = diagnosis.check_daemon({"VGPU_SOCKET": str(tmp_path / "vgpud.sock")})
     assert "sudo" not in c.fix and "vgpuctl run" in c.fix and "administrator" in c.fix
-    sim_fix = dr._suspend_fix({"cuda": 12040}, {"VGPU_SIM": "1x16G"})
+    sim_fix = diagnosis._suspend_fix({"cuda": 12040}, {"VGPU_SIM": "1x16G"})
     assert "upgrade" not in sim_fix and "VGPU_SIM_DRIVER" in sim_fix
-    assert "upgrade" not in dr._suspend_fix({"cuda": None}, {})
-    assert "R570" in dr._suspend_fix({"cuda": 12040}, {})
+    assert "upgrade" not in diagnosis._suspend_fix({"cuda": None}, {})
+    assert "R570" in diagnosis._suspend_fix({"cuda": 12040}, {})
 
 
 def test_config_is_the_running_daemons_file(tmp_path):
@@ -109,16 +109,16 @@ def test_config_is_the_running_daemons_file(tmp_path):
     mine.write_text('tick_ms = "fast"\n')
     path = tmp_path / "vgpud.sock"
     t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, "config_file": str(theirs)})))
-    c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
+    c = diagnosis.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
     t.join(10)
-    assert c.status == dr.OK and str(theirs) in c.detail, c
+    assert c.status == diagnosis.OK and str(theirs) in c.detail, c
     for n, info in enumerate(({"config_file": None},
                               {"config_file": "/etc/vgpu/vgpu.toml", "config": "<defaults>"})):
         path = tmp_path / f"other{n}.sock"
         t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, **info})))
-        c = dr.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
+        c = diagnosis.check_config({"VGPU_SOCKET": str(path), "VGPU_CONFIG": str(mine)})
         t.join(10)
-        assert c.status == dr.OK and "runs on the defaults" in c.detail, c
+        assert c.status == diagnosis.OK and "runs on the defaults" in c.detail, c
 
 
 def test_stale_socket(tmp_path):
@@ -126,15 +126,15 @@ def test_stale_socket(tmp_path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(path))
     s.close()                               # a socket file nobody listens on
-    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
-    assert c.status == dr.WARN and "no daemon listens" in c.detail
+    c = diagnosis.check_daemon({"VGPU_SOCKET": str(path)})
+    assert c.status == diagnosis.WARN and "no daemon listens" in c.detail
 
 
 def test_not_a_socket(tmp_path):
     path = tmp_path / "vgpud.sock"
     path.write_text("")
-    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
-    assert c.status == dr.FAIL and "not a socket" in c.detail and "remove" in c.fix
+    c = diagnosis.check_daemon({"VGPU_SOCKET": str(path)})
+    assert c.status == diagnosis.FAIL and "not a socket" in c.detail and "remove" in c.fix
 
 
 def _serve_once(path: Path, reply: bytes) -> threading.Thread:
@@ -161,17 +161,17 @@ def test_daemon_answers(tmp_path):
     path = tmp_path / "vgpud.sock"
     t = _serve_once(path, P.encode(P.ok(daemon={"pid": 42, "version": "9.9", "system": False,
                                                 "jobs": 3})))
-    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    c = diagnosis.check_daemon({"VGPU_SOCKET": str(path)})
     t.join(10)
-    assert c.status == dr.OK and "pid 42" in c.detail and "3 job(s)" in c.detail
+    assert c.status == diagnosis.OK and "pid 42" in c.detail and "3 job(s)" in c.detail
 
 
 def test_daemon_speaking_another_protocol(tmp_path):
     path = tmp_path / "vgpud.sock"
     t = _serve_once(path, P.encode(P.error("protocol", "protocol version 1 not supported")))
-    c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+    c = diagnosis.check_daemon({"VGPU_SOCKET": str(path)})
     t.join(10)
-    assert c.status == dr.FAIL and "refused a ping" in c.detail and c.fix
+    assert c.status == diagnosis.FAIL and "refused a ping" in c.detail and c.fix
 
 
 def test_socket_closed_to_us():
@@ -190,7 +190,7 @@ def test_socket_closed_to_us():
     try:
         if os.geteuid() != 0:
             os.chmod(path, 0)
-            c = dr.check_daemon({"VGPU_SOCKET": str(path)})
+            c = diagnosis.check_daemon({"VGPU_SOCKET": str(path)})
             status, detail = c.status, c.detail
         else:
             code = ("import json, sys; from vgpuctl.ops import doctor as d; "
@@ -208,7 +208,7 @@ def test_socket_closed_to_us():
     finally:
         s.close()
         shutil.rmtree(d, ignore_errors=True)
-    assert status == dr.FAIL and "does not let you connect" in detail, detail
+    assert status == diagnosis.FAIL and "does not let you connect" in detail, detail
 
 
 # -- driver, NVML, hook ----------------------------------------------------------
@@ -245,8 +245,8 @@ def test_no_driver_points_to_the_simulator():
                            env=env, capture_output=True, timeout=60)
     if probe.returncode == 0:
         pytest.skip("a CUDA driver is installed here")
-    c = dr.check_driver(env)
-    assert c.status == dr.FAIL and "libcuda.so.1" in c.detail and "VGPU_SIM" in c.fix
+    c = diagnosis.check_driver(env)
+    assert c.status == diagnosis.FAIL and "libcuda.so.1" in c.detail and "VGPU_SIM" in c.fix
 
 
 @pytest.mark.skipif(not native_built(), reason="native parts not built")
@@ -265,7 +265,7 @@ def test_simulated_node_is_healthy(tmp_path):
 
 @pytest.mark.skipif(not native_built(), reason="native parts not built")
 def test_running_daemon_answers():
-    from vgpuctl.ops.demo import Demo
+    from vgpuctl.ops.showcase import Demo
 
     with Demo(jobs=()) as d:
         d.start_daemon()

@@ -152,7 +152,7 @@ def _free_port() -> int:
 def test_daemon_serves_metrics_of_a_running_job():
     import time
 
-    from vgpuctl.ops.demo import Demo, DemoJob
+    from vgpuctl.ops.showcase import Demo, DemoJob
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}/metrics"

@@ -49,9 +49,9 @@ def test_the_unit_runs_vgpuctl_where_the_readme_installs_it():
     assert s["ExecStart"][0].split()[0] == exe
     assert s["ExecReload"][0].split()[0] == exe
     # ...and doctor's advice reinstalls into that venv when run from it.
-    from vgpuctl.ops import doctor
+    from vgpuctl.ops import diagnosis
 
-    fix = doctor.reinstall_fix()
+    fix = diagnosis.reinstall_fix()
     assert f"{sys.prefix}/bin/pip install --force-reinstall" in fix
     assert "pip install vgpuctl" not in fix
 
@@ -179,7 +179,7 @@ def test_daemon_notify_handshake_and_jobs_survive_sigterm(notify_socket):
 
     import psutil
 
-    from vgpuctl.ops.demo import Demo, DemoJob
+    from vgpuctl.ops.showcase import Demo, DemoJob
 
     path, s = notify_socket
     with Demo(seconds=60, jobs=(DemoJob("survivor", "1G", 50, "hard", 1000),)) as d:

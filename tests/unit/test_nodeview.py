@@ -1,6 +1,6 @@
 """The node view's pure parts: fitting tables to a width (core.layout), the
 jobs and GPU tables, fields, units, CSV, filters and JOB arguments
-(core.nodeview), and the demo's summary (core.report.summary_table)."""
+(core.nodeview), and the demo's summary (core.usage_report.summary_table)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from support.store import record
 
 from vgpuctl.core import layout, nodeview, output
 from vgpuctl.core.output import Field
-from vgpuctl.core.report import ReportRow, UsageReport, summary_table, terminal_table
+from vgpuctl.core.usage_report import ReportRow, UsageReport, summary_table, terminal_table
 from vgpuctl.errors import NotFound, UsageError
 
 G = 1 << 30

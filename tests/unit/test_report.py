@@ -12,9 +12,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from support.store import record
 
-from vgpuctl.core import report as rep
+from vgpuctl.core import usage_report
 from vgpuctl.core.accounting import UsageRow
-from vgpuctl.core.report import aggregate, parse_when
+from vgpuctl.core.usage_report import aggregate, parse_when
 from vgpuctl.errors import UsageError
 from vgpuctl.system.files import write_atomic
 
@@ -100,7 +100,7 @@ def test_usage_outside_the_window_counts_for_nothing():
 
 def test_csv_headers_are_stable_and_carry_units():
     r = aggregate(JOBS, USAGE, "job", T, T + 1000, UTC)
-    text = rep.to_csv(r, UTC)
+    text = usage_report.to_csv(r, UTC)
     lines = text.splitlines()
     assert lines[0] == JOB_HEADERS
     rows = list(csv.DictReader(io.StringIO(text)))
@@ -113,13 +113,14 @@ def test_csv_headers_are_stable_and_carry_units():
     # a spreadsheet reads "2024-05-01 12:00:00" as a date and time, not an
     # ISO 8601 offset: start_utc and end_utc, whatever the local zone
     plus2 = timezone(timedelta(hours=2))
-    again = list(csv.DictReader(io.StringIO(rep.to_csv(
+    again = list(csv.DictReader(io.StringIO(usage_report.to_csv(
         aggregate(JOBS, USAGE, "job", T, T + 1000, plus2), plus2))))
     assert again[0]["start"] == "2024-05-01T14:00:00+02:00"
     assert again[0]["start_utc"] == "2024-05-01 12:00:00" and again[2]["end_utc"] == ""
     for by, first, last in (("user", "user", ""), ("gpu", "gpu_uuid", ",gpu_index"),
                             ("day", "day", "")):
-        head = rep.to_csv(aggregate(JOBS, USAGE, by, T, T + 1000, UTC), UTC).splitlines()[0]
+        head = usage_report.to_csv(aggregate(JOBS, USAGE, by, T, T + 1000, UTC),
+                                   UTC).splitlines()[0]
         assert head == f"{first},jobs,gpu_time [s],memory_time [GiB*h],peak_memory [MiB]{last}"
 
 
@@ -133,17 +134,17 @@ def test_a_moved_job_lists_every_gpu_it_used_and_by_gpu_names_the_index():
     usage = [u("4", GPU0, T, T + 100, 10.0), u("4", GPU1, T + 100, T + 200, 10.0)]
     r = aggregate([moved], usage, "job", T, T + 1000, UTC)
     assert r.rows[0].gpus == [GPU0, GPU1]
-    row = next(csv.DictReader(io.StringIO(rep.to_csv(r, UTC))))
+    row = next(csv.DictReader(io.StringIO(usage_report.to_csv(r, UTC))))
     assert row["gpus"] == f"{GPU0} {GPU1}"
-    assert json.loads(rep.to_json(r, UTC))[0]["gpus"] == [GPU0, GPU1]
+    assert json.loads(usage_report.to_json(r, UTC))[0]["gpus"] == [GPU0, GPU1]
     r = aggregate([*JOBS, moved], [*USAGE, *usage], "gpu", T, T + 1000, UTC)
-    got = {(row["gpu_index"], row["gpu_uuid"]) for row in json.loads(rep.to_json(r, UTC))}
+    got = {(row["gpu_index"], row["gpu_uuid"]) for row in json.loads(usage_report.to_json(r, UTC))}
     assert got == {(0, GPU0), (1, GPU1)}
 
 
 def test_json_values_in_base_units():
     r = aggregate(JOBS, USAGE, "job", T, T + 1000, UTC)
-    data = json.loads(rep.to_json(r, UTC))
+    data = json.loads(usage_report.to_json(r, UTC))
     assert data[0]["job_id"] == "1" and data[0]["gpus"] == [GPU0]
     assert data[0]["gpu_seconds"] == pytest.approx(50.0)
     assert data[0]["peak_memory_bytes"] == 3 * G
@@ -152,14 +153,14 @@ def test_json_values_in_base_units():
 
 def test_empty_reports():
     r = aggregate([], [], "job", T, T + 10, UTC)
-    assert rep.to_csv(r, UTC) == JOB_HEADERS + "\n"
-    assert json.loads(rep.to_json(r, UTC)) == []
-    assert rep.to_text(r, UTC).startswith("no jobs between 2024-05-01T12:00:00+00:00")
+    assert usage_report.to_csv(r, UTC) == JOB_HEADERS + "\n"
+    assert json.loads(usage_report.to_json(r, UTC)) == []
+    assert usage_report.to_text(r, UTC).startswith("no jobs between 2024-05-01T12:00:00+00:00")
 
 
 def test_plain_text_is_aligned_without_escapes():
     r = aggregate(JOBS, USAGE, "user", T, T + 1000, UTC)
-    text = rep.to_text(r, UTC)
+    text = usage_report.to_text(r, UTC)
     assert "\x1b" not in text
     lines = text.splitlines()
     assert lines[0].split() == ["user", "jobs", "gpu_time", "[s]", "memory_time", "[GiB*h]",
@@ -220,9 +221,10 @@ def test_by_slurm_job_sums_a_slurm_jobs_vgpu_jobs_and_keeps_the_others_apart():
             JOBS[2]]
     r = aggregate(jobs, USAGE, "slurm-job", T, T + 200, UTC)
     by = {row.key: row for row in r.rows}
-    assert set(by) == {"900", rep.NOT_SLURM}
+    assert set(by) == {"900", usage_report.NOT_SLURM}
     assert by["900"].jobs == {"1", "2"} and by["900"].gpu_seconds == pytest.approx(70.0)
-    assert json.loads(rep.to_json(r, UTC))[0]["slurm_job"] is None      # "-" sorts first
+    assert json.loads(usage_report.to_json(r, UTC))[0]["slurm_job"] is None      # "-" sorts first
     (row,) = [row for row in csv.DictReader(io.StringIO(
-        rep.to_csv(aggregate(jobs, USAGE, "job", T, T + 200, UTC), UTC))) if row["job_id"] == "1"]
+        usage_report.to_csv(aggregate(jobs, USAGE, "job", T, T + 200, UTC), UTC)))
+        if row["job_id"] == "1"]
     assert (row["slurm_job"], row["partition"], row["account"]) == ("900", "gpu", "physics")

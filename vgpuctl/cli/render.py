@@ -17,7 +17,7 @@ from rich.console import Console, RenderableType
 from rich.text import Text
 
 from vgpuctl.core import layout, nodeview
-from vgpuctl.core.report import (
+from vgpuctl.core.usage_report import (
     UsageReport,
     empty_line,
     iso_time,
@@ -112,7 +112,7 @@ def show(lines: Lines) -> None:
 
 def summary_lines(report: UsageReport) -> Lines:
     """The closing report of `vgpuctl demo`: a title, then each job's limits
-    beside what it got (vgpuctl.core.report.summary_table)."""
+    beside what it got (vgpuctl.core.usage_report.summary_table)."""
     if not report.rows:
         return [note_line(empty_line(report).rstrip(), "dim")]
     title = note_line("What each job got (GPU share: its GPU time over its run time):", "bold")
@@ -127,7 +127,7 @@ def status_view(data: dict[str, Any]) -> RenderableType:
 # -- reports -------------------------------------------------------------------
 def report_lines(report: UsageReport, tz: tzinfo | None = None) -> Lines:
     """`vgpuctl report` on a terminal: a title, then the report fitted to the
-    terminal (vgpuctl.core.report.terminal_table), or a line when empty."""
+    terminal (vgpuctl.core.usage_report.terminal_table), or a line when empty."""
     if not report.rows:
         return [note_line(empty_line(report, tz).rstrip(), "dim")]
     title = (f"GPU usage by {report.by}, {iso_time(report.since, tz)} to "

@@ -1,6 +1,6 @@
 """One output stack for every command that prints records: the node view
 (`status`, `ps`, `top`, `gpus`: vgpuctl.core.nodeview) and usage reports
-(vgpuctl.core.report). A field has a name, a kind and maybe a unit; these
+(vgpuctl.core.usage_report). A field has a name, a kind and maybe a unit; these
 functions turn values into CSV cells and headers, CSV and JSON text, and
 plain aligned tables, the same way for both.
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vgpuctl.core.accounting import UsageRow
 from vgpuctl.core.job import JobRecord
-from vgpuctl.core.report import UsageReport, aggregate
+from vgpuctl.core.usage_report import UsageReport, aggregate
 from vgpuctl.errors import PermissionDenied, StateError, UsageError
 from vgpuctl.store.database import record_from_row
 from vgpuctl.store.usage import read_usage

@@ -43,13 +43,12 @@ def demo(seconds: float) -> None:
     stopped and removed at the end, on Ctrl-C too.
     """
     from vgpuctl.cli import render
-    from vgpuctl.ops import demo as dm
-
+    from vgpuctl.ops import showcase
     tty = sys.stdout.isatty()
     console = render.console() if tty else None
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
-    with dm.Demo(seconds=seconds) as d:
+    with showcase.Demo(seconds=seconds) as d:
         with _step(console, f"starting a private daemon on VGPU_SIM={d.env['VGPU_SIM']}..."):
             d.start_daemon()
         names = ", ".join(f"{j.name} ({j.mem}, {j.core}% {j.policy})" for j in d.jobs)

@@ -7,17 +7,18 @@ import sys
 
 import click
 
-from vgpuctl.ops import doctor as dr
+from vgpuctl.ops import diagnosis
 
-_MARK = {dr.OK: ("ok", "green"), dr.WARN: ("warn", "yellow"), dr.FAIL: ("FAIL", "red")}
+_MARK = {diagnosis.OK: ("ok", "green"), diagnosis.WARN: ("warn", "yellow"),
+         diagnosis.FAIL: ("FAIL", "red")}
 
 
-def _plain(checks: list[dr.Check]) -> str:
+def _plain(checks: list[diagnosis.Check]) -> str:
     width = max(len(c.name) for c in checks)
     lines = []
     for c in checks:
         lines.append(f"{_MARK[c.status][0]:<4}  {c.name:<{width}}  {c.detail}")
-        if c.fix and c.status != dr.OK:
+        if c.fix and c.status != diagnosis.OK:
             lines.append(f"{'':<4}  {'':<{width}}  fix: {c.fix}")
     return "\n".join(lines)
 
@@ -39,17 +40,17 @@ def doctor(as_json: bool) -> int | None:
 
         console = Console()
         with console.status("checking...") as status:
-            checks = dr.run_checks(progress=lambda n: status.update(f"checking {n}..."))
+            checks = diagnosis.run_checks(progress=lambda n: status.update(f"checking {n}..."))
         for c in checks:
             word, colour = _MARK[c.status]
             console.print(f"[bold {colour}]{word:<4}[/]  [bold]{c.name}[/]  {escape(c.detail)}",
                           highlight=False)
-            if c.fix and c.status != dr.OK:
+            if c.fix and c.status != diagnosis.OK:
                 console.print(f"      [dim]fix:[/] {escape(c.fix)}", highlight=False)
     else:
-        checks = dr.run_checks()
+        checks = diagnosis.run_checks()
         if as_json:
             click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
         else:
             click.echo(_plain(checks))
-    return 1 if dr.failed(checks) else None
+    return 1 if diagnosis.failed(checks) else None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from vgpuctl.core import report as rep
+from vgpuctl.core import usage_report
 from vgpuctl.errors import PermissionDenied, ProtocolError, StateError
 from vgpuctl.store import reports
 from vgpuctl.system import paths
@@ -25,9 +25,9 @@ REPLY_S = 120.0     # the daemon reads a window's rows of its database
                    "2024-05-01T13:00.")
 @click.option("--until", default="now", show_default=True, metavar="WHEN",
               help="End of the window (not included), same forms as --since.")
-@click.option("--by", "by", type=click.Choice(rep.GROUPINGS), default="job",
+@click.option("--by", "by", type=click.Choice(usage_report.GROUPINGS), default="job",
               show_default=True, help="One line per job, user, GPU, local day or Slurm job.")
-@click.option("--format", "fmt", type=click.Choice(rep.FORMATS), default="table",
+@click.option("--format", "fmt", type=click.Choice(usage_report.FORMATS), default="table",
               show_default=True, help="table (rich on a terminal, plain text otherwise), "
                                       "csv (units in the headers) or json.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
@@ -48,8 +48,8 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
     only, JSON an empty list.
     """
     now = time.time()
-    t0 = rep.parse_when(since, now, option="--since")
-    t1 = rep.parse_when(until, now, option="--until")
+    t0 = usage_report.parse_when(since, now, option="--since")
+    t1 = usage_report.parse_when(until, now, option="--until")
     db = state_dir / paths.DB_NAME if state_dir else paths.report_db()
     # Nothing has run yet (no database where one would be) is an empty
     # report; a --state-dir that does not exist is a mistake.
@@ -67,14 +67,14 @@ def report(since: str, until: str, by: str, fmt: str, output: Path | None,
         messages.warn(f"{bad[0]} usage row(s) of the window could not be read (a damaged "
                       "database) and are left out of the report")
     if output is not None and str(output) != "-":
-        write_output(output, rep.render(result, fmt))
+        write_output(output, usage_report.render(result, fmt))
         return
     if fmt == "table" and sys.stdout.isatty():
         from vgpuctl.cli import render
 
         render.show(render.report_lines(result))
         return
-    click.echo(rep.render(result, fmt), nl=False)
+    click.echo(usage_report.render(result, fmt), nl=False)
 
 
 def _is_dir(path: Path) -> bool:
@@ -96,7 +96,7 @@ def _is_dir(path: Path) -> bool:
 
 
 def _own_jobs(db: Path, by: str, since: float, until: float,
-              denied: PermissionDenied, bad: list[int]) -> rep.UsageReport:
+              denied: PermissionDenied, bad: list[int]) -> usage_report.UsageReport:
     """The report of the caller's own jobs, from the daemon that keeps db,
     for a user who may not read it (as sacct shows a user their jobs);
     denied again when no daemon answers or it keeps another database."""
@@ -120,7 +120,7 @@ def _own_jobs(db: Path, by: str, since: float, until: float,
         raise ProtocolError(f"the daemon's report is not one ({type(e).__name__}: "
                             f"{e})") from None
     bad[0] += int(reply.get("bad_rows") or 0)
-    out = rep.aggregate(jobs, usage, by, since, until)
+    out = usage_report.aggregate(jobs, usage, by, since, until)
     if not reply.get("everyone"):
         out.only_user = jobs[0].user if jobs else _me()
     return out

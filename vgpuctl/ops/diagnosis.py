@@ -138,7 +138,7 @@ def probe_main(name: str) -> None:
 
 
 def _run_probe(name: str, env: Mapping[str, str]) -> dict[str, Any]:
-    code = f"from vgpuctl.ops.doctor import probe_main; probe_main({name!r})"
+    code = f"from vgpuctl.ops.diagnosis import probe_main; probe_main({name!r})"
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=dict(env), stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT)
