@@ -120,9 +120,7 @@ VGPU_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction f, int config)
 
 VGPU_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, int config, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!cu_obj_is(k, MAGIC_FUNC))
         return CUDA_ERROR_INVALID_HANDLE;
     return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;

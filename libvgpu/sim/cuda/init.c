@@ -148,9 +148,7 @@ VGPU_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 
 VGPU_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "%s", SIM_NAME);
@@ -159,9 +157,7 @@ VGPU_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     sim_device_uuid(cu_phys[dev], (unsigned char *)uuid->bytes);
@@ -183,9 +179,7 @@ VGPU_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice de
 
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
     *bytes = (size_t)sim_state()->dev[cu_phys[dev]].total;
@@ -251,9 +245,7 @@ static const struct { int attr; int value; } k_attrs[] = {
 
 VGPU_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!value || (int)attr <= 0 || (int)attr >= 160)
         return CUDA_ERROR_INVALID_VALUE;
     switch ((int)attr) {
@@ -286,9 +278,7 @@ typedef struct {
 
 VGPU_EXPORT CUresult cuDeviceGetProperties(CUdevprop *p, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
     *p = (CUdevprop){1024, {1024, 1024, 64}, {2147483647, 65535, 65535}, 49152, 65536,
@@ -298,9 +288,7 @@ VGPU_EXPORT CUresult cuDeviceGetProperties(CUdevprop *p, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!major || !minor)
         return CUDA_ERROR_INVALID_VALUE;
     *major = SIM_CC_MAJOR;
@@ -310,9 +298,7 @@ VGPU_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice 
 
 VGPU_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!bus_id || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     sim_device_bus_id(cu_phys[dev], bus_id, (size_t)len, 0);
@@ -386,9 +372,7 @@ VGPU_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attr, CUdevice src,
 VGPU_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
                                                         unsigned int channels, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!width || format <= 0 || (channels != 1 && channels != 2 && channels != 4))
         return CUDA_ERROR_INVALID_VALUE;
     *width = (size_t)1 << 28;

@@ -20,5 +20,12 @@ extern int cu_peer;                        /* VGPU_SIM_PEER: GPUs reach each oth
 int cu_ordinal_of(int phys);
 
 CUresult cu_check_device(CUdevice dev);    /* NOT_INITIALIZED / INVALID_DEVICE */
+/* Start of an entry point on the device dev: return cu_check_device()'s error. */
+#define CHECK_DEVICE(dev)                        \
+    do {                                         \
+        CUresult rc_ = cu_check_device(dev);     \
+        if (rc_)                                 \
+            return rc_;                          \
+    } while (0)
 
 #endif /* VGPU_SIM_CUDA_INIT_H */

@@ -205,10 +205,7 @@ VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
 
 VGPU_EXPORT CUresult cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle handle)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!pe)
         return CUDA_ERROR_INVALID_VALUE;
     struct ipc_event_handle h;

@@ -384,10 +384,7 @@ void *cu_module_read_file(const char *path, CUresult *rc)
 
 VGPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!module)
         return CUDA_ERROR_INVALID_VALUE;
     return load_image(image, ctx, module);
@@ -422,10 +419,8 @@ VGPU_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin)
 
 VGPU_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
+    CUresult rc = CUDA_SUCCESS;
     if (!module || !path)
         return CUDA_ERROR_INVALID_VALUE;
     void *img = cu_module_read_file(path, &rc);
@@ -497,10 +492,7 @@ static CUresult get_function(CUfunction *out, struct CUmod_st *m, const char *na
 
 CUresult cu_module_from_fatbin(CUmodule *mod, const void *image)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!mod || !image)
         return CUDA_ERROR_INVALID_VALUE;
     return load_image(image, ctx, mod);
@@ -536,10 +528,8 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m,
             decl = &m->vars[i];
     if (!m->open && !decl)
         return CUDA_ERROR_NOT_FOUND;
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&cu_lock);
     struct module_global *g = m->globals;
     while (g && strcmp(g->name, name) != 0)
@@ -723,10 +713,7 @@ VGPU_EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *ks, unsigned int n, CUl
 
 VGPU_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!f)
         return CUDA_ERROR_INVALID_VALUE;
     if (!cu_obj_is(k, MAGIC_FUNC))

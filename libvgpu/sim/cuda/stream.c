@@ -176,10 +176,7 @@ static uint64_t stream_seq(CUcontext ctx, CUstream s)
 
 VGPU_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!ps || (flags & ~CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = cu_obj_new(sizeof *s, MAGIC_STREAM);
@@ -251,11 +248,8 @@ VGPU_ALIAS(cuStreamSynchronize, cuStreamSynchronize_ptsz)
 
 VGPU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
+    CUresult rc = CUDA_SUCCESS;
     if (!cu_obj_is(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if (flags & ~1u)
@@ -300,11 +294,7 @@ VGPU_ALIAS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
 #define STREAM_GETTER(name, type, value)                                       \
     VGPU_EXPORT CUresult name(CUstream h, type *out)                           \
     {                                                                          \
-        CUcontext ctx;                                                         \
-        CUstream s;                                                            \
-        CUresult rc = cu_stream_resolve(h, &ctx, &s);                          \
-        if (rc)                                                                \
-            return rc;                                                         \
+        RESOLVE_STREAM(h, ctx, s);                                             \
         if (!out)                                                              \
             return CUDA_ERROR_INVALID_VALUE;                                   \
         *out = (value);                                                        \
@@ -386,11 +376,7 @@ static void attr_read(CUstream s, int id, void *out)
 
 VGPU_EXPORT CUresult cuStreamGetAttribute(CUstream h, int id, void *value)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!value || !stream_attr(id))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_attr_lock);
@@ -402,11 +388,7 @@ VGPU_ALIAS(cuStreamGetAttribute, cuStreamGetAttribute_ptsz)
 
 VGPU_EXPORT CUresult cuStreamSetAttribute(CUstream h, int id, const void *value)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!value || !stream_attr(id))
         return CUDA_ERROR_INVALID_VALUE;
     if (id == ATTR_SYNC_POLICY && (*(const int *)value < 1 || *(const int *)value > 4))
@@ -448,11 +430,7 @@ VGPU_ALIAS(cuStreamCopyAttributes, cuStreamCopyAttributes_ptsz)
 
 VGPU_EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice *dev)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!dev)
         return CUDA_ERROR_INVALID_VALUE;
     *dev = ctx->ordinal;
@@ -465,11 +443,7 @@ VGPU_ALIAS(cuStreamGetDevice, cuStreamGetDevice_ptsz)
 VGPU_EXPORT CUresult cuStreamAttachMemAsync(CUstream h, CUdeviceptr ptr, size_t len,
                                             unsigned int flags)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     struct alloc a;
     if (!mem_find(ptr, len ? len : 1, &a) || a.kind != ALLOC_MANAGED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -500,10 +474,7 @@ static int captured_event(CUevent e)
 
 VGPU_EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!pe || (flags & ~0xfu))
         return CUDA_ERROR_INVALID_VALUE;
     /* an interprocess event is one without timing, as the driver requires */
@@ -537,11 +508,8 @@ VGPU_ALIAS(cuEventDestroy_v2, cuEventDestroy)
 
 VGPU_EXPORT CUresult cuEventRecord(CUevent e, CUstream h)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
+    CUresult rc = CUDA_SUCCESS;
     if (!cu_obj_is(e, MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
     if (s && __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE)) {
@@ -651,11 +619,7 @@ enum { MEMOP_WAIT_32 = 1, MEMOP_WRITE_32 = 2, MEMOP_FLUSH = 3, MEMOP_WAIT_64 = 4
 
 static CUresult memop(CUstream h, int op, CUdeviceptr addr, uint64_t value)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (op == MEMOP_FLUSH || op == MEMOP_BARRIER)
         return CUDA_SUCCESS;
     size_t n = (op == MEMOP_WAIT_64 || op == MEMOP_WRITE_64) ? 8 : 4;
