@@ -66,8 +66,7 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray a)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(a, MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(a, MAGIC_ARRAY);
     mem_free(a->base, ALLOC_ARRAY);
     cu_obj_del(a, sizeof *a);
     return CUDA_SUCCESS;
@@ -75,8 +74,7 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray a)
 
 VGPU_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray a)
 {
-    if (!cu_obj_is(a, MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(a, MAGIC_ARRAY);
     if (!d)
         return CUDA_ERROR_INVALID_VALUE;
     *d = (CUDA_ARRAY_DESCRIPTOR){a->desc.Width, a->desc.Height, a->desc.Format,
@@ -86,10 +84,6 @@ VGPU_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray a
 
 VGPU_EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *d, CUarray a)
 {
-    if (!cu_obj_is(a, MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!d)
-        return CUDA_ERROR_INVALID_VALUE;
-    *d = a->desc;
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(a, MAGIC_ARRAY);
+    ANSWER(d, a->desc);
 }

@@ -428,10 +428,7 @@ VGPU_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = t_depth > 0 ? t_stack[t_depth - 1] : NULL;
-    return CUDA_SUCCESS;
+    ANSWER(pctx, t_depth > 0 ? t_stack[t_depth - 1] : NULL);
 }
 
 /* A getter of the current context c: refuse a NULL out-pointer, store `value`. */
@@ -439,10 +436,7 @@ VGPU_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
     VGPU_EXPORT CUresult name(type *out)                                       \
     {                                                                          \
         CURRENT_CONTEXT(c);                                                    \
-        if (!out)                                                              \
-            return CUDA_ERROR_INVALID_VALUE;                                   \
-        *out = (value);                                                        \
-        return CUDA_SUCCESS;                                                   \
+        ANSWER(out, value);                                                    \
     }
 
 CURRENT_CTX_GETTER(cuCtxGetDevice, CUdevice, c->ordinal)
@@ -472,10 +466,7 @@ VGPU_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
     CUresult rc = ctx_arg(&ctx);
     if (rc)
         return rc;
-    if (!id)
-        return CUDA_ERROR_INVALID_VALUE;
-    *id = ctx->id;
-    return CUDA_SUCCESS;
+    ANSWER(id, ctx->id);
 }
 
 VGPU_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
@@ -483,10 +474,7 @@ VGPU_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     CUresult rc = ctx_arg(&ctx);
     if (rc)
         return rc;
-    if (!version)
-        return CUDA_ERROR_INVALID_VALUE;
-    *version = 3020;
-    return CUDA_SUCCESS;
+    ANSWER(version, 3020);
 }
 
 VGPU_EXPORT CUresult cuCtxSynchronize(void)
@@ -615,10 +603,7 @@ VGPU_EXPORT CUresult cuCtxDetach(CUcontext ctx)
 VGPU_EXPORT CUresult cuCtxGetSharedMemConfig(int *config)
 {
     CURRENT_CONTEXT(c);
-    if (!config)
-        return CUDA_ERROR_INVALID_VALUE;
-    *config = 1; /* CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE */
-    return CUDA_SUCCESS;
+    ANSWER(config, 1); /* CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE */
 }
 
 VGPU_EXPORT CUresult cuCtxSetSharedMemConfig(int config)

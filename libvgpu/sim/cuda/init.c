@@ -102,10 +102,7 @@ VGPU_EXPORT CUresult cuInit(unsigned int flags)
 
 VGPU_EXPORT CUresult cuDriverGetVersion(int *version)
 {
-    if (!version)
-        return CUDA_ERROR_INVALID_VALUE;
-    *version = sim_cuda_version();
-    return CUDA_SUCCESS;
+    ANSWER(version, sim_cuda_version());
 }
 
 CUresult cu_check_device(CUdevice dev)
@@ -128,10 +125,7 @@ VGPU_EXPORT CUresult cuDeviceGetCount(int *count)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    *count = cu_count;
-    return CUDA_SUCCESS;
+    ANSWER(count, cu_count);
 }
 
 VGPU_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
@@ -180,10 +174,7 @@ VGPU_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice de
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     CHECK_DEVICE(dev);
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    *bytes = (size_t)sim_state()->dev[cu_phys[dev]].total;
-    return CUDA_SUCCESS;
+    ANSWER(bytes, (size_t)sim_state()->dev[cu_phys[dev]].total);
 }
 
 /* The pre-3.2 form reports 32 bits. */
@@ -334,10 +325,7 @@ VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer
         rc = cu_check_device(peer);
     if (rc)
         return rc;
-    if (!can)
-        return CUDA_ERROR_INVALID_VALUE;
-    *can = cu_peer && dev != peer;
-    return CUDA_SUCCESS;
+    ANSWER(can, cu_peer && dev != peer);
 }
 
 /* CUdevice_P2PAttribute: 1 performance rank, 2 access supported, 3 native

@@ -447,8 +447,7 @@ static CUresult get_function(CUfunction *out, struct CUmod_st *m, const char *na
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!out || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(m, MAGIC_MODULE);
     for (int i = 0; i < m->nfuncs; i++) {
         if (strcmp(m->funcs[i].name, name) == 0) {
             *out = &m->funcs[i];
@@ -516,8 +515,7 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m,
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(m, MAGIC_MODULE);
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     if (strlen(name) >= sizeof m->globals->name)
@@ -575,26 +573,18 @@ VGPU_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmo
 
 VGPU_EXPORT CUresult cuModuleGetLoadingMode(int *mode)
 {
-    if (!mode)
-        return CUDA_ERROR_INVALID_VALUE;
-    *mode = 2; /* CU_MODULE_LAZY_LOADING, the default since CUDA 12.2 */
-    return CUDA_SUCCESS;
+    ANSWER(mode, 2); /* CU_MODULE_LAZY_LOADING, the default since CUDA 12.2 */
 }
 
 VGPU_EXPORT CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule m)
 {
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    *count = (unsigned)m->nfuncs; /* an open module's names are not known */
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(m, MAGIC_MODULE);
+    ANSWER(count, (unsigned)m->nfuncs); /* an open module's names are not known */
 }
 
 VGPU_EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *fns, unsigned int n, CUmodule m)
 {
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(m, MAGIC_MODULE);
     if (!fns || n < (unsigned)m->nfuncs)
         return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < m->nfuncs; i++)
@@ -644,8 +634,7 @@ VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUj
 
 VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     unload(lib->mod);
     cu_obj_del(lib, sizeof *lib);
     return CUDA_SUCCESS;
@@ -653,16 +642,14 @@ VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary lib)
 
 VGPU_EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return get_function((CUfunction *)k, lib->mod, name);
 }
 
 VGPU_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib,
                                         const char *name)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return get_global(dptr, bytes, lib->mod, name);
 }
 
@@ -678,8 +665,7 @@ VGPU_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!lib)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(k, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(k, MAGIC_FUNC);
     struct CUfunc_st *f = (struct CUfunc_st *)k;
     if (!f->mod->lib)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -689,25 +675,19 @@ VGPU_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
 
 VGPU_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!m)
-        return CUDA_ERROR_INVALID_VALUE;
-    *m = lib->mod;
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
+    ANSWER(m, lib->mod);
 }
 
 VGPU_EXPORT CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return cuModuleGetFunctionCount(count, lib->mod);
 }
 
 VGPU_EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *ks, unsigned int n, CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return cuModuleEnumerateFunctions((CUfunction *)ks, n, lib->mod);
 }
 
@@ -716,8 +696,7 @@ VGPU_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
     CURRENT_CONTEXT(ctx);
     if (!f)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(k, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(k, MAGIC_FUNC);
     *f = (CUfunction)k;
     return CUDA_SUCCESS;
 }

@@ -142,10 +142,7 @@ VGPU_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 VGPU_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
     CHECK_DEVICE(dev);
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pool = default_pool(dev);
-    return CUDA_SUCCESS;
+    ANSWER(pool, default_pool(dev));
 }
 
 VGPU_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)

@@ -136,8 +136,7 @@ static CUresult resolve(CUstream h, CUcontext *ctx, CUstream *stream, int strict
     }
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(h, MAGIC_STREAM))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(h, MAGIC_STREAM);
     if (!cu_ctx_valid(h->ctx))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     *ctx = h->ctx;
@@ -199,8 +198,7 @@ VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(h, MAGIC_STREAM))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(h, MAGIC_STREAM);
     /* Work already queued still runs; the handle goes now. */
     pthread_mutex_lock(&cu_capture_lock);
     if (h->capture) {
@@ -250,8 +248,7 @@ VGPU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags
 {
     RESOLVE_STREAM(h, ctx, s);
     CUresult rc = CUDA_SUCCESS;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (flags & ~1u)
         return CUDA_ERROR_INVALID_VALUE;
     if (e->ipc && !e->capture && !(s && s->capture)) {
@@ -295,10 +292,7 @@ VGPU_ALIAS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
     VGPU_EXPORT CUresult name(CUstream h, type *out)                           \
     {                                                                          \
         RESOLVE_STREAM(h, ctx, s);                                             \
-        if (!out)                                                              \
-            return CUDA_ERROR_INVALID_VALUE;                                   \
-        *out = (value);                                                        \
-        return CUDA_SUCCESS;                                                   \
+        ANSWER(out, value);                                                    \
     }                                                                          \
     VGPU_ALIAS(name, name##_ptsz)
 
@@ -327,10 +321,7 @@ VGPU_EXPORT CUresult cuStreamIsCapturing(CUstream h, int *out)
     CUresult rc = resolve(h, &ctx, &s, 0);
     if (rc)
         return rc;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *out = cu_capture_status(s);
-    return CUDA_SUCCESS;
+    ANSWER(out, cu_capture_status(s));
 }
 VGPU_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
 
@@ -431,10 +422,7 @@ VGPU_ALIAS(cuStreamCopyAttributes, cuStreamCopyAttributes_ptsz)
 VGPU_EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice *dev)
 {
     RESOLVE_STREAM(h, ctx, s);
-    if (!dev)
-        return CUDA_ERROR_INVALID_VALUE;
-    *dev = ctx->ordinal;
-    return CUDA_SUCCESS;
+    ANSWER(dev, ctx->ordinal);
 }
 VGPU_ALIAS(cuStreamGetDevice, cuStreamGetDevice_ptsz)
 
@@ -493,8 +481,7 @@ VGPU_EXPORT CUresult cuEventDestroy_v2(CUevent e)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     pthread_mutex_lock(&cu_capture_lock);
     free(e->cap_deps);
     e->cap_deps = NULL;
@@ -510,8 +497,7 @@ VGPU_EXPORT CUresult cuEventRecord(CUevent e, CUstream h)
 {
     RESOLVE_STREAM(h, ctx, s);
     CUresult rc = CUDA_SUCCESS;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (s && __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE)) {
         /* in a capture the event stands for the stream's nodes so far, for
          * other streams to fork from or join */
@@ -560,8 +546,7 @@ VGPU_EXPORT CUresult cuEventQuery(CUevent e)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (captured_event(e))
         return CUDA_ERROR_CAPTURED_EVENT;
     if (e->ipc)
@@ -576,8 +561,7 @@ VGPU_EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (captured_event(e))
         return CUDA_ERROR_CAPTURED_EVENT;
     if (e->ipc)
