@@ -31,12 +31,6 @@ CUresult cu_check_device(CUdevice dev);    /* NOT_INITIALIZED / INVALID_DEVICE *
 
 /* Store `value` through `out`: the end of a query that answers one value
  * (CUDA_ERROR_INVALID_VALUE for a NULL out). */
-#define ANSWER(out, value)                      \
-    do {                                        \
-        if (!(out))                             \
-            return CUDA_ERROR_INVALID_VALUE;    \
-        *(out) = (value);                       \
-        return CUDA_SUCCESS;                    \
-    } while (0)
+#define ANSWER(out, value) SIM_ANSWER(out, value, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS)
 
 #endif /* VGPU_SIM_CUDA_INIT_H */
