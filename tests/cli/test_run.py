@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support.daemon import read_line, vgpuctl_argv, wait_for
+from support.daemon import kill_and_reap, read_line, vgpuctl_argv, wait_for
 
 G = 1 << 30
 M = 1 << 20
@@ -82,9 +82,7 @@ def test_running_job_shows_in_ps_json_and_disappears_when_it_exits(daemon, probe
         assert ended["state"] == "ended" and ended["exit_code"] == 0
         assert not os.path.exists(os.path.join(daemon.runtime, "jobs", job["id"]))
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_exit_codes_pass_through(daemon):
@@ -139,9 +137,7 @@ def test_run_waits_for_what_the_command_left_and_passes_it_signals(daemon, tmp_p
         assert p.wait(20) == 3
         assert got.read_text() == "TERM\n"
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_a_daemon_gone_before_the_command_ends_is_warned_with_verbose(daemon):
@@ -154,9 +150,7 @@ def test_a_daemon_gone_before_the_command_ends_is_warned_with_verbose(daemon):
         assert p.returncode == 4
         assert err.splitlines()[1:] == ["vgpuctl: warning: the daemon did not get `exited`"]
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_stdin_and_stdout_are_the_commands(daemon):
@@ -202,9 +196,7 @@ def test_signals_sent_to_vgpuctl_reach_the_command(daemon, tmp_path, sig):
         # Sent once, not twice (the handler would print twice before exiting otherwise).
         assert p.stdout.read().split() == ["got", str(int(sig))]
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_kill_signals_every_process_of_the_job(daemon):
@@ -219,9 +211,7 @@ def test_kill_signals_every_process_of_the_job(daemon):
         assert p.wait(20) == 128 + signal.SIGTERM
         wait_for(lambda: daemon.jobs() == [], what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_admission_refuses_what_does_not_fit_and_places_what_does(daemon):
@@ -370,9 +360,7 @@ def test_the_first_job_of_a_started_daemon_is_only_its_command(daemon_factory):
         assert again.returncode == 0, again.stderr      # the first one's 8G are free
         assert all(daemon_pid not in j["pids"] for j in ps_all(d, env))
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
         stop_user_daemon(sock, kill_jobs=True)
 
 
@@ -454,9 +442,7 @@ def test_runs_that_start_a_daemon_together_share_the_one_started(daemon_factory)
         assert len(ps_all(d, env)) == 3
     finally:
         for p in runs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            kill_and_reap(p)
         stop_user_daemon(d.base / "user" / "vgpud.sock")
 
 

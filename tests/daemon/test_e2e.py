@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from support.daemon import read_line, wait_for
+from support.daemon import kill_and_reap, read_line, wait_for
 
 from vgpuctl.system.region import Region
 
@@ -133,9 +133,7 @@ def test_sigkill_and_restart_readopts_running_jobs(daemon):
         r = daemon.cli("run", "--mem", "64M", "--", "sh", "-c", "echo $VGPU_JOB")
         assert int(r.stdout) == int(job["id"]) + 1
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_jobs_that_end_while_the_daemon_is_down_are_marked_ended(daemon):
@@ -347,9 +345,7 @@ def test_limits_hold_while_the_daemon_is_down_and_use_survives_it(daemon, tmp_pa
         assert p.wait(20) == 0
         wait_for(lambda: daemon.jobs() == [], what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_top_refreshes_and_ctrl_c_ends_it_cleanly(daemon, tmp_path):
@@ -364,9 +360,7 @@ def test_top_refreshes_and_ctrl_c_ends_it_cleanly(daemon, tmp_path):
         assert "Traceback" not in p.stderr.read()
     finally:
         out.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_a_daemon_keeps_its_vgpu_sim_says_so_and_daemon_stop_ends_it(daemon):

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 
-from support.daemon import needs_native, wait_for
+from support.daemon import kill_and_reap, needs_native, wait_for
 from support.hook import Sim
 from support.store import usage_rows
 
@@ -39,9 +39,7 @@ def test_a_bypass_is_billed_the_memory_nvml_shows(daemon_factory):
         job = d.call("ps", all=True)["jobs"][-1]
         wait_for(lambda: d.jobs() == [], timeout=20, what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     rows = wait_for(lambda: _rows(d, job["id"]) or None, timeout=10, what="its rows")
     gib_s = sum(r.mem_gib_hours for r in rows) * 3600
     peak = max(r.peak_mem_bytes for r in rows)
@@ -92,9 +90,7 @@ def test_counters_zeroed_during_an_outage_are_charged_the_outage(daemon_factory)
         wait_for(lambda: daemon.jobs() == [], timeout=20, what="the job to end")
     finally:
         stop.set()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     recorded = sum(r.gpu_seconds for r in _rows(daemon, job["id"]))
     env = {**daemon.env, "LD_LIBRARY_PATH": str(native.sim_libdir())}
     busy = Sim(daemon.base, env).stats()["devices"][0]["busy_ns"] / 1e9

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from support.daemon import needs_native, wait_for
+from support.daemon import kill_and_reap, needs_native, wait_for
 from support.hook import Sim
 from support.store import usage_rows
 
@@ -49,9 +49,7 @@ def test_an_outage_is_accounted_from_the_hooks_counters(daemon_factory):
         assert p.wait(60) == 0
         wait_for(lambda: daemon.jobs() == [], timeout=20, what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     recorded = recorded_gpu_seconds(daemon, job["id"])
     busy = sim_busy_s(daemon)
     # Before: about 6 of ~8 GPU-seconds were lost (no row covers the outage).

@@ -16,7 +16,7 @@ import sys
 import urllib.request
 
 import pytest
-from support.daemon import needs_native, read_line, wait_for
+from support.daemon import kill_and_reap, needs_native, read_line, wait_for
 from support.sim import HOLD_1G_ON_GPU1, holding
 
 from vgpuctl.system import native, sim
@@ -110,9 +110,7 @@ def test_with_kill_the_unhooked_process_over_its_limit_is_killed(daemon_factory)
         assert re.search(rf"violation \(memory\): job {job['id']}: pid \d+ ", text), text
         assert re.search(rf"job {job['id']} \(.*\) of \S+ ended for a memory violation", text)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_double_forked_unhooked_process_stays_in_its_job_and_is_charged(daemon_factory):
@@ -142,9 +140,7 @@ def test_double_forked_unhooked_process_stays_in_its_job_and_is_charged(daemon_f
         assert p.wait(30) == 0
         wait_for(lambda: daemon.jobs() == [], what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_compute_overrun_with_the_gate_bypassed_is_caught(daemon):
@@ -181,9 +177,7 @@ def test_with_kill_the_process_past_its_compute_share_is_killed(daemon_factory):
         assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
         assert "violation (compute)" in d.log.read_text()
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 @pytest.mark.parametrize("action", ["report", "kill"])

@@ -62,6 +62,13 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         time.sleep(0.02)
 
 
+def kill_and_reap(p: subprocess.Popen[Any]) -> None:
+    """Kill p if it still runs, and wait for it: a test's last word on a child."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def read_line(stream: Any, timeout: float = 30.0) -> str:
     """One line from a child's pipe, or fail the test after timeout seconds
     (a hung job must not hang the test run)."""
