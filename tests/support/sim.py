@@ -64,6 +64,19 @@ SPIN_PTX = rb"""
 """
 
 
+# GPU 0's primary context made current and SPIN_PTX loaded: `fn`, its spin
+# kernel, and spin(ns, stream=0), a launch of it for ns on the stream.
+SPIN_ON_GPU0 = f"""
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
+ck(cu.cuCtxSetCurrent(ctx))
+mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
+fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
+def spin(ns, stream=0):
+    return cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0)
+"""
+
+
 def script(*parts: str) -> str:
     """PRELUDE and the parts, each dedented, as one program."""
     return PRELUDE + "".join(textwrap.dedent(p) for p in parts)
