@@ -13,19 +13,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support.daemon import kill_and_reap, read_line, vgpuctl_argv, wait_for
+from support.daemon import CUDA_CK, kill_and_reap, read_line, vgpuctl_argv, wait_for
 
 G = 1 << 30
 M = 1 << 20
 
 # Reports what the driver API shows, then holds HOLD bytes until stdin closes.
-PROBE = textwrap.dedent("""
-    import os, sys
-    from cuda.bindings import driver as cu
-    def ck(r):
-        if r[0] != cu.CUresult.CUDA_SUCCESS:
-            raise SystemExit(f"cuda error {r[0]}")
-        return r[1:]
+PROBE = "import os, sys" + CUDA_CK + textwrap.dedent("""\
     ck(cu.cuInit(0))
     dev, = ck(cu.cuDeviceGet(0))
     ctx, = ck(cu.cuDevicePrimaryCtxRetain(dev))

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from support.daemon import kill_and_reap, read_line, wait_for
+from support.daemon import CUDA_CK, kill_and_reap, read_line, wait_for
 
 from vgpuctl.system.region import Region
 
@@ -295,13 +295,7 @@ def test_another_user_can_look_but_not_change_or_kill(daemon):
         p.wait()
 
 
-HOLDER = """
-import sys
-from cuda.bindings import driver as cu
-def ck(r):
-    if r[0] != cu.CUresult.CUDA_SUCCESS:
-        raise SystemExit(f"cuda error {r[0]}")
-    return r[1:]
+HOLDER = "import sys" + CUDA_CK + """\
 ck(cu.cuInit(0))
 ctx, = ck(cu.cuDevicePrimaryCtxRetain(ck(cu.cuDeviceGet(0))[0]))
 ck(cu.cuCtxSetCurrent(ctx))

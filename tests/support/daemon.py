@@ -29,6 +29,17 @@ from vgpuctl.system import native
 START_TIMEOUT_S = 20.0
 
 
+# The start of a job's program on the driver API (after its imports): `cu`,
+# and ck(r), a call's results past its error code, or an exit on an error.
+CUDA_CK = """
+from cuda.bindings import driver as cu
+def ck(r):
+    if r[0] != cu.CUresult.CUDA_SUCCESS:
+        raise SystemExit(f"cuda error {r[0]}")
+    return r[1:]
+"""
+
+
 def native_built() -> bool:
     """Whether the hook, the simulated GPU and vgpu-burn are all built."""
     try:
