@@ -251,8 +251,7 @@ def test_a_gpu_that_does_not_exist_is_refused_naming_those_that_do(daemon_factor
 def test_set_changes_a_running_job(daemon):
     p = daemon.popen("run", "--mem", "2G", "--", "sleep", "60")
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         r = daemon.cli("set", job["id"], "--mem", "1G", "--core", "25", "--policy", "soft")
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == (f"job {job['id']}: mem 1G, core 25%, policy soft, "

@@ -138,7 +138,7 @@ def test_sigkill_and_restart_readopts_running_jobs(daemon):
 
 def test_jobs_that_end_while_the_daemon_is_down_are_marked_ended(daemon):
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
-    job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None), what="job")
+    job = daemon.running_job(what="job")
     daemon.stop(signal.SIGKILL)
     p.kill()          # the launcher and its command both go
     os.kill(job["pids"][0], signal.SIGKILL)
@@ -153,8 +153,7 @@ def test_jobs_that_end_while_the_daemon_is_down_are_marked_ended(daemon):
 def test_sigterm_stops_cleanly_and_leaves_jobs_running(daemon):
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         assert daemon.stop(signal.SIGTERM) == 0
         assert not daemon.socket.exists()
         assert p.poll() is None
@@ -272,8 +271,7 @@ def test_another_user_can_look_but_not_change_or_kill(daemon):
     env = {**daemon.env, "HOME": "/nonexistent"}
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         code, out, err = as_user(nobody, ["ps", "--json"], env)
         assert code == 0, err
         assert [j["id"] for j in json.loads(out)["jobs"]] == [job["id"]]
@@ -319,8 +317,7 @@ def test_limits_hold_while_the_daemon_is_down_and_use_survives_it(daemon, tmp_pa
                      stdin=subprocess.PIPE)
     try:
         assert read_line(p.stdout).split() == ["ready", str(G)]
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         daemon.stop(signal.SIGKILL)
 
         def alloc(n):

@@ -67,13 +67,10 @@ def _zero_launches(job_dir, stop: threading.Event) -> None:
 
 def test_counters_zeroed_during_an_outage_are_charged_the_outage(daemon_factory):
     daemon = daemon_factory(gpus="1x16G")
-    burn = str(native.burn_program())
-    p = daemon.popen("run", "--mem", "1G", "--core", "50", "--", burn, "--kernel-us", "2000",
-                     "--seconds", "16")
+    p = daemon.burner(50, 2000, 16)
     stop = threading.Event()
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       timeout=30, what="the job to start")
+        job = daemon.running_job(timeout=30, what="the job to start")
         wait_for(lambda: sum(r.gpu_seconds for r in _rows(daemon, job["id"])) > 1.0,
                  timeout=10, what="some use to be recorded")
         job_dir = daemon.runtime / "jobs" / job["id"]

@@ -31,12 +31,9 @@ def sim_busy_s(daemon) -> float:
 
 def test_an_outage_is_accounted_from_the_hooks_counters(daemon_factory):
     daemon = daemon_factory(gpus="1x16G")
-    burn = str(native.burn_program())
-    p = daemon.popen("run", "--mem", "1G", "--core", "50", "--", burn, "--kernel-us", "2000",
-                     "--seconds", "16")
+    p = daemon.burner(50, 2000, 16)
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       timeout=30, what="the job to start")
+        job = daemon.running_job(timeout=30, what="the job to start")
         wait_for(lambda: recorded_gpu_seconds(daemon, job["id"]) > 1.0, timeout=10,
                  what="some use to be recorded")
         # the checkpoint follows the flush's commit: kill only after both

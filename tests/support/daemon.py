@@ -180,6 +180,17 @@ class Daemon:
         return subprocess.Popen([*vgpuctl_argv(), *args], env={**self.env, **(env or {})},
                                 text=True, **kw)
 
+    def burner(self, core: int, kernel_us: int, seconds: int) -> subprocess.Popen[str]:
+        """`vgpuctl run --mem 1G --core CORE` of vgpu-burn's kernels of
+        kernel_us for seconds, started."""
+        return self.popen("run", "--mem", "1G", "--core", str(core), "--",
+                          str(native.burn_program()), "--kernel-us", str(kernel_us),
+                          "--seconds", str(seconds))
+
+    def running_job(self, timeout: float = 10.0, what: str = "the job") -> dict[str, Any]:
+        """The first job with a process, once there is one."""
+        return wait_for(lambda: next((j for j in self.jobs() if j["pids"]), None), timeout, what)
+
     def cleanup_jobs(self) -> None:
         """Kill whatever the jobs left running (by the pids the daemon knows)."""
         try:
