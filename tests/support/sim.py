@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -152,3 +153,12 @@ def busy_by_tag(env: dict[str, str]) -> dict[str, float]:
         raise AssertionError(f"vgpuctl sim stats failed: {res.stderr}")
     return {t["name"]: sum(d["busy_ns"] for d in t["devices"]) / 1e9
             for t in json.loads(res.stdout)["tags"]}
+
+
+def shares_over(env: dict[str, str], seconds: float) -> dict[str, float]:
+    """Each VGPU_SIM_TAG's share (%) of GPU time over the next `seconds`, the
+    measurement window, from busy_by_tag at its start and its end."""
+    t0, a = time.monotonic(), busy_by_tag(env)
+    time.sleep(seconds)  # the measurement window
+    t1, b = time.monotonic(), busy_by_tag(env)
+    return {t: 100 * (b[t] - a[t]) / (t1 - t0) for t in b if t in a}
