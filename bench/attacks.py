@@ -55,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from run_overhead import remove_regions, vgpuctl_argv  # noqa: E402
+from run_overhead import launch_daemon, remove_regions, vgpuctl_argv  # noqa: E402
 
 from vgpuctl.client.connection import Client  # noqa: E402
 from vgpuctl.system import native  # noqa: E402
@@ -67,24 +67,9 @@ G = 1 << 30
 def start_daemon(base: Path, config: str) -> tuple[subprocess.Popen, dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
     env.pop("LD_PRELOAD", None)
-    env.update({"VGPU_SIM": "1x16G", "VGPU_SIM_STATE": str(base / "sim-state"),
-                "VGPU_SOCKET": str(base / "vgpud.sock"), "VGPU_RUNTIME_DIR": str(base / "run"),
-                "VGPU_STATE_DIR": str(base / "state"), "VGPU_CONFIG": str(base / "vgpu.toml")})
-    (base / "vgpu.toml").write_text(config)
-    log = open(base / "daemon.log", "ab")
-    proc = subprocess.Popen([*vgpuctl_argv(), "daemon"], env=env, stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            Client.connect(base / "vgpud.sock").close()
-            os.chmod(base / "sim-state", 0o666)       # nobody's processes use it too
-            return proc, env
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit("daemon failed:\n" + (base / "daemon.log").read_text()) from None
-            time.sleep(0.05)
-    raise SystemExit("daemon did not start")
+    proc = launch_daemon(base, env, config, "1x16G")
+    os.chmod(base / "sim-state", 0o666)       # nobody's processes use it too
+    return proc, env
 
 
 def call(sock: Path, op: str, **fields) -> dict:

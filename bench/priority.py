@@ -70,6 +70,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from share_accuracy import DaemonHarness
 
 from vgpuctl.system import native, sim
 
@@ -124,26 +127,12 @@ class Record:
         return t, {tg["name"]: int(tg["devices"][0]["busy_ns"]) for tg in d.get("tags", [])}
 
 
-class Daemon:
+class Daemon(DaemonHarness):
+    """The private daemon, its priority section's budget and holdoff as given."""
+
     def __init__(self, tmp: Path, env: dict[str, str], budget_us: int, holdoff_ms: int) -> None:
-        self.tmp = tmp
-        self.sock = tmp / "vgpud.sock"
-        self.env = dict(env)
-        self.env.update(VGPU_SOCKET=str(self.sock), VGPU_RUNTIME_DIR=str(tmp / "run"),
-                        VGPU_STATE_DIR=str(tmp / "state"))
-        cfg = tmp / "vgpu.toml"
-        cfg.write_text(f"tick_ms = 100\n[priority]\nbudget_us = {budget_us}\n"
-                       f"holdoff_ms = {holdoff_ms}\n")
-        self.env["VGPU_CONFIG"] = str(cfg)
-        self.log = open(tmp / "daemon.log", "w")  # noqa: SIM115 - open for the daemon's life
-        self.proc = subprocess.Popen([*VGPUCTL, "daemon"], env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 30
-        while not self.sock.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the daemon did not start: "
-                                   + (tmp / "daemon.log").read_text()[-2000:])
-            time.sleep(0.05)
+        super().__init__(tmp, env, f"tick_ms = 100\n[priority]\nbudget_us = {budget_us}\n"
+                         f"holdoff_ms = {holdoff_ms}\n", stop_s=15)
 
     def run(self, tag: str, burn: list[str], *opts: str) -> subprocess.Popen:
         env = dict(self.env, VGPU_SIM_TAG=tag)
@@ -155,15 +144,6 @@ class Daemon:
     def vgpuctl(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*VGPUCTL, *args], env=self.env, capture_output=True, text=True,
                               timeout=60, check=False)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 def result(p: subprocess.Popen, timeout: float = 120) -> dict[str, Any]:

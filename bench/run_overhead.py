@@ -69,15 +69,16 @@ def remove_regions(runtime: Path) -> None:
             Region.discard(p)
 
 
-def start_daemon(base: Path, bytecode_cache: bool) -> tuple[subprocess.Popen, dict[str, str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
-    if bytecode_cache:
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
-    env.update({"VGPU_SIM": "2x16G", "VGPU_SIM_STATE": str(base / "sim-state"),
+def launch_daemon(base: Path, env: dict[str, str], config: str,
+                  gpus: str) -> subprocess.Popen:
+    """`vgpuctl daemon` on a simulated GPU of gpus, its socket, runtime and
+    state dir, the simulator's state and its config file (config) in base;
+    env gains those settings, for its clients. Returns once its socket
+    answers; exits the benchmark if it fails to start."""
+    env.update({"VGPU_SIM": gpus, "VGPU_SIM_STATE": str(base / "sim-state"),
                 "VGPU_SOCKET": str(base / "vgpud.sock"), "VGPU_RUNTIME_DIR": str(base / "run"),
                 "VGPU_STATE_DIR": str(base / "state"), "VGPU_CONFIG": str(base / "vgpu.toml")})
-    (base / "vgpu.toml").write_text("")
+    (base / "vgpu.toml").write_text(config)
     log = open(base / "daemon.log", "ab")
     proc = subprocess.Popen([*vgpuctl_argv(), "daemon"], env=env, stdout=log, stderr=log,
                             stdin=subprocess.DEVNULL)
@@ -85,12 +86,20 @@ def start_daemon(base: Path, bytecode_cache: bool) -> tuple[subprocess.Popen, di
     while time.monotonic() < deadline:
         try:
             Client.connect(base / "vgpud.sock").close()
-            return proc, env
+            return proc
         except OSError:
             if proc.poll() is not None:
                 raise SystemExit("daemon failed:\n" + (base / "daemon.log").read_text()) from None
             time.sleep(0.05)
     raise SystemExit("daemon did not start")
+
+
+def start_daemon(base: Path, bytecode_cache: bool) -> tuple[subprocess.Popen, dict[str, str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGPU_")}
+    if bytecode_cache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(base / "pycache")
+    return launch_daemon(base, env, "", "2x16G"), env
 
 
 def bench_run(env: dict[str, str], pairs: int) -> dict[str, float]:

@@ -252,14 +252,16 @@ def remove_regions(runtime: Path) -> None:
 class DaemonHarness:
     """A private daemon; jobs through `vgpuctl run`, changes through `set`."""
 
-    def __init__(self, tmp: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp: Path, env: dict[str, str], config: str = "tick_ms = 100\n",
+                 stop_s: float = 10) -> None:
         self.tmp = tmp
         self.sock = tmp / "vgpud.sock"
+        self.stop_s = stop_s    # close(): SIGTERM, then SIGKILL after this long
         self.env = dict(env)
         self.env.update(VGPU_SOCKET=str(self.sock), VGPU_RUNTIME_DIR=str(tmp / "run"),
                         VGPU_STATE_DIR=str(tmp / "state"))
         cfg = tmp / "vgpu.toml"
-        cfg.write_text("tick_ms = 100\n")
+        cfg.write_text(config)
         self.env["VGPU_CONFIG"] = str(cfg)
         self.log = open(tmp / "daemon.log", "w")  # noqa: SIM115 - open for the daemon's life
         self.daemon = subprocess.Popen([*VGPUCTL, "daemon"],
@@ -320,7 +322,7 @@ class DaemonHarness:
         if self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             try:
-                self.daemon.wait(10)
+                self.daemon.wait(self.stop_s)
             except subprocess.TimeoutExpired:
                 self.daemon.kill()
                 self.daemon.wait()
@@ -387,15 +389,7 @@ def run_scenario(sc: Scenario, harness: DaemonHarness, record: DeviceRecord, set
                 ps = harness._vgpuctl("ps", "--json")
                 res["ps"] = json.loads(ps.stdout) if ps.returncode == 0 else None
     finally:
-        for j in jobs:
-            if j.proc.poll() is None:
-                j.proc.send_signal(signal.SIGTERM)
-        for j in jobs:
-            try:
-                j.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                j.proc.kill()
-                j.proc.wait()
+        _stop(jobs)
     for j in jobs:
         out = j.proc.stdout.read() if j.proc.stdout else ""
         line = out.strip().splitlines()[-1] if out.strip() else ""
@@ -565,6 +559,14 @@ def _last_kernel(pts: list[tuple[float, int]]) -> float | None:
     return next(t for t, b in pts if b == pts[-1][1])
 
 
+def _sample(record: DeviceRecord, jobs: list[Running],
+            series: dict[str, list[tuple[float, int]]]) -> None:
+    """Append the timeline's (time, busy ns) now to each job's series."""
+    t, busy = record.busy_ns()
+    for j in jobs:
+        series[j.tag].append((t, busy.get(j.tag, 0)))
+
+
 def _share_over(pts: list[tuple[float, int]], a: float, b: float) -> float:
     """The share, 0..1, over [a, b] of a series of (time, busy ns)."""
     return (_busy_at(pts, b) - _busy_at(pts, a)) / ((b - a) * 1e9)
@@ -582,15 +584,11 @@ def together_life(sc: Scenario, harness: DaemonHarness, record: DeviceRecord,
     deadline = time.monotonic() + LIFE_S + 60
     try:
         while any(j.proc.poll() is None for j in jobs) and time.monotonic() < deadline:
-            t, busy = record.busy_ns()
-            for j in jobs:
-                pts[j.tag].append((t, busy.get(j.tag, 0)))
+            _sample(record, jobs, pts)
             time.sleep(FIRST_POLL_S)
     finally:
         _stop(jobs)
-    t, busy = record.busy_ns()
-    for j in jobs:
-        pts[j.tag].append((t, busy.get(j.tag, 0)))
+    _sample(record, jobs, pts)
     runs: dict[str, Any] = {}
     for j in jobs:
         burn = _burn_line(j)
@@ -643,9 +641,7 @@ def measured_vs_timeline(sc: Scenario, harness: DaemonHarness, record: DeviceRec
     next_ps = next_find = time.monotonic()
     try:
         while any(j.proc.poll() is None for j in jobs) and time.monotonic() < deadline:
-            t, busy = record.busy_ns()
-            for j in jobs:
-                line[j.tag].append((t, busy.get(j.tag, 0)))
+            _sample(record, jobs, line)
             for tag, reg in list(regions.items()):
                 if reg is None:
                     continue
@@ -697,9 +693,7 @@ def measured_vs_timeline(sc: Scenario, harness: DaemonHarness, record: DeviceRec
             if reg is not None:
                 reg.close()
         _stop(jobs)
-    t, busy = record.busy_ns()
-    for j in jobs:
-        line[j.tag].append((t, busy.get(j.tag, 0)))
+    _sample(record, jobs, line)
     runs: dict[str, Any] = {}
     for j in jobs:
         pts = line[j.tag]

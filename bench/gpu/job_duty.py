@@ -34,30 +34,6 @@ from typing import Any
 
 import job_util
 
-# The kernel vgpu-burn embeds (libvgpu/tools/vgpu_burn.c), byte for byte.
-SPIN_PTX = b"""\
-.version 7.0
-.target sm_50
-.address_size 64
-
-.visible .entry vgpu_spin(
-    .param .u64 vgpu_spin_ns
-)
-{
-    .reg .pred %p<2>;
-    .reg .b64 %rd<5>;
-
-    ld.param.u64 %rd1, [vgpu_spin_ns];
-    mov.u64 %rd2, %globaltimer;
-$L_spin:
-    mov.u64 %rd3, %globaltimer;
-    sub.s64 %rd4, %rd3, %rd2;
-    setp.lt.u64 %p1, %rd4, %rd1;
-    @%p1 bra $L_spin;
-    ret;
-}
-"""
-
 
 def burst_kernels(busy_ns: int, kernel_ns: int) -> list[int]:
     """The kernel lengths (ns) of one burst: whole kernels, then the rest."""
@@ -96,7 +72,7 @@ def main() -> None:
     blocks = args.blocks or ck(cu.cuDeviceGetAttribute(sms, dev), "cuDeviceGetAttribute")
     if args.alloc_mib:
         ck(cu.cuMemAlloc(args.alloc_mib << 20), "cuMemAlloc")
-    mod = ck(cu.cuModuleLoadData(SPIN_PTX + b"\0"), "cuModuleLoadData")
+    mod = ck(cu.cuModuleLoadData(job_util.SPIN_PTX + b"\0"), "cuModuleLoadData")
     fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"), "cuModuleGetFunction")
     stream = ck(cu.cuStreamCreate(0), "cuStreamCreate")
     # Below 100 % one burst is in flight at a time; at 100 % two, so the

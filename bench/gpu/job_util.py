@@ -15,6 +15,30 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+# The spin kernel vgpu-burn embeds (libvgpu/tools/vgpu_burn.c), byte for byte.
+SPIN_PTX = b"""\
+.version 7.0
+.target sm_50
+.address_size 64
+
+.visible .entry vgpu_spin(
+    .param .u64 vgpu_spin_ns
+)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<5>;
+
+    ld.param.u64 %rd1, [vgpu_spin_ns];
+    mov.u64 %rd2, %globaltimer;
+$L_spin:
+    mov.u64 %rd3, %globaltimer;
+    sub.s64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra $L_spin;
+    ret;
+}
+"""
+
 
 def emit(obj: dict[str, Any]) -> None:
     obj.setdefault("pid", os.getpid())

@@ -86,28 +86,7 @@ CASES = ("solo", "pair", "trio", "spans", "copy", "cupti")
 # slot k is the k-th kernel) and writes at out + 64 + 32 k: its first
 # %globaltimer, its last, the largest jump between two reads, and the read
 # before that jump (u64 ns each).
-BURN_PTX = """\
-.version 7.0
-.target sm_50
-.address_size 64
-
-.visible .entry vgpu_spin(
-    .param .u64 vgpu_spin_ns
-)
-{
-    .reg .pred %p<2>;
-    .reg .b64 %rd<5>;
-
-    ld.param.u64 %rd1, [vgpu_spin_ns];
-    mov.u64 %rd2, %globaltimer;
-$L_spin:
-    mov.u64 %rd3, %globaltimer;
-    sub.s64 %rd4, %rd3, %rd2;
-    setp.lt.u64 %p1, %rd4, %rd1;
-    @%p1 bra $L_spin;
-    ret;
-}
-
+BURN_PTX = job_util.SPIN_PTX.decode() + """
 .visible .entry vgpu_spin_work(
     .param .u64 vgpu_spin_work_ns,
     .param .u64 vgpu_spin_work_iters,

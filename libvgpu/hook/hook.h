@@ -121,24 +121,19 @@ static inline int vgpu_nvml_state(void)
     return VGPU_LIKELY(s != VGPU_UNINIT) ? s : vgpu_nvml_init_slow();
 }
 
-/* Start of a CUDA wrapper: pass through or fail as the state says. */
-#define CU_PROLOGUE(sym, args) \
+/* Start of a wrapper: pass through or fail (with `broken`) as the state
+ * that state_fn reads says. */
+#define VGPU_PROLOGUE(state_fn, broken, sym, args) \
     do { \
-        int s_ = vgpu_cu_state(); \
+        int s_ = state_fn(); \
         if (s_ == VGPU_PASS) \
             return REAL(sym) args; \
         if (s_ != VGPU_ACTIVE) \
-            return VGPU_BROKEN_CU; \
+            return broken; \
     } while (0)
-
-#define NVML_PROLOGUE(sym, args) \
-    do { \
-        int s_ = vgpu_nvml_state(); \
-        if (s_ == VGPU_PASS) \
-            return REAL(sym) args; \
-        if (s_ != VGPU_ACTIVE) \
-            return VGPU_BROKEN_NVML; \
-    } while (0)
+/* A CUDA wrapper's and an NVML wrapper's. */
+#define CU_PROLOGUE(sym, args) VGPU_PROLOGUE(vgpu_cu_state, VGPU_BROKEN_CU, sym, args)
+#define NVML_PROLOGUE(sym, args) VGPU_PROLOGUE(vgpu_nvml_state, VGPU_BROKEN_NVML, sym, args)
 
 /* Sweep slots of dead processes (state.c); returns bytes given back. */
 uint64_t vgpu_sweep(void);

@@ -114,32 +114,18 @@ static nvmlReturn_t job_procs(procs_fn fn, nvmlDevice_t device, unsigned int *in
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
-                                                       unsigned int *infoCount,
-                                                       nvmlProcessInfo_v1_t *infos)
-{
-    NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses, (device, infoCount, infos));
-    return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses), device, infoCount,
-                     infos, sizeof(nvmlProcessInfo_v1_t));
-}
+/* Each version of the running-processes query: the job's own processes, in
+ * entries of `entry` (the version's struct). */
+#define JOB_PROCS_HOOK(sym, entry)                                                      \
+    nvmlReturn_t hook_##sym(nvmlDevice_t device, unsigned int *infoCount, entry *infos) \
+    {                                                                                   \
+        NVML_PROLOGUE(sym, (device, infoCount, infos));                                 \
+        return job_procs((procs_fn)REAL(sym), device, infoCount, infos, sizeof(entry)); \
+    }
 
-nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device,
-                                                          unsigned int *infoCount,
-                                                          nvmlProcessInfo_t *infos)
-{
-    NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses_v2, (device, infoCount, infos));
-    return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v2), device,
-                     infoCount, infos, sizeof(nvmlProcessInfo_t));
-}
-
-nvmlReturn_t hook_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
-                                                          unsigned int *infoCount,
-                                                          nvmlProcessInfo_t *infos)
-{
-    NVML_PROLOGUE(nvmlDeviceGetComputeRunningProcesses_v3, (device, infoCount, infos));
-    return job_procs((procs_fn)REAL(nvmlDeviceGetComputeRunningProcesses_v3), device,
-                     infoCount, infos, sizeof(nvmlProcessInfo_t));
-}
+JOB_PROCS_HOOK(nvmlDeviceGetComputeRunningProcesses, nvmlProcessInfo_v1_t)
+JOB_PROCS_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, nvmlProcessInfo_t)
+JOB_PROCS_HOOK(nvmlDeviceGetComputeRunningProcesses_v3, nvmlProcessInfo_t)
 
 /* ---- per-process utilization: the job's own processes only ------------------ */
 

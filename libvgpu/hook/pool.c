@@ -151,42 +151,20 @@ CUresult hook_cuMemPoolDestroy(CUmemoryPool pool)
 /* ---- synchronisations: the driver may have given a pool's reserve back, and
  * the job's work in flight may have completed (flight.c) ---- */
 
-CUresult hook_cuCtxSynchronize(void)
-{
-    ENTER(cuCtxSynchronize, ());
-    CU_PROLOGUE(cuCtxSynchronize, ());
-    CUresult r = REAL(cuCtxSynchronize)();
-    vgpu_pool_settle_all();
-    vgpu_flight_settle();
-    return r;
-}
+/* A synchronisation's hook: the real call, then the pools and the work in
+ * flight settled. */
+#define SETTLING_HOOK(sym, params, args)    \
+    CUresult hook_##sym params              \
+    {                                       \
+        ENTER(sym, args);                   \
+        CU_PROLOGUE(sym, args);             \
+        CUresult r = REAL(sym) args;        \
+        vgpu_pool_settle_all();             \
+        vgpu_flight_settle();               \
+        return r;                           \
+    }
 
-CUresult hook_cuStreamSynchronize(CUstream h)
-{
-    ENTER(cuStreamSynchronize, (h));
-    CU_PROLOGUE(cuStreamSynchronize, (h));
-    CUresult r = REAL(cuStreamSynchronize)(h);
-    vgpu_pool_settle_all();
-    vgpu_flight_settle();
-    return r;
-}
-
-CUresult hook_cuStreamSynchronize_ptsz(CUstream h)
-{
-    ENTER(cuStreamSynchronize_ptsz, (h));
-    CU_PROLOGUE(cuStreamSynchronize_ptsz, (h));
-    CUresult r = REAL(cuStreamSynchronize_ptsz)(h);
-    vgpu_pool_settle_all();
-    vgpu_flight_settle();
-    return r;
-}
-
-CUresult hook_cuEventSynchronize(CUevent e)
-{
-    ENTER(cuEventSynchronize, (e));
-    CU_PROLOGUE(cuEventSynchronize, (e));
-    CUresult r = REAL(cuEventSynchronize)(e);
-    vgpu_pool_settle_all();
-    vgpu_flight_settle();
-    return r;
-}
+SETTLING_HOOK(cuCtxSynchronize, (void), ())
+SETTLING_HOOK(cuStreamSynchronize, (CUstream h), (h))
+SETTLING_HOOK(cuStreamSynchronize_ptsz, (CUstream h), (h))
+SETTLING_HOOK(cuEventSynchronize, (CUevent e), (e))

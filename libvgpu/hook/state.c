@@ -275,6 +275,25 @@ static int daemons_region(const char *dir, const char *jobs, uid_t daemon_uid, c
     return 1;
 }
 
+/* A segment of the region the job writes (usage, signal), attached: NULL
+ * (and why says why) unless it holds `magic` and this layout version, as
+ * the first two fields of each such segment do. */
+static void *job_segment(const char *dir, const char *what, const char *kind, int id,
+                         size_t size, uint32_t magic, const uid_t *daemon_uid, char *why,
+                         size_t len)
+{
+    const uint32_t *head = attach(dir, what, id, size, 1, daemon_uid, 0, why, len);
+    if (head == NULL)
+        return NULL;
+    if (head[0] != magic || head[1] != VGPU_REGION_VERSION) {
+        snprintf(why, len, "%s: the %s segment is not a vgpu %s of layout version %d", dir,
+                 what, kind, VGPU_REGION_VERSION);
+        shmdt(head);
+        return NULL;
+    }
+    return (void *)head;
+}
+
 static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_t len)
 {
     int limits_id, usage_id, signal_id;
@@ -285,63 +304,47 @@ static int map_region(const char *dir, const uid_t *daemon_uid, char *why, size_
                                            why, len);
     if (lim == NULL)
         return 0;
+    struct vgpu_usage *use = NULL;
+    struct vgpu_signal *sig;
+    const char *job = getenv("VGPU_JOB");
     if (lim->magic != VGPU_REGION_MAGIC) {
         snprintf(why, len, "%s: the limits segment is not a vgpu region (bad magic)", dir);
-        shmdt(lim);
-        return 0;
+        goto refused;
     }
     if (lim->version != VGPU_REGION_VERSION) {
         snprintf(why, len, "%s: region layout version %u, this libvgpu.so reads %d",
                  dir, lim->version, VGPU_REGION_VERSION);
-        shmdt(lim);
-        return 0;
+        goto refused;
     }
-    const char *job = getenv("VGPU_JOB");
     if (job != NULL && *job != '\0' &&
         strncmp(job, lim->job_id, VGPU_JOB_ID_LEN - 1) != 0) {
         snprintf(why, len, "%s is the region of job '%.*s', not of VGPU_JOB=%s", dir,
                  VGPU_JOB_ID_LEN, lim->job_id, job);
-        shmdt(lim);
-        return 0;
+        goto refused;
     }
     if (daemon_uid != NULL && lim->owner_uid != (uint32_t)getuid() && getuid() != *daemon_uid) {
         snprintf(why, len, "%s is the region of a job of uid %u, not of this uid %u", dir,
                  lim->owner_uid, (unsigned)getuid());
-        shmdt(lim);
-        return 0;
+        goto refused;
     }
-    struct vgpu_usage *use = attach(dir, "usage", usage_id, sizeof(struct vgpu_usage), 1,
-                                    daemon_uid, 0, why, len);
-    if (use == NULL) {
-        shmdt(lim);
-        return 0;
-    }
-    if (use->magic != VGPU_REGION_MAGIC || use->version != VGPU_REGION_VERSION) {
-        snprintf(why, len, "%s: the usage segment is not a vgpu region of layout version %d",
-                 dir, VGPU_REGION_VERSION);
-        shmdt(use);
-        shmdt(lim);
-        return 0;
-    }
-    struct vgpu_signal *sig = attach(dir, "signal", signal_id, sizeof(struct vgpu_signal), 1,
-                                     daemon_uid, 0, why, len);
-    if (sig == NULL) {
-        shmdt(use);
-        shmdt(lim);
-        return 0;
-    }
-    if (sig->magic != VGPU_SIGNAL_MAGIC || sig->version != VGPU_REGION_VERSION) {
-        snprintf(why, len, "%s: the signal segment is not a vgpu signal of layout version %d",
-                 dir, VGPU_REGION_VERSION);
-        shmdt(sig);
-        shmdt(use);
-        shmdt(lim);
-        return 0;
-    }
+    use = job_segment(dir, "usage", "region", usage_id, sizeof(struct vgpu_usage),
+                      VGPU_REGION_MAGIC, daemon_uid, why, len);
+    if (use == NULL)
+        goto refused;
+    sig = job_segment(dir, "signal", "signal", signal_id, sizeof(struct vgpu_signal),
+                      VGPU_SIGNAL_MAGIC, daemon_uid, why, len);
+    if (sig == NULL)
+        goto refused;
     vgpu_g_limits = lim;
     vgpu_g_usage = use;
     vgpu_g_signal = sig;
     return 1;
+
+refused: /* why says why; what was attached is detached, the last first */
+    if (use != NULL)
+        shmdt(use);
+    shmdt(lim);
+    return 0;
 }
 
 /* Another job's signal, segment id, attached read-only: only a segment of

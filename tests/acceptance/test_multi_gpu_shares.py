@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from support.daemon import needs_native, wait_for
-from support.sim import busy_by_tag
+from support.sim import shares_over
 
 from vgpuctl.system import native
 
@@ -42,16 +41,12 @@ def test_two_jobs_on_two_gpus_get_their_shares_on_each(daemon_factory):
                     abs((g["core_measured"] or 0) - c / 100) < 0.03 for g in rows[t]["per_gpu"])
                 for t, c in SHARES.items())
         wait_for(settled, timeout=60, what="both jobs to settle at their shares on each GPU")
-        t0, a = time.monotonic(), busy_by_tag(d.env)
-        time.sleep(WINDOW_S)  # the measurement window
-        t1, b = time.monotonic(), busy_by_tag(d.env)
+        shares = shares_over(d.env, WINDOW_S)
         rows = {j["name"]: j for j in d.jobs()}
     finally:
         d.cleanup_jobs()
         for j in jobs:
             j.wait(timeout=30)
-    shares = {f"{tag}-{i}": 100 * (b[f"{tag}-{i}"] - a[f"{tag}-{i}"]) / (t1 - t0)
-              for tag in SHARES for i in (0, 1)}
     print(f"shares on the simulator's timeline: {shares}", file=sys.stderr)
     for tag, core in SHARES.items():
         for i in (0, 1):
@@ -88,13 +83,10 @@ def test_a_job_busy_on_one_of_its_two_gpus_gets_its_share_there(daemon_factory):
             return len(rows) == 2 and abs(
                 (rows["one"]["per_gpu"][0]["core_measured"] or 0) - 0.30) < 0.03
         wait_for(settled, timeout=60, what="the one-GPU job to settle at its share")
-        t0, a = time.monotonic(), busy_by_tag(d.env)
-        time.sleep(WINDOW_S / 2)  # the measurement window
-        t1, b = time.monotonic(), busy_by_tag(d.env)
+        share = shares_over(d.env, WINDOW_S / 2)["one-0"]
     finally:
         d.cleanup_jobs()
         for j in jobs:
             j.wait(timeout=30)
-    share = 100 * (b["one-0"] - a["one-0"]) / (t1 - t0)
     print(f"the one-GPU job's share of GPU 0: {share:.2f}", file=sys.stderr)
     assert abs(share - 30) <= 3

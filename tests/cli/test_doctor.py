@@ -193,7 +193,7 @@ def test_socket_closed_to_us():
             c = diagnosis.check_daemon({"VGPU_SOCKET": str(path)})
             status, detail = c.status, c.detail
         else:
-            code = ("import json, sys; from vgpuctl.ops import doctor as d; "
+            code = ("import json, sys; from vgpuctl.ops import diagnosis as d; "
                     f"c = d.check_daemon({{'VGPU_SOCKET': {str(path)!r}}}); "
                     "print(json.dumps(c.to_dict()))")
             try:

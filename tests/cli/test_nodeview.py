@@ -15,7 +15,7 @@ import subprocess
 import psutil
 import pytest
 from support import term
-from support.daemon import read_line, vgpuctl_argv, wait_for
+from support.daemon import kill_and_reap, read_line, vgpuctl_argv, wait_for
 
 LONG = [f"long-training-job-name-{n}" for n in (1, 2, 3)]
 # A command longer than any fixed width (the old one was 160 columns).
@@ -290,9 +290,7 @@ def test_loop_prints_frames_and_survives_a_daemon_restart(daemon, start_jobs, tm
         assert p.wait(10) == 0
     finally:
         out.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     rows = csv_rows((tmp_path / "loop.csv").read_text())
     assert rows[0][:2] == ["timestamp", "id"]        # one header, timestamp first
     assert all(r[0] != "timestamp" for r in rows[1:])

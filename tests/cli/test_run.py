@@ -13,19 +13,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from support.daemon import read_line, vgpuctl_argv, wait_for
+from support.daemon import CUDA_CK, kill_and_reap, read_line, vgpuctl_argv, wait_for
 
 G = 1 << 30
 M = 1 << 20
 
 # Reports what the driver API shows, then holds HOLD bytes until stdin closes.
-PROBE = textwrap.dedent("""
-    import os, sys
-    from cuda.bindings import driver as cu
-    def ck(r):
-        if r[0] != cu.CUresult.CUDA_SUCCESS:
-            raise SystemExit(f"cuda error {r[0]}")
-        return r[1:]
+PROBE = "import os, sys" + CUDA_CK + textwrap.dedent("""\
     ck(cu.cuInit(0))
     dev, = ck(cu.cuDeviceGet(0))
     ctx, = ck(cu.cuDevicePrimaryCtxRetain(dev))
@@ -82,9 +76,7 @@ def test_running_job_shows_in_ps_json_and_disappears_when_it_exits(daemon, probe
         assert ended["state"] == "ended" and ended["exit_code"] == 0
         assert not os.path.exists(os.path.join(daemon.runtime, "jobs", job["id"]))
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_exit_codes_pass_through(daemon):
@@ -139,9 +131,7 @@ def test_run_waits_for_what_the_command_left_and_passes_it_signals(daemon, tmp_p
         assert p.wait(20) == 3
         assert got.read_text() == "TERM\n"
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_a_daemon_gone_before_the_command_ends_is_warned_with_verbose(daemon):
@@ -154,9 +144,7 @@ def test_a_daemon_gone_before_the_command_ends_is_warned_with_verbose(daemon):
         assert p.returncode == 4
         assert err.splitlines()[1:] == ["vgpuctl: warning: the daemon did not get `exited`"]
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_stdin_and_stdout_are_the_commands(daemon):
@@ -202,9 +190,7 @@ def test_signals_sent_to_vgpuctl_reach_the_command(daemon, tmp_path, sig):
         # Sent once, not twice (the handler would print twice before exiting otherwise).
         assert p.stdout.read().split() == ["got", str(int(sig))]
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_kill_signals_every_process_of_the_job(daemon):
@@ -219,9 +205,7 @@ def test_kill_signals_every_process_of_the_job(daemon):
         assert p.wait(20) == 128 + signal.SIGTERM
         wait_for(lambda: daemon.jobs() == [], what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_admission_refuses_what_does_not_fit_and_places_what_does(daemon):
@@ -267,8 +251,7 @@ def test_a_gpu_that_does_not_exist_is_refused_naming_those_that_do(daemon_factor
 def test_set_changes_a_running_job(daemon):
     p = daemon.popen("run", "--mem", "2G", "--", "sleep", "60")
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         r = daemon.cli("set", job["id"], "--mem", "1G", "--core", "25", "--policy", "soft")
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == (f"job {job['id']}: mem 1G, core 25%, policy soft, "
@@ -370,9 +353,7 @@ def test_the_first_job_of_a_started_daemon_is_only_its_command(daemon_factory):
         assert again.returncode == 0, again.stderr      # the first one's 8G are free
         assert all(daemon_pid not in j["pids"] for j in ps_all(d, env))
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
         stop_user_daemon(sock, kill_jobs=True)
 
 
@@ -454,9 +435,7 @@ def test_runs_that_start_a_daemon_together_share_the_one_started(daemon_factory)
         assert len(ps_all(d, env)) == 3
     finally:
         for p in runs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            kill_and_reap(p)
         stop_user_daemon(d.base / "user" / "vgpud.sock")
 
 

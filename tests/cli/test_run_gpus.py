@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from support.daemon import needs_native, read_line, wait_for
+from support.daemon import CUDA_CK, needs_native, read_line, wait_for
 
 pytestmark = needs_native
 
@@ -20,13 +20,7 @@ M = 1 << 20
 # How many CUDA devices the job sees, and on the one argv[1] names its
 # total and UUID; holds argv[2] bytes there until the file argv[3] exists,
 # then allocates past the limit there.
-PROBE = textwrap.dedent("""
-    import os, sys, time
-    from cuda.bindings import driver as cu
-    def ck(r):
-        if r[0] != cu.CUresult.CUDA_SUCCESS:
-            raise SystemExit(f"cuda error {r[0]}")
-        return r[1:]
+PROBE = "import os, sys, time" + CUDA_CK + textwrap.dedent("""\
     ck(cu.cuInit(0))
     n, = ck(cu.cuDeviceGetCount())
     dev, = ck(cu.cuDeviceGet(int(sys.argv[1])))

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from support.daemon import read_line, wait_for
+from support.daemon import CUDA_CK, kill_and_reap, read_line, wait_for
 
 from vgpuctl.system.region import Region
 
@@ -133,14 +133,12 @@ def test_sigkill_and_restart_readopts_running_jobs(daemon):
         r = daemon.cli("run", "--mem", "64M", "--", "sh", "-c", "echo $VGPU_JOB")
         assert int(r.stdout) == int(job["id"]) + 1
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_jobs_that_end_while_the_daemon_is_down_are_marked_ended(daemon):
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
-    job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None), what="job")
+    job = daemon.running_job(what="job")
     daemon.stop(signal.SIGKILL)
     p.kill()          # the launcher and its command both go
     os.kill(job["pids"][0], signal.SIGKILL)
@@ -155,8 +153,7 @@ def test_jobs_that_end_while_the_daemon_is_down_are_marked_ended(daemon):
 def test_sigterm_stops_cleanly_and_leaves_jobs_running(daemon):
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         assert daemon.stop(signal.SIGTERM) == 0
         assert not daemon.socket.exists()
         assert p.poll() is None
@@ -274,8 +271,7 @@ def test_another_user_can_look_but_not_change_or_kill(daemon):
     env = {**daemon.env, "HOME": "/nonexistent"}
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         code, out, err = as_user(nobody, ["ps", "--json"], env)
         assert code == 0, err
         assert [j["id"] for j in json.loads(out)["jobs"]] == [job["id"]]
@@ -297,13 +293,7 @@ def test_another_user_can_look_but_not_change_or_kill(daemon):
         p.wait()
 
 
-HOLDER = """
-import sys
-from cuda.bindings import driver as cu
-def ck(r):
-    if r[0] != cu.CUresult.CUDA_SUCCESS:
-        raise SystemExit(f"cuda error {r[0]}")
-    return r[1:]
+HOLDER = "import sys" + CUDA_CK + """\
 ck(cu.cuInit(0))
 ctx, = ck(cu.cuDevicePrimaryCtxRetain(ck(cu.cuDeviceGet(0))[0]))
 ck(cu.cuCtxSetCurrent(ctx))
@@ -327,8 +317,7 @@ def test_limits_hold_while_the_daemon_is_down_and_use_survives_it(daemon, tmp_pa
                      stdin=subprocess.PIPE)
     try:
         assert read_line(p.stdout).split() == ["ready", str(G)]
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       what="the job")
+        job = daemon.running_job(what="the job")
         daemon.stop(signal.SIGKILL)
 
         def alloc(n):
@@ -347,9 +336,7 @@ def test_limits_hold_while_the_daemon_is_down_and_use_survives_it(daemon, tmp_pa
         assert p.wait(20) == 0
         wait_for(lambda: daemon.jobs() == [], what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_top_refreshes_and_ctrl_c_ends_it_cleanly(daemon, tmp_path):
@@ -364,9 +351,7 @@ def test_top_refreshes_and_ctrl_c_ends_it_cleanly(daemon, tmp_path):
         assert "Traceback" not in p.stderr.read()
     finally:
         out.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_a_daemon_keeps_its_vgpu_sim_says_so_and_daemon_stop_ends_it(daemon):

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from support.daemon import needs_native, vgpuctl_argv, wait_for
+from support.daemon import kill_and_reap, needs_native, vgpuctl_argv, wait_for
 from support.store import usage_rows
 
 from vgpuctl.system import native
@@ -77,9 +77,7 @@ def test_two_honest_jobs_are_measured_billed_and_never_ended(daemon_factory, mod
         for p in load:
             p.wait()
         for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            kill_and_reap(p)
     ran = _busy_by_tag(d)
     jobs = {j["name"]: j for j in d.call("ps", all=True)["jobs"]}
 
@@ -127,6 +125,4 @@ def test_an_unhooked_burner_in_a_job_is_still_caught(daemon_factory):
         assert n["violations"] == [] and neighbour.poll() is None
     finally:
         for p in (neighbour, bypass):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            kill_and_reap(p)

@@ -38,20 +38,21 @@ def job_named(daemon, name: str) -> dict:
                                  None), what=f"job {name}")
 
 
-def fields_of(daemon, job: dict):
+def in_region(daemon, job: dict, read):
+    """read(region) of the job's region, open for the call."""
     reg = Region.open(Path(daemon.runtime) / "jobs" / job["id"])
     try:
-        return read_class(reg, 0)
+        return read(reg)
     finally:
         reg.close()
+
+
+def fields_of(daemon, job: dict):
+    return in_region(daemon, job, lambda reg: read_class(reg, 0))
 
 
 def signal(daemon, job: dict):
-    reg = Region.open(Path(daemon.runtime) / "jobs" / job["id"])
-    try:
-        return read_signal(reg, 1)
-    finally:
-        reg.close()
+    return in_region(daemon, job, lambda reg: read_signal(reg, 1))
 
 
 def test_set_priority_takes_effect_on_a_running_job(daemon):

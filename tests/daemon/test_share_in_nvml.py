@@ -14,12 +14,9 @@ from vgpuctl.system import native
 @needs_native
 def test_a_core_30_job_reads_30_in_nvml_over_two_seconds(daemon_factory):
     daemon = daemon_factory(gpus="1x16G")
-    burn = str(native.burn_program())
-    p = daemon.popen("run", "--mem", "1G", "--core", "30", "--", burn, "--kernel-us", "1000",
-                     "--seconds", "30")
+    p = daemon.burner(30, 1000, 30)
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       timeout=30, what="the job to start")
+        job = daemon.running_job(timeout=30, what="the job to start")
         # Held at its share by its turns, by the daemon's own measure first
         # (the job's hook-measured GPU time over about a second).
         wait_for(lambda: abs((daemon.job(job["id"])["core_measured"] or 0) - 0.30) < 0.03,

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 
-from support.daemon import needs_native, wait_for
+from support.daemon import kill_and_reap, needs_native, wait_for
 from support.hook import Sim
 from support.store import usage_rows
 
@@ -39,9 +39,7 @@ def test_a_bypass_is_billed_the_memory_nvml_shows(daemon_factory):
         job = d.call("ps", all=True)["jobs"][-1]
         wait_for(lambda: d.jobs() == [], timeout=20, what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     rows = wait_for(lambda: _rows(d, job["id"]) or None, timeout=10, what="its rows")
     gib_s = sum(r.mem_gib_hours for r in rows) * 3600
     peak = max(r.peak_mem_bytes for r in rows)
@@ -69,13 +67,10 @@ def _zero_launches(job_dir, stop: threading.Event) -> None:
 
 def test_counters_zeroed_during_an_outage_are_charged_the_outage(daemon_factory):
     daemon = daemon_factory(gpus="1x16G")
-    burn = str(native.burn_program())
-    p = daemon.popen("run", "--mem", "1G", "--core", "50", "--", burn, "--kernel-us", "2000",
-                     "--seconds", "16")
+    p = daemon.burner(50, 2000, 16)
     stop = threading.Event()
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       timeout=30, what="the job to start")
+        job = daemon.running_job(timeout=30, what="the job to start")
         wait_for(lambda: sum(r.gpu_seconds for r in _rows(daemon, job["id"])) > 1.0,
                  timeout=10, what="some use to be recorded")
         job_dir = daemon.runtime / "jobs" / job["id"]
@@ -92,9 +87,7 @@ def test_counters_zeroed_during_an_outage_are_charged_the_outage(daemon_factory)
         wait_for(lambda: daemon.jobs() == [], timeout=20, what="the job to end")
     finally:
         stop.set()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     recorded = sum(r.gpu_seconds for r in _rows(daemon, job["id"]))
     env = {**daemon.env, "LD_LIBRARY_PATH": str(native.sim_libdir())}
     busy = Sim(daemon.base, env).stats()["devices"][0]["busy_ns"] / 1e9

@@ -62,9 +62,7 @@ def forged(daemon):
     if os.geteuid() != 0:
         pytest.skip("needs root to act as another user")
     p = daemon.popen("run", "--mem", "1G", "--", "sleep", "60")
-    from support.daemon import wait_for
-    job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                   what="the job")
+    job = daemon.running_job(what="the job")
     real = Region.open(daemon.runtime / "jobs" / job["id"])
     devices = real.devices()
     real.close()

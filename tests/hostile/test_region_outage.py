@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from support.daemon import needs_native, wait_for
+from support.daemon import kill_and_reap, needs_native, wait_for
 from support.hook import Sim
 from support.store import usage_rows
 
@@ -31,12 +31,9 @@ def sim_busy_s(daemon) -> float:
 
 def test_an_outage_is_accounted_from_the_hooks_counters(daemon_factory):
     daemon = daemon_factory(gpus="1x16G")
-    burn = str(native.burn_program())
-    p = daemon.popen("run", "--mem", "1G", "--core", "50", "--", burn, "--kernel-us", "2000",
-                     "--seconds", "16")
+    p = daemon.burner(50, 2000, 16)
     try:
-        job = wait_for(lambda: next((j for j in daemon.jobs() if j["pids"]), None),
-                       timeout=30, what="the job to start")
+        job = daemon.running_job(timeout=30, what="the job to start")
         wait_for(lambda: recorded_gpu_seconds(daemon, job["id"]) > 1.0, timeout=10,
                  what="some use to be recorded")
         # the checkpoint follows the flush's commit: kill only after both
@@ -49,9 +46,7 @@ def test_an_outage_is_accounted_from_the_hooks_counters(daemon_factory):
         assert p.wait(60) == 0
         wait_for(lambda: daemon.jobs() == [], timeout=20, what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
     recorded = recorded_gpu_seconds(daemon, job["id"])
     busy = sim_busy_s(daemon)
     # Before: about 6 of ~8 GPU-seconds were lost (no row covers the outage).

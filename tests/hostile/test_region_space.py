@@ -73,14 +73,21 @@ def _fill(path: Path) -> int:
     return n
 
 
-def _hooked_job_process(d, env: dict[str, str], go: Path) -> subprocess.Popen[str]:
-    """A job's process that waits for `go` to exist, then allocates and
-    launches on the GPU with the hook (its first CUDA call comes after)."""
+def _admitted_job(d) -> tuple[subprocess.Popen[str], Path]:
+    """A job of root's admitted now, and its process (started, with the
+    hook), which waits for the file `go` to exist, then allocates and
+    launches on the GPU: its first CUDA call comes after. (The process, go.)"""
+    r = d.call("run", command=["sh"], cwd="/", mem=G, core=50)
+    env = {**d.env, **r["env"], "LD_PRELOAD": r["prepend"]["LD_PRELOAD"],
+           "LD_LIBRARY_PATH": r["prepend"]["LD_LIBRARY_PATH"]}
+    go = d.base / "go"
     burn = str(native.burn_program())
     script = (f'while [ ! -e {go} ]; do sleep 0.05; done; echo go; '
               f'exec {burn} --kernel-us 100 --count 50 --alloc 256M')
-    return subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    a = subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    d.call("started", job=r["job"]["id"], pid=a.pid)
+    return a, go
 
 
 def _b_fills_through_its_region(sock: str) -> dict:
@@ -114,12 +121,7 @@ def _b_fills_through_its_region(sock: str) -> dict:
 def test_a_user_cannot_fill_the_runtime_filesystem_through_their_region(small):
     d = small
     # A's job, admitted before the attack; its first CUDA call comes after.
-    r = d.call("run", command=["sh"], cwd="/", mem=G, core=50)
-    env = {**d.env, **r["env"], "LD_PRELOAD": r["prepend"]["LD_PRELOAD"],
-           "LD_LIBRARY_PATH": r["prepend"]["LD_LIBRARY_PATH"]}
-    go = d.base / "go"
-    a = _hooked_job_process(d, env, go)
-    d.call("started", job=r["job"]["id"], pid=a.pid)
+    a, go = _admitted_job(d)
 
     os.chmod(d.runtime, 0o755)
     b = in_child_as_nobody(lambda: _b_fills_through_its_region(str(d.socket)))
@@ -143,12 +145,7 @@ def test_a_user_cannot_fill_the_runtime_filesystem_through_their_region(small):
 def test_out_of_space_is_one_clear_error_on_that_request_and_nothing_else(small):
     d = small
     # A job admitted before the filesystem fills, its first CUDA call after.
-    r = d.call("run", command=["sh"], cwd="/", mem=G, core=50)
-    env = {**d.env, **r["env"], "LD_PRELOAD": r["prepend"]["LD_PRELOAD"],
-           "LD_LIBRARY_PATH": r["prepend"]["LD_LIBRARY_PATH"]}
-    go = d.base / "go"
-    a = _hooked_job_process(d, env, go)
-    d.call("started", job=r["job"]["id"], pid=a.pid)
+    a, go = _admitted_job(d)
     filler = d.runtime / "filler"
     assert _fill(filler) > 0
     try:

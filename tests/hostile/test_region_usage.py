@@ -99,9 +99,20 @@ def counter(daemon, job_id: str, field: str) -> int:
         reg.close()
 
 
+def start_burner(daemon, core: int):
+    """start() of a --core CORE job of vgpu-burn (1G)."""
+    return start(daemon, "--mem", "1G", "--core", str(core), "--", *burn())
+
+
 def settled(daemon, job_id: str, share: float, tol: float = 0.05) -> bool:
     m = daemon.job(job_id)["core_measured"]
     return m is not None and abs(m - share) <= tol
+
+
+def wait_settled(daemon, neighbour: dict, share: float) -> None:
+    """Wait (30 s at most) for the neighbour's measured share to be `share`."""
+    wait_for(lambda: settled(daemon, neighbour["id"], share), timeout=30,
+             what="the neighbour to settle at its share")
 
 
 def billed(daemon, job_id: str) -> tuple[float, float, list]:
@@ -148,7 +159,7 @@ def test_overwriting_its_usage_header_flags_that_job_and_the_daemon_lives(one_gp
 @pytest.mark.parametrize("field", ["peak", "used"])
 def test_memory_counters_at_2_64_minus_1_stop_no_one_elses_accounting(one_gpu, field):
     daemon = one_gpu
-    pv, victim = start(daemon, "--mem", "1G", "--core", "50", "--", *burn())
+    pv, victim = start_burner(daemon, 50)
     pa, attacker = start(daemon, "--mem", "1G", "--", "sleep", "60")
     poke(daemon, attacker["id"], field, U64_MAX)
     t_poke = time.time()
@@ -171,8 +182,8 @@ def test_a_counter_rewritten_downwards_is_caught_and_the_neighbour_runs_on(one_g
     (its next launch fails and it ends); its neighbour keeps its turn and
     runs on at its share."""
     daemon = one_gpu
-    pv, victim = start(daemon, "--mem", "1G", "--core", "40", "--", *burn())
-    pa, attacker = start(daemon, "--mem", "1G", "--core", "30", "--", *burn())
+    pv, victim = start_burner(daemon, 40)
+    pa, attacker = start_burner(daemon, 30)
     assert gate(daemon, attacker["id"]) == turns.TURNS
     # The daemon has read the counter grown well past what the hook adds in
     # a tick (a counter set back by less is no proof: the hook may have
@@ -181,8 +192,7 @@ def test_a_counter_rewritten_downwards_is_caught_and_the_neighbour_runs_on(one_g
              and counter(daemon, attacker["id"], field) >= (300 if field == "launches"
                                                             else 300_000_000),
              timeout=30, what="the attacker's counters to be read")
-    wait_for(lambda: settled(daemon, victim["id"], 0.40), timeout=30,
-             what="the neighbour to settle at its share")
+    wait_settled(daemon, victim, 0.40)
     before = turn(daemon, victim["id"])
     # what the attacker's hook reads (kept attached: the job's region goes
     # when it ends, at its first launch after the gate closed)
@@ -216,10 +226,9 @@ def test_a_huge_gpu_time_bills_the_liar_no_more_than_its_wall_time(one_gpu):
     proof: the hook only ever adds), is billed no more than its wall time;
     its neighbour's turn, measured share and bill are its own."""
     daemon = one_gpu
-    pv, victim = start(daemon, "--mem", "1G", "--core", "30", "--", *burn())
+    pv, victim = start_burner(daemon, 30)
     pl, liar = start(daemon, "--mem", "1G", "--core", "20", "--", "sleep", "60")
-    wait_for(lambda: settled(daemon, victim["id"], 0.30), timeout=30,
-             what="the neighbour to settle at its share")
+    wait_settled(daemon, victim, 0.30)
     before = turn(daemon, victim["id"])
     v0, vt0, _ = bill_after(daemon, victim["id"], time.time())
     lie = 2**50                                     # 13 days of GPU time
@@ -249,10 +258,9 @@ def test_counters_at_2_64_minus_1_widen_no_gate(one_gpu):
     widens (the attacker's turn is what it was, or closed), the neighbour's
     turn is unmoved and it keeps its share."""
     daemon = one_gpu
-    pv, victim = start(daemon, "--mem", "1G", "--core", "30", "--", *burn())
-    pa, attacker = start(daemon, "--mem", "1G", "--core", "20", "--", *burn())
-    wait_for(lambda: settled(daemon, victim["id"], 0.30), timeout=30,
-             what="the neighbour to settle at its share")
+    pv, victim = start_burner(daemon, 30)
+    pa, attacker = start_burner(daemon, 20)
+    wait_settled(daemon, victim, 0.30)
     # what each hook reads (kept attached: the attacker's region goes if its
     # job ends, flagged)
     alimits = Region.open(daemon.runtime / "jobs" / attacker["id"])
@@ -336,10 +344,9 @@ def test_a_job_that_says_its_work_never_ends_takes_nothing_of_the_next_turn(one_
     segment) as if its work in flight never ended: the next job waits for
     it a little at most, and keeps its share."""
     daemon = one_gpu
-    pa, attacker = start(daemon, "--mem", "1G", "--core", "30", "--", *burn())
-    pv, victim = start(daemon, "--mem", "1G", "--core", "40", "--", *burn())
-    wait_for(lambda: settled(daemon, victim["id"], 0.40), timeout=30,
-             what="the neighbour to settle at its share")
+    pa, attacker = start_burner(daemon, 30)
+    pv, victim = start_burner(daemon, 40)
+    wait_settled(daemon, victim, 0.40)
     vlimits = Region.open(daemon.runtime / "jobs" / victim["id"])
     sig = Region.open(daemon.runtime / "jobs" / attacker["id"], writable_usage=True)
     try:

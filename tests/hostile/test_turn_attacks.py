@@ -11,7 +11,7 @@ import time
 
 from support.daemon import needs_native, wait_for
 from support.hostile import start_job_as_nobody
-from support.sim import busy_by_tag
+from support.sim import shares_over
 
 from vgpuctl.system import native
 
@@ -44,14 +44,11 @@ def test_kernels_made_longer_after_they_were_measured_buy_nothing(daemon_factory
         t_start = time.monotonic()
         wait_for(long_kernels, timeout=60, what="the attacker to run its long kernels")
         bill0 = {j["name"]: j for j in d.jobs()}
-        t0, b0 = time.monotonic(), busy_by_tag(d.env)
-        time.sleep(WINDOW_S)  # the measurement window
-        t1, b1 = time.monotonic(), busy_by_tag(d.env)
+        share = shares_over(d.env, WINDOW_S)
         rows = {j["name"]: j for j in d.jobs()}
     finally:
         d.cleanup_jobs()
         p.wait(timeout=30)
-    share = {t: 100 * (b1[t] - b0[t]) / (t1 - t0) for t in ("attacker", "neighbour")}
     assert share["attacker"] <= 32, share
     assert share["neighbour"] >= 58, share
     # each is shown (and billed) what it ran: its own hooks' measure

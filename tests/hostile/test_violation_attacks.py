@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from contextlib import contextmanager
 
 import pytest
 from support.daemon import needs_native, read_line, wait_for
@@ -42,6 +43,11 @@ def unhooked_shell(loop: str) -> list[str]:
     return ["sh", "-c", loop]
 
 
+def respawning(*args: str) -> list[str]:
+    """A shell (no hook) that runs vgpu-burn with args again each time it ends."""
+    return unhooked_shell(f"while :; do {' '.join(burn(*args))}; done")
+
+
 @pytest.fixture
 def node(daemon_factory):
     """A daemon over one 16 GiB GPU (its config from the test's parameter)
@@ -58,13 +64,23 @@ def _env(d) -> dict[str, str]:
     return env
 
 
+def _attack(d, command: list[str], mem: int = G, core: int | None = 10, **kw):
+    """The attack: a job of nobody's running command (its env without the
+    hook), as start_job_as_nobody gives it."""
+    return start_job_as_nobody(d.socket, command, _env(d), mem, core, **kw)
+
+
+@contextmanager
 def _neighbour(d):
-    """Root's job beside the attack: a hooked burner at --core 60."""
+    """Root's job beside the attack, for the with block: a hooked burner at
+    --core 60 (its run process, and its job), stopped after it."""
     p = d.popen("run", "--mem", "2G", "--core", "60", "--name", "neighbour", "--",
                 *burn("--kernel-us", "1000", "--seconds", "300"))
-    job = wait_for(lambda: next((j for j in d.jobs() if j["name"] == "neighbour"
-                                 and j["pids"]), None), timeout=30, what="the neighbour")
-    return p, job
+    try:
+        yield p, wait_for(lambda: next((j for j in d.jobs() if j["name"] == "neighbour"
+                                        and j["pids"]), None), timeout=30, what="the neighbour")
+    finally:
+        _stop(p)
 
 
 def _ended(d, job_id: str, timeout: float = ENDED_S) -> dict:
@@ -85,6 +101,14 @@ def _ended_for(job: dict, kind: str) -> list[dict]:
     return [v for v in job["violations"] if v["kind"] == kind and v["action"] == "ended"]
 
 
+def _ended_and_gone(d, j, kind: str, what: str) -> dict:
+    """The attack j's job, ended for a violation of `kind`, its process gone."""
+    job = _ended(d, j["job"])
+    assert _ended_for(job, kind), job["violations"]
+    assert wait_for(lambda: _gone(j["pid"]), what=what)
+    return job
+
+
 def _stop(p) -> None:
     if p.poll() is None:
         p.send_signal(signal.SIGTERM)
@@ -97,18 +121,13 @@ def _stop(p) -> None:
 # -- compute -----------------------------------------------------------------------------
 def test_eight_small_jobs_of_one_user_are_one_offender_and_all_end(node):
     d = node(KILL)
-    p, neighbour = _neighbour(d)
-    try:
-        jobs = [start_job_as_nobody(d.socket, burn("--kernel-us", "500", "--seconds", "300",
-                                                   "--duty", "10.5"), _env(d), 512 << 20, 1,
-                                    name=f"small{k}")
+    with _neighbour(d) as (p, neighbour):
+        jobs = [_attack(d, burn("--kernel-us", "500", "--seconds", "300", "--duty", "10.5"),
+                        512 << 20, 1, name=f"small{k}")
                 for k in range(8)]
         for j in jobs:
-            job = _ended(d, j["job"])
-            found = _ended_for(job, "compute")
-            assert found, job["violations"]
-            assert found[0]["scope"] in ("user", "job", "bypass")
-            assert wait_for(lambda j=j: _gone(j["pid"]), what="the burner to be gone")
+            job = _ended_and_gone(d, j, "compute", "the burner to be gone")
+            assert _ended_for(job, "compute")[0]["scope"] in ("user", "job", "bypass")
         scopes = {v["scope"] for j in jobs for v in d.call("ps", job=j["job"])["jobs"][0]
                   ["violations"]}
         # caught as one user's jobs together: their budget together, or
@@ -117,51 +136,33 @@ def test_eight_small_jobs_of_one_user_are_one_offender_and_all_end(node):
         # Root's job beside them was never named, and runs on.
         assert d.job(neighbour["id"])["violations"] == []
         assert p.poll() is None
-    finally:
-        _stop(p)
 
 
 def test_a_duty_cycle_cannot_stay_under_the_budget(node):
     d = node(KILL)
-    p, neighbour = _neighbour(d)
-    try:
-        j = start_job_as_nobody(d.socket, burn("--kernel-us", "1000", "--seconds", "300",
-                                               "--on-ms", "700", "--off-ms", "700"),
-                                _env(d), G, 10)
+    with _neighbour(d) as (p, neighbour):
+        j = _attack(d, burn("--kernel-us", "1000", "--seconds", "300", "--on-ms", "700",
+                            "--off-ms", "700"))
         job = _ended(d, j["job"])
         assert _ended_for(job, "compute"), job["violations"]
         assert d.job(neighbour["id"])["violations"] == []
-    finally:
-        _stop(p)
 
 
 def test_a_chain_of_short_processes_is_attributed_and_ended(node):
     d = node(KILL)
-    p, neighbour = _neighbour(d)
-    try:
-        loop = f"while :; do {burn()[0]} --kernel-us 1000 --seconds 0.4; done"
-        j = start_job_as_nobody(d.socket, unhooked_shell(loop), _env(d), G, 10)
-        job = _ended(d, j["job"])
-        assert _ended_for(job, "compute"), job["violations"]
+    with _neighbour(d) as (p, neighbour):
+        j = _attack(d, respawning("--kernel-us", "1000", "--seconds", "0.4"))
         # The whole job: the loop that starts them too.
-        assert wait_for(lambda: _gone(j["pid"]), what="the chain's loop to be gone")
+        _ended_and_gone(d, j, "compute", "the chain's loop to be gone")
         assert [v for v in d.call("ps")["violations"] if v["kind"] == "no_job"] == []
-    finally:
-        _stop(p)
 
 
 def test_a_respawning_burner_ends_with_its_job(node):
     d = node(KILL)
-    p, neighbour = _neighbour(d)
-    try:
-        loop = f"while :; do {burn()[0]} --kernel-us 1000 --seconds 300; done"
-        j = start_job_as_nobody(d.socket, unhooked_shell(loop), _env(d), G, 10)
-        job = _ended(d, j["job"])
-        assert _ended_for(job, "compute"), job["violations"]
-        assert wait_for(lambda: _gone(j["pid"]), what="the respawner to be gone")
+    with _neighbour(d) as (p, neighbour):
+        j = _attack(d, respawning("--kernel-us", "1000", "--seconds", "300"))
+        _ended_and_gone(d, j, "compute", "the respawner to be gone")
         assert p.poll() is None
-    finally:
-        _stop(p)
 
 
 # -- compute, in the default config (issue 30: protect acts on compute) ------------------
@@ -169,59 +170,45 @@ def test_a_respawning_burner_ends_with_its_job(node):
 # whoever holds the turn: protect ends its job, as kill does, with or without
 # a share of its own.
 def _ended_past_hooks(d, j) -> None:
-    job = _ended(d, j["job"])
-    found = _ended_for(job, "compute")
-    assert any(v["scope"] == "bypass" for v in found), job["violations"]
-    assert wait_for(lambda: _gone(j["pid"]), what="the burner to be gone")
+    job = _ended_and_gone(d, j, "compute", "the burner to be gone")
+    assert any(v["scope"] == "bypass" for v in _ended_for(job, "compute")), job["violations"]
 
 
 def test_in_the_default_config_jobs_with_no_share_burning_past_their_hooks_end(node):
     """Eight jobs without --core (a budget of the whole GPU before), each a
     burner busy 10.5 % without its hook: the neighbour was held to 13.7 %."""
     d = node()
-    p, neighbour = _neighbour(d)
-    try:
-        jobs = [start_job_as_nobody(d.socket, burn("--kernel-us", "500", "--seconds", "300",
-                                                   "--duty", "10.5"), _env(d), 512 << 20, None,
-                                    name=f"unpromised{k}")
+    with _neighbour(d) as (p, neighbour):
+        jobs = [_attack(d, burn("--kernel-us", "500", "--seconds", "300", "--duty", "10.5"),
+                        512 << 20, None, name=f"unpromised{k}")
                 for k in range(8)]
         for j in jobs:
             _ended_past_hooks(d, j)
         assert d.job(neighbour["id"])["violations"] == []
         assert p.poll() is None
-    finally:
-        _stop(p)
 
 
 @pytest.mark.parametrize("core", [1, None])
 def test_in_the_default_config_a_respawning_burner_ends_with_its_job(node, core):
     d = node()
-    p, neighbour = _neighbour(d)
-    try:
-        loop = f"while :; do {burn()[0]} --kernel-us 1000 --seconds 300; done"
-        j = start_job_as_nobody(d.socket, unhooked_shell(loop), _env(d), G, core)
+    with _neighbour(d) as (p, neighbour):
+        j = _attack(d, respawning("--kernel-us", "1000", "--seconds", "300"), G, core)
         _ended_past_hooks(d, j)
         assert d.job(neighbour["id"])["violations"] == []
         assert p.poll() is None
-    finally:
-        _stop(p)
 
 
 def test_in_the_default_config_a_job_burning_a_gpu_it_was_not_given_ends(daemon_factory):
     """A --gpu 1 job whose burner leaves CUDA_VISIBLE_DEVICES out and burns
     GPU 0, where root's --core 60 job runs (46.5 % of 60 before)."""
     d = daemon_factory(gpus="2x16G")
-    p, neighbour = _neighbour(d)
-    assert neighbour["gpus"] == [0]
-    try:
-        j = start_job_as_nobody(d.socket, burn("--kernel-us", "1000", "--seconds", "300"),
-                                _env(d), G, 10, gpu="1",
-                                drop=("CUDA_VISIBLE_DEVICES",))
+    with _neighbour(d) as (p, neighbour):
+        assert neighbour["gpus"] == [0]
+        j = _attack(d, burn("--kernel-us", "1000", "--seconds", "300"), gpu="1",
+                    drop=("CUDA_VISIBLE_DEVICES",))
         _ended_past_hooks(d, j)
         assert d.job(neighbour["id"])["violations"] == []
         assert p.poll() is None
-    finally:
-        _stop(p)
 
 
 # -- memory ------------------------------------------------------------------------------
@@ -241,49 +228,40 @@ def _hog_held(d, job_id: str) -> bool:
     return j["state"] == "ended" or (j["mem_nvml"] or 0) > 8 * G
 
 
-def test_in_the_default_config_a_cotenant_gets_the_memory_a_bypass_took(node):
-    d = node()
+def _hog_ended(d, hog_command: list[str], what: str) -> None:
+    """A job of nobody's (4G) whose command holds 12G past its hook: once it
+    does, the co-tenant's in-limit allocation succeeds, and the hog's job is
+    ended for memory, its process gone."""
     co = _cotenant(d)
     try:
-        hog = start_job_as_nobody(d.socket, burn("--alloc", "12G", "--kernel-us", "100",
-                                                 "--seconds", "300"), _env(d), 4 * G, 100)
+        hog = _attack(d, hog_command, 4 * G, 100)
         wait_for(lambda: _hog_held(d, hog["job"]), timeout=30, what="the bypass to hold 12G")
         co.stdin.write("\n")
         co.stdin.flush()
         assert read_line(co.stdout, timeout=60).split()[0] == "ok"
-        job = _ended(d, hog["job"])
-        assert _ended_for(job, "memory"), job["violations"]
-        assert wait_for(lambda: _gone(hog["pid"]), what="the bypass to be gone")
+        _ended_and_gone(d, hog, "memory", what)
     finally:
         _stop(co)
+
+
+def test_in_the_default_config_a_cotenant_gets_the_memory_a_bypass_took(node):
+    _hog_ended(node(), burn("--alloc", "12G", "--kernel-us", "100", "--seconds", "300"),
+               "the bypass to be gone")
 
 
 def test_a_job_that_grabs_the_memory_again_after_each_kill_is_ended(node):
-    d = node(KILL)
-    co = _cotenant(d)
-    try:
-        loop = (f"while :; do {burn()[0]} --alloc 12G --kernel-us 100 --seconds 300; "
-                f"done")
-        hog = start_job_as_nobody(d.socket, unhooked_shell(loop), _env(d), 4 * G, 100)
-        wait_for(lambda: _hog_held(d, hog["job"]), timeout=30, what="the bypass to hold 12G")
-        co.stdin.write("\n")
-        co.stdin.flush()
-        assert read_line(co.stdout, timeout=60).split()[0] == "ok"
-        job = _ended(d, hog["job"])
-        assert _ended_for(job, "memory"), job["violations"]
-        assert wait_for(lambda: _gone(hog["pid"]), what="the loop to be gone")
-    finally:
-        _stop(co)
+    _hog_ended(node(KILL), respawning("--alloc", "12G", "--kernel-us", "100", "--seconds", "300"),
+               "the loop to be gone")
 
 
 def test_a_user_whose_jobs_are_ended_again_and_again_is_held(node):
     d = node(KILL + "cooldown_s = 600\ncooldown_after = 2\n")
     for _ in range(2):
-        hog = start_job_as_nobody(d.socket, burn("--alloc", "2G", "--kernel-us", "100",
-                                                 "--seconds", "300"), _env(d), G, 100)
+        hog = _attack(d, burn("--alloc", "2G", "--kernel-us", "100", "--seconds", "300"),
+                      G, 100)
         _ended(d, hog["job"])
     with pytest.raises(AssertionError) as e:
-        start_job_as_nobody(d.socket, ["true"], _env(d), G, 100)
+        _attack(d, ["true"], G, 100)
     assert "AdmissionRefused" in str(e.value) and "held for another" in str(e.value)
     assert "cooldown_s" in str(e.value)
     # Root's jobs are never held.
@@ -315,8 +293,8 @@ def test_a_bypass_that_writes_itself_a_slot_is_still_caught(node):
     from vgpuctl.system.structs import ffi
 
     d = node(KILL)
-    j = start_job_as_nobody(d.socket, ["sh", "-c", "sleep 1; exec " + " ".join(
-        burn("--kernel-us", "1000", "--seconds", "300"))], _env(d), G, 10)
+    j = _attack(d, ["sh", "-c", "sleep 1; exec " + " ".join(
+        burn("--kernel-us", "1000", "--seconds", "300"))])
     reg = Region.open(d.runtime / "jobs" / j["job"], writable_usage=True)
     try:
         f = ffi()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -105,17 +107,33 @@ def _cgroup_v2_root() -> Path | None:
     return None
 
 
-def test_a_process_in_a_slurm_jobs_cgroup_is_that_jobs_wherever_it_was_forked(tmp_path):
+@contextmanager
+def _in_job_4242_cgroup(name: str, preexec_fn: Callable[[], None] | None = None
+                        ) -> Iterator[subprocess.Popen[bytes]]:
+    """A process (sleep 60) in the cgroup v2 group <root>/name/job_4242, named
+    as Slurm job 4242's, for the block; then the process killed and the group
+    removed. The test is skipped where no group can be made."""
     root = _cgroup_v2_root()
-    group = root / f"vgpu-test-{os.getpid()}" / "job_4242" if root else None
+    group = root / name / "job_4242" if root else None
     try:
         assert group is not None
         group.mkdir(parents=True)
     except (AssertionError, OSError) as e:
         pytest.skip(f"cannot create a cgroup v2 group here: {e}")
-    child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    child = subprocess.Popen(["sleep", "60"], start_new_session=True, preexec_fn=preexec_fn)
     try:
         (group / "cgroup.procs").write_text(str(child.pid))
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), what="empty cgroup")
+        group.rmdir()
+        group.parent.rmdir()
+
+
+def test_a_process_in_a_slurm_jobs_cgroup_is_that_jobs_wherever_it_was_forked(tmp_path):
+    with _in_job_4242_cgroup(f"vgpu-test-{os.getpid()}") as child:
         w = Watch(nvml_lists((child.pid, 2 * G)))
         # No pid of the job is known, and the process is no descendant of any:
         # its Slurm job's cgroup says whose it is.
@@ -125,43 +143,22 @@ def test_a_process_in_a_slurm_jobs_cgroup_is_that_jobs_wherever_it_was_forked(tm
         w = Watch(nvml_lists((child.pid, 2 * G)))
         res = w.check(Known([], {}, {}, {}, {"4243": "2"}), "report", 0.0)
         assert [v.kind for v in res.found] == ["no_job"]
-    finally:
-        child.kill()
-        child.wait()
-        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), what="empty cgroup")
-        group.rmdir()
-        group.parent.rmdir()
 
 
 def test_a_cgroup_named_after_another_users_slurm_job_frames_no_one(tmp_path):
     """A user who may make cgroups of their own (a delegated subtree) names
     one job_4242 and puts a GPU process in it: it is not charged to Slurm job
     4242's vgpu job, which is another user's, but is a process in no job."""
-    root = _cgroup_v2_root()
-    group = root / f"vgpu-test-{os.getpid()}-frame" / "job_4242" if root else None
-    try:
-        assert group is not None
-        group.mkdir(parents=True)
-    except (AssertionError, OSError) as e:
-        pytest.skip(f"cannot create a cgroup v2 group here: {e}")
     if os.geteuid() != 0:
         pytest.skip("needs root to run a process as nobody")
 
     def nobody() -> None:
         os.setgid(65534)
         os.setuid(65534)
-    child = subprocess.Popen(["sleep", "60"], start_new_session=True, preexec_fn=nobody)
-    try:
-        (group / "cgroup.procs").write_text(str(child.pid))
+    with _in_job_4242_cgroup(f"vgpu-test-{os.getpid()}-frame", nobody) as child:
         w = Watch(nvml_lists((child.pid, 2 * G)))
         victim = JobProcs(1000, {}, None)
         known = Known([JobLimits("1", GPU, G, 1.0, 1000)], {}, {}, {}, {"4242": "1"},
                       jobs={"1": victim})
         res = w.check(known, "report", 0.0)
         assert [(v.kind, v.job_id) for v in res.found] == [("no_job", None)]
-    finally:
-        child.kill()
-        child.wait()
-        wait_for(lambda: not (group / "cgroup.procs").read_text().strip(), what="empty cgroup")
-        group.rmdir()
-        group.parent.rmdir()

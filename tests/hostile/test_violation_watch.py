@@ -16,7 +16,7 @@ import sys
 import urllib.request
 
 import pytest
-from support.daemon import needs_native, read_line, wait_for
+from support.daemon import kill_and_reap, needs_native, read_line, wait_for
 from support.sim import HOLD_1G_ON_GPU1, holding
 
 from vgpuctl.system import native, sim
@@ -95,24 +95,29 @@ def test_unhooked_process_over_its_jobs_limit_is_recorded_logged_and_counted(dae
         p.wait(30)
 
 
-def test_with_kill_the_unhooked_process_over_its_limit_is_killed(daemon_factory):
+def _killed(daemon_factory, mem: str, core: str, *burn: str):
+    """A daemon with on_violation = "kill", where `vgpuctl run --mem MEM
+    --core CORE` of vgpu-burn with burn's options ends killed in time."""
     d = daemon_factory(config='on_violation = "kill"\n')
-    p = d.popen("run", "--mem", "1G", "--core", "100", "--",
-                *_burn("--alloc", "2G", "--kernel-us", "100", "--seconds", "120"))
+    p = d.popen("run", "--mem", mem, "--core", core, "--", *_burn(*burn))
     try:
         assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
-        job = d.call("ps", all=True)["jobs"][-1]
-        assert job["exit_signal"] == signal.SIGKILL
-        # The ended job's record keeps what was caught and done: the job
-        # ended (every process of it), not one process.
-        assert [(v["kind"], v["action"]) for v in job["violations"]] == [("memory", "ended")]
-        text = d.log.read_text()
-        assert re.search(rf"violation \(memory\): job {job['id']}: pid \d+ ", text), text
-        assert re.search(rf"job {job['id']} \(.*\) of \S+ ended for a memory violation", text)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
+    return d
+
+
+def test_with_kill_the_unhooked_process_over_its_limit_is_killed(daemon_factory):
+    d = _killed(daemon_factory, "1G", "100", "--alloc", "2G", "--kernel-us", "100",
+                "--seconds", "120")
+    job = d.call("ps", all=True)["jobs"][-1]
+    assert job["exit_signal"] == signal.SIGKILL
+    # The ended job's record keeps what was caught and done: the job
+    # ended (every process of it), not one process.
+    assert [(v["kind"], v["action"]) for v in job["violations"]] == [("memory", "ended")]
+    text = d.log.read_text()
+    assert re.search(rf"violation \(memory\): job {job['id']}: pid \d+ ", text), text
+    assert re.search(rf"job {job['id']} \(.*\) of \S+ ended for a memory violation", text)
 
 
 def test_double_forked_unhooked_process_stays_in_its_job_and_is_charged(daemon_factory):
@@ -142,9 +147,7 @@ def test_double_forked_unhooked_process_stays_in_its_job_and_is_charged(daemon_f
         assert p.wait(30) == 0
         wait_for(lambda: daemon.jobs() == [], what="the job to end")
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        kill_and_reap(p)
 
 
 def test_compute_overrun_with_the_gate_bypassed_is_caught(daemon):
@@ -174,16 +177,8 @@ def test_compute_overrun_with_the_gate_bypassed_is_caught(daemon):
 
 
 def test_with_kill_the_process_past_its_compute_share_is_killed(daemon_factory):
-    d = daemon_factory(config='on_violation = "kill"\n')
-    p = d.popen("run", "--mem", "2G", "--core", "10", "--",
-                *_burn("--kernel-us", "1000", "--seconds", "60"))
-    try:
-        assert p.wait(CAUGHT_S + 20) == 128 + signal.SIGKILL
-        assert "violation (compute)" in d.log.read_text()
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    d = _killed(daemon_factory, "2G", "10", "--kernel-us", "1000", "--seconds", "60")
+    assert "violation (compute)" in d.log.read_text()
 
 
 @pytest.mark.parametrize("action", ["report", "kill"])

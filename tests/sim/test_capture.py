@@ -7,16 +7,9 @@ child graphs, event nodes, updates, user objects, the DOT dump)."""
 
 from __future__ import annotations
 
-from support.sim import SPIN_PTX, run_py
+from support.sim import SPIN_ON_GPU0, run_py
 
-SETUP = f"""
-ck(cu.cuInit(0))
-ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
-ck(cu.cuCtxSetCurrent(ctx))
-mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
-fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
-def spin(ns, stream):
-    return cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0)
+SETUP = SPIN_ON_GPU0 + """\
 GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
 NON_BLOCKING = 1
 calls = []

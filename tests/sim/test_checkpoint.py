@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 import pytest
-from support.sim import VGPUCTL, run_py, script
+from support.sim import SPIN_PTX, VGPUCTL, run_py, script
 from support.talk import Talker
 
 MiB = 1 << 20
@@ -77,16 +77,6 @@ for line in sys.stdin:
         out({"done": r[0].name})
     elif cmd[0] == "sync":
         out({"done": cu.cuCtxSynchronize()[0].name})
-"""
-
-SPIN_PTX = rb"""
-.version 7.0
-.target sm_50
-.address_size 64
-.visible .entry vgpu_spin(.param .u64 ns)
-{
-    ret;
-}
 """
 
 # The controller: runs `ops` on `pid` and reports [error name, value] each.

@@ -8,16 +8,9 @@ from __future__ import annotations
 
 import json
 
-from support.sim import SPIN_PTX, holding, run_py
+from support.sim import SPIN_ON_GPU0, holding, run_py
 
-SETUP = f"""
-ck(cu.cuInit(0))
-ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
-ck(cu.cuCtxSetCurrent(ctx))
-mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
-fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
-def spin(ns, stream=0):
-    return cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0)
+SETUP = SPIN_ON_GPU0 + """\
 IPC_EVENT = cu.CUevent_flags.CU_EVENT_INTERPROCESS | cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
 LAZY = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 def handle(hexed, kind):

@@ -10,13 +10,18 @@ from support.sim import run_py
 
 GiB = 1 << 30
 
-# Allocate and free 1 GiB from the default pool; report the device's free
-# memory and the pool's reserve after each step.
-POOL_SNIPPET = """
+# GPU 0's primary context current, `pool` its default pool and A the pool
+# attributes: what each snippet here starts from.
+POOL_SETUP = """
 ck(cu.cuInit(0))
 ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
 pool = ck(cu.cuDeviceGetDefaultMemPool(0))
 A = cu.CUmemPool_attribute
+"""
+
+# Allocate and free 1 GiB from the default pool; report the device's free
+# memory and the pool's reserve after each step.
+POOL_SNIPPET = POOL_SETUP + """\
 def state():
     free = ck(cu.cuMemGetInfo())[0]
     reserved = int(ck(cu.cuMemPoolGetAttribute(pool, A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)))
@@ -61,11 +66,7 @@ def test_a_pool_keeps_freed_memory_up_to_its_threshold(sim):
 # Small allocations from the default pool: the reserve in whole chunks that
 # they share, the bytes in use as the allocations' sizes; what a free leaves
 # goes back at the next synchronisation, not at the free.
-SMALL_SNIPPET = """
-ck(cu.cuInit(0))
-ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
-pool = ck(cu.cuDeviceGetDefaultMemPool(0))
-A = cu.CUmemPool_attribute
+SMALL_SNIPPET = POOL_SETUP + """\
 def state():
     return [int(ck(cu.cuMemPoolGetAttribute(pool, A.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT))),
             int(ck(cu.cuMemPoolGetAttribute(pool, A.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)))]

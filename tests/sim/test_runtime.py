@@ -63,16 +63,24 @@ def test_cudart_runs_on_the_simulator(sim, rel, major):
     assert res["free"] == 0 and res["reset"] == 0
 
 
-def test_darkapi_log_names_each_table_asked_for(sim):
-    """VGPU_SIM_DARKAPI_LOG names the tables a runtime asks for, and the
-    unknown one every runtime asks for first, refused as the driver does."""
+def _count_devices_logged(sim) -> subprocess.CompletedProcess[str]:
+    """CUDA 13's runtime asked for the device count (its error printed last)
+    with VGPU_SIM_DARKAPI_LOG=1, in a process that must succeed: what the
+    simulator logged is on its stderr."""
     lib = _cudart(CUDART_13)
     env = dict(sim.env, VGPU_SIM_DARKAPI_LOG="1")
     code = (f"lib = ctypes.CDLL({str(lib)!r}); n = ctypes.c_int()\n"
-            "rc = lib.cudaGetDeviceCount(ctypes.byref(n)); out(rc)\n")
+            "out(lib.cudaGetDeviceCount(ctypes.byref(n)))\n")
     res = subprocess.run([sys.executable, "-c", script(code)], env=env, capture_output=True,
                          text=True, timeout=60, check=False)
     assert res.returncode == 0, res.stderr
+    return res
+
+
+def test_darkapi_log_names_each_table_asked_for(sim):
+    """VGPU_SIM_DARKAPI_LOG names the tables a runtime asks for, and the
+    unknown one every runtime asks for first, refused as the driver does."""
+    res = _count_devices_logged(sim)
     assert res.stdout.strip().splitlines()[-1] == "0"
     for table in ("CUDART_INTERFACE", "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
                   "INTEGRITY_CHECK"):
@@ -234,12 +242,6 @@ def test_cudart_13_finds_every_entry_point_it_looks_up(sim):
     for a feature the device lacks), so no runtime call fails with
     cudaErrorCallRequiresNewerDriver for want of one. The one name not found
     is the runtime's own probe of an empty name."""
-    lib = _cudart(CUDART_13)
-    env = dict(sim.env, VGPU_SIM_DARKAPI_LOG="1")
-    code = (f"lib = ctypes.CDLL({str(lib)!r}); n = ctypes.c_int()\n"
-            "out(lib.cudaGetDeviceCount(ctypes.byref(n)))\n")
-    res = subprocess.run([sys.executable, "-c", script(code)], env=env, capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert res.returncode == 0, res.stderr
+    res = _count_devices_logged(sim)
     missing = [ln for ln in res.stderr.splitlines() if "procaddr:" in ln]
     assert missing and all("procaddr:  (0) not found" in ln for ln in missing), missing

@@ -29,6 +29,17 @@ from vgpuctl.system import native
 START_TIMEOUT_S = 20.0
 
 
+# The start of a job's program on the driver API (after its imports): `cu`,
+# and ck(r), a call's results past its error code, or an exit on an error.
+CUDA_CK = """
+from cuda.bindings import driver as cu
+def ck(r):
+    if r[0] != cu.CUresult.CUDA_SUCCESS:
+        raise SystemExit(f"cuda error {r[0]}")
+    return r[1:]
+"""
+
+
 def native_built() -> bool:
     """Whether the hook, the simulated GPU and vgpu-burn are all built."""
     try:
@@ -60,6 +71,13 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+def kill_and_reap(p: subprocess.Popen[Any]) -> None:
+    """Kill p if it still runs, and wait for it: a test's last word on a child."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 def read_line(stream: Any, timeout: float = 30.0) -> str:
@@ -161,6 +179,17 @@ class Daemon:
         kw.setdefault("stderr", subprocess.PIPE)
         return subprocess.Popen([*vgpuctl_argv(), *args], env={**self.env, **(env or {})},
                                 text=True, **kw)
+
+    def burner(self, core: int, kernel_us: int, seconds: int) -> subprocess.Popen[str]:
+        """`vgpuctl run --mem 1G --core CORE` of vgpu-burn's kernels of
+        kernel_us for seconds, started."""
+        return self.popen("run", "--mem", "1G", "--core", str(core), "--",
+                          str(native.burn_program()), "--kernel-us", str(kernel_us),
+                          "--seconds", str(seconds))
+
+    def running_job(self, timeout: float = 10.0, what: str = "the job") -> dict[str, Any]:
+        """The first job with a process, once there is one."""
+        return wait_for(lambda: next((j for j in self.jobs() if j["pids"]), None), timeout, what)
 
     def cleanup_jobs(self) -> None:
         """Kill whatever the jobs left running (by the pids the daemon knows)."""

@@ -163,6 +163,16 @@ class Sim:
         self.made.clear()
 
 
+def kill_and_close(proc: subprocess.Popen[Any]) -> None:
+    """Kill proc if it still runs, reap it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+
+
 class StatsProbe:
     """The simulator's own record (vgpu_sim_ctl_stats), read on demand by one
     process started for it without the hook: a reading is taken within a
@@ -209,12 +219,7 @@ class StatsProbe:
         return self.proc.stderr.read()
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
+        kill_and_close(self.proc)
 
     def __enter__(self) -> StatsProbe:
         return self
@@ -332,12 +337,7 @@ class Client:
         return self.proc.returncode, text, err.decode()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
+        kill_and_close(self.proc)
 
 
 @pytest.fixture

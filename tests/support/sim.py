@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -61,6 +62,19 @@ SPIN_PTX = rb"""
 {
     ret;
 }
+"""
+
+
+# GPU 0's primary context made current and SPIN_PTX loaded: `fn`, its spin
+# kernel, and spin(ns, stream=0), a launch of it for ns on the stream.
+SPIN_ON_GPU0 = f"""
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0))
+ck(cu.cuCtxSetCurrent(ctx))
+mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
+fn = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
+def spin(ns, stream=0):
+    return cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0)
 """
 
 
@@ -139,3 +153,12 @@ def busy_by_tag(env: dict[str, str]) -> dict[str, float]:
         raise AssertionError(f"vgpuctl sim stats failed: {res.stderr}")
     return {t["name"]: sum(d["busy_ns"] for d in t["devices"]) / 1e9
             for t in json.loads(res.stdout)["tags"]}
+
+
+def shares_over(env: dict[str, str], seconds: float) -> dict[str, float]:
+    """Each VGPU_SIM_TAG's share (%) of GPU time over the next `seconds`, the
+    measurement window, from busy_by_tag at its start and its end."""
+    t0, a = time.monotonic(), busy_by_tag(env)
+    time.sleep(seconds)  # the measurement window
+    t1, b = time.monotonic(), busy_by_tag(env)
+    return {t: 100 * (b[t] - a[t]) / (t1 - t0) for t in b if t in a}

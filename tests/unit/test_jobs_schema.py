@@ -29,13 +29,18 @@ PRAGMA user_version = 1;
 """
 
 
-def test_a_schema_1_database_gains_the_slurm_columns(tmp_path):
+def schema_1_store(tmp_path) -> tuple[Store, JobRecord | None]:
+    """A database as schema 1 wrote it, opened now; its one job."""
     db = tmp_path / "vgpu.db"
     conn = sqlite3.connect(db)
     conn.executescript(SCHEMA_1)
     conn.close()
     store = Store.open(db)
-    old = store.get_job("1")
+    return store, store.get_job("1")
+
+
+def test_a_schema_1_database_gains_the_slurm_columns(tmp_path):
+    store, old = schema_1_store(tmp_path)
     assert old is not None and old.name == "old" and old.slurm_job is None
     rec = JobRecord(name="s", uid=0, user="root", command=["x"], cwd="/", gpus=[],
                     mem_limit=1, core_share=25, policy="hard", created=2.0, slurm_job="42",
@@ -82,12 +87,7 @@ def test_a_schema_2_database_gains_the_priority_columns(tmp_path):
 def test_a_schema_2_database_gains_the_suspend_columns(tmp_path):
     """Jobs from before suspend were never suspended; a suspension's fields
     are written and read back."""
-    db = tmp_path / "vgpu.db"
-    conn = sqlite3.connect(db)
-    conn.executescript(SCHEMA_1)
-    conn.close()
-    store = Store.open(db)
-    old = store.get_job("1")
+    store, old = schema_1_store(tmp_path)
     assert old is not None and (old.suspended_s, old.suspended_at, old.suspensions) == (
         0.0, None, 0)
     old.state, old.suspended_at, old.suspend_reason, old.suspensions = (

@@ -37,6 +37,8 @@ import os
 import signal
 import stat
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,6 +179,18 @@ def _share_sim_state(mark: Any) -> None:
     except OSError as e:
         log.warning("cannot open the simulated GPU's state %s to the node's users (%s): "
                     "their jobs will see no GPU", mark.path, e.strerror)
+
+
+@contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """A step of one of the daemon's periodic loops: an error in it is
+    logged (`what` failed) and the loop goes on; a cancellation goes through."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("%s failed", what)
 
 
 class Daemon:
@@ -425,12 +439,8 @@ class Daemon:
         a GPU has it."""
         while True:
             await asyncio.sleep(RESUME_S)
-            try:
+            with _logged("resuming waiting jobs"):
                 await self.sup.suspender.resume_waiting()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("resuming waiting jobs failed")
 
     async def _track_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -438,13 +448,9 @@ class Daemon:
             await asyncio.sleep(TRACK_S)
             if not self.sup.has_jobs():
                 continue
-            try:
+            with _logged("process tracking"):
                 table = await loop.run_in_executor(None, tracking.scan)
                 self.sup.track(table)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("process tracking failed")
 
     async def _slurm_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -454,16 +460,12 @@ class Daemon:
             asked = self.sup.slurm.registered()
             if not every or not asked:
                 continue
-            try:
+            with _logged("Slurm reconciliation"):
                 states = await loop.run_in_executor(None, scontrol.job_states)
                 if states is None:
                     log.debug("squeue did not answer: Slurm jobs not reconciled")
                 else:
                     self.sup.slurm.reconcile(asked, states)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("Slurm reconciliation failed")
 
     def _note_write_error(self, why: str | None) -> None:
         """Log a database write error once while it lasts, and its end."""
@@ -501,12 +503,8 @@ class Daemon:
                 log.error("the simulated GPU's state %s was removed or replaced under the "
                           "daemon: it sees the old one; restart the daemon", self.sim_mark.path)
                 self.sim_mark = None
-            try:
+            with _logged("NVML inventory"):
                 self.sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("NVML inventory failed")
 
 
 def run(opts: Options) -> int:

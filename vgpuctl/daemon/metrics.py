@@ -148,6 +148,61 @@ def _ratio(x: float) -> float:
     return min(max(float(x), 0.0), 1.0)
 
 
+# The metrics with a series per GPU and per job on a GPU: each one's family
+# (gauge or counter), name, help and value for one series (None: no sample).
+_GPU_METRICS: tuple[tuple[str, str, str, Callable[[GpuMetrics], float | None]], ...] = (
+    ("gauge", "gpu_memory_used_bytes", "GPU memory in use, all processes",
+     lambda g: float(g.memory_used)),
+    ("gauge", "gpu_memory_total_bytes", "GPU memory in total",
+     lambda g: float(g.memory_total)),
+    ("gauge", "gpu_utilization_ratio", "Fraction of time a kernel ran on the GPU (NVML)",
+     lambda g: None if g.utilization is None else _ratio(g.utilization)),
+    ("gauge", "gpu_compute_promised_ratio",
+     "Compute promised to the GPU's normal and high jobs (the shares they asked for)",
+     lambda g: max(0.0, float(g.compute_promised))),
+)
+_JOB_METRICS: tuple[tuple[str, str, str, Callable[[JobMetrics], float | None]], ...] = (
+    ("gauge", "job_memory_used_bytes", "GPU memory the job holds on this GPU",
+     lambda j: float(j.memory_used)),
+    ("gauge", "job_memory_limit_bytes", "The job's memory limit on this GPU (0: none)",
+     lambda j: float(j.memory_limit)),
+    ("gauge", "job_compute_share_target_ratio", "The job's compute share (--core), 0 to 1",
+     lambda j: _ratio(j.share_target)),
+    ("gauge", "job_compute_share_measured_ratio",
+     "The compute share the job used over the last tick, 0 to 1",
+     lambda j: _ratio(j.share_measured)),
+    ("counter", "job_throttled_seconds", "Time the job's launching threads waited for tokens",
+     lambda j: max(0.0, float(j.throttled_seconds))),
+    ("counter", "job_gpu_seconds", "GPU time the job used (integral of its measured share)",
+     lambda j: None if j.gpu_seconds is None else max(0.0, float(j.gpu_seconds))),
+    ("counter", "job_violations", "Violations found of the job (NVML against its limits)",
+     lambda j: float(j.violations)),
+    ("gauge", "job_priority", "The job's priority class: 0 low, 1 normal, 2 high",
+     lambda j: float(j.priority)),
+    ("gauge", "job_suspended",
+     "1 while the job is suspended (its processes checkpointed, no GPU memory held)",
+     lambda j: 1.0 if j.suspended else 0.0),
+    ("counter", "job_suspended_seconds", "Time the job was suspended (not billed)",
+     lambda j: max(0.0, float(j.suspended_seconds))),
+)
+
+
+def _families(table: Sequence[tuple[str, str, str, Callable[[Any], float | None]]],
+              labels: list[str], rows: Sequence[Any],
+              label_values: Callable[[Any], list[str]]) -> Iterator[Any]:
+    """One family a row of the table, with a series for each of rows."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
+    for kind, name, help_text, value in table:
+        family = kinds[kind](PREFIX + name, help_text, labels=labels)
+        for row in rows:
+            v = value(row)
+            if v is not None:
+                family.add_metric(label_values(row), v)
+        yield family
+
+
 class Collector:
     """A prometheus-client collector over a snapshot callable."""
 
@@ -163,74 +218,10 @@ class Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         snap = self._snapshot()
-        glabels = ["gpu", "uuid", "name"]
-        g_used = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes",
-                                   "GPU memory in use, all processes", labels=glabels)
-        g_total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes",
-                                    "GPU memory in total", labels=glabels)
-        g_util = GaugeMetricFamily(PREFIX + "gpu_utilization_ratio",
-                                   "Fraction of time a kernel ran on the GPU (NVML)",
-                                   labels=glabels)
-        g_prom = GaugeMetricFamily(PREFIX + "gpu_compute_promised_ratio",
-                                   "Compute promised to the GPU's normal and high jobs (the "
-                                   "shares they asked for)", labels=glabels)
-        for g in snap.gpus:
-            lv = [str(g.index), g.uuid, g.name]
-            g_used.add_metric(lv, float(g.memory_used))
-            g_total.add_metric(lv, float(g.memory_total))
-            if g.utilization is not None:
-                g_util.add_metric(lv, _ratio(g.utilization))
-            g_prom.add_metric(lv, max(0.0, float(g.compute_promised)))
-        yield g_used
-        yield g_total
-        yield g_util
-        yield g_prom
-
-        jlabels = ["job", "name", "user", "gpu", "uuid"]
-        j_used = GaugeMetricFamily(PREFIX + "job_memory_used_bytes",
-                                   "GPU memory the job holds on this GPU", labels=jlabels)
-        j_limit = GaugeMetricFamily(PREFIX + "job_memory_limit_bytes",
-                                    "The job's memory limit on this GPU (0: none)",
-                                    labels=jlabels)
-        j_target = GaugeMetricFamily(PREFIX + "job_compute_share_target_ratio",
-                                     "The job's compute share (--core), 0 to 1",
-                                     labels=jlabels)
-        j_meas = GaugeMetricFamily(PREFIX + "job_compute_share_measured_ratio",
-                                   "The compute share the job used over the last tick, "
-                                   "0 to 1", labels=jlabels)
-        j_thr = CounterMetricFamily(PREFIX + "job_throttled_seconds",
-                                    "Time the job's launching threads waited for tokens",
-                                    labels=jlabels)
-        j_gs = CounterMetricFamily(PREFIX + "job_gpu_seconds",
-                                   "GPU time the job used (integral of its measured share)",
-                                   labels=jlabels)
-        j_viol = CounterMetricFamily(PREFIX + "job_violations",
-                                     "Violations found of the job (NVML against its limits)",
-                                     labels=jlabels)
-        j_prio = GaugeMetricFamily(PREFIX + "job_priority",
-                                   "The job's priority class: 0 low, 1 normal, 2 high",
-                                   labels=jlabels)
-        j_susp = GaugeMetricFamily(PREFIX + "job_suspended",
-                                   "1 while the job is suspended (its processes "
-                                   "checkpointed, no GPU memory held)", labels=jlabels)
-        j_susp_s = CounterMetricFamily(PREFIX + "job_suspended_seconds",
-                                       "Time the job was suspended (not billed)",
-                                       labels=jlabels)
-        for j in snap.jobs:
-            lv = [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid]
-            j_susp.add_metric(lv, 1.0 if j.suspended else 0.0)
-            j_susp_s.add_metric(lv, max(0.0, float(j.suspended_seconds)))
-            j_viol.add_metric(lv, float(j.violations))
-            j_prio.add_metric(lv, float(j.priority))
-            j_used.add_metric(lv, float(j.memory_used))
-            j_limit.add_metric(lv, float(j.memory_limit))
-            j_target.add_metric(lv, _ratio(j.share_target))
-            j_meas.add_metric(lv, _ratio(j.share_measured))
-            j_thr.add_metric(lv, max(0.0, float(j.throttled_seconds)))
-            if j.gpu_seconds is not None:
-                j_gs.add_metric(lv, max(0.0, float(j.gpu_seconds)))
-        yield from (j_used, j_limit, j_target, j_meas, j_thr, j_gs, j_viol, j_prio, j_susp,
-                    j_susp_s)
+        yield from _families(_GPU_METRICS, ["gpu", "uuid", "name"], snap.gpus,
+                             lambda g: [str(g.index), g.uuid, g.name])
+        yield from _families(_JOB_METRICS, ["job", "name", "user", "gpu", "uuid"], snap.jobs,
+                             lambda j: [j.job_id, j.name, j.user, str(j.gpu_index), j.gpu_uuid])
         viol = CounterMetricFamily(PREFIX + "violations",
                                    "Violations found by kind: memory, compute, no_job "
                                    "(a GPU process in no job)", labels=["kind"])

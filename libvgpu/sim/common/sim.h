@@ -28,6 +28,16 @@
     __asm__(".text\n.globl " #sym "\n.type " #sym ", @function\n.p2align 4\n" #sym \
             ":\n\t" VGPU_TAIL_JUMP " " #impl "\n.size " #sym ", .-" #sym "\n");
 
+/* Store `value` through `out` and return `ok`, or `invalid` for a NULL out:
+ * the end of a query that answers one value (each library's ANSWER). */
+#define SIM_ANSWER(out, value, invalid, ok)     \
+    do {                                        \
+        if (!(out))                             \
+            return (invalid);                   \
+        *(out) = (value);                       \
+        return (ok);                            \
+    } while (0)
+
 #define SIM_NAME "vgpu-sim GPU"
 #define SIM_SM_COUNT 132
 #define SIM_CC_MAJOR 9

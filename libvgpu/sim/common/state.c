@@ -144,6 +144,24 @@ static uint32_t util_procs_from_env(int *given)
     return VGPU_SIM_UTIL_PROCS_LAST;
 }
 
+/* A setting of two values in the variable `var`: `flag` where it says
+ * `set`, 0 where it says `unset` (the default) or nothing; a value not
+ * understood is said once on stderr and read as `unset`. *given set where
+ * it says either. */
+static uint32_t choice_flag(const char *var, const char *unset, const char *set, uint32_t flag,
+                            int *given)
+{
+    const char *s = getenv(var);
+    if (!s || !*s)
+        return 0;
+    if (strcmp(s, set) == 0 || strcmp(s, unset) == 0) {
+        *given = 1;
+        return strcmp(s, set) == 0 ? flag : 0;
+    }
+    fprintf(stderr, "vgpu-sim: %s=%s: expected %s or %s; using %s\n", var, s, unset, set, unset);
+    return 0;
+}
+
 /* The checkpoint settings: VGPU_SIM_CKPT_RATE (a size per second, default
  * SIM_DEFAULT_CKPT_RATE), VGPU_SIM_CKPT_PAIRS (checkpointed | all) and
  * VGPU_SIM_CKPT_REFUSED (failed | locked). A value not understood is said
@@ -164,26 +182,10 @@ static void ckpt_from_env(uint64_t *rate, uint32_t *flags, int *given)
                     "at least 1M; using the default\n", s);
         }
     }
-    s = getenv("VGPU_SIM_CKPT_PAIRS");
-    if (s && *s) {
-        if (strcmp(s, "all") == 0 || strcmp(s, "checkpointed") == 0) {
-            *flags |= s[0] == 'a' ? VGPU_SIM_CKPT_F_PAIRS_ALL : 0;
-            *given = 1;
-        } else {
-            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_PAIRS=%s: expected checkpointed or all; "
-                    "using checkpointed\n", s);
-        }
-    }
-    s = getenv("VGPU_SIM_CKPT_REFUSED");
-    if (s && *s) {
-        if (strcmp(s, "failed") == 0 || strcmp(s, "locked") == 0) {
-            *flags |= s[0] == 'l' ? VGPU_SIM_CKPT_F_REFUSED_LOCKED : 0;
-            *given = 1;
-        } else {
-            fprintf(stderr, "vgpu-sim: VGPU_SIM_CKPT_REFUSED=%s: expected failed or locked; "
-                    "using failed\n", s);
-        }
-    }
+    *flags |= choice_flag("VGPU_SIM_CKPT_PAIRS", "checkpointed", "all",
+                          VGPU_SIM_CKPT_F_PAIRS_ALL, given);
+    *flags |= choice_flag("VGPU_SIM_CKPT_REFUSED", "failed", "locked",
+                          VGPU_SIM_CKPT_F_REFUSED_LOCKED, given);
 }
 
 int sim_cuda_of_driver(const char *driver)

@@ -29,10 +29,7 @@ int cu_array_span(CUarray a, uintptr_t *base, size_t *row, size_t *rows)
 
 static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     size_t fb = d ? vgpu_format_bytes(d->Format) : 0;
     if (!pa || !fb || d->Width == 0 ||
         (d->NumChannels != 1 && d->NumChannels != 2 && d->NumChannels != 4))
@@ -43,7 +40,7 @@ static CUresult array_create(CUarray *pa, const CUDA_ARRAY3D_DESCRIPTOR *d)
     a->desc = *d;
     a->row = d->Width * fb * d->NumChannels;
     a->rows = (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1);
-    rc = mem_alloc(ctx, a->row * a->rows, ALLOC_ARRAY, 0, &a->base);
+    CUresult rc = mem_alloc(ctx, a->row * a->rows, ALLOC_ARRAY, 0, &a->base);
     if (rc) {
         cu_obj_del(a, sizeof *a);
         return rc;
@@ -69,8 +66,7 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray a)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(a, MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(a, MAGIC_ARRAY);
     mem_free(a->base, ALLOC_ARRAY);
     cu_obj_del(a, sizeof *a);
     return CUDA_SUCCESS;
@@ -78,8 +74,7 @@ VGPU_EXPORT CUresult cuArrayDestroy(CUarray a)
 
 VGPU_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray a)
 {
-    if (!cu_obj_is(a, MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(a, MAGIC_ARRAY);
     if (!d)
         return CUDA_ERROR_INVALID_VALUE;
     *d = (CUDA_ARRAY_DESCRIPTOR){a->desc.Width, a->desc.Height, a->desc.Format,
@@ -89,10 +84,6 @@ VGPU_EXPORT CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray a
 
 VGPU_EXPORT CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *d, CUarray a)
 {
-    if (!cu_obj_is(a, MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!d)
-        return CUDA_ERROR_INVALID_VALUE;
-    *d = a->desc;
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(a, MAGIC_ARRAY);
+    ANSWER(d, a->desc);
 }

@@ -68,17 +68,13 @@ CUresult cu_capture_kernel(CUstream s, CUfunction f, unsigned int gx, unsigned i
 
 VGPU_EXPORT CUresult cuLaunchHostFunc(CUstream h, void (*fn)(void *), void *data)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!fn)
         return CUDA_ERROR_INVALID_VALUE;
     if (s && __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE)) {
         struct CUgraphNode_st proto = {.type = NODE_HOST, .host = {fn, data}};
         pthread_mutex_lock(&cu_capture_lock);
-        rc = s->capture ? capture_node(s, &proto) : CUDA_ERROR_ILLEGAL_STATE;
+        CUresult rc = s->capture ? capture_node(s, &proto) : CUDA_ERROR_ILLEGAL_STATE;
         pthread_mutex_unlock(&cu_capture_lock);
         if (rc != CUDA_ERROR_ILLEGAL_STATE)
             return rc;
@@ -104,11 +100,7 @@ static void run_callback(void *arg)
 VGPU_EXPORT CUresult cuStreamAddCallback(CUstream h, void (*fn)(CUstream, CUresult, void *),
                                          void *data, unsigned int flags)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!fn || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (s && cu_capture_status(s) != CAPTURE_STATUS_NONE) {

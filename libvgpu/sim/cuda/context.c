@@ -237,9 +237,8 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = g_primary[dev];
     int last = c && c->refcount == 1;
@@ -262,9 +261,7 @@ VGPU_ALIAS(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease)
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!flags || !active)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&cu_lock);
@@ -277,13 +274,11 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flag
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (flags & ~0x1fu)
         return CUDA_ERROR_INVALID_VALUE;
     CUcontext c;
-    rc = cuDevicePrimaryCtxRetain(&c, dev);
+    CUresult rc = cuDevicePrimaryCtxRetain(&c, dev);
     if (rc)
         return rc;
     c->flags = flags;
@@ -298,9 +293,7 @@ VGPU_ALIAS(cuDevicePrimaryCtxSetFlags_v2, cuDevicePrimaryCtxSetFlags)
  * the retains made before it may still be released, harmlessly. */
 VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     pthread_mutex_lock(&cu_lock);
     struct CUctx_st *c = g_primary[dev];
     int active = c && c->refcount > 0;
@@ -322,9 +315,7 @@ VGPU_ALIAS(cuDevicePrimaryCtxReset_v2, cuDevicePrimaryCtxReset)
 
 static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!pctx)
         return CUDA_ERROR_INVALID_VALUE;
     if (t_depth >= STACK_MAX)
@@ -338,7 +329,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
     pthread_mutex_lock(&cu_lock);
     c->id = g_next_id++;
     pthread_mutex_unlock(&cu_lock);
-    rc = ctx_activate(c);
+    CUresult rc = ctx_activate(c);
     if (rc) {
         cu_obj_del(c, sizeof *c);
         return rc;
@@ -437,24 +428,15 @@ VGPU_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pctx = t_depth > 0 ? t_stack[t_depth - 1] : NULL;
-    return CUDA_SUCCESS;
+    ANSWER(pctx, t_depth > 0 ? t_stack[t_depth - 1] : NULL);
 }
 
 /* A getter of the current context c: refuse a NULL out-pointer, store `value`. */
 #define CURRENT_CTX_GETTER(name, type, value)                                  \
     VGPU_EXPORT CUresult name(type *out)                                       \
     {                                                                          \
-        CUcontext c;                                                           \
-        CUresult rc = cu_current(&c);                                          \
-        if (rc)                                                                \
-            return rc;                                                         \
-        if (!out)                                                              \
-            return CUDA_ERROR_INVALID_VALUE;                                   \
-        *out = (value);                                                        \
-        return CUDA_SUCCESS;                                                   \
+        CURRENT_CONTEXT(c);                                                    \
+        ANSWER(out, value);                                                    \
     }
 
 CURRENT_CTX_GETTER(cuCtxGetDevice, CUdevice, c->ordinal)
@@ -462,10 +444,7 @@ CURRENT_CTX_GETTER(cuCtxGetFlags, unsigned int, c->flags)
 
 VGPU_EXPORT CUresult cuCtxSetFlags(unsigned int flags)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     c->flags = flags;
     return CUDA_SUCCESS;
 }
@@ -487,10 +466,7 @@ VGPU_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id)
     CUresult rc = ctx_arg(&ctx);
     if (rc)
         return rc;
-    if (!id)
-        return CUDA_ERROR_INVALID_VALUE;
-    *id = ctx->id;
-    return CUDA_SUCCESS;
+    ANSWER(id, ctx->id);
 }
 
 VGPU_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
@@ -498,18 +474,12 @@ VGPU_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version)
     CUresult rc = ctx_arg(&ctx);
     if (rc)
         return rc;
-    if (!version)
-        return CUDA_ERROR_INVALID_VALUE;
-    *version = 3020;
-    return CUDA_SUCCESS;
+    ANSWER(version, 3020);
 }
 
 VGPU_EXPORT CUresult cuCtxSynchronize(void)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     /* a context in which a stream captures can't be synchronised: that
      * invalidates its captures */
     if (__atomic_load_n(&cu_captures, __ATOMIC_ACQUIRE)) {
@@ -537,10 +507,7 @@ static size_t g_limits[8] = {1024, 1 << 20, 8 << 20, 2, 2048, 32, 0, 0};
 
 VGPU_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     if (limit < 0 || limit >= 8)
         return CUDA_ERROR_INVALID_VALUE;
     g_limits[limit] = value;
@@ -549,10 +516,7 @@ VGPU_EXPORT CUresult cuCtxSetLimit(int limit, size_t value)
 
 VGPU_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     if (!value || limit < 0 || limit >= 8)
         return CUDA_ERROR_INVALID_VALUE;
     *value = g_limits[limit];
@@ -564,19 +528,13 @@ CURRENT_CTX_GETTER(cuCtxGetCacheConfig, int, 0)
 
 VGPU_EXPORT CUresult cuCtxSetCacheConfig(int config)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     if (least)
         *least = 0;
     if (greatest)
@@ -644,22 +602,13 @@ VGPU_EXPORT CUresult cuCtxDetach(CUcontext ctx)
  * (the driver accepts it). */
 VGPU_EXPORT CUresult cuCtxGetSharedMemConfig(int *config)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
-    if (!config)
-        return CUDA_ERROR_INVALID_VALUE;
-    *config = 1; /* CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE */
-    return CUDA_SUCCESS;
+    CURRENT_CONTEXT(c);
+    ANSWER(config, 1); /* CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE */
 }
 
 VGPU_EXPORT CUresult cuCtxSetSharedMemConfig(int config)
 {
-    CUcontext c;
-    CUresult rc = cu_current(&c);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(c);
     return (config < 0 || config > 2) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 

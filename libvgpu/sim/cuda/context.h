@@ -12,6 +12,13 @@
 
 /* The calling thread's current context, or NOT_INITIALIZED/INVALID_CONTEXT. */
 CUresult cu_current(CUcontext *ctx);
+/* Start of an entry point in the current context: return cu_current()'s
+ * error, else declare `ctx`, the current context. */
+#define CURRENT_CONTEXT(ctx)             \
+    CUcontext ctx;                       \
+    CUresult rc_ = cu_current(&ctx);     \
+    if (rc_)                             \
+        return rc_
 int cu_ctx_valid(CUcontext ctx);
 /* Device memory each context costs (VGPU_SIM_CTX_MEM). */
 uint64_t cu_ctx_mem_cost(void);

@@ -310,20 +310,6 @@ static CUresult copy_3d(struct side src, size_t sx, size_t sy, size_t sz, size_t
     return CUDA_SUCCESS;
 }
 
-static CUresult copy2d(const CUDA_MEMCPY2D *c)
-{
-    if (!c)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct side s, d;
-    CUresult rc = side_of(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray, c->srcPitch, &s);
-    if (!rc)
-        rc = side_of(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray, c->dstPitch, &d);
-    if (rc)
-        return rc;
-    return copy_3d(s, c->srcXInBytes, c->srcY, 0, 0, d, c->dstXInBytes, c->dstY, 0, 0,
-                   c->WidthInBytes, c->Height, 1);
-}
-
 static CUresult copy3d(const CUDA_MEMCPY3D *c)
 {
     if (!c)
@@ -340,6 +326,23 @@ static CUresult copy3d(const CUDA_MEMCPY3D *c)
         return CUDA_ERROR_INVALID_VALUE;
     return copy_3d(s, c->srcXInBytes, c->srcY, c->srcZ, sh, d, c->dstXInBytes, c->dstY, c->dstZ,
                    dh, c->WidthInBytes, c->Height, c->Depth ? c->Depth : 1);
+}
+
+/* A 2D copy: the 3D copy of one slice, from the same fields. */
+static CUresult copy2d(const CUDA_MEMCPY2D *c)
+{
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    const CUDA_MEMCPY3D slice = {
+        .srcXInBytes = c->srcXInBytes, .srcY = c->srcY, .srcMemoryType = c->srcMemoryType,
+        .srcHost = c->srcHost, .srcDevice = c->srcDevice, .srcArray = c->srcArray,
+        .srcPitch = c->srcPitch,
+        .dstXInBytes = c->dstXInBytes, .dstY = c->dstY, .dstMemoryType = c->dstMemoryType,
+        .dstHost = c->dstHost, .dstDevice = c->dstDevice, .dstArray = c->dstArray,
+        .dstPitch = c->dstPitch,
+        .WidthInBytes = c->WidthInBytes, .Height = c->Height, .Depth = 1,
+    };
+    return copy3d(&slice);
 }
 
 VGPU_EXPORT CUresult cuMemcpy2D_v2(const CUDA_MEMCPY2D *c) { SYNC(copy2d(c)); }

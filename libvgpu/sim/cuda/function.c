@@ -8,8 +8,7 @@
 
 VGPU_EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, CUfunction f)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (!value)
         return CUDA_ERROR_INVALID_VALUE;
     switch ((int)attr) {
@@ -31,8 +30,7 @@ VGPU_EXPORT CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attr, C
 VGPU_EXPORT CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attr, int value)
 {
     (void)value;
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     return ((int)attr < 0 || (int)attr > 15) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
@@ -52,36 +50,26 @@ VGPU_EXPORT CUresult cuKernelSetAttribute(CUfunction_attribute attr, int value, 
 
 VGPU_EXPORT CUresult cuFuncSetCacheConfig(CUfunction f, int config)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuFuncGetName(const char **name, CUfunction f)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!name)
-        return CUDA_ERROR_INVALID_VALUE;
-    *name = f->name;
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(f, MAGIC_FUNC);
+    ANSWER(name, f->name);
 }
 VGPU_ALIAS(cuFuncGetName, cuKernelGetName)
 
 VGPU_EXPORT CUresult cuFuncGetModule(CUmodule *m, CUfunction f)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!m)
-        return CUDA_ERROR_INVALID_VALUE;
-    *m = f->mod;
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(f, MAGIC_FUNC);
+    ANSWER(m, f->mod);
 }
 
 VGPU_EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (f->nparams < 0)
         return CUDA_ERROR_NOT_SUPPORTED;
     if (index >= (size_t)f->nparams)
@@ -96,12 +84,8 @@ VGPU_ALIAS(cuFuncGetParamInfo, cuKernelGetParamInfo)
 
 VGPU_EXPORT CUresult cuFuncIsLoaded(int *state, CUfunction f)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!state)
-        return CUDA_ERROR_INVALID_VALUE;
-    *state = 1; /* CU_FUNCTION_LOADING_STATE_LOADED */
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(f, MAGIC_FUNC);
+    ANSWER(state, 1); /* CU_FUNCTION_LOADING_STATE_LOADED */
 }
 
 VGPU_EXPORT CUresult cuFuncLoad(CUfunction f)
@@ -113,17 +97,13 @@ VGPU_EXPORT CUresult cuFuncLoad(CUfunction f)
  * and ignored, as Hopper does. */
 VGPU_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction f, int config)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     return (config < 0 || config > 2) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 VGPU_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, int config, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
-    if (!cu_obj_is(k, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_DEVICE(dev);
+    CHECK_HANDLE(k, MAGIC_FUNC);
     return (config < 0 || config > 3) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }

@@ -179,11 +179,7 @@ VGPU_EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n
 
 VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream h)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     return cu_obj_is(e, MAGIC_GEXEC) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 VGPU_ALIAS(cuGraphUpload, cuGraphUpload_ptsz)
@@ -191,11 +187,8 @@ VGPU_ALIAS(cuGraphUpload, cuGraphUpload_ptsz)
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream h)
 {
     GATE_BRACKET; /* its copies and memsets touch device memory */
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
+    CUresult rc = CUDA_SUCCESS;
     if (!cu_obj_is(e, MAGIC_GEXEC))
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < e->n && rc == CUDA_SUCCESS; i++) {
@@ -443,9 +436,7 @@ enum { GRAPH_MEM_USED = 0, GRAPH_MEM_USED_HIGH = 1, GRAPH_MEM_RESERVED = 2,
 
 VGPU_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!value || attr < GRAPH_MEM_USED || attr > GRAPH_MEM_RESERVED_HIGH)
         return CUDA_ERROR_INVALID_VALUE;
     *(cuuint64_t *)value = 0;
@@ -454,9 +445,7 @@ VGPU_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *
 
 VGPU_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!value || (attr != GRAPH_MEM_USED_HIGH && attr != GRAPH_MEM_RESERVED_HIGH) ||
         *(cuuint64_t *)value != 0)
         return CUDA_ERROR_INVALID_VALUE;

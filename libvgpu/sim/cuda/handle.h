@@ -154,4 +154,11 @@ void *cu_obj_new(size_t size, uint32_t magic);
 void cu_obj_del(void *p, size_t size);
 int cu_obj_is(const void *p, uint32_t magic);
 
+/* Return CUDA_ERROR_INVALID_HANDLE unless h is a live object of `magic`. */
+#define CHECK_HANDLE(h, magic)                     \
+    do {                                           \
+        if (!cu_obj_is(h, magic))                  \
+            return CUDA_ERROR_INVALID_HANDLE;      \
+    } while (0)
+
 #endif /* VGPU_SIM_CUDA_HANDLE_H */

@@ -36,21 +36,28 @@ struct entry {
 
 /* ---- LZ4 ---- */
 
+/* A length whose 4-bit field is full goes on in bytes at src[*i]: each
+ * added, until one under 255. -1 if src (n bytes) ends first. */
+static int lz4_more(const unsigned char *src, size_t n, size_t *i, size_t *len)
+{
+    unsigned char b;
+    do {
+        if (*i >= n)
+            return -1;
+        b = src[(*i)++];
+        *len += b;
+    } while (b == 255);
+    return 0;
+}
+
 long image_lz4(const unsigned char *src, size_t n, unsigned char *dst, size_t cap)
 {
     size_t i = 0, o = 0;
     while (i < n) {
         unsigned token = src[i++];
         size_t lit = token >> 4;
-        if (lit == 15) {
-            unsigned char b;
-            do {
-                if (i >= n)
-                    return -1;
-                b = src[i++];
-                lit += b;
-            } while (b == 255);
-        }
+        if (lit == 15 && lz4_more(src, n, &i, &lit) < 0)
+            return -1;
         if (lit > n - i || lit > cap - o)
             return -1;
         memcpy(dst + o, src + i, lit);
@@ -65,15 +72,8 @@ long image_lz4(const unsigned char *src, size_t n, unsigned char *dst, size_t ca
         if (off == 0 || off > o)
             return -1;
         size_t len = (token & 15u) + 4;
-        if ((token & 15u) == 15) {
-            unsigned char b;
-            do {
-                if (i >= n)
-                    return -1;
-                b = src[i++];
-                len += b;
-            } while (b == 255);
-        }
+        if ((token & 15u) == 15 && lz4_more(src, n, &i, &len) < 0)
+            return -1;
         if (len > cap - o)
             return -1;
         for (size_t k = 0; k < len; k++, o++) /* may overlap: byte by byte */

@@ -102,10 +102,7 @@ VGPU_EXPORT CUresult cuInit(unsigned int flags)
 
 VGPU_EXPORT CUresult cuDriverGetVersion(int *version)
 {
-    if (!version)
-        return CUDA_ERROR_INVALID_VALUE;
-    *version = sim_cuda_version();
-    return CUDA_SUCCESS;
+    ANSWER(version, sim_cuda_version());
 }
 
 CUresult cu_check_device(CUdevice dev)
@@ -128,10 +125,7 @@ VGPU_EXPORT CUresult cuDeviceGetCount(int *count)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    *count = cu_count;
-    return CUDA_SUCCESS;
+    ANSWER(count, cu_count);
 }
 
 VGPU_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
@@ -148,9 +142,7 @@ VGPU_EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal)
 
 VGPU_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     snprintf(name, (size_t)len, "%s", SIM_NAME);
@@ -159,9 +151,7 @@ VGPU_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
     sim_device_uuid(cu_phys[dev], (unsigned char *)uuid->bytes);
@@ -183,13 +173,8 @@ VGPU_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice de
 
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
-    if (!bytes)
-        return CUDA_ERROR_INVALID_VALUE;
-    *bytes = (size_t)sim_state()->dev[cu_phys[dev]].total;
-    return CUDA_SUCCESS;
+    CHECK_DEVICE(dev);
+    ANSWER(bytes, (size_t)sim_state()->dev[cu_phys[dev]].total);
 }
 
 /* The pre-3.2 form reports 32 bits. */
@@ -251,9 +236,7 @@ static const struct { int attr; int value; } k_attrs[] = {
 
 VGPU_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!value || (int)attr <= 0 || (int)attr >= 160)
         return CUDA_ERROR_INVALID_VALUE;
     switch ((int)attr) {
@@ -286,9 +269,7 @@ typedef struct {
 
 VGPU_EXPORT CUresult cuDeviceGetProperties(CUdevprop *p, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
     *p = (CUdevprop){1024, {1024, 1024, 64}, {2147483647, 65535, 65535}, 49152, 65536,
@@ -298,9 +279,7 @@ VGPU_EXPORT CUresult cuDeviceGetProperties(CUdevprop *p, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!major || !minor)
         return CUDA_ERROR_INVALID_VALUE;
     *major = SIM_CC_MAJOR;
@@ -310,9 +289,7 @@ VGPU_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice 
 
 VGPU_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!bus_id || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
     sim_device_bus_id(cu_phys[dev], bus_id, (size_t)len, 0);
@@ -348,10 +325,7 @@ VGPU_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer
         rc = cu_check_device(peer);
     if (rc)
         return rc;
-    if (!can)
-        return CUDA_ERROR_INVALID_VALUE;
-    *can = cu_peer && dev != peer;
-    return CUDA_SUCCESS;
+    ANSWER(can, cu_peer && dev != peer);
 }
 
 /* CUdevice_P2PAttribute: 1 performance rank, 2 access supported, 3 native
@@ -386,9 +360,7 @@ VGPU_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attr, CUdevice src,
 VGPU_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
                                                         unsigned int channels, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!width || format <= 0 || (channels != 1 && channels != 2 && channels != 4))
         return CUDA_ERROR_INVALID_VALUE;
     *width = (size_t)1 << 28;

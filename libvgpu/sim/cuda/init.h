@@ -21,4 +21,16 @@ int cu_ordinal_of(int phys);
 
 CUresult cu_check_device(CUdevice dev);    /* NOT_INITIALIZED / INVALID_DEVICE */
 
+/* Start of an entry point on the device dev: return cu_check_device()'s error. */
+#define CHECK_DEVICE(dev)                        \
+    do {                                         \
+        CUresult rc_ = cu_check_device(dev);     \
+        if (rc_)                                 \
+            return rc_;                          \
+    } while (0)
+
+/* Store `value` through `out`: the end of a query that answers one value
+ * (CUDA_ERROR_INVALID_VALUE for a NULL out). */
+#define ANSWER(out, value) SIM_ANSWER(out, value, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS)
+
 #endif /* VGPU_SIM_CUDA_INIT_H */

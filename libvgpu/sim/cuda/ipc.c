@@ -67,10 +67,7 @@ static pthread_mutex_t g_ipc_lock = PTHREAD_MUTEX_INITIALIZER;
 
 VGPU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!handle)
         return CUDA_ERROR_INVALID_VALUE;
     struct alloc a;
@@ -127,10 +124,8 @@ static uintptr_t map_remote(const struct ipc_mem *h, CUresult *rc)
 VGPU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                            unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
+    CUresult rc = CUDA_SUCCESS;
     if (!pdptr || (flags & ~1u) /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */)
         return CUDA_ERROR_INVALID_VALUE;
     struct ipc_mem h;
@@ -198,10 +193,7 @@ VGPU_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handl
 
 VGPU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     pthread_mutex_lock(&g_ipc_lock);
     struct opened **pp = &g_opened, *o = NULL;
     for (; *pp; pp = &(*pp)->next) {

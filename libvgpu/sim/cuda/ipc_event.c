@@ -178,8 +178,7 @@ VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!handle)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (!(e->flags & CU_EVENT_INTERPROCESS))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_ipc_ev_lock);
@@ -205,10 +204,7 @@ VGPU_EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *handle, CUevent e)
 
 VGPU_EXPORT CUresult cuIpcOpenEventHandle(CUevent *pe, CUipcEventHandle handle)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!pe)
         return CUDA_ERROR_INVALID_VALUE;
     struct ipc_event_handle h;

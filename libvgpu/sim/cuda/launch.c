@@ -218,8 +218,7 @@ VGPU_EXPORT CUresult cuLaunch(CUfunction f)
 VGPU_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, CUfunction f,
                                                                  int block_size, size_t shmem)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (!blocks || block_size <= 0 || block_size > 1024 || shmem > MAX_SHARED)
         return CUDA_ERROR_INVALID_VALUE;
     int n = 2048 / block_size;
@@ -240,8 +239,7 @@ VGPU_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_
 {
     (void)smem_fn;
     (void)shmem;
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (!min_grid || !block_size)
         return CUDA_ERROR_INVALID_VALUE;
     int b = (limit > 0 && limit < 1024) ? limit : 1024;
@@ -266,8 +264,7 @@ VGPU_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(int *min_grid, in
 VGPU_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfunction f,
                                                              int blocks, int block_size)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (!smem || blocks <= 0 || block_size <= 0 || block_size > 1024)
         return CUDA_ERROR_INVALID_VALUE;
     size_t per_block = MAX_SHARED / (size_t)blocks;
@@ -280,8 +277,7 @@ VGPU_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *smem, CUfun
 VGPU_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f,
                                                         const CUlaunchConfig *config)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (!size || !config)
         return CUDA_ERROR_INVALID_VALUE;
     *size = 8;
@@ -291,8 +287,7 @@ VGPU_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f,
 VGPU_EXPORT CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f,
                                                   const CUlaunchConfig *config)
 {
-    if (!cu_obj_is(f, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(f, MAGIC_FUNC);
     if (!clusters || !config)
         return CUDA_ERROR_INVALID_VALUE;
     *clusters = SIM_SM_COUNT / 8;

@@ -13,14 +13,11 @@
 
 VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t p;
-    rc = mem_alloc(ctx, size, ALLOC_DEVICE, 0, &p);
+    CUresult rc = mem_alloc(ctx, size, ALLOC_DEVICE, 0, &p);
     if (rc == CUDA_SUCCESS)
         *dptr = p;
     return rc;
@@ -29,16 +26,13 @@ VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
                                         size_t height, unsigned int elem)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!dptr || !pitch || width == 0 || height == 0 ||
         (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
     size_t p = (width + 511) / 512 * 512;
     uintptr_t base;
-    rc = mem_alloc(ctx, p * height, ALLOC_DEVICE, 0, &base);
+    CUresult rc = mem_alloc(ctx, p * height, ALLOC_DEVICE, 0, &base);
     if (rc == CUDA_SUCCESS) {
         *dptr = base;
         *pitch = p;
@@ -48,14 +42,11 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 
 VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t p;
-    rc = mem_alloc(ctx, size, ALLOC_MANAGED, flags, &p);
+    CUresult rc = mem_alloc(ctx, size, ALLOC_MANAGED, flags, &p);
     if (rc == CUDA_SUCCESS)
         *dptr = p;
     return rc;
@@ -63,10 +54,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned 
 
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (dptr == 0)
         return CUDA_SUCCESS;
     struct alloc a;
@@ -88,10 +76,7 @@ VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!free_bytes || !total_bytes)
         return CUDA_ERROR_INVALID_VALUE;
     uint64_t f, t;
@@ -103,10 +88,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
 
 VGPU_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     struct alloc a;
     if (!mem_find(dptr, 1, &a) || a.kind == ALLOC_HOST || a.kind == ALLOC_REGISTERED)
         return CUDA_ERROR_NOT_FOUND;
@@ -119,14 +101,11 @@ VGPU_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CU
 
 VGPU_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!pp || (flags & ~0xfu))
         return CUDA_ERROR_INVALID_VALUE;
     uintptr_t p;
-    rc = mem_alloc(ctx, size, ALLOC_HOST, flags, &p);
+    CUresult rc = mem_alloc(ctx, size, ALLOC_HOST, flags, &p);
     if (rc == CUDA_SUCCESS)
         *pp = (void *)p;
     return rc;
@@ -139,19 +118,13 @@ VGPU_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
 
 VGPU_EXPORT CUresult cuMemFreeHost(void *p)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     return mem_free((uintptr_t)p, ALLOC_HOST);
 }
 
 VGPU_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     struct alloc a;
     if (!dptr || flags != 0 || !mem_find((uintptr_t)p, 1, &a) ||
         (a.kind != ALLOC_HOST && a.kind != ALLOC_REGISTERED))
@@ -162,10 +135,7 @@ VGPU_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, un
 
 VGPU_EXPORT CUresult cuMemHostGetFlags(unsigned int *flags, void *p)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     struct alloc a;
     if (!flags || !mem_find((uintptr_t)p, 1, &a) ||
         (a.kind != ALLOC_HOST && a.kind != ALLOC_REGISTERED))
@@ -176,10 +146,7 @@ VGPU_EXPORT CUresult cuMemHostGetFlags(unsigned int *flags, void *p)
 
 VGPU_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!p || size == 0 || (flags & ~0xfu))
         return CUDA_ERROR_INVALID_VALUE;
     if (mem_find((uintptr_t)p, size, NULL) || mem_find((uintptr_t)p, 1, NULL))
@@ -192,10 +159,7 @@ VGPU_ALIAS(cuMemHostRegister_v2, cuMemHostRegister)
 
 VGPU_EXPORT CUresult cuMemHostUnregister(void *p)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     struct alloc a;
     return mem_take((uintptr_t)p, ALLOC_REGISTERED, &a) < 0
                ? CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
@@ -502,10 +466,7 @@ VGPU_EXPORT CUresult cuMemRangeGetAttributes(void **data, size_t *sizes, int *at
 /* GPUDirect RDMA writes are flushed: there are none here. */
 VGPU_EXPORT CUresult cuFlushGPUDirectRDMAWrites(int target, int scope)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     /* the current context, to the owner or to all devices */
     return target != 0 || (scope != 100 && scope != 200) ? CUDA_ERROR_INVALID_VALUE
                                                          : CUDA_SUCCESS;

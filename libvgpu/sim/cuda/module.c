@@ -384,10 +384,7 @@ void *cu_module_read_file(const char *path, CUresult *rc)
 
 VGPU_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!module)
         return CUDA_ERROR_INVALID_VALUE;
     return load_image(image, ctx, module);
@@ -422,10 +419,8 @@ VGPU_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin)
 
 VGPU_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
+    CUresult rc = CUDA_SUCCESS;
     if (!module || !path)
         return CUDA_ERROR_INVALID_VALUE;
     void *img = cu_module_read_file(path, &rc);
@@ -452,8 +447,7 @@ static CUresult get_function(CUfunction *out, struct CUmod_st *m, const char *na
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!out || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(m, MAGIC_MODULE);
     for (int i = 0; i < m->nfuncs; i++) {
         if (strcmp(m->funcs[i].name, name) == 0) {
             *out = &m->funcs[i];
@@ -497,10 +491,7 @@ static CUresult get_function(CUfunction *out, struct CUmod_st *m, const char *na
 
 CUresult cu_module_from_fatbin(CUmodule *mod, const void *image)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!mod || !image)
         return CUDA_ERROR_INVALID_VALUE;
     return load_image(image, ctx, mod);
@@ -524,8 +515,7 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m,
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(m, MAGIC_MODULE);
     if (!name)
         return CUDA_ERROR_INVALID_VALUE;
     if (strlen(name) >= sizeof m->globals->name)
@@ -536,10 +526,8 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, struct CUmod_st *m,
             decl = &m->vars[i];
     if (!m->open && !decl)
         return CUDA_ERROR_NOT_FOUND;
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&cu_lock);
     struct module_global *g = m->globals;
     while (g && strcmp(g->name, name) != 0)
@@ -585,26 +573,18 @@ VGPU_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmo
 
 VGPU_EXPORT CUresult cuModuleGetLoadingMode(int *mode)
 {
-    if (!mode)
-        return CUDA_ERROR_INVALID_VALUE;
-    *mode = 2; /* CU_MODULE_LAZY_LOADING, the default since CUDA 12.2 */
-    return CUDA_SUCCESS;
+    ANSWER(mode, 2); /* CU_MODULE_LAZY_LOADING, the default since CUDA 12.2 */
 }
 
 VGPU_EXPORT CUresult cuModuleGetFunctionCount(unsigned int *count, CUmodule m)
 {
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!count)
-        return CUDA_ERROR_INVALID_VALUE;
-    *count = (unsigned)m->nfuncs; /* an open module's names are not known */
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(m, MAGIC_MODULE);
+    ANSWER(count, (unsigned)m->nfuncs); /* an open module's names are not known */
 }
 
 VGPU_EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *fns, unsigned int n, CUmodule m)
 {
-    if (!cu_obj_is(m, MAGIC_MODULE))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(m, MAGIC_MODULE);
     if (!fns || n < (unsigned)m->nfuncs)
         return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < m->nfuncs; i++)
@@ -654,8 +634,7 @@ VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, CUj
 
 VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     unload(lib->mod);
     cu_obj_del(lib, sizeof *lib);
     return CUDA_SUCCESS;
@@ -663,16 +642,14 @@ VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary lib)
 
 VGPU_EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return get_function((CUfunction *)k, lib->mod, name);
 }
 
 VGPU_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib,
                                         const char *name)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return get_global(dptr, bytes, lib->mod, name);
 }
 
@@ -688,8 +665,7 @@ VGPU_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (!lib)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(k, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(k, MAGIC_FUNC);
     struct CUfunc_st *f = (struct CUfunc_st *)k;
     if (!f->mod->lib)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -699,38 +675,28 @@ VGPU_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
 
 VGPU_EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!m)
-        return CUDA_ERROR_INVALID_VALUE;
-    *m = lib->mod;
-    return CUDA_SUCCESS;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
+    ANSWER(m, lib->mod);
 }
 
 VGPU_EXPORT CUresult cuLibraryGetKernelCount(unsigned int *count, CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return cuModuleGetFunctionCount(count, lib->mod);
 }
 
 VGPU_EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *ks, unsigned int n, CUlibrary lib)
 {
-    if (!cu_obj_is(lib, MAGIC_LIBRARY))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(lib, MAGIC_LIBRARY);
     return cuModuleEnumerateFunctions((CUfunction *)ks, n, lib->mod);
 }
 
 VGPU_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!f)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!cu_obj_is(k, MAGIC_FUNC))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(k, MAGIC_FUNC);
     *f = (CUfunction)k;
     return CUDA_SUCCESS;
 }

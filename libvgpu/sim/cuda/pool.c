@@ -131,9 +131,7 @@ static struct CUmemPoolHandle_st *default_pool(int ordinal)
 
 VGPU_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     default_pool(dev);
@@ -143,20 +141,13 @@ VGPU_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 
 VGPU_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
-    if (!pool)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pool = default_pool(dev);
-    return CUDA_SUCCESS;
+    CHECK_DEVICE(dev);
+    ANSWER(pool, default_pool(dev));
 }
 
 VGPU_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
-    CUresult rc = cu_check_device(dev);
-    if (rc)
-        return rc;
+    CHECK_DEVICE(dev);
     if (!cu_obj_is(pool, MAGIC_POOL) || pool->ordinal != dev)
         return CUDA_ERROR_INVALID_VALUE;
     g_current_pool[dev] = pool;
@@ -294,11 +285,7 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
                                              CUstream h)
 {
     GATE_BRACKET;
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!dptr || !cu_obj_is(pool, MAGIC_POOL))
         return CUDA_ERROR_INVALID_VALUE;
     if (size == 0)
@@ -320,7 +307,7 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUm
         pool->reserved_high = pool->reserved;
     pthread_mutex_unlock(&g_pool_lock);
     uintptr_t p;
-    rc = mem_alloc(ctx, size, ALLOC_POOL, 0, &p);
+    CUresult rc = mem_alloc(ctx, size, ALLOC_POOL, 0, &p);
     if (rc) {
         pthread_mutex_lock(&g_pool_lock);
         pool->used -= n;
@@ -335,11 +322,7 @@ VGPU_ALIAS(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz)
 
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream h)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     return cuMemAllocFromPoolAsync(dptr, size, default_pool(ctx->ordinal), h);
 }
 VGPU_ALIAS(cuMemAllocAsync, cuMemAllocAsync_ptsz)
@@ -347,11 +330,7 @@ VGPU_ALIAS(cuMemAllocAsync, cuMemAllocAsync_ptsz)
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream h)
 {
     GATE_BRACKET;
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     struct alloc a;
     if (mem_take(dptr, ALLOC_POOL, &a) == 0) {
         cu_pool_free(&a);

@@ -136,8 +136,7 @@ static CUresult resolve(CUstream h, CUcontext *ctx, CUstream *stream, int strict
     }
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(h, MAGIC_STREAM))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(h, MAGIC_STREAM);
     if (!cu_ctx_valid(h->ctx))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     *ctx = h->ctx;
@@ -176,10 +175,7 @@ static uint64_t stream_seq(CUcontext ctx, CUstream s)
 
 VGPU_EXPORT CUresult cuStreamCreateWithPriority(CUstream *ps, unsigned int flags, int priority)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!ps || (flags & ~CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s = cu_obj_new(sizeof *s, MAGIC_STREAM);
@@ -202,8 +198,7 @@ VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream h)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(h, MAGIC_STREAM))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(h, MAGIC_STREAM);
     /* Work already queued still runs; the handle goes now. */
     pthread_mutex_lock(&cu_capture_lock);
     if (h->capture) {
@@ -251,13 +246,9 @@ VGPU_ALIAS(cuStreamSynchronize, cuStreamSynchronize_ptsz)
 
 VGPU_EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    RESOLVE_STREAM(h, ctx, s);
+    CUresult rc = CUDA_SUCCESS;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (flags & ~1u)
         return CUDA_ERROR_INVALID_VALUE;
     if (e->ipc && !e->capture && !(s && s->capture)) {
@@ -300,15 +291,8 @@ VGPU_ALIAS(cuStreamWaitEvent, cuStreamWaitEvent_ptsz)
 #define STREAM_GETTER(name, type, value)                                       \
     VGPU_EXPORT CUresult name(CUstream h, type *out)                           \
     {                                                                          \
-        CUcontext ctx;                                                         \
-        CUstream s;                                                            \
-        CUresult rc = cu_stream_resolve(h, &ctx, &s);                          \
-        if (rc)                                                                \
-            return rc;                                                         \
-        if (!out)                                                              \
-            return CUDA_ERROR_INVALID_VALUE;                                   \
-        *out = (value);                                                        \
-        return CUDA_SUCCESS;                                                   \
+        RESOLVE_STREAM(h, ctx, s);                                             \
+        ANSWER(out, value);                                                    \
     }                                                                          \
     VGPU_ALIAS(name, name##_ptsz)
 
@@ -337,10 +321,7 @@ VGPU_EXPORT CUresult cuStreamIsCapturing(CUstream h, int *out)
     CUresult rc = resolve(h, &ctx, &s, 0);
     if (rc)
         return rc;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    *out = cu_capture_status(s);
-    return CUDA_SUCCESS;
+    ANSWER(out, cu_capture_status(s));
 }
 VGPU_ALIAS(cuStreamIsCapturing, cuStreamIsCapturing_ptsz)
 
@@ -386,11 +367,7 @@ static void attr_read(CUstream s, int id, void *out)
 
 VGPU_EXPORT CUresult cuStreamGetAttribute(CUstream h, int id, void *value)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!value || !stream_attr(id))
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_attr_lock);
@@ -402,11 +379,7 @@ VGPU_ALIAS(cuStreamGetAttribute, cuStreamGetAttribute_ptsz)
 
 VGPU_EXPORT CUresult cuStreamSetAttribute(CUstream h, int id, const void *value)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (!value || !stream_attr(id))
         return CUDA_ERROR_INVALID_VALUE;
     if (id == ATTR_SYNC_POLICY && (*(const int *)value < 1 || *(const int *)value > 4))
@@ -448,15 +421,8 @@ VGPU_ALIAS(cuStreamCopyAttributes, cuStreamCopyAttributes_ptsz)
 
 VGPU_EXPORT CUresult cuStreamGetDevice(CUstream h, CUdevice *dev)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!dev)
-        return CUDA_ERROR_INVALID_VALUE;
-    *dev = ctx->ordinal;
-    return CUDA_SUCCESS;
+    RESOLVE_STREAM(h, ctx, s);
+    ANSWER(dev, ctx->ordinal);
 }
 VGPU_ALIAS(cuStreamGetDevice, cuStreamGetDevice_ptsz)
 
@@ -465,11 +431,7 @@ VGPU_ALIAS(cuStreamGetDevice, cuStreamGetDevice_ptsz)
 VGPU_EXPORT CUresult cuStreamAttachMemAsync(CUstream h, CUdeviceptr ptr, size_t len,
                                             unsigned int flags)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     struct alloc a;
     if (!mem_find(ptr, len ? len : 1, &a) || a.kind != ALLOC_MANAGED)
         return CUDA_ERROR_INVALID_VALUE;
@@ -500,10 +462,7 @@ static int captured_event(CUevent e)
 
 VGPU_EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!pe || (flags & ~0xfu))
         return CUDA_ERROR_INVALID_VALUE;
     /* an interprocess event is one without timing, as the driver requires */
@@ -522,8 +481,7 @@ VGPU_EXPORT CUresult cuEventDestroy_v2(CUevent e)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     pthread_mutex_lock(&cu_capture_lock);
     free(e->cap_deps);
     e->cap_deps = NULL;
@@ -537,13 +495,9 @@ VGPU_ALIAS(cuEventDestroy_v2, cuEventDestroy)
 
 VGPU_EXPORT CUresult cuEventRecord(CUevent e, CUstream h)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    RESOLVE_STREAM(h, ctx, s);
+    CUresult rc = CUDA_SUCCESS;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (s && __atomic_load_n(&s->capture, __ATOMIC_ACQUIRE)) {
         /* in a capture the event stands for the stream's nodes so far, for
          * other streams to fork from or join */
@@ -592,8 +546,7 @@ VGPU_EXPORT CUresult cuEventQuery(CUevent e)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (captured_event(e))
         return CUDA_ERROR_CAPTURED_EVENT;
     if (e->ipc)
@@ -608,8 +561,7 @@ VGPU_EXPORT CUresult cuEventSynchronize(CUevent e)
 {
     if (!cu_initialized)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (!cu_obj_is(e, MAGIC_EVENT))
-        return CUDA_ERROR_INVALID_HANDLE;
+    CHECK_HANDLE(e, MAGIC_EVENT);
     if (captured_event(e))
         return CUDA_ERROR_CAPTURED_EVENT;
     if (e->ipc)
@@ -651,11 +603,7 @@ enum { MEMOP_WAIT_32 = 1, MEMOP_WRITE_32 = 2, MEMOP_FLUSH = 3, MEMOP_WAIT_64 = 4
 
 static CUresult memop(CUstream h, int op, CUdeviceptr addr, uint64_t value)
 {
-    CUcontext ctx;
-    CUstream s;
-    CUresult rc = cu_stream_resolve(h, &ctx, &s);
-    if (rc)
-        return rc;
+    RESOLVE_STREAM(h, ctx, s);
     if (op == MEMOP_FLUSH || op == MEMOP_BARRIER)
         return CUDA_SUCCESS;
     size_t n = (op == MEMOP_WAIT_64 || op == MEMOP_WRITE_64) ? 8 : 4;

@@ -11,6 +11,14 @@
  * stream) against the current context; *stream is NULL for a default
  * stream. */
 CUresult cu_stream_resolve(CUstream h, CUcontext *ctx, CUstream *stream);
+/* Start of an entry point on the stream h: return cu_stream_resolve()'s
+ * error, else declare `ctx` and `s`, its context and stream. */
+#define RESOLVE_STREAM(h, ctx, s)                   \
+    CUcontext ctx;                                  \
+    CUstream s;                                     \
+    CUresult rc_ = cu_stream_resolve(h, &ctx, &s);  \
+    if (rc_)                                        \
+        return rc_
 /* The same for a query of the stream's capture status: using the legacy
  * stream during a blocking stream's capture is refused
  * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) but does not invalidate the capture,

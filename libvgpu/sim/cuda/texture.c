@@ -56,13 +56,10 @@ static CUresult check_resource(const unsigned char *res, int surface)
 static CUresult make(unsigned long long *out, const void *res, const void *tex, const void *view,
                      int surface)
 {
-    CUcontext ctx;
-    CUresult rc = cu_current(&ctx);
-    if (rc)
-        return rc;
+    CURRENT_CONTEXT(ctx);
     if (!out || !res || (!surface && !tex))
         return CUDA_ERROR_INVALID_VALUE;
-    rc = check_resource(res, surface);
+    CUresult rc = check_resource(res, surface);
     if (rc)
         return rc;
     struct view_object *o = calloc(1, sizeof *o);

@@ -15,13 +15,7 @@ nvmlReturn_t nvml_enter(void);
 int nvml_index(nvmlDevice_t d);
 
 /* Store `value` through `out`: the end of a query that answers one value. */
-#define ANSWER(out, value)                      \
-    do {                                        \
-        if (!(out))                             \
-            return NVML_ERROR_INVALID_ARGUMENT; \
-        *(out) = (value);                       \
-        return NVML_SUCCESS;                    \
-    } while (0)
+#define ANSWER(out, value) SIM_ANSWER(out, value, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS)
 
 /* Start of a device query: return nvml_enter()'s error, or
  * NVML_ERROR_INVALID_ARGUMENT for a handle that is not a device; else
