@@ -64,7 +64,12 @@ static void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
 {
     if (!had)
         return;
-    if (r == CUDA_SUCCESS) {
+    /* Freed: by this call, or (a device pointer the driver no longer
+     * knows) by another thread's free of the same pointer, which found the
+     * entry taken by this one and went to the driver first. Either way it
+     * holds nothing now; kept only when the driver refused for another
+     * reason (the allocation is still there). */
+    if (r == CUDA_SUCCESS || (e->kind == VGPU_K_PTR && r == CUDA_ERROR_INVALID_VALUE)) {
         vgpu_unreserve(e->dev, e->size, 0);
         return;
     }
