@@ -341,7 +341,7 @@ class Server:
                 if not line.strip():
                     continue
                 info.busy, info.last = True, loop.time()
-                reply = await self._reply(peer, line)
+                reply = await self.sup.reply(peer, line)
                 writer.write(P.encode(reply))
                 await asyncio.wait_for(writer.drain(), self.idle_s)
                 info.busy = False
@@ -364,9 +364,6 @@ class Server:
                 writer.close()
             else:
                 conn.close()
-
-    async def _reply(self, peer: Peer, line: bytes) -> dict[str, Any]:
-        return await self.sup.reply(peer, line)
 
     async def _proc_table(self) -> tracking.ProcTable:
         """A fresh /proc scan, shared by the requests that wait for one."""
