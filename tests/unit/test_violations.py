@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from vgpuctl.core.compute_debt import BURST_S, BURST_UNGATED_S, allowed
 from vgpuctl.core.enforcement import KILL, PROTECT, REPORT, Cooldown, GpuMemory, act
 from vgpuctl.core.violations import (
-    BURST_S,
-    BURST_UNGATED_S,
     BYPASS,
     COMPUTE,
     MEMORY,
@@ -20,7 +19,6 @@ from vgpuctl.core.violations import (
     Checker,
     JobLimits,
     ProcWindow,
-    allowed,
 )
 
 G = 1 << 30

@@ -23,10 +23,10 @@ each process's busy seconds in each sample window. A job may use its share
 promises left open in the window) plus a margin relative to it
 (`MARGIN` of it, at least `MARGIN_MIN` of the GPU); what it uses beyond
 that accumulates as a debt, which what it leaves unused pays back down to
-zero. A debt past `BURST_S` GPU-seconds is a
-violation. The same budget holds for the sum of each user's jobs on a GPU
-(their shares summed, the margin of the sum), so that eight jobs at
-``--core 1`` are one offender, not eight within their margins. A patient
+zero (the accounts: vgpuctl.core.compute_debt). A debt past `BURST_S`
+GPU-seconds is a violation. The same budget holds for the sum of each
+user's jobs on a GPU (their shares summed, the margin of the sum), so that
+eight jobs at ``--core 1`` are one offender, not eight within their margins. A patient
 attacker can't stay under it: a duty cycle, a train of short processes or
 one steady overrun all add to the same integral; the most any pattern gets
 past the budget is ``BURST_S`` once, then the margin. Why these numbers:
@@ -72,6 +72,15 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from vgpuctl.core.compute_debt import (
+    BURST_S,
+    MARGIN_MIN,
+    SHOWN_S,
+    UNGATED_MIN,
+    Account,
+    UserSum,
+    allowed,
+)
 from vgpuctl.core.job import JobOnGpu
 
 MEMORY = "memory"
@@ -79,20 +88,10 @@ COMPUTE = "compute"
 NO_JOB = "no_job"
 KINDS = (MEMORY, COMPUTE, NO_JOB)
 
-# The compute budget: share + max(MARGIN x share, MARGIN_MIN) of the GPU,
-# and BURST_S GPU-seconds above that, integrated.
-MARGIN = 0.25
-MARGIN_MIN = 0.05
-BURST_S = 0.5
-# ... or this, while the debt holds busy time that went through no gate.
-BURST_UNGATED_S = 0.1
-# A window's ungated busy time below this share of it is NVML's noise.
-UNGATED_MIN = 0.01
+# The compute budget's margin, bursts and noise floor, and its accounts,
+# are vgpuctl.core.compute_debt's.
 # A share stays in force this long after it was lowered.
 GRACE_S = 2.0
-# How far back a job's use is shown in a violation (its share of the GPU
-# over about this long).
-SHOWN_S = 2.0
 
 # Violation scopes: a job's own use, the sum of its user's jobs on the GPU,
 # the sum of its user's work past their hooks and turns (where another
@@ -191,75 +190,19 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):.0f} MiB"
 
 
-def allowed(share: float) -> float:
-    """The share of the GPU a share may use before it runs into debt."""
-    return share + max(MARGIN * share, MARGIN_MIN)
-
-
-@dataclass
-class _Use:
-    """One scope's account on one GPU: its debt, and its recent windows
-    (for the share a violation shows)."""
-    debt: float = 0.0
-    over: bool = False
-    ungated: bool = False       # the debt holds busy time that went through no gate
-    recent: deque[tuple[float, float, float]] = field(default_factory=deque)  # end, dt, busy
-
-    def add(self, end: float, dt: float, busy: float, budget: float,
-            ungated: float = 0.0) -> None:
-        self.debt = max(self.debt + busy - budget * dt, 0.0)
-        if self.debt <= 0.0:
-            self.ungated = self.over = False
-        elif ungated > UNGATED_MIN * dt:
-            self.ungated = True
-        if self.debt > self.burst:
-            self.over = True
-        self.recent.append((end, dt, busy))
-        while self.recent and self.recent[0][0] < end - SHOWN_S:
-            self.recent.popleft()
-
-    @property
-    def burst(self) -> float:
-        return BURST_UNGATED_S if self.ungated else BURST_S
-
-    def share(self) -> float:
-        dt = sum(r[1] for r in self.recent)
-        return min(sum(r[2] for r in self.recent) / dt, 1.0) if dt > 0 else 0.0
-
-
-@dataclass
-class _Sum:
-    """A user's jobs on one GPU in one window, summed."""
-    busy: float = 0.0
-    share: float = 0.0
-    free: float = 0.0       # through no gate
-    past: float = 0.0       # past their hooks and own turns
-    kept: float = 0.0       # of their own promises, used
-    borrows: bool = False   # one of them may borrow
-
-    def add(self, busy: float, share: float, free: float, past: float, kept: float,
-            borrows: bool) -> None:
-        self.busy += busy
-        self.share += share
-        self.free += free
-        self.past += past
-        self.kept += kept
-        self.borrows = self.borrows or borrows
-
-
 @dataclass
 class Checker:
     """Finds the violations of one check; remembers what was found before
     (new ones), each account's debt, and each job's recent shares."""
     seen: set[tuple[str, str | None, int | str]] = field(default_factory=set)
-    _jobs: dict[tuple[str, str], _Use] = field(default_factory=dict)     # (job, uuid)
-    _raw: dict[tuple[str, str], _Use] = field(default_factory=dict)      # ...against its share
-    _users: dict[tuple[int, str], _Use] = field(default_factory=dict)    # (uid, uuid)
+    _jobs: dict[tuple[str, str], Account] = field(default_factory=dict)     # (job, uuid)
+    _raw: dict[tuple[str, str], Account] = field(default_factory=dict)      # ...against its share
+    _users: dict[tuple[int, str], Account] = field(default_factory=dict)    # (uid, uuid)
     # (uid, uuid): a user's busy time past its jobs' hooks and turns, where
     # another user's job on the GPU has a turn; and when each job last had some
-    _bypass: dict[tuple[int, str], _Use] = field(default_factory=dict)
+    _bypass: dict[tuple[int, str], Account] = field(default_factory=dict)
     _bypassed: dict[tuple[str, str], float] = field(default_factory=dict)
-    _none: dict[str, _Use] = field(default_factory=dict)                 # uuid: unclaimed
+    _none: dict[str, Account] = field(default_factory=dict)                 # uuid: unclaimed
     _shares: dict[tuple[str, str], deque[tuple[float, float]]] = field(default_factory=dict)
     _busiest: dict[tuple[str | None, str], int] = field(default_factory=dict)
     _uids: dict[str, int] = field(default_factory=dict)
@@ -375,7 +318,7 @@ class Checker:
                   for lim in jobs}
         kept = {j: min(per_job.get(j, 0.0) / dt, s) for j, s in shares.items()}
         taken = sum(kept.values())
-        sums: dict[int, _Sum] = {}
+        sums: dict[int, UserSum] = {}
         for lim in jobs:
             key = (lim.job_id, lim.uuid)
             share = shares[lim.job_id]
@@ -383,9 +326,9 @@ class Checker:
             free = ungated.get(lim.job_id, 0.0)
             budget = share + max(1.0 - taken + kept[lim.job_id], 0.0) if lim.borrows \
                 else share
-            self._jobs.setdefault(key, _Use()).add(w.end, dt, busy, allowed(min(budget, 1.0)),
+            self._jobs.setdefault(key, Account()).add(w.end, dt, busy, allowed(min(budget, 1.0)),
                                                    free)
-            self._raw.setdefault(key, _Use()).add(w.end, dt, busy, share)
+            self._raw.setdefault(key, Account()).add(w.end, dt, busy, share)
             # Where another user's job has a turn, work past a hook
             # time-slices with whoever holds the GPU, and that job's own
             # measure of its turn then holds it: none is allowed beyond what
@@ -394,16 +337,16 @@ class Checker:
                 if lim.uid in exposed else 0.0
             if past > UNGATED_MIN * dt:
                 self._bypassed[key] = w.end
-            sums.setdefault(lim.uid, _Sum()).add(busy, share, free, past, kept[lim.job_id],
+            sums.setdefault(lim.uid, UserSum()).add(busy, share, free, past, kept[lim.job_id],
                                                  lim.borrows)
         for uid, u in sums.items():
             share = u.share + max(1.0 - taken + u.kept, 0.0) if u.borrows else u.share
-            self._users.setdefault((uid, w.uuid), _Use()).add(
+            self._users.setdefault((uid, w.uuid), Account()).add(
                 w.end, dt, min(u.busy, dt), allowed(min(share, 1.0)), u.free)
             if uid in exposed:
-                self._bypass.setdefault((uid, w.uuid), _Use()).add(
+                self._bypass.setdefault((uid, w.uuid), Account()).add(
                     w.end, dt, min(u.past, dt), UNGATED_MIN, u.past)
-        self._none.setdefault(w.uuid, _Use()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
+        self._none.setdefault(w.uuid, Account()).add(w.end, dt, min(unclaimed, dt), MARGIN_MIN)
 
     def _compute(self, by_gpu: Mapping[str, list[JobLimits]],
                  memory: Mapping[str, Mapping[int, int]],
