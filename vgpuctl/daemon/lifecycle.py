@@ -35,7 +35,6 @@ import fcntl
 import logging
 import os
 import signal
-import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,8 +43,7 @@ from typing import Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
-from vgpuctl.core.placement import CONTEXT_MEM
-from vgpuctl.daemon import logs, metrics, tracking
+from vgpuctl.daemon import logs, metrics, sim_setup, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.daemon.watch import Watch
@@ -128,59 +126,6 @@ def _lock(dp: paths.DaemonPaths) -> int:
     return fd
 
 
-def _context_mem() -> int:
-    """About what a CUDA context takes on this node's GPUs."""
-    if not os.environ.get("VGPU_SIM"):
-        return CONTEXT_MEM
-    from vgpuctl.system import sim
-
-    return sim.context_cost()
-
-
-def _sim_env() -> tuple[dict[str, str], dict[str, str]]:
-    """What a job needs to see the same (simulated) GPUs as the daemon: the
-    variables to set, and the library dir to put first on LD_LIBRARY_PATH."""
-    if not os.environ.get("VGPU_SIM"):
-        return {}, {}
-    from vgpuctl.system import sim, simstate
-
-    sim.parse_spec(os.environ["VGPU_SIM"])
-    # The daemon's state file by its path: a job of another user would
-    # otherwise open a simulated GPU of its own (/dev/shm/vgpu-sim-<uid>).
-    env = {"VGPU_SIM": os.environ["VGPU_SIM"], "VGPU_SIM_STATE": simstate.state_path()}
-    return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
-
-
-def _mark_sim_state() -> Any:
-    """Mark the simulated GPU's state as read by a daemon, so that `vgpuctl
-    sim reset` refuses to delete it under us; None on a real GPU."""
-    if not os.environ.get("VGPU_SIM"):
-        return None
-    from vgpuctl.system import simstate
-
-    try:
-        mark = simstate.DaemonMark()
-    except OSError as e:
-        log.warning("cannot mark the simulated GPU's state %s (%s): `vgpuctl sim reset` "
-                    "could delete it under the daemon", simstate.state_path(), e.strerror)
-        return None
-    if os.geteuid() == 0:
-        _share_sim_state(mark)
-    return mark
-
-
-def _share_sim_state(mark: Any) -> None:
-    """A root daemon's simulated GPU is the node's: every user's job opens
-    its state file, as every user opens /dev/nvidia* (mode 0666)."""
-    try:
-        st = os.fstat(mark.fd)
-        if st.st_uid == 0 and stat.S_IMODE(st.st_mode) != 0o666:
-            os.chmod(mark.path, 0o666)
-    except OSError as e:
-        log.warning("cannot open the simulated GPU's state %s to the node's users (%s): "
-                    "their jobs will see no GPU", mark.path, e.strerror)
-
-
 @contextmanager
 def _logged(what: str) -> Iterator[None]:
     """A step of one of the daemon's periodic loops: an error in it is
@@ -221,12 +166,12 @@ class Daemon:
         store = self.store = Store.open(self.dp.db)
         store.active_jobs()         # a corrupt jobs table stops the start here, in one line
         nvml = await loop.run_in_executor(None, Nvml)
-        self.sim_mark = _mark_sim_state()
+        self.sim_mark = sim_setup.mark_state()
         devices = nvml.devices()
-        sim_set, sim_prepend = _sim_env()
+        sim_set, sim_prepend = sim_setup.job_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
                          sim_env=sim_set, sim_prepend=sim_prepend,
-                         context_mem=_context_mem())
+                         context_mem=sim_setup.context_mem())
         self.sup = sup
         # The watch takes each job's GPU time from its hooks and the
         # device's busy time from NVML (exact on the H100; per-process
