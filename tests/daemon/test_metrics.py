@@ -187,14 +187,15 @@ def test_daemon_serves_metrics_of_a_running_job():
 def test_a_suspended_job_is_counted_as_such():
     """The snapshot from the views: a suspended job is in the jobs suspended,
     not the ones running, with its time suspended."""
-    from vgpuctl.core.job import JobView
+    from vgpuctl.core.job import GpuPart, JobView
 
-    on = [{"index": 0, "uuid": GPU0, "mem_limit": G, "core": 100}]
+    on = [GpuPart(index=0, uuid=GPU0, mem_limit=G, core=100)]
+    wire = [p.wire() for p in on]
     views = [JobView(id="1", name="a", user="u", state="running", gpu=0, gpu_uuid=GPU0,
-                     mem_limit=G, core=100, per_gpu=on),
+                     mem_limit=G, core=100, per_gpu=wire),
              JobView(id="2", name="b", user="u", state="suspended", gpu=0, gpu_uuid=GPU0,
-                     mem_limit=G, core=100, suspended_s=12.5, per_gpu=on)]
-    snap = metrics.snapshot([], [(v, 0) for v in views], lambda j, u: None, {})
+                     mem_limit=G, core=100, suspended_s=12.5, per_gpu=wire)]
+    snap = metrics.snapshot([], [(v, on, 0) for v in views], lambda j, u: None, {})
     assert (snap.jobs_running, snap.jobs_suspended) == (1, 1)
     box = SnapshotBox(snap)
     srv = MetricsServer(box, "127.0.0.1:0")

@@ -341,20 +341,52 @@ def _total(values: list[Any]) -> Any:
     return sum(known) if known else None
 
 
-def _gpu_part(rec: JobRecord, i: int, g: JobGpu, gl: GpuLive) -> dict[str, Any]:
-    """A job's part on its i-th GPU, as `per_gpu` shows it."""
+@dataclass(frozen=True)
+class GpuPart:
+    """A job's part on one of its GPUs: where it is, its limits and its
+    usage there. `per_gpu` carries each as its wire form (the fields in
+    this order are its keys); the metrics read them typed."""
+    index: int | None
+    uuid: str
+    mem_limit: int              # bytes
+    core: int                   # its share there, percent
+    mem_used: int | None = None
+    mem_peak: int | None = None
+    mem_nvml: int | None = None
+    over_limit: bool = False    # NVML's memory for its processes above the limit
+    oom_refusals: int | None = None
+    core_measured: float | None = None
+    gated_launches: int | None = None
+    throttled_s: float | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """As `per_gpu` carries it."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _gpu_part(rec: JobRecord, i: int, g: JobGpu, gl: GpuLive) -> GpuPart:
+    """A job's part on its i-th GPU."""
     u = gl.usage
     limit = rec.gpu_mem_limit(i)
-    return {
-        "index": g.index, "uuid": g.uuid, "mem_limit": limit,
-        "core": rec.gpu_core_share(i),
-        "mem_used": None if u is None else u.used,
-        "mem_peak": None if u is None else u.peak, "mem_nvml": gl.mem_nvml,
-        "over_limit": bool(gl.mem_nvml is not None and gl.mem_nvml > limit),
-        "oom_refusals": None if u is None else u.oom_refusals,
-        "core_measured": gl.measured,
-        "gated_launches": None if u is None else u.launches,
-        "throttled_s": None if u is None else u.throttled_ns / 1e9}
+    return GpuPart(
+        index=g.index, uuid=g.uuid, mem_limit=limit,
+        core=rec.gpu_core_share(i),
+        mem_used=None if u is None else u.used,
+        mem_peak=None if u is None else u.peak, mem_nvml=gl.mem_nvml,
+        over_limit=bool(gl.mem_nvml is not None and gl.mem_nvml > limit),
+        oom_refusals=None if u is None else u.oom_refusals,
+        core_measured=gl.measured,
+        gated_launches=None if u is None else u.launches,
+        throttled_s=None if u is None else u.throttled_ns / 1e9)
+
+
+def gpu_parts(rec: JobRecord, live: Live) -> list[GpuPart]:
+    """A job's part on each of its GPUs, in placement order: what is known
+    live only while it is active."""
+    active = rec.active
+    return [_gpu_part(rec, i, g, live.gpus[i] if active and i < len(live.gpus)
+                      else GpuLive())
+            for i, g in enumerate(rec.gpus)]
 
 
 def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
@@ -364,16 +396,14 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
     gpu = rec.gpus[0] if rec.gpus else JobGpu(None, "")
     active = rec.active
     end = rec.ended if rec.ended is not None else now
-    per_gpu = [_gpu_part(rec, i, g, live.gpus[i] if active and i < len(live.gpus)
-                         else GpuLive())
-               for i, g in enumerate(rec.gpus)]
+    parts = gpu_parts(rec, live)
     return JobView(
         id=rec.id, name=rec.name, user=rec.user, uid=rec.uid, state=rec.state,
         pids=sorted(rec.pids) if active else [],
         gpu=gpu.index, gpu_uuid=gpu.uuid or None,
         mem_limit=rec.mem_limit, core=rec.core_share,
         policy=rec.policy, priority=rec.priority, promised=promised(rec),
-        per_gpu=per_gpu, **_summed(per_gpu, rec.mem_limit),
+        per_gpu=[p.wire() for p in parts], **_summed(parts, rec.mem_limit),
         created=rec.created, started=rec.started, ended=rec.ended,
         runtime_s=max(0.0, end - rec.start),
         suspended_s=rec.suspended_for(end),
@@ -386,15 +416,18 @@ def job_view(rec: JobRecord, live: Live, now: float) -> JobView:
         region_error=rec.region_error)
 
 
-def _summed(per_gpu: list[dict[str, Any]], mem_limit: int) -> dict[str, Any]:
+def _summed(parts: list[GpuPart], mem_limit: int) -> dict[str, Any]:
     """A job's figures over its GPUs: each GPU's added up (None where none
     is known), its measured share averaged."""
-    measured = [p["core_measured"] for p in per_gpu if p["core_measured"] is not None]
-    out: dict[str, Any] = {k: _total([p[k] for p in per_gpu]) for k in (
-        "mem_used", "mem_peak", "mem_nvml", "oom_refusals", "gated_launches", "throttled_s")}
-    out.update(
-        gpus=[p["index"] for p in per_gpu], gpu_uuids=[p["uuid"] for p in per_gpu],
-        mem_limit_total=sum(p["mem_limit"] for p in per_gpu) or mem_limit,
-        over_limit=any(p["over_limit"] for p in per_gpu),
+    measured = [p.core_measured for p in parts if p.core_measured is not None]
+    return dict(
+        mem_used=_total([p.mem_used for p in parts]),
+        mem_peak=_total([p.mem_peak for p in parts]),
+        mem_nvml=_total([p.mem_nvml for p in parts]),
+        oom_refusals=_total([p.oom_refusals for p in parts]),
+        gated_launches=_total([p.gated_launches for p in parts]),
+        throttled_s=_total([p.throttled_s for p in parts]),
+        gpus=[p.index for p in parts], gpu_uuids=[p.uuid for p in parts],
+        mem_limit_total=sum(p.mem_limit for p in parts) or mem_limit,
+        over_limit=any(p.over_limit for p in parts),
         core_measured=sum(measured) / len(measured) if measured else None)
-    return out

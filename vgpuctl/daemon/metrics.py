@@ -37,9 +37,12 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vgpuctl.errors import MetricsUnavailable
+
+if TYPE_CHECKING:
+    from vgpuctl.core.job import GpuPart, GpuView, JobView
 
 log = logging.getLogger(__name__)
 
@@ -105,32 +108,33 @@ class SnapshotBox:
     __call__ = get
 
 
-def snapshot(gpus: Sequence[Any], jobs: Sequence[tuple[Any, int]],
+def snapshot(gpus: Sequence[GpuView],
+             jobs: Sequence[tuple[JobView, Sequence[GpuPart], int]],
              gpu_seconds: Callable[[str, str], float | None],
              violations: Mapping[str, int]) -> Snapshot:
     """A snapshot from the model's views (vgpuctl.core.job): the GPUs, and
-    each live job on each of its GPUs with the count of its violations;
-    gpu_seconds(job id, GPU UUID) is what accounting has of it there
-    (None: no accounting). A job's totals are the sums over its GPUs'
-    series (``sum by (job)``)."""
+    each live job (its view, its typed part on each of its GPUs and the
+    count of its violations) on each of its GPUs; gpu_seconds(job id, GPU
+    UUID) is what accounting has of it there (None: no accounting). A job's
+    totals are the sums over its GPUs' series (``sum by (job)``)."""
     gs = [GpuMetrics(uuid=g.uuid, index=g.index, name=g.name,
                      memory_used=g.memory_used or 0, memory_total=g.memory_total,
                      utilization=None if g.utilization is None else g.utilization / 100,
                      compute_promised=g.core_promised / 100)
           for g in gpus]
-    js = [JobMetrics(job_id=v.id, gpu_uuid=g.get("uuid") or "", gpu_index=g.get("index") or 0,
-                     name=v.name, user=v.user, memory_used=g.get("mem_used") or 0,
-                     memory_limit=g.get("mem_limit") or 0,
-                     share_target=(g.get("core") or 0) / 100,
-                     share_measured=g.get("core_measured") or 0.0,
-                     throttled_seconds=g.get("throttled_s") or 0.0,
-                     gpu_seconds=gpu_seconds(v.id, g.get("uuid") or ""),
+    js = [JobMetrics(job_id=v.id, gpu_uuid=p.uuid, gpu_index=p.index or 0,
+                     name=v.name, user=v.user, memory_used=p.mem_used or 0,
+                     memory_limit=p.mem_limit or 0,
+                     share_target=(p.core or 0) / 100,
+                     share_measured=p.core_measured or 0.0,
+                     throttled_seconds=p.throttled_s or 0.0,
+                     gpu_seconds=gpu_seconds(v.id, p.uuid),
                      violations=count if i == 0 else 0,
                      priority=PRIORITY_VALUES.get(v.priority, 1),
                      suspended=v.state == "suspended",
                      suspended_seconds=(v.suspended_s or 0.0) if i == 0 else 0.0)
-          for v, count in jobs for i, g in enumerate(v.per_gpu)]
-    suspended = sum(1 for v, _ in jobs if v.state == "suspended")
+          for v, parts, count in jobs for i, p in enumerate(parts)]
+    suspended = sum(1 for v, _, _ in jobs if v.state == "suspended")
     return Snapshot(gpus=gs, jobs=js, jobs_running=len(jobs) - suspended,
                     jobs_suspended=suspended, violations=dict(violations))
 

@@ -17,24 +17,43 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.core.config import Config
-from vgpuctl.core.job import GpuLive, GpuView, JobRecord, JobView, Live, job_view
+from vgpuctl.core.job import (
+    GpuLive,
+    GpuPart,
+    GpuView,
+    JobRecord,
+    JobView,
+    Live,
+    gpu_parts,
+    job_view,
+)
 from vgpuctl.daemon.jobs import LiveJob, commitments
 from vgpuctl.system.nvml import GpuStats
 
 
-def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView:
-    """A live job's view: its record, and on each of its GPUs its last
-    trusted counters, NVML's memory for its processes, its measured share."""
-    rec = job.rec
+def _live(job: LiveJob, stats: Mapping[str, GpuStats]) -> Live:
+    """What is known of a live job: on each of its GPUs its last trusted
+    counters, NVML's memory for its processes, its measured share."""
     per_gpu = []
-    for i, uuid in enumerate(rec.uuids):
+    for i, uuid in enumerate(job.rec.uuids):
         st = stats.get(uuid)
         mem_nvml = None
         if st is not None and st.memory_used is not None:
             mem_nvml = job.held.get(uuid, 0)
         per_gpu.append(GpuLive(usage=job.usage[i] if i < len(job.usage) else None,
                                mem_nvml=mem_nvml, measured=job.measured.get(uuid)))
-    return job_view(rec, Live(gpus=tuple(per_gpu), violations=tuple(job.violations)), now)
+    return Live(gpus=tuple(per_gpu), violations=tuple(job.violations))
+
+
+def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView:
+    """A live job's view: its record, and what is known of it live."""
+    return job_view(job.rec, _live(job, stats), now)
+
+
+def live_parts(job: LiveJob, stats: Mapping[str, GpuStats]) -> list[GpuPart]:
+    """A live job's part on each of its GPUs, typed (the metrics read
+    these; its view's per_gpu is their wire form)."""
+    return gpu_parts(job.rec, _live(job, stats))
 
 
 def viewer(uid: int, admin: bool, public: bool) -> Callable[[JobView], JobView]:
