@@ -46,15 +46,27 @@ static void uuid_text(const CUuuid *u, char *out, size_t len)
              b[13], b[14], b[15]);
 }
 
+/* A UUID's hex part, past its "GPU-" or "MIG-". CUDA gives a MIG device's
+ * UUID as 16 bytes, as it gives a GPU's, so an ordinal's text always says
+ * "GPU-"; NVML and the region name a MIG device "MIG-" (docs/mig.md). The
+ * two kinds never share their hex. */
+static const char *uuid_hex(const char *u)
+{
+    if (strncasecmp(u, "GPU-", 4) == 0 || strncasecmp(u, "MIG-", 4) == 0)
+        return u + 4;
+    return u;
+}
+
 /* Needs map_lock. In private mode every GPU joins on first sight. */
 static int find_uuid(const char *uuid)
 {
+    const char *hex = uuid_hex(uuid);
     const struct vgpu_limits *lim = vgpu_g_limits;
     uint32_t n = __atomic_load_n(&lim->ndevices, __ATOMIC_ACQUIRE);
     if (n > VGPU_MAX_DEVICES)
         n = VGPU_MAX_DEVICES;
     for (uint32_t i = 0; i < n; i++)
-        if (strncasecmp(lim->dev[i].uuid, uuid, VGPU_UUID_LEN) == 0)
+        if (strncasecmp(uuid_hex(lim->dev[i].uuid), hex, VGPU_UUID_LEN - 4) == 0)
             return (int)i;
     if (vgpu_g_private)
         return vgpu_private_add_device(uuid);

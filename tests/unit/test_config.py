@@ -163,3 +163,15 @@ def test_parse_config_without_a_file():
 @pytest.mark.parametrize("zero", [0, "0", "0B"])
 def test_a_zero_reserve_needs_no_unit(zero):
     assert parse_config({"reserve": zero}).reserve == 0
+
+
+def test_the_mig_layout_is_read_and_a_bad_one_named():
+    cfg = parse_config({"mig": {"layout": {"1": ["3g.40gb@4"], "0": ["1g.10gb", "7g.80gb"]}}})
+    assert cfg.mig.layout == ((0, ("1g.10gb", "7g.80gb")), (1, ("3g.40gb@4",)))
+    for bad, words in (({"layout": {"x": []}}, "GPU index"),
+                       ({"layout": {"0": ["3g.40gb@"]}}, "GPU instances"),
+                       ({"layout": {"0": "1g.10gb"}}, "GPU instances"),
+                       ({"layout": []}, "table"),
+                       ({"shape": {}}, "unknown key")):
+        with pytest.raises(ConfigError, match=words):
+            parse_config({"mig": bad})

@@ -222,3 +222,38 @@ def test_a_promise_is_counted_on_each_of_several_gpus():
     with pytest.raises(AdmissionRefused, match="on each of 4 GPUs"):
         place_many(GPUS4, jobs, G, count=4, core=30)
     assert len(place_many(GPUS4, jobs, G, count=4, core=0)) == 4     # no promise: fits
+
+
+# A node of one whole GPU (1) and one in MIG mode (0) cut in two MIG devices.
+MIG_NODE = [Gpu(1, "GPU-cccc3333-0000", "Sim GPU", 80 * G),
+            Gpu(2, "MIG-dddd4444-0000", "Sim GPU MIG 1g.10gb", 10 * G, parent=0, mig="1g.10gb"),
+            Gpu(6, "MIG-eeee5555-0000", "Sim GPU MIG 3g.40gb", 40 * G, parent=0, mig="3g.40gb")]
+
+
+def test_a_mig_device_is_named_by_its_index_or_its_mig_uuid():
+    assert resolve_gpu(MIG_NODE, "6").uuid.startswith("MIG-eeee")
+    assert resolve_gpu(MIG_NODE, "MIG-dddd4444-0000").index == 2
+    assert resolve_gpu(MIG_NODE, "dddd44").index == 2
+    assert resolve_gpu(MIG_NODE, "mig-eeee").index == 6
+
+
+def test_a_job_on_a_mig_device_has_it_alone():
+    """CUDA gives a process one MIG device and no GPU beside it: a job
+    named onto a MIG device and another GPU would see one of them."""
+    for pin in ("2,6", "1,2"):
+        with pytest.raises(AdmissionRefused, match="one MIG device"):
+            place_many(MIG_NODE, [], 1 * G, pin=pin)
+    assert [p.gpu.index for p in place_many(MIG_NODE, [], 1 * G, pin="6")] == [6]
+
+
+def test_several_gpus_are_whole_gpus_never_mig_devices():
+    with pytest.raises(AdmissionRefused, match="can't use MIG devices"):
+        place_many(MIG_NODE, [], 1 * G, count=2)
+    two = MIG_NODE + [Gpu(3, "GPU-ffff6666-0000", "Sim GPU", 80 * G)]
+    assert [p.gpu.index for p in place_many(two, [], 1 * G, count=2)] == [1, 3]
+
+
+def test_a_job_goes_to_the_mig_device_with_room_for_it():
+    assert place(MIG_NODE[1:], [], 20 * G).gpu.index == 6
+    with pytest.raises(AdmissionRefused, match="no room"):
+        place(MIG_NODE[1:], [], 41 * G)

@@ -42,6 +42,7 @@ COMMANDS = {
     "gpus": "vgpuctl.cli.commands.gpus:gpus",
     "help": "vgpuctl.cli.commands.help:help_",
     "kill": "vgpuctl.cli.commands.kill:kill",
+    "mig": "vgpuctl.cli.commands.mig:mig",
     "ps": "vgpuctl.cli.commands.ps:ps",
     "report": "vgpuctl.cli.commands.report:report",
     "resume": "vgpuctl.cli.commands.suspend:resume",

@@ -47,7 +47,8 @@ def fetch_or_nvml(socket_path: str | None) -> dict[str, Any]:
         return {"v": 1, "daemon": None, "jobs": [], "gpus": [
             {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total": g.memory_total,
              "memory_used": g.memory_used, "utilization": g.utilization,
-             "committed": None, "capacity": None, "jobs": None} for g in stats]}
+             "committed": None, "capacity": None, "jobs": None, "parent": g.parent,
+             "mig": g.mig} for g in stats]}
 
 
 class Output(NamedTuple):

@@ -8,6 +8,7 @@ the file is vgpuctl.system.config_file's job.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,13 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class MigConfig:
+    """The [mig] table: the MIG layout the daemon keeps (docs/mig.md): per
+    GPU index, its GPU instances as PROFILE[@START]."""
+    layout: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
 class PriorityConfig:
     """The [priority] table: classes (docs/compute.md, "Priority classes")."""
     default: str = "normal"            # the class of a job run without --priority
@@ -111,6 +119,7 @@ class Config:
     suspend_lock_timeout_s: int = 10
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     priority: PriorityConfig = field(default_factory=PriorityConfig)
+    mig: MigConfig = field(default_factory=MigConfig)
 
     def limits_for(self, user: str, uid: int, admin: bool = False) -> UserLimits:
         """The maxima that apply to a user: their own table, else the
@@ -280,6 +289,31 @@ def _slurm(source: str, v: Any) -> SlurmConfig:
     return SlurmConfig(**values)
 
 
+def _mig(source: str, v: Any) -> MigConfig:
+    if not isinstance(v, dict):
+        raise _fail(source, "mig", f"expected a table, got {v!r}")
+    layout: list[tuple[int, tuple[str, ...]]] = []
+    for k, val in v.items():
+        if k != "layout":
+            raise _fail(source, f"mig.{k}", "unknown key (known: layout)")
+        if not isinstance(val, dict):
+            raise _fail(source, "mig.layout", "expected a table of GPU index = "
+                        f"[\"PROFILE[@START]\", ...], got {val!r}")
+        for gpu, specs in val.items():
+            key = f"mig.layout.{gpu}"
+            if not (gpu.isascii() and gpu.isdigit() and int(gpu) < 1024):
+                raise _fail(source, key, "expected a GPU index such as 0")
+            if not isinstance(specs, list) or not all(
+                    isinstance(x, str) and _MIG_SPEC.fullmatch(x) for x in specs):
+                raise _fail(source, key, "expected a list of GPU instances such as "
+                            f"[\"1g.10gb\", \"3g.40gb@4\"], got {specs!r}")
+            layout.append((int(gpu), tuple(specs)))
+    return MigConfig(tuple(sorted(layout)))
+
+
+_MIG_SPEC = re.compile(r"[0-9]+g\.[0-9]+gb(\+[a-z]+)?(@[0-9])?")
+
+
 def _names(source: str, key: str, v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
         raise _fail(source, key, f"expected a list of names such as [\"alice\"], got {v!r}")
@@ -363,7 +397,9 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>") -> Config:
             values["slurm"] = _slurm(source, v)
         elif key == "priority":
             values["priority"] = _priority(source, v)
+        elif key == "mig":
+            values["mig"] = _mig(source, v)
         else:
             raise _fail(source, key, "unknown key (known: "
-                        + ", ".join([*_TOP, "limits", "slurm", "priority"]) + ")")
+                        + ", ".join([*_TOP, "limits", "slurm", "priority", "mig"]) + ")")
     return Config(**values)

@@ -282,6 +282,8 @@ class GpuView:
     drained: bool = _f("bool", "drained: no job is placed or resumed on it", False)
     minor: int | None = _f("int", "its device file's minor number")
     slurm: bool = _f("bool", "Slurm hands it out ([slurm] gpus)", False)
+    parent: int | None = _f("int", "a MIG device: the index of the GPU it is part of")
+    mig: str | None = _f("text", "a MIG device: its profile (1g.10gb)")
 
     def wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -222,7 +222,8 @@ def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:
         uuid = str(g.get("uuid", ""))
         rows.append([
             Cell(str(g.get("index", "-"))),
-            Cell(str(g.get("name", "")) + (" (drained)" if g.get("drained") else ""),
+            Cell(str(g.get("name", "")) + _on_parent(g)
+                 + (" (drained)" if g.get("drained") else ""),
                  style="yellow" if g.get("drained") else ""),
             Cell(_pair(g.get("memory_used"), g.get("memory_total"), units)
                  + _percent(g.get("memory_used"), g.get("memory_total"))),
@@ -233,6 +234,12 @@ def gpu_table(gpus: Sequence[Record], units: str = "human") -> Table:
             Cell(uuid, short=shorts.get(uuid), style="dim"),
         ])
     return cols, rows, list(GPU_PLAN)
+
+
+def _on_parent(g: Record) -> str:
+    """A MIG device's GPU, after its name ("... MIG 1g.10gb on GPU 0")."""
+    parent = g.get("parent")
+    return f" on GPU {parent}" if isinstance(parent, int) else ""
 
 
 def _promised(g: Record) -> str:

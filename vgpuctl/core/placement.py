@@ -26,6 +26,20 @@ class Gpu:
     uuid: str
     name: str
     total: int          # bytes of memory
+    parent: int | None = None   # a MIG device: the index of its GPU
+    mig: str | None = None      # ...and its profile
+
+
+def check_mig_alone(gpus: Sequence[Gpu], spec: str) -> None:
+    """A job's GPUs: one MIG device alone, or GPUs none of which is a MIG
+    device. CUDA gives a process one MIG device and no other GPU beside it
+    (docs/mig.md), so a job on more would see one of them."""
+    mig = [g for g in gpus if g.parent is not None]
+    if mig and len(gpus) > 1:
+        raise AdmissionRefused(
+            f"--gpu {spec.strip()}: GPU {mig[0].index} is a MIG device ({mig[0].mig} on GPU "
+            f"{mig[0].parent}), and CUDA gives a process one MIG device and no other GPU "
+            "beside it: a job on a MIG device has that one alone")
 
 
 @dataclass(frozen=True)
@@ -99,12 +113,12 @@ def resolve_gpu(gpus: Sequence[Gpu], spec: str) -> Gpu:
     for g in gpus:
         if g.uuid.lower() == low:
             return g
-    bare = low[len("gpu-"):] if low.startswith("gpu-") else low
+    bare = low[len("gpu-"):] if low.startswith(("gpu-", "mig-")) else low
     if len(bare) < PREFIX_MIN:
         raise NotFound(f"no GPU {s}: {_gpu_list(gpus)}; a UUID prefix needs at least "
                        f"{PREFIX_MIN} of its characters")
     matches = [g for g in gpus
-               if g.uuid.lower().startswith(low) or g.uuid.lower().startswith("gpu-" + low)]
+               if g.uuid.lower().startswith(low) or g.uuid.lower()[4:].startswith(low)]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
@@ -235,11 +249,19 @@ def place_many(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int,
             return [place(gpus, commitments, mem, reserve=reserve,
                           oversubscribe=oversubscribe, core=core,
                           core_oversubscribe=core_oversubscribe)]
-        candidates = list(gpus)
+        # a job on several GPUs can't have a MIG device among them
+        candidates = [g for g in gpus if g.parent is None]
+        if len(candidates) < n:
+            raise AdmissionRefused(
+                f"--gpus {n}: there {'is' if len(candidates) == 1 else 'are'} "
+                f"{len(candidates) or 'no'} whole GPU{'' if len(candidates) == 1 else 's'} "
+                f"here for it, and a job on several GPUs can't use MIG devices (CUDA gives "
+                f"a process one MIG device and no other GPU beside it)")
     else:
         if not gpus:
             raise AdmissionRefused("no GPUs on this node")
         candidates = resolve_gpus(gpus, pin)
+        check_mig_alone(candidates, pin)
         n = len(candidates)
     commitments = list(commitments)
     used = committed(commitments)

@@ -130,6 +130,18 @@ class Drain(NamedTuple):
     undo: bool = False
 
 
+class Mig(NamedTuple):
+    """Root: make a MIG device (create: profile is PROFILE[@START] on GPU
+    gpu), destroy one (gpu names the MIG device), or turn a GPU's MIG mode
+    on or off (enable, disable)."""
+    action: str
+    gpu: str
+    profile: str | None = None
+
+
+MIG_ACTIONS = ("create", "destroy", "enable", "disable")
+
+
 class Report(NamedTuple):
     """The accounting of [since, until): every job's for root, the caller's
     own for anyone else (`vgpuctl report` where the database is not theirs
@@ -169,7 +181,7 @@ class SlurmRelease(NamedTuple):
 
 
 Request = (Ping | Run | Started | Exited | Ps | Set | Kill | Reload | Suspend | Resume
-           | Drain | Report | SlurmRegister | SlurmAttach | SlurmRelease)
+           | Drain | Mig | Report | SlurmRegister | SlurmAttach | SlurmRelease)
 
 # -- field checks -----------------------------------------------------------
 
@@ -252,6 +264,12 @@ def _priority(name: str, v: Any) -> Any:
     return v
 
 
+def _mig_action(name: str, v: Any) -> Any:
+    if v not in MIG_ACTIONS:
+        raise errors.RequestInvalid(f"{name}: must be one of " + ", ".join(MIG_ACTIONS))
+    return v
+
+
 def _command(name: str, v: Any) -> Any:
     if not isinstance(v, list) or not v:
         raise errors.RequestInvalid(f"{name}: expected a non-empty list of strings")
@@ -302,6 +320,8 @@ _OPS: dict[str, tuple[type, dict[str, tuple[Check, bool]]]] = {
     "resume": (Resume, {"job": (_job, True), "gpu": (_str(128, controls=False), False)}),
     "drain": (Drain, {"gpu": (_str(128, controls=False), True), "undo": (_bool, False)}),
     "report": (Report, {"since": (_time, True), "until": (_time, True)}),
+    "mig": (Mig, {"action": (_mig_action, True), "gpu": (_str(128, controls=False), True),
+                  "profile": (_str(32, controls=False), False)}),
     "slurm_register": (SlurmRegister, {
         "slurm_job": (_job, True), "uid": (_int(0, (1 << 32) - 2), True),
         "gpus": (_gpu_indices, True), "shards": (_int(1, 1 << 20), True),

@@ -43,7 +43,7 @@ from typing import Any
 
 from vgpuctl.core.accounting import Accountant
 from vgpuctl.core.config import Config
-from vgpuctl.daemon import logs, metrics, sim_setup, tracking
+from vgpuctl.daemon import logs, metrics, partition, sim_setup, tracking
 from vgpuctl.daemon.server import Server, listen
 from vgpuctl.daemon.supervisor import Supervisor
 from vgpuctl.daemon.watch import Watch
@@ -167,12 +167,13 @@ class Daemon:
         store.active_jobs()         # a corrupt jobs table stops the start here, in one line
         nvml = await loop.run_in_executor(None, Nvml)
         self.sim_mark = sim_setup.mark_state()
-        devices = nvml.devices()
+        devices = await loop.run_in_executor(None, partition.at_start, nvml, self.config.mig)
         sim_set, sim_prepend = sim_setup.job_env()
         sup = Supervisor(self.config, self.dp, store, devices, native.hook_library,
                          sim_env=sim_set, sim_prepend=sim_prepend,
                          context_mem=sim_setup.context_mem())
         self.sup = sup
+        sup.nvml = nvml
         # The watch takes each job's GPU time from its hooks and the
         # device's busy time from NVML (exact on the H100; per-process
         # figures are not needed, docs/compute.md): what no hook accounts

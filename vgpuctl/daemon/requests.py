@@ -21,7 +21,7 @@ from vgpuctl.core import classes, placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.job import STARTING
 from vgpuctl.core.sizes import format_size
-from vgpuctl.daemon import tracking, views
+from vgpuctl.daemon import partition, tracking, views
 from vgpuctl.daemon.admission import user_name
 from vgpuctl.daemon.jobs import LiveJob
 from vgpuctl.errors import (
@@ -405,6 +405,7 @@ ROUTES: dict[type, Route] = {
     P.Kill: Route(op_kill, waits=True), P.Reload: Route(op_reload),
     P.Suspend: Route(op_suspend, waits=True), P.Resume: Route(op_resume, waits=True),
     P.Drain: Route(op_drain, waits=True), P.Report: Route(op_report, waits=True),
+    P.Mig: Route(partition.op_mig, waits=True),
     P.SlurmRegister: Route(op_slurm_register), P.SlurmAttach: Route(op_slurm_attach),
     P.SlurmRelease: Route(op_slurm_release),
 }

@@ -71,6 +71,10 @@ async def _scan_here() -> tracking.ProcTable:
     return tracking.scan()
 
 
+def _gpu(d: GpuStats) -> placement.Gpu:
+    return placement.Gpu(d.index, d.uuid, d.name, d.memory_total, d.parent, d.mig)
+
+
 class Supervisor:
     def __init__(self, config: Config, paths: DaemonPaths, store: Store,
                  devices: list[GpuStats], hook_library: Callable[[], Path],
@@ -84,7 +88,7 @@ class Supervisor:
         self.started = clock()
         self.compute = True             # compute shares are enforced (turns)
         self.on_config: Callable[[Config], None] | None = None
-        self.gpus = [placement.Gpu(d.index, d.uuid, d.name, d.memory_total) for d in devices]
+        self.gpus = [_gpu(d) for d in devices]
         self.stats: dict[str, GpuStats] = {d.uuid: d for d in devices}
         self.table = JobTable(store, paths.jobs_dir, clock)
         self.trust = Trust(self.table, {g.uuid: g.total for g in self.gpus})
@@ -114,6 +118,9 @@ class Supervisor:
         # rather than reading the database many times over at once.
         self.reports_lock = asyncio.Lock()
         self.report_rate = placement.AdmissionRate()
+        # NVML (the daemon's; None in tests that build a supervisor alone):
+        # `vgpuctl mig` makes and destroys MIG devices through it.
+        self.nvml: Any = None
 
     def refresh_gpus(self) -> None:
         """The jobs on some GPU changed (admitted, ended, suspended, resumed,
@@ -298,6 +305,17 @@ class Supervisor:
     def update_stats(self, stats: list[GpuStats]) -> None:
         for s in stats:
             self.stats[s.uuid] = s
+
+    def set_gpus(self, devices: list[GpuStats]) -> None:
+        """The GPUs are now these (MIG devices were made or destroyed): every
+        part that places, moves or checks jobs holds the one list, changed
+        in place."""
+        self.gpus[:] = [_gpu(d) for d in devices]
+        self.trust.set_totals({g.uuid: g.total for g in self.gpus})
+        gone = set(self.stats) - {d.uuid for d in devices}
+        for u in gone:
+            del self.stats[u]
+        self.update_stats(devices)
 
     def close(self) -> None:
         """Let go of every region (left on disk: the jobs keep running)."""

@@ -34,6 +34,10 @@ class Trust:
         self._table = table
         self._totals = dict(totals)          # GPU uuid -> its memory
 
+    def set_totals(self, totals: Mapping[str, int]) -> None:
+        """The GPUs changed (MIG devices made or destroyed)."""
+        self._totals = dict(totals)
+
     # -- the gates ---------------------------------------------------------------------
     def watch(self, job: LiveJob) -> None:
         """Start from the gates its region holds now (a new region, or one a

@@ -92,5 +92,6 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             jobs=sum(1 for j in jobs if g.uuid in j.uuids()),
             minor=st.minor if st else None,
             slurm=config.slurm.controls(g.index),
-            drained=g.uuid in drained))
+            drained=g.uuid in drained,
+            parent=g.parent, mig=g.mig))
     return out

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from vgpuctl.errors import VgpuError
+from vgpuctl.ops import probes
+from vgpuctl.ops.probes import PROBE_TIMEOUT
 from vgpuctl.system import native, paths, sim
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-PROBE_TIMEOUT = 30.0
 
 # The CUDA driver API's codes that users meet when a node is not ready.
 CUDA_ERRORS = {
@@ -54,103 +55,6 @@ class Check:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
-
-
-# -- probes run in a child process ----------------------------------------------
-def _probe_driver() -> dict[str, Any]:
-    import ctypes
-
-    sim.use_in_process()
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return {"loaded": False, "error": str(e)}
-    out: dict[str, Any] = {"loaded": True}
-    rc = lib.cuInit(0)
-    out["cuInit"] = rc
-    if rc != 0:
-        name = ctypes.c_char_p()
-        try:
-            if lib.cuGetErrorName(rc, ctypes.byref(name)) == 0 and name.value:
-                out["error_name"] = name.value.decode()
-        except AttributeError:
-            pass
-        return out
-    version = ctypes.c_int()
-    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0:
-        out["version"] = version.value
-    count = ctypes.c_int()
-    rc = lib.cuDeviceGetCount(ctypes.byref(count))
-    out["cuDeviceGetCount"] = rc
-    out["count"] = count.value if rc == 0 else None
-    return out
-
-
-def _probe_nvml() -> dict[str, Any]:
-    sim.use_in_process()
-    try:
-        import pynvml
-    except ImportError as e:
-        return {"imported": False, "error": str(e)}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        return {"imported": True, "init": False, "error": str(e)}
-    out: dict[str, Any] = {"imported": True, "init": True}
-    try:
-        v = pynvml.nvmlSystemGetDriverVersion()
-        out["driver"] = v.decode() if isinstance(v, bytes) else str(v)
-        n = pynvml.nvmlDeviceGetCount()
-        out["count"] = n
-        names = []
-        for i in range(n):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            nm = pynvml.nvmlDeviceGetName(h)
-            names.append(nm.decode() if isinstance(nm, bytes) else str(nm))
-        out["names"] = names
-    except pynvml.NVMLError as e:
-        out["error"] = str(e)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-    return out
-
-
-def _probe_suspend() -> dict[str, Any]:
-    from vgpuctl.system import checkpoint
-
-    sim.use_in_process()
-    a = checkpoint.availability()
-    return {"cuda": a.cuda, "suspend": a.suspend, "move": a.move, "why": a.why,
-            "why_move": a.why_move}
-
-
-_PROBES: dict[str, Callable[[], dict[str, Any]]] = {
-    "driver": _probe_driver, "nvml": _probe_nvml, "suspend": _probe_suspend,
-}
-
-
-def probe_main(name: str) -> None:
-    """Entry point of the child process: print the probe's result as JSON."""
-    print(json.dumps(_PROBES[name]()))
-
-
-def _run_probe(name: str, env: Mapping[str, str]) -> dict[str, Any]:
-    code = f"from vgpuctl.ops.diagnosis import probe_main; probe_main({name!r})"
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env=dict(env), stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return {"hung": True}
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or [""])[-1]
-        return {"crashed": r.returncode, "error": last}
-    try:
-        return json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"crashed": 0, "error": f"unexpected output: {r.stdout[:200]!r}"}
 
 
 # -- the checks -------------------------------------------------------------------
@@ -214,7 +118,7 @@ def check_simulator(env: Mapping[str, str]) -> Check:
 
 
 def check_driver(env: Mapping[str, str]) -> Check:
-    r = _run_probe("driver", env)
+    r = probes.run("driver", env)
     if r.get("hung"):
         return Check("driver", FAIL, f"cuInit did not return within {PROBE_TIMEOUT:.0f} s",
                      "the driver is stuck: check `dmesg` for NVRM/Xid errors; a reboot "
@@ -260,7 +164,7 @@ def _suspend_fix(r: dict[str, Any], env: Mapping[str, str]) -> str:
 def check_suspend(env: Mapping[str, str]) -> Check:
     """Whether the driver's checkpoint API is here: suspend (R570), move
     (R580). A node without it still shares its GPUs: a warning."""
-    r = _run_probe("suspend", env)
+    r = probes.run("suspend", env)
     if r.get("hung") or "crashed" in r:
         return Check("suspend", WARN, "the driver's checkpoint API could not be probed: "
                      f"{r.get('error') or 'it did not answer'}", "check `nvidia-smi`")
@@ -277,7 +181,7 @@ def check_suspend(env: Mapping[str, str]) -> Check:
 
 
 def check_nvml(env: Mapping[str, str]) -> Check:
-    r = _run_probe("nvml", env)
+    r = probes.run("nvml", env)
     if r.get("hung"):
         return Check("nvml", FAIL, f"nvmlInit did not return within {PROBE_TIMEOUT:.0f} s",
                      "check `nvidia-smi` and `dmesg`")
@@ -296,6 +200,40 @@ def check_nvml(env: Mapping[str, str]) -> Check:
         return Check("nvml", FAIL, "NVML sees no GPU", "check `nvidia-smi`")
     kinds = ", ".join(sorted(set(names)))
     return Check("nvml", OK, f"driver {r.get('driver')}, {len(names)} GPU(s): {kinds}")
+
+
+def check_mig(env: Mapping[str, str]) -> Check:
+    """The node's MIG state, and what works on it (docs/mig.md)."""
+    r = probes.run("mig", env)
+    if "gpus" not in r:
+        return Check("mig", WARN, f"the GPUs' MIG mode could not be read: {r.get('error')}",
+                     "check `nvidia-smi mig -lgi`")
+    gpus = r["gpus"]
+    on = [g for g in gpus if g.get("enabled")]
+    pending = [g["index"] for g in gpus if g.get("pending") != g.get("enabled")
+               and g.get("supported")]
+    if pending:
+        return Check("mig", WARN, "MIG mode changes wait for a GPU reset on GPU "
+                     + ", ".join(map(str, pending)),
+                     "reset the GPU when it is idle (`nvidia-smi -r -i N`, root)")
+    empty = [g["index"] for g in on if not g.get("devices")]
+    if empty:
+        return Check("mig", WARN, "GPU " + ", ".join(map(str, empty)) + " in MIG mode with no "
+                     "MIG device: no job can use it",
+                     f"`vgpuctl mig create {empty[0]} PROFILE` (root; `vgpuctl mig` lists them)")
+    if not on:
+        return Check("mig", OK, "no GPU is in MIG mode" + (
+            "" if any(g.get("supported") for g in gpus) else " (none supports it)"))
+    parts = []
+    for g in on:
+        kinds: dict[str, int] = {}
+        for p in g["devices"]:
+            kinds[p] = kinds.get(p, 0) + 1
+        parts.append(f"GPU {g['index']}: " + ", ".join(
+            f"{p}" + (f" x{n}" if n > 1 else "") for p, n in kinds.items()))
+    return Check("mig", OK, "MIG devices are GPUs to vgpuctl, with memory limits, shares "
+                 "(by turns: MIG gives no per-process utilization) and classes: "
+                 + "; ".join(parts))
 
 
 def check_hook(env: Mapping[str, str]) -> Check:
@@ -455,8 +393,8 @@ def run_checks(env: Mapping[str, str] | None = None,
     steps: list[tuple[str, Callable[[Mapping[str, str]], Check]]] = []
     if sim.active(e):
         steps.append(("simulator", check_simulator))
-    steps += [("driver", check_driver), ("nvml", check_nvml), ("suspend", check_suspend),
-              ("hook", check_hook),
+    steps += [("driver", check_driver), ("nvml", check_nvml), ("mig", check_mig),
+              ("suspend", check_suspend), ("hook", check_hook),
               ("daemon", check_daemon), ("config", check_config)]
     out = []
     for name, fn in steps:

@@ -4,12 +4,20 @@
 and reads the inventory: each GPU's index, UUID, name, memory total and used,
 utilization, and the memory each process holds on it. Every reading that a
 GPU does not support is left as None rather than failing the whole snapshot.
+
+A GPU in MIG mode is not a GPU a job can use (CUDA enumerates its MIG
+devices, not it): its MIG devices are, each one a GPU of the inventory with
+its parent's index and its profile (docs/mig.md). A MIG device's index is
+``count + 8 * parent + start``, where count is the node's GPUs and start the
+first slice of its GPU instance's placement: the same for as long as the
+instance lives, whatever else is created or destroyed, and the same again
+when a layout is made anew.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vgpuctl.errors import NvmlUnavailable
@@ -25,6 +33,82 @@ class GpuStats:
     utilization: int | None = None    # percent over NVML's last sample period
     processes: dict[int, int] = field(default_factory=dict)  # pid -> bytes used
     minor: int | None = None          # /dev/nvidia<minor>; None: unknown
+    parent: int | None = None         # a MIG device: its GPU's index
+    mig: str | None = None            # ...its profile ("1g.10gb")
+    gi: int | None = None             # ...its GPU instance's id
+
+
+# MIG devices per GPU at most (H100, H200: seven GPU instances) and the
+# index room each GPU gets for them (its GPU instances' placement starts).
+MIG_SLOTS = 8
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_NOT_SUPPORTED = 3
+
+
+def mig_index(count: int, parent: int, start: int) -> int:
+    """The inventory index of the MIG device whose GPU instance starts at
+    slice ``start`` of GPU ``parent``, on a node of ``count`` GPUs."""
+    return count + MIG_SLOTS * parent + start
+
+
+def mig_mode(nv: Any, h: Any) -> bool:
+    """Whether the GPU behind handle h is in MIG mode now (False where NVML
+    knows no MIG: an older GPU or driver)."""
+    try:
+        return int(nv.nvmlDeviceGetMigMode(h)[0]) == 1
+    except (nv.NVMLError, AttributeError):
+        return False
+
+
+def _mig_devices(nv: Any, count: int, parent: int, h: Any) -> list[tuple[Any, GpuStats]]:
+    """The MIG devices of GPU ``parent`` (handle h), each with its handle.
+    NVML's indexes have gaps where no compute instance is (NOT_FOUND)."""
+    try:
+        n = int(nv.nvmlDeviceGetMaxMigDeviceCount(h))
+    except nv.NVMLError:
+        return []
+    out: list[tuple[Any, GpuStats]] = []
+    taken: set[int] = set()
+    for k in range(n):
+        try:
+            m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
+        except nv.NVMLError:
+            continue
+        try:
+            uuid = _text(nv.nvmlDeviceGetUUID(m))
+            name = _text(nv.nvmlDeviceGetName(m))
+            total = int(nv.nvmlDeviceGetMemoryInfo(m).total)
+            gi = int(nv.nvmlDeviceGetGpuInstanceId(m))
+        except nv.NVMLError:
+            continue                      # destroyed while read: not there
+        start = _gi_start(nv, h, gi)
+        index = mig_index(count, parent, start) if start is not None else None
+        if index is None or index in taken:
+            # a second compute instance of one GPU instance, or a start
+            # NVML won't tell: an index past every placement's
+            index = mig_index(count, count, len(taken))
+            while index in taken:
+                index += 1
+        taken.add(index)
+        out.append((m, GpuStats(index=index, uuid=uuid, name=name, memory_total=total,
+                                parent=parent, mig=_profile_of(name), gi=gi)))
+    return out
+
+
+def _gi_start(nv: Any, h: Any, gi: int) -> int | None:
+    try:
+        info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(h, gi))
+        start = int(info.placement.start)
+    except (nv.NVMLError, AttributeError):
+        return None
+    return start if 0 <= start < MIG_SLOTS else None
+
+
+def _profile_of(name: str) -> str | None:
+    """The profile in a MIG device's name ("NVIDIA H100 80GB HBM3 MIG
+    1g.10gb": "1g.10gb")."""
+    _, sep, tail = name.rpartition(" MIG ")
+    return tail.strip() or None if sep else None
 
 
 def _text(v: Any) -> str:
@@ -52,20 +136,42 @@ class Nvml:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._static: list[GpuStats] = []
-        nv = pynvml
+        self.mig_parents: list[int] = []      # the GPUs in MIG mode
         with self._lock:
-            for i in range(nv.nvmlDeviceGetCount()):
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-                self._handles.append(h)
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                try:
-                    minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
-                except nv.NVMLError:
-                    minor = None
-                self._static.append(GpuStats(
-                    index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                    name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
-                    minor=minor))
+            self._read_inventory()
+
+    def _read_inventory(self) -> None:
+        nv = self._nv
+        handles: list[Any] = []
+        static: list[GpuStats] = []
+        parents: list[int] = []
+        count = nv.nvmlDeviceGetCount()
+        for i in range(count):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            if mig_mode(nv, h):
+                parents.append(i)
+                for m, g in _mig_devices(nv, count, i, h):
+                    handles.append(m)
+                    static.append(g)
+                continue
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            try:
+                minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
+            except nv.NVMLError:
+                minor = None
+            handles.append(h)
+            static.append(GpuStats(
+                index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),
+                name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
+                minor=minor))
+        self._handles, self._static, self.mig_parents = handles, static, parents
+
+    def reread(self) -> list[GpuStats]:
+        """Read the inventory again (after MIG instances were made or
+        destroyed); returns the GPUs as devices() does."""
+        with self._lock:
+            self._read_inventory()
+            return list(self._static)
 
     @property
     def module(self) -> Any:
@@ -101,8 +207,7 @@ class Nvml:
                             procs[int(p.pid)] = procs.get(int(p.pid), 0) + int(mem or 0)
                     except nv.NVMLError:
                         pass
-                out.append(GpuStats(g.index, g.uuid, g.name, g.memory_total, used, util, procs,
-                                    g.minor))
+                out.append(replace(g, memory_used=used, utilization=util, processes=procs))
         return out
 
     def close(self) -> None:

@@ -18,11 +18,14 @@ def gpus(fmt: str, no_header: bool, socket_path: str | None) -> None:
     """List the GPUs: index, name and UUID (the daemon's, else NVML's)."""
     found = view.fetch_or_nvml(socket_path).get("gpus", [])
     if fmt == "json":
-        click.echo(output.json_text(nodeview.select(found, nodeview.LIST_FIELDS)), nl=False)
+        click.echo(output.json_text(nodeview.select(found, (*nodeview.LIST_FIELDS, "parent",
+                                                             "mig"))), nl=False)
     elif fmt == "csv":
         click.echo(nodeview.to_csv(found, nodeview.LIST_FIELDS, nodeview.GPU_FIELDS, "mib",
                                    not no_header), nl=False)
     else:
         for g in found:
             drained = " [drained]" if g.get("drained") else ""
-            click.echo(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']}){drained}")
+            parent = g.get("parent")
+            on = f" [on GPU {parent}]" if isinstance(parent, int) else ""
+            click.echo(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']}){on}{drained}")
