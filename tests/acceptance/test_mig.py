@@ -41,7 +41,7 @@ CLIENT = textwrap.dedent("""
     ctx = ok(cu.cuDevicePrimaryCtxRetain(dev))
     ok(cu.cuCtxSetCurrent(ctx))
     free, total = ok(cu.cuMemGetInfo())
-    uuid = bytes(ok(cu.cuDeviceGetUuid_v2(dev)).bytes)
+    uuid = bytes(ok(cu.cuDeviceGetUuid(dev)).bytes)
     sms = ok(cu.cuDeviceGetAttribute(
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
     got, ptrs = 0, []
@@ -196,3 +196,35 @@ def test_mig_works_with_no_daemon(tmp_path):
     r = cli("mig", "disable", "0")
     assert r.returncode == 0 and "MIG off" in r.stdout, r.stderr
     assert Path(tmp_path / "sim").exists()
+
+
+def test_a_job_on_a_mig_device_suspends_and_resumes_there(daemon_factory):
+    """Suspend and resume keep a job on its MIG device. A move to another
+    MIG device, which the driver refuses (the simulator's does: its restore
+    takes the pairs of whole GPUs), leaves the job suspended where it was,
+    in one line, and it resumes there after: never a record that points at
+    a device its processes are not on (which the watch would end the job
+    for)."""
+    d = mig_daemon(daemon_factory)
+    job = d.popen("run", "--gpu", str(SMALL[0]), "--mem", "1G", "--",
+                  str(native.burn_program()), "--kernel-us", "1000", "--seconds", "60",
+                  "--alloc", "256M")
+    try:
+        jid = d.running_job()["id"]
+        assert d.cli("suspend", jid).returncode == 0
+        moved = d.cli("resume", jid, "--gpu", str(SMALL[1]))
+        lines = moved.stderr.strip().splitlines()
+        assert moved.returncode != 0 and len(lines) == 1 and "stays suspended" in lines[0], \
+            moved.stderr
+        row = d.job(jid)
+        assert row["state"] == "suspended" and row["gpus"] == [SMALL[0]]
+        back = d.cli("resume", jid)
+        assert back.returncode == 0, back.stderr
+        row = d.job(jid)
+        assert row["state"] == "running" and row["gpus"] == [SMALL[0]]
+        # still alive a tick of the watch later, its memory where its record says
+        wait_for(lambda: d.job(jid)["mem_used"] >= 256 << 20, 10, "its memory back")
+        assert job.poll() is None
+    finally:
+        d.cleanup_jobs()
+        job.wait(timeout=30)

@@ -97,10 +97,6 @@ async def op_mig(sup: Supervisor, peer: Peer, req: P.Mig) -> dict[str, Any]:
                         if g.index == parent.index and g.parent is None
                         or g.parent == parent.index}
                 _refuse_jobs(sup, held, f"GPU {parent.index}")
-                if not on and parent.instances:
-                    raise AdmissionRefused(
-                        f"GPU {parent.index} has {len(parent.instances)} GPU instance(s): "
-                        "`vgpuctl mig destroy` them first")
                 await run(mig.set_mode, nv, parent.index, on)
                 out.update(parent=parent.index, changed=True)
         devices = await run(nvml.reread)
@@ -108,7 +104,7 @@ async def op_mig(sup: Supervisor, peer: Peer, req: P.Mig) -> dict[str, Any]:
         sup.update_stats(await run(nvml.snapshot))
     sup.refresh_gpus()
     if req.action == "create":
-        uuid = next((u for _, u in out["instance"]["devices"]), None)
+        uuid = next((d["uuid"] for d in out["instance"]["devices"]), None)
         out["gpu"] = next((g.index for g in sup.gpus if g.uuid == uuid), None)
     log.info("mig %s %s%s by uid %d", req.action, req.gpu,
              f" {req.profile}" if req.profile else "", peer.uid)

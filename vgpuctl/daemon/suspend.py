@@ -194,7 +194,11 @@ class Suspender:
             else {}
         if moves:
             driver.check_move()
-        pairs = suspend_rules.gpu_pairs([g.uuid for g in self.gpus], moves)
+        # every whole GPU, and the MIG devices of the move (a driver that
+        # knows no move between MIG devices refuses it: the job stays)
+        pairs = suspend_rules.gpu_pairs(
+            [g.uuid for g in self.gpus if g.parent is None or g.uuid in moves
+             or g.uuid in moves.values()], moves)
         loop = asyncio.get_running_loop()
         pids = job.suspended_pids
         if pids is None:        # suspended before this daemon started: ask the driver
@@ -213,7 +217,9 @@ class Suspender:
             try:
                 await loop.run_in_executor(None, job_checkpoint.restore_all, driver, pids,
                                            pairs, job.id)
-            except CheckpointError:
+            except BaseException:
+                # whatever failed (the driver's refusal, or a bug on the way
+                # to it), the job's processes are where they were: so is it
                 if moves:
                     self._point_back(job, before)
                 raise

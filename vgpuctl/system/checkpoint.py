@@ -91,9 +91,10 @@ def cuda_text(version: int) -> str:
 
 
 def uuid_bytes(text: str) -> bytes:
-    """The 16 bytes of a GPU UUID written "GPU-xxxxxxxx-...". ValueError otherwise."""
+    """The 16 bytes of a GPU UUID written "GPU-xxxxxxxx-..." (or a MIG
+    device's, "MIG-..."). ValueError otherwise."""
     t = text.strip()
-    if t.upper().startswith("GPU-"):
+    if t.upper().startswith(("GPU-", "MIG-")):
         t = t[4:]
     return uuidlib.UUID(t).bytes
 

@@ -118,7 +118,8 @@ def status(nv: Any, index: int) -> GpuMig:
     enabled = int(cur) == 1
     if not enabled:
         return GpuMig(index, uuid, name, True, False, int(pend) == 1)
-    profiles = tuple(p for p in (_profile(nv, h, pid) for pid in PROFILE_IDS) if p)
+    profiles = tuple(sorted((p for p in (_profile(nv, h, pid) for pid in PROFILE_IDS) if p),
+                            key=lambda p: (p.slices, p.memory, p.id)))
     instances = sorted((i for p in profiles for i in _instances(nv, h, p)),
                        key=lambda i: i.start)
     return GpuMig(index, uuid, name, True, True, int(pend) == 1, profiles, tuple(instances))
@@ -163,12 +164,14 @@ def _instances(nv: Any, h: Any, p: Profile) -> list[Instance]:
         except nv.NVMLError:
             continue
         out.append(Instance(int(info.id), p.name, int(info.placement.start),
-                            int(info.placement.size), tuple(_devices(nv, h, arr[k]))))
+                            int(info.placement.size),
+                            tuple(_devices(nv, h, arr[k], int(info.id)))))
     return out
 
 
-def _devices(nv: Any, h: Any, gi: Any) -> list[tuple[int, str]]:
-    """The compute instances of GPU instance gi, with their MIG device's UUID."""
+def _devices(nv: Any, h: Any, gi: Any, gi_id: int) -> list[tuple[int, str]]:
+    """The compute instances of GPU instance gi (id gi_id), with their MIG
+    device's UUID."""
     out = []
     for cpid in _CI_PROFILE_IDS:
         arr = (nv.c_nvmlComputeInstance_t * _MAX_INSTANCES)()
@@ -182,7 +185,7 @@ def _devices(nv: Any, h: Any, gi: Any) -> list[tuple[int, str]]:
                 ci = nv.nvmlComputeInstanceGetInfo(arr[k])
             except nv.NVMLError:
                 continue
-            out.append((int(ci.id), _mig_uuid(nv, h, int(ci.gpuInstanceId), int(ci.id))))
+            out.append((int(ci.id), _mig_uuid(nv, h, gi_id, int(ci.id))))
     return sorted(out)
 
 
@@ -297,8 +300,14 @@ def destroy(nv: Any, index: int, gi_id: int) -> None:
 
 def set_mode(nv: Any, index: int, enable: bool) -> None:
     """Turn MIG mode on or off on GPU index (Hopper: at once, no reset)."""
-    h = nv.nvmlDeviceGetHandleByIndex(index)
     what = f"GPU {index}: MIG {'on' if enable else 'off'}"
+    if not enable:
+        left = status(nv, index).instances
+        if left:
+            raise AdmissionRefused(f"{what}: it has {len(left)} GPU instance"
+                                   f"{'s' if len(left) > 1 else ''}: `vgpuctl mig destroy` "
+                                   "their MIG devices first")
+    h = nv.nvmlDeviceGetHandleByIndex(index)
     try:
         status_code = nv.nvmlDeviceSetMigMode(h, 1 if enable else 0)
     except nv.NVMLError as e:

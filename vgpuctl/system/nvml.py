@@ -150,7 +150,7 @@ class Nvml:
             h = nv.nvmlDeviceGetHandleByIndex(i)
             if mig_mode(nv, h):
                 parents.append(i)
-                for m, g in _mig_devices(nv, count, i, h):
+                for m, g in sorted(_mig_devices(nv, count, i, h), key=lambda mg: mg[1].index):
                     handles.append(m)
                     static.append(g)
                 continue
