@@ -78,7 +78,7 @@ static void put_string(struct out *o, const char *s)
 }
 
 /* The GPUs' MIG mode, and every GPU instance: "mig_devices", each with its
- * device slot (the index the processes' "mig_devices" name). */
+ * device slot (the "index" of the processes' "mig_devices" rows). */
 static void put_mig(struct out *o, const struct vgpu_sim_state *s)
 {
     put(o, "], \"mig_mode\": [");
@@ -174,7 +174,7 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
         put(&o, "], \"mig_devices\": [");
         for (int d = VGPU_SIM_MAX_GPUS, n = 0; d < VGPU_SIM_MAX_DEVICES; d++)
             if (s->dev[d].parent >= 0 && (p->used[d] || p->contexts[d] || p->busy_ns[d]))
-                put(&o, "%s{\"slot\": %d, \"used\": %llu, \"peak\": %llu, "
+                put(&o, "%s{\"index\": %d, \"used\": %llu, \"peak\": %llu, "
                         "\"busy_ns\": %llu, \"contexts\": %u}",
                     n++ ? ", " : "", d, (unsigned long long)p->used[d],
                     (unsigned long long)p->peak[d], (unsigned long long)p->busy_ns[d],

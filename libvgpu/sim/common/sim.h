@@ -161,7 +161,7 @@ uint64_t sim_ckpt_release(int slot);
  * *bytes gets the bytes restored. */
 int sim_ckpt_restore(int slot, const int map[VGPU_SIM_MAX_DEVICES], uint64_t *bytes);
 
-/* ---- mig.c: MIG ---- */
+/* ---- mig_layout.c (profiles, instances, VGPU_SIM_MIG) and mig.c (slots): MIG ---- */
 
 /* A GPU instance profile: its NVML_GPU_INSTANCE_PROFILE_* index, the id the
  * driver gives it, compute and memory slices, instances that fit (its
