@@ -429,3 +429,41 @@ def test_kernels_take_the_instance_sms(sim_env):
     mig = run_py(sim_env, KERNEL_TIME)
     assert whole == [pytest.approx(1.6, abs=0.05), 132 * 2]
     assert mig == [pytest.approx(13.2, abs=0.05), 16 * 2]
+
+
+# Queues 2 s of kernels on its device, then reports.
+HOLD_BUSY = f"""
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
+spin = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
+ck(cu.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, 0, ((2_000_000_000,), (ctypes.c_uint64,)), 0))
+out({{"pid": os.getpid()}})
+"""
+
+# The time a 50 ms kernel of this process takes, by its events.
+TIME_50MS = f"""
+ck(cu.cuInit(0))
+ctx = ck(cu.cuDevicePrimaryCtxRetain(0)); ck(cu.cuCtxSetCurrent(ctx))
+mod = ck(cu.cuModuleLoadData({SPIN_PTX!r}))
+spin = ck(cu.cuModuleGetFunction(mod, b"vgpu_spin"))
+a, b = ck(cu.cuEventCreate(0)), ck(cu.cuEventCreate(0))
+ck(cu.cuEventRecord(a, 0))
+ck(cu.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, 0, ((50_000_000,), (ctypes.c_uint64,)), 0))
+ck(cu.cuEventRecord(b, 0))
+ck(cu.cuEventSynchronize(b))
+out(ck(cu.cuEventElapsedTime(a, b)))
+"""
+
+
+def test_instances_run_at_once_and_share_inside(mig_env):
+    """A busy process on instance 1 does not slow a kernel on instance 2,
+    and does slow one on its own instance (time slices)."""
+    uuids = run_py(mig_env, UUIDS)
+    env1 = dict(mig_env, CUDA_VISIBLE_DEVICES=uuids["1"])
+    env2 = dict(mig_env, CUDA_VISIBLE_DEVICES=uuids["2"])
+    with holding(env1, HOLD_BUSY):
+        other = run_py(env2, TIME_50MS)
+        same = run_py(env1, TIME_50MS)
+    assert other == pytest.approx(50, abs=2)
+    assert same > 90  # about half of the instance while the holder is busy
