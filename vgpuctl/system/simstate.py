@@ -16,7 +16,7 @@ import fcntl
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,24 @@ class DeviceStats:
     kernels: int
     fail_allocs: int
     switches: int = 0       # context switches on its timeline
+
+
+@dataclass(frozen=True)
+class MigDeviceStats:
+    """A GPU instance of a GPU in MIG mode, and its MIG device (its compute
+    instance: ci 0 and its MIG- UUID, or None before one is created)."""
+
+    slot: int               # its device slot: the index of processes' mig_devices rows
+    parent: int             # the GPU it is on
+    gi: int                 # GPU instance id
+    ci: int | None
+    uuid: str | None
+    profile: str            # "1g.10gb"
+    start: int              # placement: first memory slice
+    total: int
+    used: int
+    busy_ns: int
+    kernels: int
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,7 @@ class ProcessStats:
     tag: str | None
     devices: list[DeviceShare]
     checkpoint: str = "running"   # its state for the checkpoint API
+    mig_devices: list[DeviceShare] = field(default_factory=list)  # index: MigDeviceStats.slot
 
 
 @dataclass(frozen=True)
@@ -82,6 +101,8 @@ class SimStats:
     ckpt_rate: int = 0          # VGPU_SIM_CKPT_RATE: checkpoint copies, bytes/s
     ckpt_pairs: str = "checkpointed"   # VGPU_SIM_CKPT_PAIRS
     ckpt_refused: str = "failed"       # VGPU_SIM_CKPT_REFUSED
+    mig_mode: list[int] = field(default_factory=list)   # per GPU: 1 in MIG mode
+    mig_devices: list[MigDeviceStats] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -103,7 +124,7 @@ def parse_stats(text: str) -> SimStats:
         nvml_error=d["faults"]["nvml_error"], nvml_error_count=d["faults"]["nvml_error_count"],
         devices=[DeviceStats(**dev) for dev in d["devices"]],
         processes=[ProcessStats(p["pid"], p["tag"], _usage(p["devices"]),
-                                p.get("checkpoint", "running"))
+                                p.get("checkpoint", "running"), _usage(p.get("mig_devices", [])))
                    for p in d["processes"]],
         tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
         util_idle=d.get("util_idle", "average"),
@@ -112,6 +133,8 @@ def parse_stats(text: str) -> SimStats:
         ckpt_rate=d.get("checkpoint", {}).get("rate", 0),
         ckpt_pairs=d.get("checkpoint", {}).get("pairs", "checkpointed"),
         ckpt_refused=d.get("checkpoint", {}).get("refused", "failed"),
+        mig_mode=d.get("mig_mode", []),
+        mig_devices=[MigDeviceStats(**m) for m in d.get("mig_devices", [])],
     )
 
 

@@ -365,4 +365,100 @@ typedef struct nvmlFieldValue_st {
 
 #define NVML_POWER_SCOPE_GPU 0U
 
+/* ---- MIG ---- */
+#define NVML_DEVICE_MIG_DISABLE 0x0
+#define NVML_DEVICE_MIG_ENABLE 0x1
+#define NVML_GPU_INSTANCE_PROFILE_COUNT 0x12
+#define NVML_COMPUTE_INSTANCE_PROFILE_COUNT 0x9
+#define NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED 0x0
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct nvmlComputeInstance_st *nvmlComputeInstance_t;
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int isP2pSupported;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int copyEngineCount;
+    unsigned int decoderCount;
+    unsigned int encoderCount;
+    unsigned int jpegCount;
+    unsigned int ofaCount;
+    unsigned long long memorySizeMB;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlGpuInstanceProfileInfo_v2_t;
+#define nvmlGpuInstanceProfileInfo_v2 \
+    (unsigned int)(sizeof(nvmlGpuInstanceProfileInfo_v2_t) | (2 << 24U))
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlComputeInstancePlacement_t;
+
+typedef struct {
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+} nvmlComputeInstanceProfileInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int id;
+    unsigned int sliceCount;
+    unsigned int instanceCount;
+    unsigned int multiprocessorCount;
+    unsigned int sharedCopyEngineCount;
+    unsigned int sharedDecoderCount;
+    unsigned int sharedEncoderCount;
+    unsigned int sharedJpegCount;
+    unsigned int sharedOfaCount;
+    char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+} nvmlComputeInstanceProfileInfo_v2_t;
+#define nvmlComputeInstanceProfileInfo_v2 \
+    (unsigned int)(sizeof(nvmlComputeInstanceProfileInfo_v2_t) | (2 << 24U))
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlGpuInstance_t gpuInstance;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlComputeInstancePlacement_t placement;
+} nvmlComputeInstanceInfo_t;
+
 #endif /* VGPU_NVML_TYPES_H */

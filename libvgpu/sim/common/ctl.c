@@ -77,6 +77,34 @@ static void put_string(struct out *o, const char *s)
     put(o, "\"");
 }
 
+/* The GPUs' MIG mode, and every GPU instance: "mig_devices", each with its
+ * device slot (the "index" of the processes' "mig_devices" rows). */
+static void put_mig(struct out *o, const struct vgpu_sim_state *s)
+{
+    put(o, "], \"mig_mode\": [");
+    for (uint32_t g = 0; g < s->count; g++)
+        put(o, "%s%u", g ? ", " : "", s->mig[g].mode);
+    put(o, "], \"mig_devices\": [");
+    int n = 0;
+    for (uint32_t g = 0; g < s->count; g++)
+        for (int i = 0; i < VGPU_SIM_MAX_GI; i++) {
+            const struct vgpu_sim_gi *gi = &s->mig[g].gi[i];
+            if (!gi->used)
+                continue;
+            char uuid[64], prof[32];
+            sim_slot_uuid_string(gi->slot, uuid, sizeof uuid);
+            sim_mig_profile_name(s, sim_mig_profile(gi->profile), prof, sizeof prof);
+            const struct vgpu_sim_device *dv = &s->dev[gi->slot];
+            put(o, "%s{\"slot\": %d, \"parent\": %u, \"gi\": %d, \"ci\": ", n++ ? ", " : "",
+                gi->slot, g, i + 1);
+            put(o, gi->has_ci ? "0, \"uuid\": \"%s\"" : "null, \"uuid\": null%.0s", uuid);
+            put(o, ", \"profile\": \"%s\", \"start\": %u, \"total\": %llu, \"used\": %llu, "
+                   "\"busy_ns\": %llu, \"kernels\": %llu}",
+                prof, gi->start, (unsigned long long)dv->total, (unsigned long long)dv->used,
+                (unsigned long long)dv->busy_ns, (unsigned long long)dv->kernels);
+        }
+}
+
 VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
 {
     struct vgpu_sim_state *s = ctl_state(0);
@@ -85,8 +113,9 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
     struct out o = {buf, len, 0};
     char path[PATH_MAX];
     sim_lock(1);
-    for (uint32_t d = 0; d < s->count; d++)
-        sim_timeline_catch_up((int)d);
+    for (uint32_t d = 0; d < VGPU_SIM_MAX_DEVICES; d++)
+        if (d < s->count || s->dev[d].parent >= 0)
+            sim_timeline_catch_up((int)d);
     put(&o, "{\"path\": ");
     put_string(&o, sim_state_path(path, sizeof path));
     put(&o, ", \"count\": %u, \"memory\": %llu, \"sample_ms\": %llu, \"util_idle\": \"%s\", "
@@ -117,6 +146,7 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
             (unsigned long long)dv->busy_ns, (unsigned long long)dv->kernels,
             (unsigned long long)dv->sched.switches, (long long)dv->fail_allocs);
     }
+    put_mig(&o, s);
     put(&o, "], \"processes\": [");
     int first = 1;
     for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
@@ -141,6 +171,14 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
                                          ? q->submitted_ns - q->done_ns : 0),
                 (unsigned long long)p->ckpt.held[d]);
         }
+        put(&o, "], \"mig_devices\": [");
+        for (int d = VGPU_SIM_MAX_GPUS, n = 0; d < VGPU_SIM_MAX_DEVICES; d++)
+            if (s->dev[d].parent >= 0 && (p->used[d] || p->contexts[d] || p->busy_ns[d]))
+                put(&o, "%s{\"index\": %d, \"used\": %llu, \"peak\": %llu, "
+                        "\"busy_ns\": %llu, \"contexts\": %u}",
+                    n++ ? ", " : "", d, (unsigned long long)p->used[d],
+                    (unsigned long long)p->peak[d], (unsigned long long)p->busy_ns[d],
+                    p->contexts[d]);
         put(&o, "]}");
         first = 0;
     }

@@ -161,6 +161,67 @@ uint64_t sim_ckpt_release(int slot);
  * *bytes gets the bytes restored. */
 int sim_ckpt_restore(int slot, const int map[VGPU_SIM_MAX_DEVICES], uint64_t *bytes);
 
+/* ---- mig_layout.c (profiles, instances, VGPU_SIM_MIG) and mig.c (slots): MIG ---- */
+
+/* A GPU instance profile: its NVML_GPU_INSTANCE_PROFILE_* index, the id the
+ * driver gives it, compute and memory slices, instances that fit (its
+ * placements: start k * size for k < count), multiprocessors, and the
+ * NVML_COMPUTE_INSTANCE_PROFILE_* of the compute instance spanning it. */
+struct sim_mig_profile {
+    unsigned int nvml, id, compute, mem, count, size, sms, ci_profile;
+};
+const struct sim_mig_profile *sim_mig_profile(unsigned int nvml_profile); /* NULL: none */
+const struct sim_mig_profile *sim_mig_profile_by_id(unsigned int id);
+uint64_t sim_mig_memory(const struct vgpu_sim_state *s, const struct sim_mig_profile *p);
+void sim_mig_profile_name(const struct vgpu_sim_state *s, const struct sim_mig_profile *p,
+                          char *out, size_t len); /* "1g.10gb" */
+/* How many more instances of p GPU gpu has room for. */
+unsigned int sim_mig_remaining(const struct vgpu_sim_state *s, int gpu,
+                               const struct sim_mig_profile *p);
+
+/* Device slots (physical GPUs and MIG devices): the physical GPU a slot is
+ * on (itself for a physical one), its multiprocessors, the GPU instance
+ * whose slot it is (NULL for a physical GPU; *gpu, *gi_id set), whether it
+ * is a MIG device now (its instance has its compute instance), its name
+ * ("vgpu-sim GPU MIG 1g.10gb"), its UUID ("GPU-..." or "MIG-...", and a MIG
+ * device's 16 bytes), and whether a process holds memory or a context on it
+ * (the lock held, dead processes reclaimed). */
+int sim_slot_parent(int slot);
+int sim_slot_sms(int slot);
+const struct vgpu_sim_gi *sim_slot_gi(int slot, int *gpu, int *gi_id);
+int sim_slot_is_mig_device(int slot);
+void sim_slot_name(int slot, char *out, size_t len);
+void sim_slot_uuid_string(int slot, char *out, size_t len);
+void sim_slot_mig_uuid(int slot, unsigned char out[16]);
+int sim_slot_in_use(const struct vgpu_sim_state *s, int slot);
+
+/* Changing the layout, the lock held and dead processes reclaimed: MIG
+ * mode on or off (refused IN_USE while a process uses the GPU, or, to turn
+ * it off, while it has instances), a GPU instance of profile p at start
+ * (-1: the first free placement; *gi_id its id, the lowest free from 1), its
+ * compute instance (id 0), and destroying them (IN_USE while a process
+ * uses it, or, for a GPU instance, while it has its compute instance). */
+enum { SIM_MIG_OK, SIM_MIG_NOT_SUPPORTED, SIM_MIG_INVALID, SIM_MIG_NO_ROOM, SIM_MIG_IN_USE };
+int sim_mig_set_mode(struct vgpu_sim_state *s, int gpu, unsigned int mode);
+int sim_mig_create_gi(struct vgpu_sim_state *s, int gpu, const struct sim_mig_profile *p,
+                      int start, int *gi_id);
+int sim_mig_destroy_gi(struct vgpu_sim_state *s, int gpu, int gi_id);
+int sim_mig_create_ci(struct vgpu_sim_state *s, int gpu, int gi_id);
+int sim_mig_destroy_ci(struct vgpu_sim_state *s, int gpu, int gi_id);
+
+/* VGPU_SIM_MIG read (with the GPUs' count and memory: profile names follow
+ * it) into a plan, applied to a state being created. A malformed value is
+ * said on stderr and -1 returned. */
+struct sim_mig_plan {
+    uint32_t enabled; /* GPUs in MIG mode, a bit each */
+    uint32_t n;
+    struct sim_mig_plan_entry {
+        int gpu, profile, start;
+    } e[VGPU_SIM_MAX_DEVICES - VGPU_SIM_MAX_GPUS];
+};
+int sim_mig_parse(const char *spec, uint32_t count, uint64_t memory, struct sim_mig_plan *plan);
+void sim_mig_apply(struct vgpu_sim_state *s, const struct sim_mig_plan *plan);
+
 /* ---- ctl.c: fault injection, and control functions for vgpuctl ---- */
 
 /* Fault injection for NVML: the error to fail this call with, or 0. */

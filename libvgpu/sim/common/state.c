@@ -57,7 +57,7 @@ int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory)
     long c = strtol(text, &end, 10);
     while (isspace((unsigned char)*end))
         end++;
-    if ((*end != 'x' && *end != 'X') || c < 1 || c > VGPU_SIM_MAX_DEVICES)
+    if ((*end != 'x' && *end != 'X') || c < 1 || c > VGPU_SIM_MAX_GPUS)
         return -1;
     uint64_t mem;
     if (vgpu_parse_size(end + 1, &mem) != 0 || mem < (256ull << 20))
@@ -489,7 +489,8 @@ void sim_unlock(void)
 static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory,
                        uint64_t sample_ns, uint32_t util_idle, uint32_t util_procs,
                        uint64_t slice_ns, uint64_t switch_ns, uint64_t ckpt_rate,
-                       uint32_t ckpt_flags, const char *driver, int32_t cuda)
+                       uint32_t ckpt_flags, const char *driver, int32_t cuda,
+                       const char *mig_spec, const struct sim_mig_plan *mig)
 {
     memset(s, 0, offsetof(struct vgpu_sim_state, dev));
     s->magic = VGPU_SIM_MAGIC;
@@ -519,6 +520,8 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     for (uint32_t d = 0; d < VGPU_SIM_MAX_DEVICES; d++) {
         struct vgpu_sim_device *dev = &s->dev[d];
         dev->total = d < count ? memory : 0;
+        dev->sms = d < count ? SIM_SM_COUNT : 0;
+        dev->parent = -1;
         dev->used = dev->busy_ns = dev->kernels = dev->runs = 0;
         dev->fail_allocs = 0;
         memset(&dev->sched, 0, sizeof dev->sched);
@@ -527,6 +530,8 @@ static void init_state(struct vgpu_sim_state *s, uint32_t count, uint64_t memory
     }
     for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++)
         s->procs[i].tag = -1;
+    snprintf(s->mig_spec, sizeof s->mig_spec, "%s", mig_spec);
+    sim_mig_apply(s, mig);
     __atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
 }
 
@@ -534,7 +539,7 @@ static int valid_state(const struct vgpu_sim_state *s, off_t size)
 {
     return size == (off_t)sizeof *s && s->magic == VGPU_SIM_MAGIC &&
            s->layout == VGPU_SIM_LAYOUT && s->ready &&
-           s->count >= 1 && s->count <= VGPU_SIM_MAX_DEVICES;
+           s->count >= 1 && s->count <= VGPU_SIM_MAX_GPUS;
 }
 
 /* Open path locked (flock), making sure the file we hold is still the one the
@@ -578,6 +583,15 @@ static struct vgpu_sim_state *open_state(int as_is)
     if (spec_given && sim_parse_spec(spec, &count, &memory)) {
         fprintf(stderr, "vgpu-sim: VGPU_SIM=%s: expected COUNTxSIZE, for example 2x16G\n",
                 spec);
+        errno = EINVAL;
+        return NULL;
+    }
+    const char *mig_spec = getenv("VGPU_SIM_MIG");
+    int mig_given = mig_spec && *mig_spec;
+    static struct sim_mig_plan mig; /* under g_open_lock */
+    if (!mig_given)
+        mig_spec = "";
+    if (sim_mig_parse(mig_spec, count, memory, &mig)) {
         errno = EINVAL;
         return NULL;
     }
@@ -633,7 +647,7 @@ static struct vgpu_sim_state *open_state(int as_is)
         }
         if (!valid_state(s, (off_t)sizeof *s)) {
             init_state(s, count, memory, sample_ns, util_idle, util_procs, slice_ns, switch_ns,
-                       ckpt_rate, ckpt_flags, driver, cuda);
+                       ckpt_rate, ckpt_flags, driver, cuda, mig_spec, &mig);
         } else if (!as_is && ((spec_given && (s->count != count || s->memory != memory)) ||
                               (sample_given && s->sample_ns != sample_ns) ||
                               (idle_given && s->util_idle != util_idle) ||
@@ -642,7 +656,8 @@ static struct vgpu_sim_state *open_state(int as_is)
                               (switch_given && s->switch_ns != switch_ns) ||
                               (ckpt_given && (s->ckpt_rate != ckpt_rate ||
                                               s->ckpt_flags != ckpt_flags)) ||
-                              (driver_given && strcmp(s->driver, driver) != 0))) {
+                              (driver_given && strcmp(s->driver, driver) != 0) ||
+                              (mig_given && strcmp(s->mig_spec, mig_spec) != 0))) {
             /* Another configuration: replace it unless someone uses it. */
             lock_state(s);
             int busy = live_processes(s);

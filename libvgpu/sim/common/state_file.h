@@ -19,8 +19,17 @@
 #include <stdint.h>
 
 #define VGPU_SIM_MAGIC 0x4d495356u /* "VSIM" */
-#define VGPU_SIM_LAYOUT 7
-#define VGPU_SIM_MAX_DEVICES 16
+#define VGPU_SIM_LAYOUT 8
+/* Device slots: the physical GPUs (at most VGPU_SIM_MAX_GPUS, slots 0 to
+ * count - 1), then the MIG devices' (one per GPU instance, slots
+ * VGPU_SIM_MAX_GPUS and up, taken when an instance is created). Memory,
+ * timeline and per-process records are per slot, so a MIG device is a
+ * device of its own to all of them. */
+#define VGPU_SIM_MAX_GPUS 16
+#define VGPU_SIM_MAX_DEVICES 32
+#define VGPU_SIM_MIG_SLICES 8      /* memory slices of a GPU in MIG mode */
+#define VGPU_SIM_MAX_GI 7          /* GPU instances per GPU (ids 1 to 7) */
+#define VGPU_SIM_MIG_SPEC_LEN 256
 #define VGPU_SIM_MAX_PROCS 256
 #define VGPU_SIM_MAX_TAGS 256       /* VGPU_SIM_TAG names a state has seen */
 #define VGPU_SIM_TAG_LEN 64
@@ -105,6 +114,9 @@ struct vgpu_sim_sched {
 
 struct vgpu_sim_device {
     uint64_t total;          /* bytes */
+    uint32_t sms;            /* multiprocessors (SIM_SM_COUNT, or a MIG profile's) */
+    int32_t parent;          /* a MIG device's physical GPU; -1: a physical GPU or
+                                a free slot */
     uint64_t used;           /* bytes held by live processes, contexts included */
     uint64_t busy_ns;        /* kernel time executed since the state was created */
     uint64_t kernels;        /* kernels submitted since the state was created */
@@ -113,6 +125,25 @@ struct vgpu_sim_device {
     struct vgpu_sim_sched sched;
     struct vgpu_sim_period periods[VGPU_SIM_PERIODS];
     struct vgpu_sim_kernel ring[VGPU_SIM_RING];
+};
+
+/* One GPU instance of a GPU in MIG mode, with at most one compute instance
+ * (the one that spans it: the simulator models no smaller compute
+ * profiles). Its MIG device is dev[slot]. */
+struct vgpu_sim_gi {
+    uint32_t used;           /* 1: the instance exists */
+    uint32_t profile;        /* NVML_GPU_INSTANCE_PROFILE_* */
+    uint32_t start;          /* placement: first memory slice */
+    uint32_t has_ci;         /* 1: its compute instance (id 0) exists */
+    int32_t slot;            /* dev[] slot of its memory and MIG device */
+    uint32_t pad;
+    uint64_t serial;         /* its compute instance's creation number (its UUID) */
+};
+
+struct vgpu_sim_mig {
+    uint32_t mode;           /* NVML_DEVICE_MIG_ENABLE or _DISABLE (current = pending) */
+    uint32_t pad;
+    struct vgpu_sim_gi gi[VGPU_SIM_MAX_GI]; /* gi[id - 1] */
 };
 
 /* CUprocessState, as cuCheckpointProcessGetState reports it */
@@ -198,6 +229,9 @@ struct vgpu_sim_state {
     int64_t nvml_error_count; /* ...this many more times (-1: until cleared) */
     struct vgpu_sim_proc procs[VGPU_SIM_MAX_PROCS];
     struct vgpu_sim_tag tags[VGPU_SIM_MAX_TAGS];
+    char mig_spec[VGPU_SIM_MIG_SPEC_LEN]; /* VGPU_SIM_MIG it was created with */
+    uint64_t mig_serial;     /* compute instances created so far */
+    struct vgpu_sim_mig mig[VGPU_SIM_MAX_GPUS];
     struct vgpu_sim_device dev[VGPU_SIM_MAX_DEVICES];
 };
 

@@ -507,8 +507,8 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
     md2_keyed(&m, k_integrity_key, 0x36);
     md2_update(&m, &in, sizeof in);
     for (int d = 0; d < cu_count; d++) {
-        struct integrity_device dev = {.pci_domain = 0, .pci_bus = cu_phys[d] + 1};
-        sim_device_uuid(cu_phys[d], dev.uuid);
+        struct integrity_device dev = {.pci_domain = 0, .pci_bus = sim_slot_parent(cu_phys[d]) + 1};
+        sim_device_uuid(sim_slot_parent(cu_phys[d]), dev.uuid);
         md2_update(&m, &dev, sizeof dev);
     }
     md2_final(&m, inner);

@@ -18,20 +18,57 @@ pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 static CUresult g_init_result = CUDA_ERROR_NOT_INITIALIZED;
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
 
-/* The devices CUDA_VISIBLE_DEVICES selects, as the driver reads it: indices
- * or GPU- UUIDs (a unique prefix is enough), in the order given, up to the
- * first entry that is invalid, unknown or repeated. Unset: every GPU. */
+/* Append GPU gpu's devices to out: itself, or in MIG mode its MIG devices
+ * (by GPU instance id). */
+static int expand(int gpu, int *out, int n)
+{
+    const struct vgpu_sim_state *s = sim_state();
+    if (!s->mig[gpu].mode) {
+        out[n++] = gpu;
+        return n;
+    }
+    for (int i = 0; i < VGPU_SIM_MAX_GI; i++) {
+        const struct vgpu_sim_gi *g = &s->mig[gpu].gi[i];
+        if (g->used && g->has_ci && n < VGPU_SIM_MAX_DEVICES)
+            out[n++] = g->slot;
+    }
+    return n;
+}
+
+/* The slot of the one device whose UUID string (GPU- or MIG-) starts with
+ * tok, or -1. */
+static int by_uuid(const char *tok)
+{
+    int matches = 0, dev = -1;
+    for (int d = 0; d < VGPU_SIM_MAX_DEVICES; d++) {
+        if (d >= (int)sim_state()->count && !sim_slot_is_mig_device(d))
+            continue;
+        char uuid[64];
+        sim_slot_uuid_string(d, uuid, sizeof uuid);
+        if (strncmp(uuid, tok, strlen(tok)) == 0) {
+            matches++;
+            dev = d;
+        }
+    }
+    return matches == 1 ? dev : -1;
+}
+
+/* The devices CUDA_VISIBLE_DEVICES selects, as the driver reads it: indices,
+ * GPU- or MIG- UUIDs (a unique prefix is enough), in the order given, up to
+ * the first entry that is invalid, unknown or repeated. Unset: every GPU. A
+ * GPU in MIG mode stands for its MIG devices; and when the list holds any
+ * MIG device, CUDA enumerates that one alone (one MIG device per process),
+ * and no plain GPU. */
 static int visible_devices(int physical, int *out)
 {
     const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    int n = 0;
     if (!env) {
         for (int i = 0; i < physical; i++)
-            out[i] = i;
-        return physical;
+            n = expand(i, out, n);
     }
-    int n = 0;
     const char *p = env;
-    while (n < VGPU_SIM_MAX_DEVICES) {
+    while (p && n < VGPU_SIM_MAX_DEVICES) {
         char tok[128];
         size_t len = strcspn(p, ",");
         size_t a = 0, b = len;
@@ -44,18 +81,8 @@ static int visible_devices(int physical, int *out)
         memcpy(tok, p + a, b - a);
         tok[b - a] = '\0';
         int dev = -1;
-        if (strncmp(tok, "GPU-", 4) == 0) {
-            int matches = 0;
-            for (int i = 0; i < physical; i++) {
-                char uuid[64];
-                sim_device_uuid_string(i, uuid, sizeof uuid);
-                if (strncmp(uuid, tok, strlen(tok)) == 0) {
-                    matches++;
-                    dev = i;
-                }
-            }
-            if (matches != 1)
-                dev = -1;
+        if (strncmp(tok, "GPU-", 4) == 0 || strncmp(tok, "MIG-", 4) == 0) {
+            dev = by_uuid(tok);
         } else if (isdigit((unsigned char)tok[0])) {
             char *end;
             long v = strtol(tok, &end, 10);
@@ -63,15 +90,20 @@ static int visible_devices(int physical, int *out)
                 dev = (int)v;
         }
         for (int i = 0; i < n && dev >= 0; i++)
-            if (out[i] == dev)
+            if (out[i] == dev || sim_slot_parent(out[i]) == dev)
                 dev = -1;
         if (dev < 0)
             break;
-        out[n++] = dev;
+        n = dev < physical ? expand(dev, out, n) : (out[n] = dev, n + 1);
         if (p[len] != ',')
             break;
         p += len + 1;
     }
+    for (int i = 0; i < n; i++)
+        if (sim_slot_gi(out[i], NULL, NULL)) {
+            out[0] = out[i];
+            return 1;
+        }
     return n;
 }
 
@@ -145,7 +177,9 @@ VGPU_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     CHECK_DEVICE(dev);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "%s", SIM_NAME);
+    char own[64];
+    sim_slot_name(cu_phys[dev], own, sizeof own);
+    snprintf(name, (size_t)len, "%s", own);
     return CUDA_SUCCESS;
 }
 
@@ -154,13 +188,18 @@ VGPU_EXPORT CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
     CHECK_DEVICE(dev);
     if (!uuid)
         return CUDA_ERROR_INVALID_VALUE;
-    sim_device_uuid(cu_phys[dev], (unsigned char *)uuid->bytes);
+    sim_device_uuid(sim_slot_parent(cu_phys[dev]), (unsigned char *)uuid->bytes);
     return CUDA_SUCCESS;
 }
 
+/* On a MIG device: the MIG device's UUID (cuDeviceGetUuid, the first form,
+ * gives its GPU's, as NVIDIA's driver does). */
 VGPU_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
-    return cuDeviceGetUuid(uuid, dev);
+    CUresult rc = cuDeviceGetUuid(uuid, dev);
+    if (rc == CUDA_SUCCESS && sim_slot_gi(cu_phys[dev], NULL, NULL))
+        sim_slot_mig_uuid(cu_phys[dev], (unsigned char *)uuid->bytes);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuDeviceGetLuid(char *luid, unsigned int *mask, CUdevice dev)
@@ -241,7 +280,10 @@ VGPU_EXPORT CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, C
         return CUDA_ERROR_INVALID_VALUE;
     switch ((int)attr) {
     case 33: /* PCI_BUS_ID */
-        *value = cu_phys[dev] + 1;
+        *value = sim_slot_parent(cu_phys[dev]) + 1;
+        return CUDA_SUCCESS;
+    case 16: /* MULTIPROCESSOR_COUNT: a MIG device's are its profile's */
+        *value = sim_slot_sms(cu_phys[dev]);
         return CUDA_SUCCESS;
     case 108: /* MAX_PERSISTING_L2_CACHE_SIZE */
         *value = 82837504;
@@ -292,7 +334,7 @@ VGPU_EXPORT CUresult cuDeviceGetPCIBusId(char *bus_id, int len, CUdevice dev)
     CHECK_DEVICE(dev);
     if (!bus_id || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    sim_device_bus_id(cu_phys[dev], bus_id, (size_t)len, 0);
+    sim_device_bus_id(sim_slot_parent(cu_phys[dev]), bus_id, (size_t)len, 0);
     return CUDA_SUCCESS;
 }
 
@@ -306,7 +348,7 @@ VGPU_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *bus_id)
     if (sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &device, &fn) < 3)
         return CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < cu_count; i++) {
-        if (domain == 0 && device == 0 && fn == 0 && bus == (unsigned)cu_phys[i] + 1) {
+        if (domain == 0 && device == 0 && fn == 0 && bus == (unsigned)sim_slot_parent(cu_phys[i]) + 1) {
             *dev = i;
             return CUDA_SUCCESS;
         }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "init.h"
 #include "kernel.h"
 
 #define MIN_KERNEL_NS 2000ull
@@ -63,7 +64,9 @@ CUresult cu_kernel_check(CUfunction f, CUcontext ctx, unsigned int gx, unsigned 
             return CUDA_ERROR_INVALID_VALUE;
     } else {
         uint64_t blocks = (uint64_t)gx * gy * gz;
-        uint64_t waves = (blocks + SIM_SM_COUNT - 1) / SIM_SM_COUNT;
+        /* waves of blocks over the device's SMs (a MIG device has fewer) */
+        uint64_t sms = (uint64_t)(ctx ? sim_slot_sms(cu_phys[ctx->ordinal]) : SIM_SM_COUNT);
+        uint64_t waves = (blocks + sms - 1) / sms;
         *ns = waves * ns_per_block();
         if (*ns < MIN_KERNEL_NS)
             *ns = MIN_KERNEL_NS;

@@ -74,7 +74,7 @@ static CUresult launch(CUfunction f, unsigned int gx, unsigned int gy, unsigned 
         uint64_t per_sm = 2048 / threads;
         if (per_sm > 32)
             per_sm = 32;
-        if ((uint64_t)gx * gy * gz > per_sm * SIM_SM_COUNT)
+        if ((uint64_t)gx * gy * gz > per_sm * (uint64_t)sim_slot_sms(cu_phys[ctx->ordinal]))
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     if (s && s->capture)
@@ -233,6 +233,14 @@ VGPU_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     return cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, f, block_size, shmem);
 }
 
+/* The SMs of the current context's device (a MIG device has its profile's). */
+static int current_sms(void)
+{
+    CUcontext c;
+    return cu_current(&c) == CUDA_SUCCESS && c ? sim_slot_sms(cu_phys[c->ordinal])
+                                               : SIM_SM_COUNT;
+}
+
 VGPU_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction f,
                                                       size_t (*smem_fn)(int), size_t shmem,
                                                       int limit)
@@ -244,7 +252,7 @@ VGPU_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_
         return CUDA_ERROR_INVALID_VALUE;
     int b = (limit > 0 && limit < 1024) ? limit : 1024;
     *block_size = b;
-    *min_grid = SIM_SM_COUNT * (2048 / b > 32 ? 32 : 2048 / b);
+    *min_grid = current_sms() * (2048 / b > 32 ? 32 : 2048 / b);
     return CUDA_SUCCESS;
 }
 
@@ -290,6 +298,6 @@ VGPU_EXPORT CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f,
     CHECK_HANDLE(f, MAGIC_FUNC);
     if (!clusters || !config)
         return CUDA_ERROR_INVALID_VALUE;
-    *clusters = SIM_SM_COUNT / 8;
+    *clusters = current_sms() / 8;
     return CUDA_SUCCESS;
 }

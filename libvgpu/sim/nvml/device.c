@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "init.h"
+#include "mig.h"
 
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
 {
@@ -94,9 +94,10 @@ VGPU_ALIAS(nvmlDeviceGetIndex, nvmlDeviceGetMinorNumber)
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len)
 {
-    NVML_DEVICE(d, i);
-    (void)i;
-    return copy_str(name, len, SIM_NAME);
+    NVML_ANY_DEVICE(d, slot);
+    char own[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
+    sim_slot_name(slot, own, sizeof own);
+    return copy_str(name, len, own);
 }
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, nvmlBrandType_t *brand)
@@ -108,9 +109,9 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, nvmlBrandType_t *bra
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
-    NVML_DEVICE(d, i);
+    NVML_ANY_DEVICE(d, slot);
     char u[NVML_DEVICE_UUID_BUFFER_SIZE];
-    sim_device_uuid_string(i, u, sizeof u);
+    sim_slot_uuid_string(slot, u, sizeof u);
     return copy_str(uuid, len, u);
 }
 
@@ -259,18 +260,23 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetPcieSpeed(nvmlDevice_t d, unsigned int *mb
 
 /* ---- memory ---- */
 
+/* A MIG device's is its instance's; a GPU in MIG mode's holds what its
+ * instances hold. */
 static void memory_of(int i, uint64_t *total, uint64_t *used)
 {
     struct vgpu_sim_state *s = sim_state();
     sim_lock(1);
     *total = s->dev[i].total;
     *used = s->dev[i].used;
+    for (int d = VGPU_SIM_MAX_GPUS; i < VGPU_SIM_MAX_GPUS && d < VGPU_SIM_MAX_DEVICES; d++)
+        if (s->dev[d].parent == i)
+            *used += s->dev[d].used;
     sim_unlock();
 }
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *mem)
 {
-    NVML_DEVICE(d, i);
+    NVML_ANY_DEVICE(d, i);
     if (!mem)
         return NVML_ERROR_INVALID_ARGUMENT;
     uint64_t total, used;
@@ -283,7 +289,7 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *mem)
 {
-    NVML_DEVICE(d, i);
+    NVML_ANY_DEVICE(d, i);
     if (!mem)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (mem->version != nvmlMemory_v2)
@@ -336,9 +342,10 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t d, nvmlEnableStat
 }
 VGPU_ALIAS(nvmlDeviceGetDisplayMode, nvmlDeviceGetDisplayActive)
 
+/* Not on a MIG device, nor on a GPU in MIG mode. */
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t d, nvmlEnableState_t *mode)
 {
-    NVML_DEVICE(d, i);
+    NVML_DEVICE_NO_MIG(d, i);
     (void)i;
     ANSWER(mode, NVML_FEATURE_DISABLED);
 }
@@ -349,31 +356,6 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t d,
     NVML_DEVICE(d, i);
     (void)i;
     ANSWER(mode, NVML_GPU_VIRTUALIZATION_MODE_NONE); /* bare metal */
-}
-
-/* MIG: capable (up to 7 instances), disabled; no handle is a MIG device. */
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
-{
-    NVML_DEVICE(d, i);
-    (void)i;
-    if (!cur || !pending)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    *cur = *pending = 0; /* NVML_DEVICE_MIG_DISABLE */
-    return NVML_SUCCESS;
-}
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig)
-{
-    NVML_DEVICE(d, i);
-    (void)i;
-    ANSWER(is_mig, 0);
-}
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
-{
-    NVML_DEVICE(d, i);
-    (void)i;
-    ANSWER(count, 7);
 }
 
 /* ---- peer to peer ----

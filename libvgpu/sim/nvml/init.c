@@ -24,6 +24,18 @@ nvmlReturn_t nvml_enter(void)
     return (nvmlReturn_t)sim_nvml_fault();
 }
 
+int nvml_slot(nvmlDevice_t d)
+{
+    if (d < &g_devices[0] || d >= &g_devices[VGPU_SIM_MAX_DEVICES])
+        return -1;
+    return (int)(d - g_devices);
+}
+
+nvmlDevice_t nvml_handle(int slot)
+{
+    return &g_devices[slot];
+}
+
 int nvml_index(nvmlDevice_t d)
 {
     if (d < &g_devices[0] || d >= &g_devices[VGPU_SIM_MAX_DEVICES])
@@ -128,24 +140,6 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlD
     return NVML_SUCCESS;
 }
 VGPU_ALIAS(nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetHandleByIndex)
-
-VGPU_EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *dev)
-{
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    if (!uuid || !dev)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    for (unsigned int i = 0; i < sim_state()->count; i++) {
-        char u[NVML_DEVICE_UUID_BUFFER_SIZE];
-        sim_device_uuid_string((int)i, u, sizeof u);
-        if (strcmp(u, uuid) == 0) {
-            *dev = &g_devices[i];
-            return NVML_SUCCESS;
-        }
-    }
-    return NVML_ERROR_NOT_FOUND;
-}
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *dev)
 {

@@ -14,6 +14,12 @@ nvmlReturn_t nvml_enter(void);
 /* The physical GPU behind a handle, or -1 if the handle is not one. */
 int nvml_index(nvmlDevice_t d);
 
+/* Any handle's device slot (a physical GPU's index, or a MIG device's slot,
+ * see state_file.h), or -1; and the handle of a slot. Only mig.c hands out
+ * and checks MIG devices' handles (nvml_mig_slot). */
+int nvml_slot(nvmlDevice_t d);
+nvmlDevice_t nvml_handle(int slot);
+
 /* Store `value` through `out`: the end of a query that answers one value. */
 #define ANSWER(out, value) SIM_ANSWER(out, value, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS)
 

@@ -23,7 +23,7 @@
  */
 #include <string.h>
 
-#include "init.h"
+#include "mig.h"
 #include "procs.h"
 
 /* Distinct processes one window can hold: exited ones stay in the periods
@@ -61,7 +61,7 @@ unsigned int nvml_recent_util(int dev)
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {
-    NVML_DEVICE(d, i);
+    NVML_DEVICE_NO_MIG(d, i);
     if (!u)
         return NVML_ERROR_INVALID_ARGUMENT;
     u->gpu = nvml_recent_util(i);
@@ -198,7 +198,7 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
                                                          unsigned int *count,
                                                          unsigned long long last_seen)
 {
-    NVML_DEVICE(d, dev);
+    NVML_DEVICE_NO_MIG(d, dev);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!per_process_supported())
@@ -221,7 +221,7 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t d,
                                                                nvmlProcessesUtilizationInfo_t *info)
 {
-    NVML_DEVICE(d, dev);
+    NVML_DEVICE_NO_MIG(d, dev);
     if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (info->version != nvmlProcessesUtilizationInfo_v1)
@@ -263,7 +263,7 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, nvmlSamplingType_t
                                               nvmlValueType_t *val_type, unsigned int *count,
                                               nvmlSample_t *samples)
 {
-    NVML_DEVICE(d, dev);
+    NVML_DEVICE_NO_MIG(d, dev);
     if (!count || !val_type || (samples && *count == 0))
         return NVML_ERROR_INVALID_ARGUMENT;
     int util;
@@ -314,18 +314,29 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t d, nvmlSamplingType_t
 struct proc_row {
     unsigned int pid;
     unsigned long long used;
+    unsigned int gi, ci; /* its MIG device's instances; 0xffffffff: none */
 };
 
-/* Live processes holding memory or a context on dev. */
+/* Live processes holding memory or a context on dev: a GPU's own, then, on
+ * a GPU in MIG mode, each of its MIG devices'. */
 static unsigned int running(int dev, struct proc_row *rows)
 {
     struct vgpu_sim_state *s = sim_state();
     unsigned int n = 0;
     sim_lock(1);
-    for (int i = 0; i < VGPU_SIM_MAX_PROCS; i++) {
-        const struct vgpu_sim_proc *p = &s->procs[i];
-        if (p->pid && (p->used[dev] || p->contexts[dev]))
-            rows[n++] = (struct proc_row){(unsigned int)p->pid, p->used[dev]};
+    for (int d = 0; d < VGPU_SIM_MAX_DEVICES; d++) {
+        int gpu = -1, gi = -1;
+        if (d != dev && !(sim_slot_gi(d, &gpu, &gi) && gpu == dev))
+            continue;
+        if (d == dev)
+            sim_slot_gi(d, &gpu, &gi);
+        for (int i = 0; i < VGPU_SIM_MAX_PROCS && n < 2 * VGPU_SIM_MAX_PROCS; i++) {
+            const struct vgpu_sim_proc *p = &s->procs[i];
+            if (p->pid && (p->used[d] || p->contexts[d]))
+                rows[n++] = (struct proc_row){(unsigned int)p->pid, p->used[d],
+                                              gi < 0 ? 0xffffffffu : (unsigned int)gi,
+                                              gi < 0 ? 0xffffffffu : 0};
+        }
     }
     sim_unlock();
     return n;
@@ -335,10 +346,10 @@ static unsigned int running(int dev, struct proc_row *rows)
 static nvmlReturn_t compute_processes(nvmlDevice_t d, unsigned int *count, void *infos,
                                       int with_ids)
 {
-    NVML_DEVICE(d, dev);
+    NVML_ANY_DEVICE(d, dev);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    struct proc_row rows[VGPU_SIM_MAX_PROCS];
+    struct proc_row rows[2 * VGPU_SIM_MAX_PROCS];
     unsigned int n = running(dev, rows);
     if (n > *count || (n && !infos)) {
         *count = n;
@@ -347,7 +358,7 @@ static nvmlReturn_t compute_processes(nvmlDevice_t d, unsigned int *count, void 
     for (unsigned int i = 0; i < n; i++) {
         if (with_ids)
             ((nvmlProcessInfo_t *)infos)[i] = (nvmlProcessInfo_t){
-                rows[i].pid, rows[i].used, 0xffffffffu, 0xffffffffu};
+                rows[i].pid, rows[i].used, rows[i].gi, rows[i].ci};
         else
             ((nvmlProcessInfo_v1_t *)infos)[i] = (nvmlProcessInfo_v1_t){rows[i].pid, rows[i].used};
     }

@@ -24,6 +24,7 @@ nvmlReturn_t nvml_not_modeled(void)
 #define NVML_API_stub(name) VGPU_ALIAS(nvml_not_modeled, name)
 /* defined by the file of that name */
 #define NVML_API_init(name)
+#define NVML_API_mig(name)
 #define NVML_API_procs(name)
 #define NVML_API_device(name)
 #define NVML_API_sensors(name)

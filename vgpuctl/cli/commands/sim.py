@@ -81,6 +81,10 @@ def _stats_lines(st: SimStats) -> Iterator[str]:
     for d in st.devices:
         yield (f"{d.index:<4} {d.uuid:<41} {_mib(d.used):>11} {_mib(d.total):>11} "
                f"{d.busy_ns / 1e9:>9.3f} {d.kernels:>9}  {d.fail_allocs}")
+    for m in st.mig_devices:
+        yield (f"{m.parent}/{m.gi:<2} {m.uuid or '(no compute instance)':<41} "
+               f"{_mib(m.used):>11} {_mib(m.total):>11} {m.busy_ns / 1e9:>9.3f} "
+               f"{m.kernels:>9}  MIG {m.profile} at slice {m.start}")
     yield from _usage_lines(st)
     yield from _checkpoint_lines(st)
 
