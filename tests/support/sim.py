@@ -151,7 +151,7 @@ def busy_by_tag(env: dict[str, str]) -> dict[str, float]:
                          text=True, timeout=60, check=False)
     if res.returncode != 0:
         raise AssertionError(f"vgpuctl sim stats failed: {res.stderr}")
-    return {t["name"]: sum(d["busy_ns"] for d in t["devices"]) / 1e9
+    return {t["name"]: sum(d["busy_ns"] for d in t["devices"] + t.get("mig_devices", [])) / 1e9
             for t in json.loads(res.stdout)["tags"]}
 
 

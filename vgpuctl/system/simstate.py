@@ -80,6 +80,7 @@ class ProcessStats:
 class TagStats:
     name: str
     devices: list[DeviceShare]
+    mig_devices: list[DeviceShare] = field(default_factory=list)  # index: MigDeviceStats.slot
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def parse_stats(text: str) -> SimStats:
         processes=[ProcessStats(p["pid"], p["tag"], _usage(p["devices"]),
                                 p.get("checkpoint", "running"), _usage(p.get("mig_devices", [])))
                    for p in d["processes"]],
-        tags=[TagStats(t["name"], _usage(t["devices"])) for t in d["tags"]],
+        tags=[TagStats(t["name"], _usage(t["devices"]), _usage(t.get("mig_devices", [])))
+              for t in d["tags"]],
         util_idle=d.get("util_idle", "average"),
         util_procs=d.get("util_procs", "each"),
         timeslice_us=d.get("timeslice_us", 0), switch_us=d.get("switch_us", 0),

@@ -195,6 +195,12 @@ VGPU_EXPORT int vgpu_sim_ctl_stats(char *buf, size_t len)
             put(&o, "%s{\"index\": %u, \"used\": %llu, \"peak\": %llu, \"busy_ns\": %llu}",
                 d ? ", " : "", d, (unsigned long long)t->used[d], (unsigned long long)t->peak[d],
                 (unsigned long long)t->busy_ns[d]);
+        put(&o, "], \"mig_devices\": [");
+        for (int d = VGPU_SIM_MAX_GPUS, n = 0; d < VGPU_SIM_MAX_DEVICES; d++)
+            if (s->dev[d].parent >= 0 && (t->used[d] || t->peak[d] || t->busy_ns[d]))
+                put(&o, "%s{\"index\": %d, \"used\": %llu, \"peak\": %llu, \"busy_ns\": %llu}",
+                    n++ ? ", " : "", d, (unsigned long long)t->used[d],
+                    (unsigned long long)t->peak[d], (unsigned long long)t->busy_ns[d]);
         put(&o, "]}");
         first = 0;
     }
