@@ -228,3 +228,38 @@ def test_a_job_on_a_mig_device_suspends_and_resumes_there(daemon_factory):
     finally:
         d.cleanup_jobs()
         job.wait(timeout=30)
+
+
+def test_mig_mode_is_not_turned_on_under_a_job_nor_changed_by_a_user(daemon_factory):
+    """MIG on for a whole GPU a job runs on is refused (CUDA would lose the
+    GPU under it), and a user other than root may change nothing, whatever
+    the driver would allow."""
+    from support.hostile import in_child_as_nobody
+
+    from vgpuctl.client.connection import Client
+
+    d = daemon_factory(gpus="2x80G", start=False)
+    d.env.update({"VGPU_SIM_MIG": "0=3g.40gb@4", "VGPU_SIM_MIG_ADMIN": str(os.getuid())})
+    d.start()
+    assert [g["index"] for g in json.loads(d.cli("gpus", "--format", "json").stdout)] == [1, 6]
+    job = d.popen("run", "--gpu", "1", "--mem", "1G", "--", str(native.burn_program()),
+                  "--kernel-us", "1000", "--seconds", "60")
+    try:
+        jid = d.running_job()["id"]
+        r = d.cli("mig", "enable", "1")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and f"({jid})" in lines[0], r.stderr
+        assert "MIG off" in d.cli("mig").stdout.split("GPU 1:")[1].splitlines()[0]
+    finally:
+        d.cleanup_jobs()
+        job.wait(timeout=30)
+
+    def go():
+        with Client.connect(Path(d.socket)) as cl:
+            try:
+                return cl.call("mig", action="destroy", gpu="6")
+            except Exception as e:
+                return {"error": str(e)}
+    refused = in_child_as_nobody(go)
+    assert "only root" in refused.get("error", ""), refused
+    assert [g["index"] for g in json.loads(d.cli("gpus", "--format", "json").stdout)] == [1, 6]

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from vgpuctl.core import placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import MigConfig
-from vgpuctl.errors import AdmissionRefused, NotFound, PermissionDenied, StateError, UsageError
+from vgpuctl.errors import AdmissionRefused, PermissionDenied, StateError, UsageError
 from vgpuctl.system import mig
 
 if TYPE_CHECKING:
@@ -25,24 +24,6 @@ if TYPE_CHECKING:
     from vgpuctl.daemon.supervisor import Supervisor
 
 log = logging.getLogger("vgpuctl.daemon")
-
-
-def physical(states: Sequence[mig.GpuMig], spec: str) -> mig.GpuMig:
-    """The GPU (not a MIG device) spec names: its NVML index or its UUID (a
-    unique prefix of at least 4 characters)."""
-    s = spec.strip()
-    if s.isdigit():
-        for g in states:
-            if g.index == int(s):
-                return g
-    low = s.lower()
-    bare = low[4:] if low.startswith("gpu-") else low
-    found = [g for g in states if len(bare) >= placement.PREFIX_MIN
-             and g.uuid.lower()[4:].startswith(bare)]
-    if len(found) == 1:
-        return found[0]
-    have = ", ".join(f"{g.index} ({g.uuid})" for g in states) or "none"
-    raise NotFound(f"no GPU {s} (a GPU's index or UUID; the GPUs here are {have})")
 
 
 def _refuse_jobs(sup: Supervisor, uuids: set[str], what: str) -> None:
@@ -82,7 +63,7 @@ async def op_mig(sup: Supervisor, peer: Peer, req: P.Mig) -> dict[str, Any]:
             out.update(gpu=g.index, uuid=g.uuid, parent=g.parent, profile=g.mig)
         else:
             states = await run(mig.layout, nv)
-            parent = physical(states, req.gpu)
+            parent = mig.physical(states, req.gpu)
             if req.action == "create":
                 if not req.profile:
                     raise UsageError("mig create: which profile? (1g.10gb, 3g.40gb@4, ...)")

@@ -42,10 +42,15 @@ class SlurmJobs:
             st = self._stats.get(g.uuid)
             m = st.minor if st is not None and st.minor is not None else g.index
             return m, g.index
-        ordered = sorted(self._admission.gpus, key=minor)
+        # Whole GPUs only: gres.conf's lines name /dev/nvidiaN, which a MIG
+        # device has none of (docs/mig.md: Slurm's MIG gres is not fenced)
+        ordered = sorted((g for g in self._admission.gpus if g.parent is None), key=minor)
         if index >= len(ordered):
+            mig = any(g.parent is not None for g in self._admission.gpus)
             raise NotFound(f"Slurm's GPU {index} is not here: this node has {len(ordered)} "
-                           "GPUs (gres.conf and vgpuctl disagree; see `vgpuctl slurm gres-conf`)")
+                           + ("whole GPUs, and vgpuctl does not fence Slurm's MIG gres yet "
+                              "(docs/mig.md)" if mig else "GPUs (gres.conf and vgpuctl "
+                              "disagree; see `vgpuctl slurm gres-conf`)"))
         return ordered[index]
 
     def register(self, req: P.SlurmRegister) -> tuple[LiveJob, bool]:

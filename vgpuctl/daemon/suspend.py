@@ -79,6 +79,9 @@ class Suspender:
         self._unavailable: str | None = None
         self.lock = asyncio.Lock()
         self.drained: set[str] = set()       # GPU uuids: nothing placed or resumed there
+        # job id -> the GPUs the driver refused to move it to (between MIG
+        # devices, say): a waiting job is not sent there again
+        self.refused_moves: dict[str, set[str]] = {}
 
     # -- the driver -------------------------------------------------------------
     async def driver(self) -> Driver:
@@ -217,17 +220,20 @@ class Suspender:
             try:
                 await loop.run_in_executor(None, job_checkpoint.restore_all, driver, pids,
                                            pairs, job.id)
-            except BaseException:
+            except BaseException as e:
                 # whatever failed (the driver's refusal, or a bug on the way
                 # to it), the job's processes are where they were: so is it
                 if moves:
                     self._point_back(job, before)
+                    if isinstance(e, CheckpointError) and target is not None:
+                        self.refused_moves.setdefault(job.id, set()).add(target.uuid)
                 raise
             _open_region(job)
             await loop.run_in_executor(None, job_checkpoint.unlock_all, driver, pids, job.id)
         finally:
             job.resuming = False
         now = self._clock()
+        self.refused_moves.pop(job.id, None)
         self._table.resumed(job, now)
         job.suspended_pids = None
         job.resumed_at = now
@@ -247,6 +253,8 @@ class Suspender:
         rooms = self.rooms(job)
         if gpu is not None:
             return self._named_target(job, gpu, rooms, held)
+        refused = self.refused_moves.get(job.id, set())
+        rooms = [r for r in rooms if r.uuid not in refused]
         if len(rec.uuids) > 1:
             for i, u in enumerate(rec.uuids):
                 r = next((r for r in rooms if r.uuid == u), None)
@@ -433,11 +441,15 @@ class Suspender:
         if not self.waiting():
             return out
         async with self.lock:
+            for gone in set(self.refused_moves) - {j.id for j in self._table}:
+                del self.refused_moves[gone]
             for job in self.waiting():
                 if job.id not in self._table:
                     continue
                 held = self.held(job)
-                if suspend_rules.resume_target(self.rooms(job),
+                refused = self.refused_moves.get(job.id, set())
+                rooms = [r for r in self.rooms(job) if r.uuid not in refused]
+                if suspend_rules.resume_target(rooms,
                                        job.rec.uuids[0] if job.rec.uuids else None,
                                        job.rec.mem_limit, held) is None:
                     continue

@@ -27,6 +27,7 @@ _IN_USE = 19
 PROFILE_IDS = range(0, 0x12)        # NVML_GPU_INSTANCE_PROFILE_1_SLICE .. _COUNT
 _CI_PROFILE_IDS = range(0, 0x9)     # NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE .. _COUNT
 _MAX_INSTANCES = 16
+PREFIX_MIN = 4                      # a UUID prefix names a GPU from this many characters
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,24 @@ def _mig_uuid(nv: Any, h: Any, gi: int, ci: int) -> str:
         except nv.NVMLError:
             continue
     return ""
+
+
+def physical(states: Sequence[GpuMig], spec: str) -> GpuMig:
+    """The GPU (not a MIG device) spec names: its NVML index or its UUID (a
+    unique prefix of at least 4 characters)."""
+    s = spec.strip()
+    if s.isdigit():
+        for g in states:
+            if g.index == int(s):
+                return g
+    low = s.lower()
+    bare = low[4:] if low.startswith("gpu-") else low
+    found = [g for g in states if len(bare) >= PREFIX_MIN
+             and g.uuid.lower()[4:].startswith(bare)]
+    if len(found) == 1:
+        return found[0]
+    have = ", ".join(f"{g.index} ({g.uuid})" for g in states) or "none"
+    raise NotFound(f"no GPU {s} (a GPU's index or UUID; the GPUs here are {have})")
 
 
 def parse_spec(text: str) -> tuple[str, int | None]:

@@ -150,7 +150,7 @@ class Nvml:
             h = nv.nvmlDeviceGetHandleByIndex(i)
             if mig_mode(nv, h):
                 parents.append(i)
-                for m, g in sorted(_mig_devices(nv, count, i, h), key=lambda mg: mg[1].index):
+                for m, g in _mig_devices(nv, count, i, h):
                     handles.append(m)
                     static.append(g)
                 continue
@@ -164,7 +164,10 @@ class Nvml:
                 index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),
                 name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
                 minor=minor))
-        self._handles, self._static, self.mig_parents = handles, static, parents
+        order = sorted(range(len(static)), key=lambda k: static[k].index)  # whole GPUs first
+        self._handles = [handles[k] for k in order]
+        self._static = [static[k] for k in order]
+        self.mig_parents = parents
 
     def reread(self) -> list[GpuStats]:
         """Read the inventory again (after MIG instances were made or

@@ -30,6 +30,7 @@ TOPICS: dict[str, tuple[str, str]] = {
     "pytorch": ("docs/pytorch.md",
                 "from PyTorch: the limit as the GPU's size, out of memory, --core, the simulator"),
     "security": ("docs/security.md", "what a job's user can and can't do to the others"),
+    "mig": ("docs/mig.md", "MIG devices shared like GPUs; vgpuctl mig makes and destroys them"),
     "slurm": ("docs/slurm.md", "Slurm's --gres=shard jobs fenced and accounted: node set-up"),
     "slurm-conf": ("etc/slurm/slurm.conf.example", "the slurm.conf lines a vgpuctl node needs"),
 }

@@ -96,10 +96,9 @@ def _direct() -> Any:
 
 
 def _physical_index(nvml: Any, spec: str) -> int:
-    from vgpuctl.daemon.partition import physical
     from vgpuctl.system import mig as m
 
-    return physical(m.layout(nvml.module), spec).index
+    return m.physical(m.layout(nvml.module), spec).index
 
 
 @mig.command()

@@ -220,7 +220,8 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
                       f"[slurm] shard_size = \"{format_size(size)}\" in its configuration, "
                       "or its limits won't match these counts")
     gpus = [slurm_text.GresGpu(g["minor"] if g.get("minor") is not None else g["index"],
-                               g["uuid"], g["capacity"]) for g in reply["gpus"]]
+                               g["uuid"], g["capacity"]) for g in reply["gpus"]
+            if g.get("parent") is None]   # a MIG device has no /dev/nvidiaN (docs/mig.md)
     click.echo(slurm_text.gres_conf(gpus, size, node=_node(), dev_dir=dev_dir.rstrip("/"),
                                     gpu_type=gpu_type), nl=False)
 
