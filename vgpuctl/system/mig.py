@@ -170,9 +170,8 @@ def _instances(nv: Any, h: Any, p: Profile) -> list[Instance]:
     return out
 
 
-def _devices(nv: Any, h: Any, gi: Any, gi_id: int) -> list[tuple[int, str]]:
-    """The compute instances of GPU instance gi (id gi_id), with their MIG
-    device's UUID."""
+def _compute_instances(nv: Any, gi: Any) -> list[Any]:
+    """The handles of GPU instance gi's compute instances, of every profile."""
     out = []
     for cpid in _CI_PROFILE_IDS:
         arr = (nv.c_nvmlComputeInstance_t * _MAX_INSTANCES)()
@@ -181,12 +180,20 @@ def _devices(nv: Any, h: Any, gi: Any, gi_id: int) -> list[tuple[int, str]]:
             nv.nvmlGpuInstanceGetComputeInstances(gi, cpid, arr, ctypes.byref(n))
         except nv.NVMLError:
             continue
-        for k in range(min(n.value, _MAX_INSTANCES)):
-            try:
-                ci = nv.nvmlComputeInstanceGetInfo(arr[k])
-            except nv.NVMLError:
-                continue
-            out.append((int(ci.id), _mig_uuid(nv, h, gi_id, int(ci.id))))
+        out += [arr[k] for k in range(min(n.value, _MAX_INSTANCES))]
+    return out
+
+
+def _devices(nv: Any, h: Any, gi: Any, gi_id: int) -> list[tuple[int, str]]:
+    """The compute instances of GPU instance gi (id gi_id), with their MIG
+    device's UUID."""
+    out = []
+    for ci in _compute_instances(nv, gi):
+        try:
+            cid = int(nv.nvmlComputeInstanceGetInfo(ci).id)
+        except nv.NVMLError:
+            continue
+        out.append((cid, _mig_uuid(nv, h, gi_id, cid)))
     return sorted(out)
 
 
@@ -303,15 +310,8 @@ def destroy(nv: Any, index: int, gi_id: int) -> None:
             raise NotFound(f"{what}: no such instance") from None
         raise _fail(nv, e, what) from None
     try:
-        for cpid in _CI_PROFILE_IDS:
-            arr = (nv.c_nvmlComputeInstance_t * _MAX_INSTANCES)()
-            n = ctypes.c_uint(0)
-            try:
-                nv.nvmlGpuInstanceGetComputeInstances(gi, cpid, arr, ctypes.byref(n))
-            except nv.NVMLError:
-                continue
-            for k in range(min(n.value, _MAX_INSTANCES)):
-                nv.nvmlComputeInstanceDestroy(arr[k])
+        for ci in _compute_instances(nv, gi):
+            nv.nvmlComputeInstanceDestroy(ci)
         nv.nvmlGpuInstanceDestroy(gi)
     except nv.NVMLError as e:
         raise _fail(nv, e, what) from None

@@ -57,14 +57,6 @@ void sim_slot_name(int slot, char *out, size_t len)
     snprintf(out, len, "%s MIG %s", SIM_NAME, prof);
 }
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* A version-4 UUID of the compute instance: from its GPU, GPU instance,
  * compute instance (0) and creation number, so a new one each time. */
 void sim_slot_mig_uuid(int slot, unsigned char out[16])
@@ -73,13 +65,7 @@ void sim_slot_mig_uuid(int slot, unsigned char out[16])
     const struct vgpu_sim_gi *g = sim_slot_gi(slot, &gpu, &gi);
     uint64_t seed = 0x4d49470000000000ull ^ ((uint64_t)gpu << 40) ^ ((uint64_t)gi << 32) ^
                     (g ? g->serial : 0);
-    uint64_t hi = mix(seed * 2), lo = mix(seed * 2 + 1);
-    for (int i = 0; i < 8; i++) {
-        out[i] = (unsigned char)(hi >> (56 - 8 * i));
-        out[8 + i] = (unsigned char)(lo >> (56 - 8 * i));
-    }
-    out[6] = (unsigned char)((out[6] & 0x0f) | 0x40);
-    out[8] = (unsigned char)((out[8] & 0x3f) | 0x80);
+    sim_uuid_of(seed * 2, seed * 2 + 1, out);
 }
 
 void sim_slot_uuid_string(int slot, char *out, size_t len)
@@ -90,9 +76,6 @@ void sim_slot_uuid_string(int slot, char *out, size_t len)
     }
     unsigned char u[16];
     sim_slot_mig_uuid(slot, u);
-    snprintf(out, len,
-             "MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
-             u[12], u[13], u[14], u[15]);
+    sim_uuid_text("MIG", u, out, len);
 }
 

@@ -112,7 +112,10 @@ int sim_proc_on_device(int dev, int32_t pid);
  * 0 on success. */
 int sim_parse_spec(const char *text, uint32_t *count, uint64_t *memory);
 
-/* Device identity, the same in both libraries. */
+/* Device identity, the same in both libraries. A UUID of two seeds, and
+ * its text with a prefix ("GPU", "MIG"). */
+void sim_uuid_of(uint64_t seed_hi, uint64_t seed_lo, unsigned char out[16]);
+void sim_uuid_text(const char *prefix, const unsigned char u[16], char *out, size_t len);
 void sim_device_uuid(int index, unsigned char out[16]);
 void sim_device_uuid_string(int index, char *out, size_t len); /* "GPU-..." */
 void sim_device_bus_id(int index, char *out, size_t len, int nvml_form);

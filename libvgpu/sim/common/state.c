@@ -717,13 +717,10 @@ static uint64_t splitmix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-/* A version-4 UUID derived from the index alone: stable across processes and
- * runs, and distinct in its first hex digits so short UUID prefixes work in
- * CUDA_VISIBLE_DEVICES as they do with real GPUs. */
-void sim_device_uuid(int index, unsigned char out[16])
+/* A version-4 UUID of two seeds (its halves are their mixes). */
+void sim_uuid_of(uint64_t seed_hi, uint64_t seed_lo, unsigned char out[16])
 {
-    uint64_t hi = splitmix64(0x5e1a000000000000ull + (uint64_t)index * 2);
-    uint64_t lo = splitmix64(0x5e1a000000000001ull + (uint64_t)index * 2);
+    uint64_t hi = splitmix64(seed_hi), lo = splitmix64(seed_lo);
     for (int i = 0; i < 8; i++) {
         out[i] = (unsigned char)(hi >> (56 - 8 * i));
         out[8 + i] = (unsigned char)(lo >> (56 - 8 * i));
@@ -732,14 +729,28 @@ void sim_device_uuid(int index, unsigned char out[16])
     out[8] = (unsigned char)((out[8] & 0x3f) | 0x80);
 }
 
+void sim_uuid_text(const char *prefix, const unsigned char u[16], char *out, size_t len)
+{
+    snprintf(out, len,
+             "%s-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             prefix, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+             u[12], u[13], u[14], u[15]);
+}
+
+/* A version-4 UUID derived from the index alone: stable across processes and
+ * runs, and distinct in its first hex digits so short UUID prefixes work in
+ * CUDA_VISIBLE_DEVICES as they do with real GPUs. */
+void sim_device_uuid(int index, unsigned char out[16])
+{
+    sim_uuid_of(0x5e1a000000000000ull + (uint64_t)index * 2,
+                0x5e1a000000000001ull + (uint64_t)index * 2, out);
+}
+
 void sim_device_uuid_string(int index, char *out, size_t len)
 {
     unsigned char u[16];
     sim_device_uuid(index, u);
-    snprintf(out, len,
-             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
-             u[12], u[13], u[14], u[15]);
+    sim_uuid_text("GPU", u, out, len);
 }
 
 /* Bus of GPU i is i + 1 (bus 0 holds the host bridge on real machines).

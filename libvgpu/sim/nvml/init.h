@@ -23,15 +23,18 @@ nvmlDevice_t nvml_handle(int slot);
 /* Store `value` through `out`: the end of a query that answers one value. */
 #define ANSWER(out, value) SIM_ANSWER(out, value, NVML_ERROR_INVALID_ARGUMENT, NVML_SUCCESS)
 
-/* Start of a device query: return nvml_enter()'s error, or
- * NVML_ERROR_INVALID_ARGUMENT for a handle that is not a device; else
- * declare `i`, the device's index. */
-#define NVML_DEVICE(d, i)                   \
+/* Start of a call on a handle: return nvml_enter()'s error, or
+ * NVML_ERROR_INVALID_ARGUMENT when `of` (what the handle is, -1 for
+ * nothing) is -1; else declare `i` as it. */
+#define NVML_HANDLE(i, of)                  \
     nvmlReturn_t rc_ = nvml_enter();        \
     if (rc_)                                \
         return rc_;                         \
-    int i = nvml_index(d);                  \
+    int i = (of);                           \
     if (i < 0)                              \
         return NVML_ERROR_INVALID_ARGUMENT;
+
+/* Start of a device query: `i` is the physical GPU's index. */
+#define NVML_DEVICE(d, i) NVML_HANDLE(i, nvml_index(d))
 
 #endif /* VGPU_SIM_NVML_INIT_H */

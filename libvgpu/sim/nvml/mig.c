@@ -40,35 +40,53 @@ static nvmlComputeInstance_t ci_handle(int gpu, int gi)
     return &g_ci[gpu][gi - 1];
 }
 
+/* The GPU instance at offset k of a handle table (gpu-major, then id - 1),
+ * if it is in use (and, with need_ci, has its compute instance); else NULL. */
+static const struct vgpu_sim_gi *instance_at(ptrdiff_t k, int *gpu, int *id, int need_ci)
+{
+    if (k < 0 || k >= VGPU_SIM_MAX_GPUS * VGPU_SIM_MAX_GI)
+        return NULL;
+    *gpu = (int)k / VGPU_SIM_MAX_GI;
+    *id = (int)k % VGPU_SIM_MAX_GI + 1;
+    const struct vgpu_sim_gi *g = &sim_state()->mig[*gpu].gi[*id - 1];
+    return *gpu < (int)sim_state()->count && g->used && (g->has_ci || !need_ci) ? g : NULL;
+}
+
 /* The instance behind a GPU instance handle, or NULL. */
 static const struct vgpu_sim_gi *gi_of(nvmlGpuInstance_t h, int *gpu, int *id)
 {
-    struct nvmlGpuInstance_st *base = &g_gi[0][0];
-    if (!h || h < base || h >= base + VGPU_SIM_MAX_GPUS * VGPU_SIM_MAX_GI)
-        return NULL;
-    int k = (int)(h - base);
-    *gpu = k / VGPU_SIM_MAX_GI;
-    *id = k % VGPU_SIM_MAX_GI + 1;
-    const struct vgpu_sim_gi *g = &sim_state()->mig[*gpu].gi[*id - 1];
-    return *gpu < (int)sim_state()->count && g->used ? g : NULL;
+    return h ? instance_at(h - &g_gi[0][0], gpu, id, 0) : NULL;
 }
 
+/* The GPU instance of a compute instance handle, or NULL. */
 static const struct vgpu_sim_gi *ci_of(nvmlComputeInstance_t h, int *gpu, int *gi)
 {
-    struct nvmlComputeInstance_st *base = &g_ci[0][0];
-    if (!h || h < base || h >= base + VGPU_SIM_MAX_GPUS * VGPU_SIM_MAX_GI)
-        return NULL;
-    int k = (int)(h - base);
-    *gpu = k / VGPU_SIM_MAX_GI;
-    *gi = k % VGPU_SIM_MAX_GI + 1;
-    const struct vgpu_sim_gi *g = &sim_state()->mig[*gpu].gi[*gi - 1];
-    return *gpu < (int)sim_state()->count && g->used && g->has_ci ? g : NULL;
+    return h ? instance_at(h - &g_ci[0][0], gpu, gi, 1) : NULL;
 }
+
+/* Start of a call on a GPU instance's handle h (of: gi_of), or a compute
+ * instance's (ci_of): nvml_enter()'s error, or NVML_ERROR_INVALID_ARGUMENT
+ * for a handle that is not one now; else declare `rc`, `gpu`, `id` and `g`,
+ * the GPU instance. */
+#define NVML_INSTANCE(of, h, gpu, id, g)              \
+    nvmlReturn_t rc = nvml_enter();                   \
+    if (rc)                                           \
+        return rc;                                    \
+    int gpu, id;                                      \
+    const struct vgpu_sim_gi *g = of(h, &gpu, &id);   \
+    if (!g)                                           \
+        return NVML_ERROR_INVALID_ARGUMENT;
 
 int nvml_mig_slot(nvmlDevice_t d)
 {
     int slot = nvml_slot(d);
     return slot >= VGPU_SIM_MAX_GPUS && sim_slot_is_mig_device(slot) ? slot : -1;
+}
+
+int nvml_any_slot(nvmlDevice_t d)
+{
+    int i = nvml_index(d);
+    return i >= 0 ? i : nvml_mig_slot(d);
 }
 
 int nvml_mig_mode(int gpu)
@@ -102,6 +120,17 @@ static nvmlReturn_t nvml_of(int rc)
 }
 
 /* ---- MIG mode and MIG devices ---- */
+
+/* A change of the layout (root's): fn(state, gpu, id) under the lock. */
+static nvmlReturn_t change(int gpu, int id, int (*fn)(struct vgpu_sim_state *, int, int))
+{
+    if (!privileged())
+        return NVML_ERROR_NO_PERMISSION;
+    sim_lock(1);
+    nvmlReturn_t rc = nvml_of(fn(sim_state(), gpu, id));
+    sim_unlock();
+    return rc;
+}
 
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
 {
@@ -408,12 +437,8 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned i
 
 VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t h, nvmlGpuInstanceInfo_t *info)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    if (!g || !info)
+    NVML_INSTANCE(gi_of, h, gpu, id, g)
+    if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct sim_mig_profile *p = sim_mig_profile(g->profile);
     *info = (nvmlGpuInstanceInfo_t){nvml_handle(gpu), (unsigned int)id, p->id,
@@ -424,18 +449,9 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t h, nvmlGpuInst
 /* IN_USE while it has its compute instance, or a process uses it. */
 VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceDestroy(nvmlGpuInstance_t h)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    if (!gi_of(h, &gpu, &id))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!privileged())
-        return NVML_ERROR_NO_PERMISSION;
-    sim_lock(1);
-    rc = nvml_of(sim_mig_destroy_gi(sim_state(), gpu, id));
-    sim_unlock();
-    return rc;
+    NVML_INSTANCE(gi_of, h, gpu, id, g)
+    (void)g;
+    return change(gpu, id, sim_mig_destroy_gi);
 }
 
 /* ---- compute instances: the one that spans its GPU instance ---- */
@@ -454,12 +470,8 @@ static nvmlReturn_t ci_profile(const struct vgpu_sim_gi *g, unsigned int profile
 static nvmlReturn_t ci_profile_info(nvmlGpuInstance_t h, unsigned int profile, unsigned int eng,
                                     nvmlComputeInstanceProfileInfo_v2_t *info, int v2)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    if (!g || !info || eng != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+    NVML_INSTANCE(gi_of, h, gpu, id, g)
+    if (!info || eng != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (v2 && info->version != nvmlComputeInstanceProfileInfo_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
@@ -481,6 +493,31 @@ static nvmlReturn_t ci_profile_info(nvmlGpuInstance_t h, unsigned int profile, u
     return NVML_SUCCESS;
 }
 
+/* The start of a call on GPU instance h with compute instance profile
+ * `profile`: NVML entered, h a GPU instance (*gpu, *id, *g), `out` given,
+ * the profile one of h's (*p). */
+static nvmlReturn_t gi_call(nvmlGpuInstance_t h, unsigned int profile, const void *out, int *gpu,
+                            int *id, const struct vgpu_sim_gi **g,
+                            const struct sim_mig_profile **p)
+{
+    nvmlReturn_t rc = nvml_enter();
+    if (rc)
+        return rc;
+    *g = gi_of(h, gpu, id);
+    if (!*g || !out)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return ci_profile(*g, profile, p);
+}
+
+/* gi_call's start, declaring `gpu`, `id`, `g`, `p` and `rc`. */
+#define GI_CALL(h, profile, out)                                      \
+    int gpu, id;                                                      \
+    const struct vgpu_sim_gi *g;                                      \
+    const struct sim_mig_profile *p;                                  \
+    nvmlReturn_t rc = gi_call(h, profile, out, &gpu, &id, &g, &p);    \
+    if (rc)                                                           \
+        return rc;
+
 VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(
     nvmlGpuInstance_t h, unsigned int profile, unsigned int eng,
     nvmlComputeInstanceProfileInfo_t *info)
@@ -498,16 +535,7 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(
 VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
     nvmlGpuInstance_t h, unsigned int profile, unsigned int *count)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    const struct sim_mig_profile *p;
-    if (!g || !count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if ((rc = ci_profile(g, profile, &p)))
-        return rc;
+    GI_CALL(h, profile, count)
     *count = !g->has_ci;
     return NVML_SUCCESS;
 }
@@ -516,16 +544,7 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstancePossiblePlacements(
     nvmlGpuInstance_t h, unsigned int profile, nvmlComputeInstancePlacement_t *placements,
     unsigned int *count)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    const struct sim_mig_profile *p;
-    if (!g || !count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if ((rc = ci_profile(g, profile, &p)))
-        return rc;
+    GI_CALL(h, profile, count)
     if (placements && *count < 1) {
         *count = 1;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -540,21 +559,8 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t 
                                                               unsigned int profile,
                                                               nvmlComputeInstance_t *ci)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    const struct sim_mig_profile *p;
-    if (!g || !ci)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if ((rc = ci_profile(g, profile, &p)))
-        return rc;
-    if (!privileged())
-        return NVML_ERROR_NO_PERMISSION;
-    sim_lock(1);
-    rc = nvml_of(sim_mig_create_ci(sim_state(), gpu, id));
-    sim_unlock();
+    GI_CALL(h, profile, ci)
+    rc = change(gpu, id, sim_mig_create_ci);
     if (rc == NVML_SUCCESS)
         *ci = ci_handle(gpu, id);
     return rc;
@@ -565,16 +571,7 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t h,
                                                             nvmlComputeInstance_t *cis,
                                                             unsigned int *count)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    const struct sim_mig_profile *p;
-    if (!g || !count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if ((rc = ci_profile(g, profile, &p)))
-        return rc;
+    GI_CALL(h, profile, count)
     if (g->has_ci && cis)
         cis[0] = ci_handle(gpu, id);
     *count = g->has_ci;
@@ -585,12 +582,8 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t
                                                                unsigned int ci_id,
                                                                nvmlComputeInstance_t *ci)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, id;
-    const struct vgpu_sim_gi *g = gi_of(h, &gpu, &id);
-    if (!g || !ci)
+    NVML_INSTANCE(gi_of, h, gpu, id, g)
+    if (!ci)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (ci_id != 0 || !g->has_ci)
         return NVML_ERROR_NOT_FOUND;
@@ -601,12 +594,8 @@ VGPU_EXPORT nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t
 VGPU_EXPORT nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t h,
                                                        nvmlComputeInstanceInfo_t *info)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, gi;
-    const struct vgpu_sim_gi *g = ci_of(h, &gpu, &gi);
-    if (!g || !info)
+    NVML_INSTANCE(ci_of, h, gpu, gi, g)
+    if (!info)
         return NVML_ERROR_INVALID_ARGUMENT;
     const struct sim_mig_profile *p = sim_mig_profile(g->profile);
     *info = (nvmlComputeInstanceInfo_t){nvml_handle(gpu), gi_handle(gpu, gi), 0, p->ci_profile,
@@ -618,16 +607,7 @@ VGPU_ALIAS(nvmlComputeInstanceGetInfo_v2, nvmlComputeInstanceGetInfo)
 /* IN_USE while a process uses it. */
 VGPU_EXPORT nvmlReturn_t nvmlComputeInstanceDestroy(nvmlComputeInstance_t h)
 {
-    nvmlReturn_t rc = nvml_enter();
-    if (rc)
-        return rc;
-    int gpu, gi;
-    if (!ci_of(h, &gpu, &gi))
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (!privileged())
-        return NVML_ERROR_NO_PERMISSION;
-    sim_lock(1);
-    rc = nvml_of(sim_mig_destroy_ci(sim_state(), gpu, gi));
-    sim_unlock();
-    return rc;
+    NVML_INSTANCE(ci_of, h, gpu, gi, g)
+    (void)g;
+    return change(gpu, gi, sim_mig_destroy_ci);
 }

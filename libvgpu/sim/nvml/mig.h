@@ -13,17 +13,12 @@ int nvml_mig_slot(nvmlDevice_t d);
 /* Whether physical GPU gpu is in MIG mode. */
 int nvml_mig_mode(int gpu);
 
+/* A physical GPU's index, or a live MIG device's slot, or -1. */
+int nvml_any_slot(nvmlDevice_t d);
+
 /* Start of a query that a MIG device answers too: as NVML_DEVICE, with
  * `slot` the device slot (a physical GPU's index, or a MIG device's). */
-#define NVML_ANY_DEVICE(d, slot)            \
-    nvmlReturn_t rc_ = nvml_enter();        \
-    if (rc_)                                \
-        return rc_;                         \
-    int slot = nvml_index(d);               \
-    if (slot < 0)                           \
-        slot = nvml_mig_slot(d);            \
-    if (slot < 0)                           \
-        return NVML_ERROR_INVALID_ARGUMENT;
+#define NVML_ANY_DEVICE(d, slot) NVML_HANDLE(slot, nvml_any_slot(d))
 
 /* Start of a query a MIG device, and a GPU in MIG mode, do not answer
  * (utilization, per-process utilization, accounting): as NVML_DEVICE, then
