@@ -263,3 +263,26 @@ def test_mig_mode_is_not_turned_on_under_a_job_nor_changed_by_a_user(daemon_fact
     refused = in_child_as_nobody(go)
     assert "only root" in refused.get("error", ""), refused
     assert [g["index"] for g in json.loads(d.cli("gpus", "--format", "json").stdout)] == [1, 6]
+
+
+def test_mig_devices_made_outside_vgpuctl_are_followed(daemon_factory, tmp_path):
+    """A MIG device made or destroyed past the daemon (nvidia-smi; here
+    `vgpuctl mig` straight to NVML) is taken on, or dropped, within a few
+    inventories: jobs go to the new one, none to the gone one."""
+    d = mig_daemon(daemon_factory)
+    past = {"VGPU_SOCKET": str(tmp_path / "none.sock")}
+    made = d.cli("mig", "create", "0", "1g.10gb@3", env=past)
+    assert made.returncode == 0, made.stderr
+
+    def indexes() -> list[int]:
+        return [g["index"] for g in json.loads(d.cli("gpus", "--format", "json").stdout)]
+    wait_for(lambda: 4 in indexes(), 30, "the daemon to take on the new MIG device")
+    r = d.cli("run", "--gpu", "4", "--mem", "1G", "-q", "--", "true")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: not d.jobs(), 20, "the job to end")
+    gone = d.cli("mig", "destroy", "4", env=past)
+    assert gone.returncode == 0, gone.stderr
+    wait_for(lambda: 4 not in indexes(), 30, "the daemon to drop the destroyed MIG device")
+    r = d.cli("run", "--gpu", "4", "--mem", "1G", "--", "true")
+    assert r.returncode != 0 and "no GPU 4" in r.stderr, r.stderr
+    assert "changed outside vgpuctl" in d.log.read_text()

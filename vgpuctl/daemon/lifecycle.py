@@ -62,6 +62,9 @@ RETENTION_EVERY_S = 3600.0
 
 TRACK_S = 0.5
 INVENTORY_S = 1.0
+# The GPUs are read again every this many inventories (MIG devices made or
+# destroyed outside vgpuctl; docs/mig.md).
+FOLLOW_TICKS = 10
 RESUME_S = 1.0      # how often a job waiting for room looks for it
 
 
@@ -442,6 +445,7 @@ class Daemon:
 
     async def _inventory_loop(self, nvml: Nvml) -> None:
         loop = asyncio.get_running_loop()
+        ticks = 0
         while True:
             await asyncio.sleep(INVENTORY_S)
             self._retry_writes()
@@ -450,6 +454,12 @@ class Daemon:
                           "daemon: it sees the old one; restart the daemon", self.sim_mark.path)
                 self.sim_mark = None
             with _logged("NVML inventory"):
+                ticks += 1
+                if ticks % FOLLOW_TICKS == 0:
+                    said = partition.follow(self.sup, await loop.run_in_executor(None,
+                                                                                 nvml.reread))
+                    if said:
+                        log.warning("%s", said)
                 self.sup.update_stats(await loop.run_in_executor(None, nvml.snapshot))
 
 

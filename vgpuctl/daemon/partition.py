@@ -141,3 +141,19 @@ def at_start(nvml: Any, cfg: MigConfig) -> list[Any]:
     for line in keep_layout(nvml.module, cfg):
         log.info("%s", line)
     return list(nvml.reread())
+
+
+def follow(sup: Supervisor, devices: list[Any]) -> str | None:
+    """The GPUs as NVML lists them now (read again): when they differ from
+    the daemon's (MIG devices made or destroyed outside vgpuctl, with
+    nvidia-smi), the daemon's become these; returns what changed, or None."""
+    before = {g.uuid: g.index for g in sup.gpus}
+    now = {d.uuid: d.index for d in devices}
+    if before == now:
+        return None
+    sup.set_gpus(devices)
+    sup.refresh_gpus()
+    gone = sorted(before[u] for u in set(before) - set(now))
+    new = sorted(now[u] for u in set(now) - set(before))
+    return (f"the GPUs changed outside vgpuctl (MIG devices made or destroyed): {len(now)} now"
+            + (f", new {new}" if new else "") + (f", gone {gone}" if gone else ""))

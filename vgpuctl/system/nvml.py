@@ -41,8 +41,6 @@ class GpuStats:
 # MIG devices per GPU at most (H100, H200: seven GPU instances) and the
 # index room each GPU gets for them (its GPU instances' placement starts).
 MIG_SLOTS = 8
-NVML_ERROR_NOT_FOUND = 6
-NVML_ERROR_NOT_SUPPORTED = 3
 
 
 def mig_index(count: int, parent: int, start: int) -> int:
