@@ -216,6 +216,19 @@ def resolve_gpus(gpus: Sequence[Gpu], spec: str) -> list[Gpu]:
     return out
 
 
+def _whole_gpus(gpus: Sequence[Gpu], n: int) -> list[Gpu]:
+    """The GPUs a job of n GPUs may be placed on: a job on several GPUs
+    can't have a MIG device among them. AdmissionRefused when fewer than n."""
+    whole = [g for g in gpus if g.parent is None]
+    if len(whole) < n:
+        raise AdmissionRefused(
+            f"--gpus {n}: there {'is' if len(whole) == 1 else 'are'} "
+            f"{len(whole) or 'no'} whole GPU{'' if len(whole) == 1 else 's'} "
+            f"here for it, and a job on several GPUs can't use MIG devices (CUDA gives "
+            f"a process one MIG device and no other GPU beside it)")
+    return whole
+
+
 def check_count(count: int, gpus: Sequence[Gpu]) -> None:
     """A ``--gpus N`` that can never be placed here: N below 1 is a
     UsageError, N beyond the GPUs there are AdmissionRefused."""
@@ -249,14 +262,7 @@ def place_many(gpus: Sequence[Gpu], commitments: Iterable[Commitment], mem: int,
             return [place(gpus, commitments, mem, reserve=reserve,
                           oversubscribe=oversubscribe, core=core,
                           core_oversubscribe=core_oversubscribe)]
-        # a job on several GPUs can't have a MIG device among them
-        candidates = [g for g in gpus if g.parent is None]
-        if len(candidates) < n:
-            raise AdmissionRefused(
-                f"--gpus {n}: there {'is' if len(candidates) == 1 else 'are'} "
-                f"{len(candidates) or 'no'} whole GPU{'' if len(candidates) == 1 else 's'} "
-                f"here for it, and a job on several GPUs can't use MIG devices (CUDA gives "
-                f"a process one MIG device and no other GPU beside it)")
+        candidates = _whole_gpus(gpus, n)
     else:
         if not gpus:
             raise AdmissionRefused("no GPUs on this node")

@@ -207,31 +207,7 @@ class Suspender:
         if pids is None:        # suspended before this daemon started: ask the driver
             pids = await loop.run_in_executor(None, job_checkpoint.checkpointed, driver,
                                               await self._pids(job))
-        # The job's record and region say where it goes before it gets there:
-        # NVML then never sees its processes on a GPU the daemon does not
-        # give them.
-        before = list(rec.gpus)
-        if moves:
-            self._point(job, target)
-        # From here its memory comes back to the GPU: the watch no longer
-        # holds it to a suspended job's nothing (vgpuctl.daemon.watch).
-        job.resuming = True
-        try:
-            try:
-                await loop.run_in_executor(None, job_checkpoint.restore_all, driver, pids,
-                                           pairs, job.id)
-            except BaseException as e:
-                # whatever failed (the driver's refusal, or a bug on the way
-                # to it), the job's processes are where they were: so is it
-                if moves:
-                    self._point_back(job, before)
-                    if isinstance(e, CheckpointError) and target is not None:
-                        self.refused_moves.setdefault(job.id, set()).add(target.uuid)
-                raise
-            _open_region(job)
-            await loop.run_in_executor(None, job_checkpoint.unlock_all, driver, pids, job.id)
-        finally:
-            job.resuming = False
+        await self._restore(job, driver, pids, pairs, target if moves else None)
         now = self._clock()
         self.refused_moves.pop(job.id, None)
         self._table.resumed(job, now)
@@ -243,6 +219,38 @@ class Suspender:
         log.info("job %s (%s) %s GPU %s after %.1f s suspended", job.id, rec.name,
                  "moved to" if moves else "resumed on", where, rec.suspended_s)
         return Outcome(job.id, action, where)
+
+    async def _restore(self, job: LiveJob, driver: Driver, pids: list[int],
+                       pairs: list[tuple[str, str]],
+                       moving_to: suspend_rules.Room | None) -> None:
+        """Restore the job's processes (onto moving_to, a move) and let them
+        go on."""
+        loop = asyncio.get_running_loop()
+        # The job's record and region say where it goes before it gets there:
+        # NVML then never sees its processes on a GPU the daemon does not
+        # give them.
+        before = list(job.rec.gpus)
+        if moving_to is not None:
+            self._point(job, moving_to)
+        # From here its memory comes back to the GPU: the watch no longer
+        # holds it to a suspended job's nothing (vgpuctl.daemon.watch).
+        job.resuming = True
+        try:
+            try:
+                await loop.run_in_executor(None, job_checkpoint.restore_all, driver, pids,
+                                           pairs, job.id)
+            except BaseException as e:
+                # whatever failed (the driver's refusal, or a bug on the way
+                # to it), the job's processes are where they were: so is it
+                if moving_to is not None:
+                    self._point_back(job, before)
+                    if isinstance(e, CheckpointError):
+                        self.refused_moves.setdefault(job.id, set()).add(moving_to.uuid)
+                raise
+            _open_region(job)
+            await loop.run_in_executor(None, job_checkpoint.unlock_all, driver, pids, job.id)
+        finally:
+            job.resuming = False
 
     def _target(self, job: LiveJob, gpu: str | None, home: str | None) -> suspend_rules.Room | None:
         """Where a suspended job resumes: the GPU named, else its own when it

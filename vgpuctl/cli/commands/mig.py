@@ -50,26 +50,33 @@ def _show(as_json: bool) -> None:
         click.echo(json_text({"gpus": out}), nl=False)
         return
     for s in states:
-        mode = ("not supported" if not s.supported else "on" if s.enabled else "off")
-        if s.pending != s.enabled and s.supported:
-            mode += f" ({'on' if s.pending else 'off'} pending)"
-        click.echo(f"GPU {s.index}: {s.name} (UUID: {s.uuid})  MIG {mode}")
-        if not s.enabled:
-            continue
-        click.echo(f"  {'PROFILE':<10} {'FREE':>4}/{'MAX':<3} {'MEMORY':>8} {'SMS':>4}  STARTS")
-        for p in s.profiles:
-            starts = ",".join(str(a) for a, _ in p.placements)
-            click.echo(f"  {p.name:<10} {p.free:>4}/{p.count:<3} "
-                       f"{_size(p.memory):>8} {p.sms:>4}  {starts}")
-        if not s.instances:
-            click.echo("  no GPU instances: `vgpuctl mig create "
-                       f"{s.index} PROFILE[@START]` makes one")
-        for i in s.instances:
-            for ci, uuid in i.devices or ((None, ""),):
-                at = f"GPU {index[uuid]}" if uuid in index else "-"
-                ci_text = f"CI {ci}" if ci is not None else "no CI"
-                click.echo(f"  {at:<7} {i.profile}@{i.start:<2} GI {i.gi:<2} {ci_text:<5} "
-                           f"{uuid}")
+        for line in _gpu_lines(s, index):
+            click.echo(line)
+
+
+def _gpu_lines(s: Any, index: dict[str, int]) -> list[str]:
+    """One GPU's MIG state as `vgpuctl mig` prints it (index: a MIG
+    device's inventory index by its UUID)."""
+    mode = ("not supported" if not s.supported else "on" if s.enabled else "off")
+    if s.pending != s.enabled and s.supported:
+        mode += f" ({'on' if s.pending else 'off'} pending)"
+    out = [f"GPU {s.index}: {s.name} (UUID: {s.uuid})  MIG {mode}"]
+    if not s.enabled:
+        return out
+    out.append(f"  {'PROFILE':<10} {'FREE':>4}/{'MAX':<3} {'MEMORY':>8} {'SMS':>4}  STARTS")
+    for p in s.profiles:
+        starts = ",".join(str(a) for a, _ in p.placements)
+        out.append(f"  {p.name:<10} {p.free:>4}/{p.count:<3} "
+                   f"{_size(p.memory):>8} {p.sms:>4}  {starts}")
+    if not s.instances:
+        out.append(f"  no GPU instances: `vgpuctl mig create {s.index} PROFILE[@START]` "
+                   "makes one")
+    for i in s.instances:
+        for ci, uuid in i.devices or ((None, ""),):
+            at = f"GPU {index[uuid]}" if uuid in index else "-"
+            ci_text = f"CI {ci}" if ci is not None else "no CI"
+            out.append(f"  {at:<7} {i.profile}@{i.start:<2} GI {i.gi:<2} {ci_text:<5} {uuid}")
+    return out
 
 
 def _size(n: int) -> str:
