@@ -286,3 +286,21 @@ def test_mig_devices_made_outside_vgpuctl_are_followed(daemon_factory, tmp_path)
     r = d.cli("run", "--gpu", "4", "--mem", "1G", "--", "true")
     assert r.returncode != 0 and "no GPU 4" in r.stderr, r.stderr
     assert "changed outside vgpuctl" in d.log.read_text()
+
+
+def test_a_job_that_walks_past_its_hook_onto_another_mig_device_is_caught(daemon_factory):
+    """NVML lists processes per MIG device: a job's process that goes past
+    the hook (no LD_PRELOAD) to another MIG device than the job's is seen
+    there, over the job's nothing, and the job is ended (the default
+    on_violation)."""
+    d = mig_daemon(daemon_factory)
+    other = next(g["uuid"] for g in json.loads(d.cli("gpus", "--format", "json").stdout)
+                 if g["index"] == SMALL[1])
+    r = d.cli("run", "--gpu", str(SMALL[0]), "--mem", "1G", "--name", "walker", "--",
+              "env", "-u", "LD_PRELOAD", f"CUDA_VISIBLE_DEVICES={other}",
+              str(native.burn_program()), "--kernel-us", "1000", "--seconds", "30",
+              "--alloc", "2G", timeout=60)
+    assert r.returncode != 0
+    ended = next(j for j in d.jobs(all_jobs=True) if j["name"] == "walker")
+    assert ended["state"] == "ended" and ended["exit_signal"] == 9, ended
+    assert f"on {other}, over the job's limit of 0 MiB" in d.log.read_text()
