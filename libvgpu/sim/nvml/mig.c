@@ -132,6 +132,11 @@ static nvmlReturn_t change(int gpu, int id, int (*fn)(struct vgpu_sim_state *, i
     return rc;
 }
 
+static int set_mode(struct vgpu_sim_state *s, int gpu, int mode)
+{
+    return sim_mig_set_mode(s, gpu, (unsigned int)mode);
+}
+
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pending)
 {
     NVML_DEVICE(d, i);
@@ -150,12 +155,9 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode,
     NVML_DEVICE(d, i);
     if (!status || mode > NVML_DEVICE_MIG_ENABLE)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (!privileged())
-        return NVML_ERROR_NO_PERMISSION;
-    sim_lock(1);
-    nvmlReturn_t rc = nvml_of(sim_mig_set_mode(sim_state(), i, mode));
-    sim_unlock();
-    *status = rc;
+    nvmlReturn_t rc = change(i, (int)mode, set_mode);
+    if (rc != NVML_ERROR_NO_PERMISSION)
+        *status = rc;
     return rc;
 }
 
