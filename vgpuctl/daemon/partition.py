@@ -13,7 +13,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from vgpuctl.core import placement
 from vgpuctl.core import protocol as P
 from vgpuctl.core.config import MigConfig
 from vgpuctl.errors import AdmissionRefused, PermissionDenied, StateError, UsageError
@@ -51,16 +50,11 @@ async def op_mig(sup: Supervisor, peer: Peer, req: P.Mig) -> dict[str, Any]:
     async with sup.suspender.lock:
         out: dict[str, Any] = {"action": req.action}
         if req.action == "destroy":
-            g = placement.resolve_gpu(sup.gpus, req.gpu)
-            if g.parent is None:
-                raise UsageError(f"GPU {g.index} is not a MIG device: `vgpuctl mig destroy` "
-                                 "takes a MIG device's index or MIG- UUID")
-            _refuse_jobs(sup, {g.uuid}, f"MIG device {g.index}")
-            st = sup.stats.get(g.uuid)
-            if st is None or st.gi is None:
-                raise StateError(f"MIG device {g.index}: its GPU instance is unknown")
-            await run(mig.destroy, nv, g.parent, st.gi)
-            out.update(gpu=g.index, uuid=g.uuid, parent=g.parent, profile=g.mig)
+            d = mig.mig_device([sup.stats[g.uuid] for g in sup.gpus if g.uuid in sup.stats],
+                               req.gpu)
+            _refuse_jobs(sup, {d.uuid}, f"MIG device {d.index}")
+            await run(mig.destroy, nv, d.parent, d.gi)
+            out.update(gpu=d.index, uuid=d.uuid, parent=d.parent, profile=d.mig)
         else:
             states = await run(mig.layout, nv)
             parent = mig.physical(states, req.gpu)

@@ -38,7 +38,8 @@ def job_env() -> tuple[dict[str, str], dict[str, str]]:
     # The daemon's state file by its path: a job of another user would
     # otherwise open a simulated GPU of its own (/dev/shm/vgpu-sim-<uid>).
     env = {"VGPU_SIM": os.environ["VGPU_SIM"], "VGPU_SIM_STATE": simstate.state_path()}
-    env.update((k, os.environ[k]) for k in ("VGPU_SIM_MIG",) if k in os.environ)
+    if "VGPU_SIM_MIG" in os.environ:         # the MIG layout it was made with
+        env["VGPU_SIM_MIG"] = os.environ["VGPU_SIM_MIG"]
     return env, {"LD_LIBRARY_PATH": str(native.sim_libdir())}
 
 

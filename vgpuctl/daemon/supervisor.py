@@ -71,10 +71,6 @@ async def _scan_here() -> tracking.ProcTable:
     return tracking.scan()
 
 
-def _gpu(d: GpuStats) -> placement.Gpu:
-    return placement.Gpu(d.index, d.uuid, d.name, d.memory_total, d.parent, d.mig)
-
-
 class Supervisor:
     def __init__(self, config: Config, paths: DaemonPaths, store: Store,
                  devices: list[GpuStats], hook_library: Callable[[], Path],
@@ -88,7 +84,7 @@ class Supervisor:
         self.started = clock()
         self.compute = True             # compute shares are enforced (turns)
         self.on_config: Callable[[Config], None] | None = None
-        self.gpus = [_gpu(d) for d in devices]
+        self.gpus = [d.as_gpu() for d in devices]
         self.stats: dict[str, GpuStats] = {d.uuid: d for d in devices}
         self.table = JobTable(store, paths.jobs_dir, clock)
         self.trust = Trust(self.table, {g.uuid: g.total for g in self.gpus})
@@ -310,7 +306,7 @@ class Supervisor:
         """The GPUs are now these (MIG devices were made or destroyed): every
         part that places, moves or checks jobs holds the one list, changed
         in place."""
-        self.gpus[:] = [_gpu(d) for d in devices]
+        self.gpus[:] = [d.as_gpu() for d in devices]
         self.trust.set_totals({g.uuid: g.total for g in self.gpus})
         gone = set(self.stats) - {d.uuid for d in devices}
         for u in gone:

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vgpuctl.core import placement
 from vgpuctl.errors import AdmissionRefused, NotFound, PermissionDenied, UsageError, VgpuError
+from vgpuctl.system.nvml import GpuStats
 
 # NVML's return codes that mean something here
 _NOT_SUPPORTED = 3
@@ -27,7 +29,6 @@ _IN_USE = 19
 PROFILE_IDS = range(0, 0x12)        # NVML_GPU_INSTANCE_PROFILE_1_SLICE .. _COUNT
 _CI_PROFILE_IDS = range(0, 0x9)     # NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE .. _COUNT
 _MAX_INSTANCES = 16
-PREFIX_MIN = 4                      # a UUID prefix names a GPU from this many characters
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _fail(nv: Any, e: Exception, what: str) -> VgpuError:
+def _fail(e: Exception, what: str) -> VgpuError:
     """NVML's refusal of `what` as one line."""
     code = _code(e)
     if code == _NO_PERMISSION:
@@ -214,21 +215,22 @@ def _mig_uuid(nv: Any, h: Any, gi: int, ci: int) -> str:
 
 
 def physical(states: Sequence[GpuMig], spec: str) -> GpuMig:
-    """The GPU (not a MIG device) spec names: its NVML index or its UUID (a
-    unique prefix of at least 4 characters)."""
-    s = spec.strip()
-    if s.isdigit():
-        for g in states:
-            if g.index == int(s):
-                return g
-    low = s.lower()
-    bare = low[4:] if low.startswith("gpu-") else low
-    found = [g for g in states if len(bare) >= PREFIX_MIN
-             and g.uuid.lower()[4:].startswith(bare)]
-    if len(found) == 1:
-        return found[0]
-    have = ", ".join(f"{g.index} ({g.uuid})" for g in states) or "none"
-    raise NotFound(f"no GPU {s} (a GPU's index or UUID; the GPUs here are {have})")
+    """The GPU (not a MIG device) spec names, as `run --gpu` reads a GPU's
+    name (placement.resolve_gpu): its NVML index, or its UUID or a unique
+    prefix of it."""
+    g = placement.resolve_gpu([placement.Gpu(s.index, s.uuid, s.name, 0) for s in states], spec)
+    return next(s for s in states if s.index == g.index)
+
+
+def mig_device(devices: Sequence[GpuStats], spec: str) -> GpuStats:
+    """The MIG device spec names among the inventory's devices: its index,
+    or its MIG- UUID or a unique prefix of it."""
+    g = placement.resolve_gpu([d.as_gpu() for d in devices], spec)
+    d = next(d for d in devices if d.uuid == g.uuid)
+    if d.parent is None or d.gi is None:
+        raise UsageError(f"GPU {g.index} is not a MIG device: `vgpuctl mig destroy` takes a "
+                         "MIG device's index or MIG- UUID")
+    return d
 
 
 def parse_spec(text: str) -> tuple[str, int | None]:
@@ -273,7 +275,7 @@ def create(nv: Any, index: int, spec: str) -> Instance:
             pl.start, pl.size = start, next(sz for s, sz in p.placements if s == start)
             gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(h, p.id, ctypes.byref(pl))
     except nv.NVMLError as e:
-        raise _fail(nv, e, what) from None
+        raise _fail(e, what) from None
     try:
         cip = _whole_ci_profile(nv, gi, p.slices)
         nv.nvmlGpuInstanceCreateComputeInstance(gi, cip)
@@ -282,9 +284,10 @@ def create(nv: Any, index: int, spec: str) -> Instance:
             nv.nvmlGpuInstanceDestroy(gi)
         except nv.NVMLError:
             pass
-        raise _fail(nv, e, f"{what}: its compute instance") from None
+        raise _fail(e, f"{what}: its compute instance") from None
     info = nv.nvmlGpuInstanceGetInfo(gi)
-    return next(i for i in status(nv, index).instances if i.gi == int(info.id))
+    return Instance(int(info.id), p.name, int(info.placement.start), int(info.placement.size),
+                    tuple(_devices(nv, h, gi, int(info.id))))
 
 
 def _whole_ci_profile(nv: Any, gi: Any, slices: int) -> int:
@@ -308,13 +311,13 @@ def destroy(nv: Any, index: int, gi_id: int) -> None:
     except nv.NVMLError as e:
         if _code(e) in (_NOT_FOUND, _INVALID_ARGUMENT):
             raise NotFound(f"{what}: no such instance") from None
-        raise _fail(nv, e, what) from None
+        raise _fail(e, what) from None
     try:
         for ci in _compute_instances(nv, gi):
             nv.nvmlComputeInstanceDestroy(ci)
         nv.nvmlGpuInstanceDestroy(gi)
     except nv.NVMLError as e:
-        raise _fail(nv, e, what) from None
+        raise _fail(e, what) from None
 
 
 def set_mode(nv: Any, index: int, enable: bool) -> None:
@@ -330,20 +333,12 @@ def set_mode(nv: Any, index: int, enable: bool) -> None:
     try:
         status_code = nv.nvmlDeviceSetMigMode(h, 1 if enable else 0)
     except nv.NVMLError as e:
-        raise _fail(nv, e, what) from None
+        raise _fail(e, what) from None
     if status_code not in (0, None):
-        raise _fail(nv, nv.NVMLError(status_code), what)
+        raise _fail(nv.NVMLError(status_code), what)
 
 
 def layout(nv: Any) -> list[GpuMig]:
     """Every GPU's MIG state."""
     return [status(nv, i) for i in range(nv.nvmlDeviceGetCount())]
 
-
-def instance_of(states: Sequence[GpuMig], uuid: str) -> tuple[GpuMig, Instance] | None:
-    """The GPU and GPU instance a MIG device's UUID belongs to."""
-    for s in states:
-        for i in s.instances:
-            if any(u.lower() == uuid.lower() for _, u in i.devices):
-                return s, i
-    return None

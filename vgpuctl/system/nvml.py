@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vgpuctl.core import placement
 from vgpuctl.errors import NvmlUnavailable
 
 
@@ -36,6 +37,11 @@ class GpuStats:
     parent: int | None = None         # a MIG device: its GPU's index
     mig: str | None = None            # ...its profile ("1g.10gb")
     gi: int | None = None             # ...its GPU instance's id
+
+    def as_gpu(self) -> placement.Gpu:
+        """The GPU as placement reads it."""
+        return placement.Gpu(self.index, self.uuid, self.name, self.memory_total, self.parent,
+                             self.mig)
 
 
 # MIG devices per GPU at most (H100, H200: seven GPU instances) and the
@@ -134,7 +140,6 @@ class Nvml:
         self._lock = threading.Lock()
         self._handles: list[Any] = []
         self._static: list[GpuStats] = []
-        self.mig_parents: list[int] = []      # the GPUs in MIG mode
         with self._lock:
             self._read_inventory()
 
@@ -142,12 +147,10 @@ class Nvml:
         nv = self._nv
         handles: list[Any] = []
         static: list[GpuStats] = []
-        parents: list[int] = []
         count = nv.nvmlDeviceGetCount()
         for i in range(count):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             if mig_mode(nv, h):
-                parents.append(i)
                 for m, g in _mig_devices(nv, count, i, h):
                     handles.append(m)
                     static.append(g)
@@ -165,7 +168,6 @@ class Nvml:
         order = sorted(range(len(static)), key=lambda k: static[k].index)  # whole GPUs first
         self._handles = [handles[k] for k in order]
         self._static = [static[k] for k in order]
-        self.mig_parents = parents
 
     def reread(self) -> list[GpuStats]:
         """Read the inventory again (after MIG instances were made or

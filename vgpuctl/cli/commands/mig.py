@@ -145,21 +145,13 @@ def destroy(devices: tuple[str, ...], socket_path: str | None) -> None:
     for dev in devices:
         reply = _call(socket_path, action="destroy", gpu=dev)
         if reply is None:
-            from vgpuctl.core import placement
-            from vgpuctl.errors import UsageError
             from vgpuctl.system import mig as m
 
             nvml = _direct()
             try:
-                stats = {g.uuid: g for g in nvml.devices()}
-                gpus = [placement.Gpu(g.index, g.uuid, g.name, g.memory_total, g.parent, g.mig)
-                        for g in stats.values()]
-                g = placement.resolve_gpu(gpus, dev)
-                st = stats[g.uuid]
-                if st.parent is None or st.gi is None:
-                    raise UsageError(f"GPU {g.index} is not a MIG device")
-                m.destroy(nvml.module, st.parent, st.gi)
-                reply = {"gpu": g.index, "uuid": g.uuid, "profile": g.mig, "parent": g.parent}
+                d = m.mig_device(nvml.devices(), dev)
+                m.destroy(nvml.module, d.parent, d.gi)
+                reply = {"gpu": d.index, "uuid": d.uuid, "profile": d.mig, "parent": d.parent}
             finally:
                 nvml.close()
         click.echo(f"GPU {reply['gpu']}: MIG {reply['profile']} on GPU {reply['parent']} "
