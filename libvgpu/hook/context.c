@@ -38,7 +38,7 @@ static uint64_t measure_ctx(int d)
     if (d < 0)
         return 0;
     uint64_t nv = vgpu_nvml_process_used(vgpu_dev_uuid(d));
-    uint64_t mine = __atomic_load_n(&vgpu_g_slot->used[d], __ATOMIC_RELAXED);
+    uint64_t mine = vgpu_slot_used(vgpu_g_slot, d);
     if (nv > mine)
         return nv - mine;
     uint64_t over = __atomic_load_n(&vgpu_g_limits->dev[d].ctx_overhead, __ATOMIC_RELAXED);

@@ -189,6 +189,28 @@ int vgpu_job_mem_view(int d, uint64_t *free_b, uint64_t *total_b, uint64_t *used
  * fits; anything else (a GPU not the job's, no room, a lost race) is the
  * whole procedure in reserve.c, from the start. */
 int vgpu_reserve_slow(int d, uint64_t bytes, int is_ctx, const char *what);
+/* What the process holds in its slot (region.h: used[] and the lanes).
+ * The calling thread's lane, 1 + its index, or 0 when it has none yet
+ * (reserve.c: it takes one at its first change, or adds to used[] when
+ * every lane is taken). */
+extern __thread uint32_t vgpu_t_lane __attribute__((tls_model("initial-exec")));
+void vgpu_slot_add_slow(struct vgpu_proc_slot *s, int d, uint64_t delta);
+/* The process's count on device d changes by delta (modulo 2^64: -n
+ * takes n off): in the thread's own lane, a load and a store. */
+static inline void vgpu_slot_add(struct vgpu_proc_slot *s, int d, uint64_t delta)
+{
+    uint32_t l = vgpu_t_lane;
+    if (VGPU_LIKELY(l - 1 < VGPU_SLOT_LANES)) {
+        uint64_t *w = &s->lane_used[l - 1][d];
+        __atomic_store_n(w, __atomic_load_n(w, __ATOMIC_RELAXED) + delta, __ATOMIC_RELAXED);
+        return;
+    }
+    vgpu_slot_add_slow(s, d, delta);
+}
+/* What slot s holds on device d: its words' sum, read as signed (a sum
+ * torn between two lanes while the process runs may fall below 0). */
+uint64_t vgpu_slot_used(const struct vgpu_proc_slot *s, int d);
+
 /* After a reservation took the job's count of d to `now`: its peak, and the
  * process's slot. */
 static inline void vgpu_reserved(int d, uint64_t now, uint64_t bytes, int is_ctx)
@@ -199,7 +221,7 @@ static inline void vgpu_reserved(int d, uint64_t now, uint64_t bytes, int is_ctx
                                                       __ATOMIC_RELAXED))
         ;
     struct vgpu_proc_slot *s = vgpu_g_slot;
-    __atomic_fetch_add(&s->used[d], bytes, __ATOMIC_RELAXED);
+    vgpu_slot_add(s, d, bytes);
     if (is_ctx)
         __atomic_fetch_add(&s->ctx_bytes[d], bytes, __ATOMIC_RELAXED);
 }
@@ -236,7 +258,7 @@ static inline void vgpu_unreserve(int d, uint64_t bytes, int is_ctx)
     if (d < 0 || bytes == 0)
         return;
     struct vgpu_proc_slot *s = vgpu_g_slot;
-    vgpu_sub_sat(&s->used[d], bytes);
+    vgpu_slot_add(s, d, -bytes);
     if (is_ctx)
         vgpu_sub_sat(&s->ctx_bytes[d], bytes);
     vgpu_sub_sat(&vgpu_g_usage->dev[d].used, bytes);
@@ -288,6 +310,7 @@ int vgpu_handle_adjust(uint64_t handle, int dr, int dm, struct vgpu_alloc *out);
 /* Take out every allocation made in ctx, adding their sizes per device. */
 void vgpu_untrack_ctx(CUcontext ctx, uint64_t per_dev[VGPU_MAX_DEVICES]);
 void vgpu_alloctab_atfork_child(void);
+void vgpu_lanes_atfork_child(void);
 void vgpu_context_atfork_child(void);
 
 /* Accounting happens once, at the outermost call: when a driver implements

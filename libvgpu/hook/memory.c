@@ -32,9 +32,14 @@ static CUcontext current_ctx(void)
     return c;
 }
 
-static void count_alloc(void)
+/* The slot's count of allocating calls, a diagnostic (does the hook see
+ * them?): a load and a store, not a locked add, so that it costs an
+ * allocation nothing it needs; two threads of the process allocating at the
+ * same instant may count one. */
+static inline void count_alloc(void)
 {
-    __atomic_fetch_add(&vgpu_g_slot->allocs, 1, __ATOMIC_RELAXED);
+    uint64_t *n = &vgpu_g_slot->allocs;
+    __atomic_store_n(n, __atomic_load_n(n, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
 }
 
 /* What vgpu_track answered, when not 0: the key was there (its free went

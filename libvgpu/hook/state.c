@@ -83,13 +83,17 @@ _Static_assert(__builtin_offsetof(struct vgpu_limits, dev) == 56, "limits.dev");
 _Static_assert(sizeof(struct vgpu_dev_usage) == 64, "vgpu_dev_usage layout");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_usage, busy_ns) == 16, "busy_ns");
 _Static_assert(__builtin_offsetof(struct vgpu_dev_usage, oom_refusals) == 48, "oom_refusals");
-_Static_assert(sizeof(struct vgpu_proc_slot) == 16 + 4 * 16 * 8 + 16, "vgpu_proc_slot layout");
+_Static_assert(sizeof(struct vgpu_proc_slot) == 16 + 4 * 16 * 8 + 16 + VGPU_SLOT_LANES * 16 * 8,
+               "vgpu_proc_slot layout");
+_Static_assert(__builtin_offsetof(struct vgpu_proc_slot, lane_used) == 544, "slot.lane_used");
+_Static_assert(VGPU_SLOT_LANES <= 32, "lanes_taken is 32 bits");
 _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, used) == 16, "slot.used");
 _Static_assert(__builtin_offsetof(struct vgpu_proc_slot, allocs) == 528, "slot.allocs");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, dev) == 16, "usage.dev");
 _Static_assert(__builtin_offsetof(struct vgpu_usage, procs) == 16 + 16 * 64, "usage.procs");
-_Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * 544, "vgpu_usage layout");
-_Static_assert(VGPU_REGION_VERSION == 4, "libvgpu/hook follows region layout version 4");
+_Static_assert(sizeof(struct vgpu_usage) == 16 + 16 * 64 + 128 * (544 + VGPU_SLOT_LANES * 128),
+               "vgpu_usage layout");
+_Static_assert(VGPU_REGION_VERSION == 5, "libvgpu/hook follows region layout version 5");
 
 /* ---- helpers -------------------------------------------------------------- */
 /* /proc/<pid>/stat: start time (clock ticks since boot) and state letter.
@@ -437,6 +441,8 @@ static void clear_slot(struct vgpu_proc_slot *s)
         __atomic_store_n(&s->used[d], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->ctx_bytes[d], 0, __ATOMIC_RELAXED);
         __atomic_store_n(&s->launches[d], 0, __ATOMIC_RELAXED);
+        for (int l = 0; l < VGPU_SLOT_LANES; l++)
+            __atomic_store_n(&s->lane_used[l][d], 0, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&s->allocs, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->get_proc_calls, 0, __ATOMIC_RELAXED);
@@ -450,7 +456,7 @@ static uint64_t reap_slot(struct vgpu_proc_slot *s, int32_t pid)
         return 0;
     uint64_t freed = 0;
     for (int d = 0; d < VGPU_MAX_DEVICES; d++)
-        freed += __atomic_load_n(&s->used[d], __ATOMIC_RELAXED);
+        freed += vgpu_slot_used(s, d);
     vgpu_release_slot_memory(s);
     clear_slot(s);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
@@ -566,6 +572,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&state_lock, NULL);
     vgpu_interpose_atfork_child();
     vgpu_alloctab_atfork_child();
+    vgpu_lanes_atfork_child();
     vgpu_context_atfork_child();
     vgpu_devmap_atfork_child();
     vgpu_flight_atfork_child();

@@ -1,14 +1,21 @@
 """The race test of issue 3: 4 processes of one job, 8 threads each, allocate
 and free random sizes against a 1 GiB limit. The simulated device's own
 record of the job's peak never exceeds the limit (contexts are inside it),
-and no allocation that fit was refused (tests/c/race.c explains the check)."""
+and no allocation that fit was refused (tests/c/race.c explains the check).
+Also frees of one pointer at once, and a process's count kept in lanes of
+one thread each across threads that come and go."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 
+import pytest
 from support.hook import GiB, MiB, make_sim
+
+from vgpuctl.system.region import Region
+from vgpuctl.system.structs import const, ffi
+from vgpuctl.system.usage import BadRegion
 
 PROCS, THREADS, OPS = 4, 8, 2000
 
@@ -83,3 +90,90 @@ def test_frees_of_one_pointer_at_once_give_it_back_once(tmp_path, cbuild):
     assert ctx == 32 * MiB
     assert used == ctx + 64 * MiB              # nothing given back twice, nothing kept
     assert region.read_usage().devices[0].used == 0
+
+
+def _lane_words(region, pid: int) -> list[int]:
+    """The lanes' words of a process's slot on device 0, as signed."""
+    u = region._read()
+    slot = next(u.procs[i] for i in range(const("VGPU_MAX_PROCS")) if u.procs[i].pid == pid)
+    return [int(ffi().cast("int64_t", slot.lane_used[lane][0]))
+            for lane in range(const("VGPU_SLOT_LANES"))]
+
+
+def test_a_process_count_in_lanes_is_exact_across_threads(tmp_path, cbuild, clients,
+                                                          client_factory):
+    """Waves of three threads a lane at once (the rest add to the slot's
+    shared word), each freeing what a thread of the wave before allocated
+    and allocating its own; a wave's lanes pass to the next one's threads
+    with what they hold. The process's slot and the job's count are then
+    exactly what it holds; once its main thread has freed everything, the
+    context alone (the lanes of the threads that allocated above 0, the
+    main thread's below); and, SIGKILLed, nothing once the next allocation
+    that needs the room sweeps its slot."""
+    lanes = const("VGPU_SLOT_LANES")
+    ctx = 32 * MiB
+    sim = make_sim(tmp_path, spec="1x16G", VGPU_SIM_CTX_MEM="32M")
+    region = sim.region([GiB])
+    prog = cbuild("lanes", "lanes.c", cuda=True)
+    p = subprocess.Popen([str(prog), "12", str(3 * lanes), "4"], env=sim.job_env(region.path),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        m = re.fullmatch(r"lanes held=(\d+) errors=0", line.strip())
+        assert m, line
+        held = int(m[1])
+        assert held >= 3 * lanes * 4 * 2 * MiB
+        usage = region.read_usage()
+        assert [s.used[0] for s in usage.procs if s.pid == p.pid] == [ctx + held]
+        assert usage.devices[0].used == ctx + held
+        words = _lane_words(region, p.pid)
+        assert sum(1 for w in words if w > 0) >= 2     # several threads' lanes hold
+        p.stdin.write("free\n")
+        p.stdin.flush()
+        assert p.stdout.readline().strip() == "lanes freed errors=0"
+        usage = region.read_usage()
+        assert [s.used[0] for s in usage.procs if s.pid == p.pid] == [ctx]
+        assert usage.devices[0].used == ctx
+        words = _lane_words(region, p.pid)
+        assert min(words) < 0 < max(words)             # freed by another thread's lane
+        p.kill()
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+    # the dead process's slot still counts its context until a sweep; an
+    # allocation that needs that room sweeps it, fits, and is then all the
+    # job holds
+    c = client_factory(clients["direct"], ["ctx", "0", "alloc", str(GiB - ctx), "hold"],
+                       sim.job_env(region.path))
+    assert c.until("alloc")[0] == "0"
+    c.until("hold")
+    usage = region.read_usage()
+    assert usage.devices[0].oom_refusals == 0
+    assert [s.pid for s in usage.procs] == [c.pid]
+    assert usage.devices[0].used == GiB
+
+
+def test_a_torn_or_written_lane_sum_is_read_as_the_hook_reads_it(tmp_path):
+    """A process's lanes summed below 0 (read torn while it runs, or
+    written so) read as 0; a sum larger than any GPU is a bad region."""
+    sim = make_sim(tmp_path, spec="1x16G")
+    region = sim.region([GiB])
+    f = ffi()
+    slot0 = f.offsetof("struct vgpu_usage", "procs")
+    pid = f.offsetof("struct vgpu_proc_slot", "pid")
+    lane = f.offsetof("struct vgpu_proc_slot", "lane_used")
+    lane_stride = 8 * const("VGPU_MAX_DEVICES")
+    w = Region.open(region.path, writable_usage=True)
+    try:
+        w.poke_usage(slot0 + pid, (4242).to_bytes(4, "little", signed=True))
+        w.poke_usage(slot0 + lane, (6 * MiB).to_bytes(8, "little"))
+        w.poke_usage(slot0 + lane + lane_stride, (-10 * MiB).to_bytes(8, "little", signed=True))
+        assert [s.used[0] for s in region.read_usage().procs] == [0]
+        w.poke_usage(slot0 + lane + lane_stride, (1 << 62).to_bytes(8, "little"))
+        with pytest.raises(BadRegion):
+            region.read_usage()
+    finally:
+        w.close()

@@ -51,6 +51,18 @@ def _bytes(v: int, what: str) -> int:
     return int(v)
 
 
+def _slot_used(s: Any, d: int) -> int:
+    """What a process slot holds on device d: its shared word and its
+    lanes' (region.h), added modulo 2^64 and read as signed, as the hook
+    reads it (a sum torn between two lanes of a running process may fall
+    below 0: then 0)."""
+    n = int(s.used[d])
+    for lane in s.lane_used:
+        n += int(lane[d])
+    n %= 1 << 64
+    return 0 if n >= 1 << 63 else n
+
+
 def _count(v: int) -> int:
     return min(int(v), MAX_COUNT)
 
@@ -162,7 +174,7 @@ class RegionUsage:
             if s.pid > 0:
                 procs.append(ProcUsage(
                     pid=s.pid, start_time=s.start_time,
-                    used=[_bytes(s.used[j], "slot used") for j in range(n)],
+                    used=[_bytes(_slot_used(s, j), "slot used") for j in range(n)],
                     ctx_bytes=[_bytes(s.ctx_bytes[j], "slot ctx_bytes") for j in range(n)],
                     launches=[_count(s.launches[j]) for j in range(n)],
                     allocs=_count(s.allocs), get_proc_calls=_count(s.get_proc_calls),

@@ -40,9 +40,10 @@
 
 #define VGPU_REGION_MAGIC 0x55504756
 #define VGPU_SIGNAL_MAGIC 0x4c474953
-#define VGPU_REGION_VERSION 4
+#define VGPU_REGION_VERSION 5
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_PROCS 128
+#define VGPU_SLOT_LANES 4
 #define VGPU_UUID_LEN 96
 #define VGPU_JOB_ID_LEN 32
 
@@ -167,18 +168,30 @@ struct vgpu_dev_usage {
 #define VGPU_FEATURE_MANAGED 1   /* cuMemAllocManaged (unified memory) */
 #define VGPU_FEATURE_IPC 2       /* cuIpcGetMemHandle / cuIpcOpenMemHandle */
 
-/* One per process of the job. A slot is claimed by CAS on pid (0 = free). */
+/* One per process of the job. A slot is claimed by CAS on pid (0 = free).
+ *
+ * What the process holds on device d is used[d] plus each lane's
+ * lane_used[l][d], added modulo 2^64. A lane belongs to one thread of the
+ * process at a time, which alone writes it, with a plain load and store (no
+ * locked instruction an allocation); a thread without a lane (more threads
+ * than lanes) adds to used[d] with an atomic add. A lane's word may wrap
+ * below 0 (a thread freeing what another allocated); a sum read while the
+ * process runs may be torn between two lanes: read as signed, below 0 is 0. */
 struct vgpu_proc_slot {
     int32_t pid;
     uint32_t features;         /* VGPU_FEATURE_* bits */
     uint64_t start_time;       /* /proc/<pid>/stat starttime (clock ticks),
                                   tells a reused pid from the original */
-    uint64_t used[VGPU_MAX_DEVICES];      /* bytes this process reserved */
-    uint64_t ctx_bytes[VGPU_MAX_DEVICES]; /* part of used[] for contexts */
+    uint64_t used[VGPU_MAX_DEVICES];      /* bytes this process reserved,
+                                             besides its lanes' (above) */
+    uint64_t ctx_bytes[VGPU_MAX_DEVICES]; /* part of what it holds for contexts */
     uint64_t launches[VGPU_MAX_DEVICES];
     uint64_t busy_ns[VGPU_MAX_DEVICES];   /* this process's part of busy_ns */
-    uint64_t allocs;           /* allocation calls through the hook */
+    uint64_t allocs;           /* allocating calls through the hook: a
+                                  diagnostic, kept without a locked add (two
+                                  threads allocating at once may count one) */
     uint64_t get_proc_calls;   /* cuGetProcAddress lookups through the hook */
+    uint64_t lane_used[VGPU_SLOT_LANES][VGPU_MAX_DEVICES];
 };
 
 struct vgpu_usage {
