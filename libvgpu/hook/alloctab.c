@@ -15,7 +15,10 @@
  * pointer it looks for held waits for the holder's few stores, so a pointer
  * that is in the table is always found: two frees of one pointer at once
  * take it out once, and a destroyed context's sweep never hides one from a
- * free. The keys of a bucket are one cache line, its values the next three.
+ * free. A bucket is 128 bytes, two cache lines (its keys first). Four slots
+ * a bucket, not eight: an allocation looks through the keys of its bucket
+ * (a pointer the driver hands out again may still be there), and four take
+ * half the time; 4096 buckets hold as many pointers as 2048 of eight.
  * In a process of one thread (glibc's __libc_single_threaded, as its own
  * locks use it) there is no other thread to race with: a slot is taken with
  * a load and a store.
@@ -36,9 +39,9 @@
 #include "hook.h"
 
 /* ---- device pointers, without a lock ---------------------------------------------- */
-#define FAST_BUCKET_BITS 11
-#define FAST_BUCKETS (1u << FAST_BUCKET_BITS)   /* 2048 x 8 slots: 512 KiB */
-#define BUCKET 8u
+#define FAST_BUCKET_BITS 12
+#define FAST_BUCKETS (1u << FAST_BUCKET_BITS)   /* 4096 x 4 slots: 512 KiB */
+#define BUCKET 4u
 #define HELD 1ull
 
 struct fast_val {
@@ -51,6 +54,8 @@ struct bucket {
     uint64_t key[BUCKET];   /* 0, a pointer, or a pointer | HELD */
     struct fast_val val[BUCKET];
 };
+
+_Static_assert(sizeof(struct bucket) == 128, "a bucket: two cache lines");
 
 static struct bucket *fast;   /* FAST_BUCKETS, mapped at the first pointer; NULL: none yet */
 static uint32_t spilled;      /* VGPU_K_PTR entries in the sharded tables */
@@ -143,7 +148,7 @@ static void val_put(struct fast_val *v, uint64_t size, CUcontext ctx, int dev)
 /* The slot of `key` in bucket b, or -1; *held: there, but held. */
 static int find(const struct bucket *b, uint64_t key, int *held)
 {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (unsigned i = 0; i < BUCKET; i++) {
         uint64_t k = __atomic_load_n(&b->key[i], __ATOMIC_RELAXED);
         if ((k | HELD) == (key | HELD)) {

@@ -65,7 +65,14 @@ static inline void remember(uint32_t kind, uint64_t key, uint64_t size, int d, C
 
 /* After the real free: give back the reservation, or put it back in the
  * table when the free failed. */
-static void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
+static void kept(const struct vgpu_alloc *e)
+{
+    struct vgpu_alloc old;
+    if (vgpu_track(e->kind, e->key, e->size, e->dev, e->ctx, &old) == 1)
+        vgpu_unreserve(old.dev, old.size, 0);
+}
+
+static inline void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
 {
     if (!had)
         return;
@@ -74,13 +81,10 @@ static void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
      * entry taken by this one and went to the driver first. Either way it
      * holds nothing now; kept only when the driver refused for another
      * reason (the allocation is still there). */
-    if (r == CUDA_SUCCESS || (e->kind == VGPU_K_PTR && r == CUDA_ERROR_INVALID_VALUE)) {
+    if (VGPU_LIKELY(r == CUDA_SUCCESS) || (e->kind == VGPU_K_PTR && r == CUDA_ERROR_INVALID_VALUE))
         vgpu_unreserve(e->dev, e->size, 0);
-        return;
-    }
-    struct vgpu_alloc old;
-    if (vgpu_track(e->kind, e->key, e->size, e->dev, e->ctx, &old) == 1)
-        vgpu_unreserve(old.dev, old.size, 0);
+    else
+        kept(e);
 }
 
 /* The plain allocations: reserve round(bytes) on the current device, call,
