@@ -19,15 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "vgpu/cuda_types.h"
-
-extern CUresult cuInit(unsigned int);
-extern CUresult cuDeviceGet(CUdevice *, int);
-extern CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-extern CUresult cuCtxSetCurrent(CUcontext);
-extern CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-extern CUresult cuMemFree_v2(CUdeviceptr);
-extern CUresult cuMemGetInfo_v2(size_t *, size_t *);
+#include "cu_api.h"
 
 static CUcontext g_ctx;
 static int g_threads, g_rounds;

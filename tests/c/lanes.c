@@ -18,14 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "vgpu/cuda_types.h"
-
-extern CUresult cuInit(unsigned int);
-extern CUresult cuDeviceGet(CUdevice *, int);
-extern CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-extern CUresult cuCtxSetCurrent(CUcontext);
-extern CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-extern CUresult cuMemFree_v2(CUdeviceptr);
+#include "cu_api.h"
 
 #define UNIT (2ull << 20)
 #define MAXT 64
