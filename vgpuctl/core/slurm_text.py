@@ -218,7 +218,8 @@ class GresGpu:
            parent: int | None = None, mig: str | None = None, gi: int | None = None,
            ci: int | None = None) -> GresGpu:
         """From what the daemon knows of a GPU (GpuView's fields); a minor
-        NVML did not give is taken to be the GPU's index."""
+        NVML did not give is taken to be the GPU's index (a MIG device's:
+        its GPU's)."""
         own = minor if minor is not None else index if parent is None else parent
         return cls(own, uuid, capacity, index, parent, mig, gi, ci)
 
@@ -247,7 +248,7 @@ def _gres_file(g: GresGpu, dev_dir: str, mig_minors: Mapping[str, int] | None) -
     """The device file of g's gres lines. A MIG device's is its compute
     instance's capability: Slurm splits a MultipleFiles= (its GPU's
     /dev/nvidiaN and its two capabilities) differently in gres/gpu and
-    gres/shard, so no shard line can name one (docs/slurm.md, MIG)."""
+    gres/shard, so no shard line can name one (docs/slurm.md, MIG devices)."""
     if g.parent is None:
         return f"{dev_dir}/nvidia{g.minor}"
     if g.gi is None or g.ci is None:
