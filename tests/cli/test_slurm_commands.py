@@ -114,6 +114,37 @@ def test_gres_conf_gives_each_gpu_the_shards_its_capacity_holds(node):
     assert r.stderr.startswith("vgpuctl: warning: the daemon's shard size is 1G")
 
 
+def test_gres_conf_names_mig_devices_by_their_compute_instances_capability(
+        daemon_factory, tmp_path):
+    """GPU 0 of two simulated 80G GPUs in MIG mode (NVML's minor of a GPU
+    is its index here): its MIG devices by slice, then GPU 1."""
+    d = daemon_factory(gpus="2x80G", config='reserve = 0\n' + SLURM_CONFIG, start=False)
+    d.env["VGPU_SIM_MIG"] = "0=3g.40gb@4,1g.10gb@0"
+    d.start()
+    gpus = {g["mig"]: g for g in d.call("ps")["gpus"]}
+    small, big = gpus["1g.10gb"], gpus["3g.40gb"]
+    minors = tmp_path / "mig-minors"
+    minors.write_text("".join(f"gpu0/gi{g['gi']}/access {10 * g['gi']}\n"
+                              f"gpu0/gi{g['gi']}/ci{g['ci']}/access {10 * g['gi'] + 1}\n"
+                              for g in (small, big)))
+    r = d.cli("slurm", "gres-conf", "--type", "h100", "--mig-minors", str(minors))
+    assert r.returncode == 0, r.stderr
+    lines = [ln.split("  #")[0] for ln in r.stdout.splitlines() if not ln.startswith("#")]
+    cap = "File=/dev/nvidia-caps/nvidia-cap"
+    assert lines[1:] == [
+        f"Name=gpu Type=h100_1g.10gb {cap}{10 * small['gi'] + 1} Flags=nvidia_gpu_env",
+        f"Name=gpu Type=h100_3g.40gb {cap}{10 * big['gi'] + 1} Flags=nvidia_gpu_env",
+        "Name=gpu Type=h100 File=/dev/nvidia1 Flags=nvidia_gpu_env",
+        f"Name=shard Count=10 {cap}{10 * small['gi'] + 1} Flags=nvidia_gpu_env",
+        f"Name=shard Count=40 {cap}{10 * big['gi'] + 1} Flags=nvidia_gpu_env",
+        "Name=shard Count=80 File=/dev/nvidia1 Flags=nvidia_gpu_env"]
+    r = d.cli("slurm", "gres-conf", "--mig-minors", str(tmp_path / "none"))
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert r.stderr == (f"vgpuctl: error: {tmp_path / 'none'}: No such file or directory: "
+                        "this node's MIG devices' gres lines name their nvidia-caps files by "
+                        "the driver's minors (give --mig-minors FILE)\n")
+
+
 def test_build_spank_without_slurms_headers_says_what_to_install(daemon_factory, tmp_path):
     d = daemon_factory(start=False)
     cc = tmp_path / "cc"          # a compiler that finds no spank.h, as gcc says it

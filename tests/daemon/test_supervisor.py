@@ -33,12 +33,13 @@ ME = Peer(os.getpid(), os.getuid(), os.getgid())
 OTHER = Peer(os.getpid(), 65534, 65534)
 
 
-def make(tmp_path: Path, config: Config | None = None) -> Supervisor:
+def make(tmp_path: Path, config: Config | None = None,
+         devices: list[GpuStats] = DEVICES) -> Supervisor:
     dp = DaemonPaths(socket=tmp_path / "s.sock", runtime_dir=tmp_path / "run",
                      state_dir=tmp_path / "state", config=None, system=False)
     dp.jobs_dir.mkdir(parents=True, exist_ok=True)
     store = Store.open(dp.db)
-    sup = Supervisor(config or Config(), dp, store, DEVICES,
+    sup = Supervisor(config or Config(), dp, store, devices,
                      hook_library=lambda: tmp_path / "libvgpu.so")
     sup.test_store = store      # the test's handle, to close it as a dying daemon would not
     return sup
@@ -442,6 +443,35 @@ def test_a_slurm_job_is_registered_once_with_its_shards_as_limits(tmp_path):
     assert a["job"]["id"] == job["id"] and a["env"]["VGPU_JOB"] == job["id"]
     assert a["env"]["CUDA_VISIBLE_DEVICES"] == DEVICES[1].uuid
     assert a["prepend"]["LD_PRELOAD"].endswith("libvgpu.so")
+
+
+# GPU 0 whole (its device file /dev/nvidia1), GPU 1 (/dev/nvidia0) in MIG mode
+# with a 3g.40gb at slice 4 and a 1g.10gb at slice 0: Slurm's order is
+# gres.conf's, the MIG devices in their GPU's place by slice, then GPU 0.
+MIG_NODE = [GpuStats(0, "GPU-00000000-aaaa", "Sim GPU", 80 * G, minor=1),
+            GpuStats(2 + 8 + 4, "MIG-11111111-bbbb", "Sim GPU MIG 3g.40gb", 40 * G, minor=0,
+                     parent=1, mig="3g.40gb", gi=1, ci=0),
+            GpuStats(2 + 8 + 0, "MIG-22222222-cccc", "Sim GPU MIG 1g.10gb", 10 * G, minor=0,
+                     parent=1, mig="1g.10gb", gi=2, ci=0)]
+
+
+def test_slurms_gpu_index_names_mig_devices_in_gres_confs_order(tmp_path):
+    sup = make(tmp_path, Config(reserve=0, slurm=SlurmConfig(gpus="all")), MIG_NODE)
+    assert [sup.slurm.gpu(i).uuid for i in range(3)] == [
+        "MIG-22222222-cccc", "MIG-11111111-bbbb", "GPU-00000000-aaaa"]
+    # 5 of the 1g.10gb's 10 shards, 4 of the 3g.40gb's 40, 8 of GPU 0's 80
+    for sid, index, shards, want in (("1", 0, 5, (10, 5 * G, 50)), ("2", 1, 4, (14, 4 * G, 10)),
+                                     ("3", 2, 8, (0, 8 * G, 10))):
+        job = register(sup, slurm_job=sid, gpus=[index], shards=shards)["job"]
+        assert (job["gpu"], job["mem_limit"], job["core"]) == want
+    a = call(sup, ME, "slurm_attach", slurm_job="2")
+    assert a["env"]["CUDA_VISIBLE_DEVICES"] == "MIG-11111111-bbbb"
+    with pytest.raises(P.errors.NotFound, match="Slurm's GPU 3 is not here: this node has 3 "
+                       "GPUs and MIG devices"):
+        register(sup, slurm_job="4", gpus=[3], shards=1)
+    with pytest.raises(P.errors.AdmissionRefused, match="11 shards of 1G do not fit: this GPU "
+                       "carries 10"):
+        register(sup, slurm_job="5", gpus=[0], shards=11)
 
 
 def test_a_slurm_job_outlives_its_processes_until_released(tmp_path, procs):

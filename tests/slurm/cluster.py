@@ -1,7 +1,8 @@
 """A private single-node Slurm cluster for the tests: munged, slurmctld and
 slurmd started by hand (no systemd) under one temporary directory, on free
-ports, with fake GPUs (/dev/nvidiaN character nodes made with mknod in that
-directory) and vgpuctl's own commands as Prolog, TaskProlog and Epilog.
+ports, with fake GPUs (the /dev/nvidiaN and /dev/nvidia-caps/nvidia-capN
+character nodes its gres.conf names, made with mknod in that directory) and
+vgpuctl's own commands as Prolog, TaskProlog and Epilog.
 
 Needs root and Debian's slurm-wlm + munge; `available()` says whether this
 machine has them (the tests skip otherwise).
@@ -70,15 +71,37 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
-class Cluster:
-    """One node, two GPUs (`gpus` fake devices), `shards` shards on each."""
+# Device numbers of the fake device files: NVIDIA's for /dev/nvidiaN; one of
+# the "local use" majors for the capabilities (the driver's is dynamic).
+NVIDIA_MAJOR = 195
+CAPS_MAJOR = 240
 
-    def __init__(self, base: Path, vgpu_env: dict[str, str], shards: int = 16,
-                 gpus: int = 2, spank: Path | None = None) -> None:
+
+def device_files(gres_conf: str) -> dict[str, int]:
+    """The device files gres.conf names (File=, MultipleFiles=), each with
+    its major number: (path, major) by path."""
+    out = {}
+    for spec in re.findall(r"(?:^|\s)(?:File|MultipleFiles)=(\S+)", gres_conf, re.M):
+        for path in spec.split(","):
+            out[path] = CAPS_MAJOR if "/nvidia-caps/" in path else NVIDIA_MAJOR
+    return out
+
+
+def node_gres(gres_conf: str) -> str:
+    """The node's Gres= for slurm.conf, as `vgpuctl slurm gres-conf` says it."""
+    m = re.search(r"^# slurm\.conf: .* Gres=(\S+)$", gres_conf, re.M)
+    assert m is not None, gres_conf
+    return m.group(1)
+
+
+class Cluster:
+    """One node, with the GPUs and shards its gres.conf (from `vgpuctl slurm
+    gres-conf`) names."""
+
+    def __init__(self, base: Path, vgpu_env: dict[str, str],
+                 spank: Path | None = None) -> None:
         self.base = base
         self.node = socket.gethostname().split(".")[0]
-        self.shards = shards
-        self.gpus = gpus
         self.vgpu_env = vgpu_env
         self.spank = spank          # the SPANK plugin, when built
         for d in ("etc", "run", "log", "state", "spool", "munge", "munge-sock", "dev"):
@@ -99,10 +122,13 @@ class Cluster:
         if not key.exists():
             key.write_bytes(os.urandom(1024))
             key.chmod(0o400)
-        for i in range(self.gpus):
-            dev = b / "dev" / f"nvidia{i}"
+        for path, major in device_files(gres_conf).items():
+            dev = Path(path)
+            assert b / "dev" in dev.parents, f"gres.conf names {dev}, not a fake device"
+            dev.parent.mkdir(parents=True, exist_ok=True)
             if not dev.exists():
-                os.mknod(dev, 0o666 | 0o020000, os.makedev(195, i))
+                minor = int(re.search(r"(\d+)$", dev.name).group(1))    # type: ignore[union-attr]
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(major, minor))
         (b / "etc" / "gres.conf").write_text(gres_conf)
         plugstack = b / "etc" / "plugstack.conf"
         plugstack.write_text(f"required {self.spank}\n" if self.spank else "")
@@ -140,7 +166,7 @@ TaskProlog={hooks['task-prolog']}
 Epilog={hooks['epilog']}
 MailProg=/bin/true
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 \
-Gres=gpu:{self.gpus},shard:{self.shards * self.gpus}
+Gres={node_gres(gres_conf)}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """)
 

@@ -5,42 +5,14 @@ single-node cluster: 16 shards of 1 GiB on each of two simulated 16 GiB GPUs,
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from typing import Any
 
 import pytest
 from slurm.cluster import usable_by
+from slurm.steps import BURN, WITH_ID, G, burn_args, running, sbatch, step, vgpu_job
 from support.daemon import wait_for
 from support.sim import busy_by_tag
-
-from vgpuctl.system import native
-
-G = 1 << 30
-BURN = str(native.burn_program())
-# Prints the Slurm job id, then runs the command (the step's own process).
-WITH_ID = ["sh", "-c", 'echo "slurm_job=$SLURM_JOB_ID"; exec "$@"', "sh"]
-
-
-def burn_args(*extra: str) -> list[str]:
-    return [BURN, "--kernel-us", "100", "--count", "20", *extra]
-
-
-def step(cluster: Any, *argv: str, env: dict[str, str] | None = None
-         ) -> tuple[subprocess.CompletedProcess[str], str, dict[str, Any]]:
-    """srun argv; (the finished srun, the Slurm job id, burn's JSON line)."""
-    r = cluster.run("srun", *argv, env=env)
-    sid = next((ln.split("=", 1)[1] for ln in r.stdout.splitlines()
-                if ln.startswith("slurm_job=")), "")
-    js = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-    return r, sid, (json.loads(js[-1]) if js else {})
-
-
-def vgpu_job(daemon: Any, slurm_job: str) -> dict[str, Any]:
-    """The one vgpu job (live or ended) registered for a Slurm job."""
-    jobs = [j for j in daemon.jobs(all_jobs=True) if j["slurm_job"] == slurm_job]
-    assert len(jobs) == 1, jobs
-    return jobs[0]
 
 
 def report(daemon: Any, *args: str) -> list[dict[str, Any]]:
@@ -172,21 +144,6 @@ def test_a_step_with_shards_on_both_gpus_gets_each_gpus_limit_and_share(node, tm
     rows = [r for r in report(daemon, "--by", "job") if r["slurm_job"] == sid]
     assert len(rows) == 1 and rows[0]["gpus"] == uuids, rows
     assert rows[0]["gpu_seconds"] > 0
-
-
-def sbatch(cluster: Any, tmp_path: Any, shards: int, command: str,
-           env: dict[str, str] | None = None, name: str | None = None) -> str:
-    r = cluster.run("sbatch", "--parsable", f"--gres=shard:{shards}", "-o",
-                    str(tmp_path / "slurm-%j.out"), *(["-J", name] if name else []),
-                    "--wrap", command, env=env)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip().split(";")[0]
-
-
-def running(daemon: Any, slurm_job: str) -> dict[str, Any] | None:
-    """The live vgpu job of a Slurm job once a process of it holds the GPU."""
-    return next((j for j in daemon.jobs() if j["slurm_job"] == slurm_job and j["pids"]
-                 and j["gated_launches"]), None)
 
 
 def test_a_step_without_shards_is_untouched(node):

@@ -120,6 +120,68 @@ def test_gres_conf_lists_gpus_in_minor_order_with_the_daemons_counts():
     assert text.splitlines()[-1] == "# slurm.conf: NodeName=vm ... Gres=gpu:h100:2,shard:31"
 
 
+# The driver's /proc/driver/nvidia-caps/mig-minors, in part: GPU minor 0's
+# GPU instances 1 and 2 with their compute instance 0.
+MIG_MINORS = """\
+config 1
+monitor 2
+gpu0/gi1/access 12
+gpu0/gi1/ci0/access 13
+gpu0/gi2/access 21
+gpu0/gi2/ci0/access 22
+gpu1/gi1/access 147
+gpu1/gi1/ci0/access 148
+"""
+# GPU 0 (/dev/nvidia1) whole; GPU 1 (/dev/nvidia0) in MIG mode: a 3g.40gb at
+# slice 4 (GPU instance 1) and a 1g.10gb at slice 0 (GPU instance 2).
+MIG_NODE = [S.GresGpu.of(0, "GPU-a", 80 * G, 1),
+            S.GresGpu.of(14, "MIG-b", 40 * G, 0, parent=1, mig="3g.40gb", gi=1, ci=0),
+            S.GresGpu.of(10, "MIG-c", 10 * G, 0, parent=1, mig="1g.10gb", gi=2, ci=0)]
+
+
+def test_mig_minors_name_each_capabilitys_device_minor():
+    minors = S.parse_mig_minors(MIG_MINORS)
+    assert minors["gpu0/gi1"] == 12 and minors["gpu0/gi1/ci0"] == 13
+    assert minors["gpu1/gi1/ci0"] == 148 and "config" not in minors
+
+
+def test_mig_devices_take_their_gpus_place_in_gres_conf_by_slice():
+    assert [g.uuid for g in S.slurm_order(MIG_NODE)] == ["MIG-c", "MIG-b", "GPU-a"]
+    text = S.gres_conf(MIG_NODE, G, node="vm", gpu_type="h100",
+                       mig_minors=S.parse_mig_minors(MIG_MINORS))
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    cap = "/dev/nvidia-caps/nvidia-cap"
+    assert lines == [
+        "AutoDetect=off",
+        f"Name=gpu Type=h100_1g.10gb File={cap}22 Flags=nvidia_gpu_env"
+        "  # MIG-c (1g.10gb of /dev/nvidia0)",
+        f"Name=gpu Type=h100_3g.40gb File={cap}13 Flags=nvidia_gpu_env"
+        "  # MIG-b (3g.40gb of /dev/nvidia0)",
+        "Name=gpu Type=h100 File=/dev/nvidia1 Flags=nvidia_gpu_env  # GPU-a",
+        f"Name=shard Count=10 File={cap}22 Flags=nvidia_gpu_env",
+        f"Name=shard Count=40 File={cap}13 Flags=nvidia_gpu_env",
+        "Name=shard Count=80 File=/dev/nvidia1 Flags=nvidia_gpu_env",
+    ]
+    assert text.splitlines()[-1] == ("# slurm.conf: NodeName=vm ... Gres=gpu:h100_1g.10gb:1,"
+                                     "gpu:h100_3g.40gb:1,gpu:h100:1,shard:130")
+    untyped = S.gres_conf(MIG_NODE, 2 * G, mig_minors=S.parse_mig_minors(MIG_MINORS))
+    assert f"Name=gpu File={cap}22 Flags=nvidia_gpu_env  # MIG-c (1g.10gb of /dev/nvidia0)" \
+        in untyped.splitlines()
+    assert f"Name=shard Count=5 File={cap}22 Flags=nvidia_gpu_env" in untyped.splitlines()
+    assert untyped.splitlines()[-1].endswith("Gres=gpu:3,shard:65")
+
+
+def test_a_mig_device_the_minors_do_not_name_is_an_error_not_a_wrong_line():
+    with pytest.raises(UsageError, match="the MIG minors name no gpu0/gi2/ci0/access "
+                       r"\(MIG device MIG-c\)"):
+        S.gres_conf(MIG_NODE, G, mig_minors=S.parse_mig_minors("gpu0/gi1/ci0/access 13\n"))
+    with pytest.raises(UsageError, match="the MIG minors name no"):
+        S.gres_conf(MIG_NODE, G)
+    old = [S.GresGpu.of(10, "MIG-c", 10 * G, None, parent=1, mig="1g.10gb")]
+    with pytest.raises(UsageError, match="does not say MIG device MIG-c's GPU and compute"):
+        S.gres_conf(old, G, mig_minors={})
+
+
 def test_jobs_the_controller_ended_or_forgot_are_gone():
     states = S.parse_squeue("5 RUNNING\n6 COMPLETING\n7 COMPLETED\n8 CANCELLED+\n9 PENDING\n")
     assert states["8"] == "CANCELLED+"

@@ -280,10 +280,12 @@ class GpuView:
     core_capacity: int = _f("int", "what the promises may sum to, percent", 100)
     jobs: int = _f("int", "jobs on it (suspended ones aside)", 0)
     drained: bool = _f("bool", "drained: no job is placed or resumed on it", False)
-    minor: int | None = _f("int", "its device file's minor number")
+    minor: int | None = _f("int", "its device file's minor number (a MIG device: its GPU's)")
     slurm: bool = _f("bool", "Slurm hands it out ([slurm] gpus)", False)
     parent: int | None = _f("int", "a MIG device: the index of the GPU it is part of")
     mig: str | None = _f("text", "a MIG device: its profile (1g.10gb)")
+    gi: int | None = _f("int", "a MIG device: its GPU instance's id")
+    ci: int | None = _f("int", "a MIG device: its compute instance's id")
 
     def wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -12,7 +12,9 @@
   ``floor(C / shard_size)`` shards; a job of N shards gets ``N * shard_size``
   of memory and ``N / shards_per_gpu`` of the compute time.
 - ``gres_conf``: the ``gres.conf`` lines and the node's ``Gres=`` string for
-  those counts, so that Slurm never admits what the daemon would refuse.
+  those counts, so that Slurm never admits what the daemon would refuse;
+  ``slurm_order``: Slurm's order of a node's GPUs and MIG devices, which
+  gres.conf's lines and the daemon's reading of Slurm's GPU index share.
 - ``gone``: which registered Slurm jobs the controller no longer runs.
 """
 
@@ -196,30 +198,99 @@ def shard_limits(shards: int, per_gpu: int, shard_size: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class GresGpu:
-    """A GPU as gres.conf names it: its device minor number and capacity."""
+    """A GPU or MIG device as gres.conf names it: the minor number of its
+    /dev/nvidia<minor> (a MIG device's: its GPU's), its UUID and capacity;
+    a MIG device also its GPU's index, its own inventory index (which orders
+    its GPU's MIG devices by placement), profile, and GPU and compute
+    instance ids."""
 
     minor: int
     uuid: str
     capacity: int
+    index: int = 0
+    parent: int | None = None
+    mig: str | None = None
+    gi: int | None = None
+    ci: int | None = None
+
+    @classmethod
+    def of(cls, index: int, uuid: str, capacity: int, minor: int | None,
+           parent: int | None = None, mig: str | None = None, gi: int | None = None,
+           ci: int | None = None) -> GresGpu:
+        """From what the daemon knows of a GPU (GpuView's fields); a minor
+        NVML did not give is taken to be the GPU's index (a MIG device's:
+        its GPU's)."""
+        own = minor if minor is not None else index if parent is None else parent
+        return cls(own, uuid, capacity, index, parent, mig, gi, ci)
+
+
+def slurm_order(gpus: Iterable[GresGpu]) -> list[GresGpu]:
+    """A node's GPUs in Slurm's order, the order of gres.conf's lines: its
+    GPU index n is the n-th. Whole GPUs by device minor; a GPU in MIG mode
+    has no line, its MIG devices take its place, by the slice their GPU
+    instance starts at (their index: ``count + 8 x parent + start``)."""
+    return sorted(gpus, key=lambda g: (g.minor, g.parent is not None, g.index))
+
+
+_MIG_MINOR = re.compile(r"(gpu\d+/gi\d+(?:/ci\d+)?)/access\s+(\d+)")
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """The driver's /proc/driver/nvidia-caps/mig-minors (``gpu0/gi1/access
+    12``, ``gpu0/gi1/ci0/access 13``): the minor of each MIG capability's
+    device file (/dev/nvidia-caps/nvidia-cap<minor>), by its name
+    (``gpu0/gi1``, ``gpu0/gi1/ci0``; gpuN is the GPU's device minor)."""
+    return {m.group(1): int(m.group(2))
+            for m in map(_MIG_MINOR.fullmatch, text.split("\n")) if m is not None}
+
+
+def _gres_file(g: GresGpu, dev_dir: str, mig_minors: Mapping[str, int] | None) -> str:
+    """The device file of g's gres lines. A MIG device's is its compute
+    instance's capability: Slurm splits a MultipleFiles= (its GPU's
+    /dev/nvidiaN and its two capabilities) differently in gres/gpu and
+    gres/shard, so no shard line can name one (docs/slurm.md, MIG devices)."""
+    if g.parent is None:
+        return f"{dev_dir}/nvidia{g.minor}"
+    if g.gi is None or g.ci is None:
+        raise UsageError(f"the daemon does not say MIG device {g.uuid}'s GPU and compute "
+                         "instances: upgrade it")
+    cap = f"gpu{g.minor}/gi{g.gi}/ci{g.ci}"
+    minor = (mig_minors or {}).get(cap)
+    if minor is None:
+        raise UsageError(f"the MIG minors name no {cap}/access (MIG device {g.uuid}): "
+                         "give this node's /proc/driver/nvidia-caps/mig-minors")
+    return f"{dev_dir}/nvidia-caps/nvidia-cap{minor}"
 
 
 def gres_conf(gpus: Sequence[GresGpu], shard_size: int, node: str = "",
-              dev_dir: str = "/dev", gpu_type: str | None = None) -> str:
-    """The gres.conf lines (GPUs in minor-number order: Slurm's indices are
-    their positions) and, as a comment, the node's Gres= for slurm.conf."""
-    ordered = sorted(gpus, key=lambda g: g.minor)
-    typ = f" Type={gpu_type}" if gpu_type else ""
+              dev_dir: str = "/dev", gpu_type: str | None = None,
+              mig_minors: Mapping[str, int] | None = None) -> str:
+    """The gres.conf lines (in slurm_order: Slurm's indices are their
+    positions) and, as a comment, the node's Gres= for slurm.conf. A MIG
+    device's Type is Slurm's ``<gpu_type>_<profile>``; its files need the
+    driver's MIG minors (parse_mig_minors)."""
+    ordered = slurm_order(gpus)
     counts = [shards_per_gpu(g.capacity, shard_size) for g in ordered]
+    files = [_gres_file(g, dev_dir, mig_minors) for g in ordered]
+    types = [None if not gpu_type else f"{gpu_type}_{g.mig}" if g.parent is not None and g.mig
+             else gpu_type for g in ordered]
     lines = [f"# vgpuctl: {format_size(shard_size)} shards; GPU n of Slurm is the n-th "
-             f"line below", "AutoDetect=off"]
-    for g in ordered:
-        lines.append(f"Name=gpu{typ} File={dev_dir}/nvidia{g.minor} Flags=nvidia_gpu_env"
-                     f"  # {g.uuid}")
-    for g, n in zip(ordered, counts, strict=True):
-        lines.append(f"Name=shard Count={n} File={dev_dir}/nvidia{g.minor} "
-                     f"Flags=nvidia_gpu_env")
-    gres = f"gpu{':' + gpu_type if gpu_type else ''}:{len(ordered)},shard:{sum(counts)}"
-    lines.append(f"# slurm.conf: NodeName={node or '<node>'} ... Gres={gres}")
+             f"gpu line below", "AutoDetect=off"]
+    if any(g.parent is not None for g in ordered):
+        lines.insert(1, "# a MIG device's File= is its compute instance's nvidia-cap "
+                        "(vgpuctl help slurm: MIG devices)")
+    for g, f, t in zip(ordered, files, types, strict=True):
+        where = f" ({g.mig or 'MIG'} of {dev_dir}/nvidia{g.minor})" if g.parent is not None \
+            else ""
+        lines.append(f"Name=gpu{f' Type={t}' if t else ''} File={f} Flags=nvidia_gpu_env"
+                     f"  # {g.uuid}{where}")
+    for f, n in zip(files, counts, strict=True):
+        lines.append(f"Name=shard Count={n} File={f} Flags=nvidia_gpu_env")
+    per_type: dict[str | None, int] = {}
+    for t in types:
+        per_type[t] = per_type.get(t, 0) + 1
+    gres = ",".join(f"gpu:{t + ':' if t else ''}{n}" for t, n in per_type.items())
+    lines.append(f"# slurm.conf: NodeName={node or '<node>'} ... Gres={gres},shard:{sum(counts)}")
     return "\n".join(lines) + "\n"
 
 

@@ -36,22 +36,23 @@ class SlurmJobs:
         self._refused: dict[str, tuple[int, str]] = {}
 
     def gpu(self, index: int) -> placement.Gpu:
-        """Slurm's GPU ``index``: the index-th GPU in /dev/nvidiaN minor order,
-        the order of gres.conf's lines (`vgpuctl slurm gres-conf`)."""
-        def minor(g: placement.Gpu) -> tuple[int, int]:
-            st = self._stats.get(g.uuid)
-            m = st.minor if st is not None and st.minor is not None else g.index
-            return m, g.index
-        # Whole GPUs only: gres.conf's lines name /dev/nvidiaN, which a MIG
-        # device has none of (docs/mig.md: Slurm's MIG gres is not fenced)
-        ordered = sorted((g for g in self._admission.gpus if g.parent is None), key=minor)
-        if index >= len(ordered):
-            mig = any(g.parent is not None for g in self._admission.gpus)
+        """Slurm's GPU ``index``: the index-th GPU or MIG device in the order
+        of gres.conf's lines (slurm_text.slurm_order, `vgpuctl slurm gres-conf`)."""
+        gpus = {g.uuid: g for g in self._admission.gpus}
+        ordered = slurm_text.slurm_order(self._gres_gpu(g) for g in gpus.values())
+        if not 0 <= index < len(ordered):
+            what = "GPUs and MIG devices" if any(g.parent is not None for g in ordered) \
+                else "GPUs"
             raise NotFound(f"Slurm's GPU {index} is not here: this node has {len(ordered)} "
-                           + ("whole GPUs, and vgpuctl does not fence Slurm's MIG gres yet "
-                              "(docs/mig.md)" if mig else "GPUs (gres.conf and vgpuctl "
-                              "disagree; see `vgpuctl slurm gres-conf`)"))
-        return ordered[index]
+                           f"{what} (gres.conf and vgpuctl disagree; see `vgpuctl slurm "
+                           "gres-conf`)")
+        return gpus[ordered[index].uuid]
+
+    def _gres_gpu(self, g: placement.Gpu) -> slurm_text.GresGpu:
+        """g as slurm_order reads it (its capacity is not needed there)."""
+        st = self._stats.get(g.uuid)
+        return slurm_text.GresGpu.of(g.index, g.uuid, 0, st.minor if st else None,
+                                     g.parent, g.mig)
 
     def register(self, req: P.SlurmRegister) -> tuple[LiveJob, bool]:
         """The job of a Slurm job (registering twice is harmless): the live

@@ -93,5 +93,6 @@ def gpus(gpus: Sequence[placement.Gpu], stats: Mapping[str, GpuStats], config: C
             minor=st.minor if st else None,
             slurm=config.slurm.controls(g.index),
             drained=g.uuid in drained,
-            parent=g.parent, mig=g.mig))
+            parent=g.parent, mig=g.mig, gi=st.gi if st else None,
+            ci=st.ci if st else None))
     return out

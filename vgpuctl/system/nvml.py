@@ -33,10 +33,11 @@ class GpuStats:
     memory_used: int | None = None    # bytes, as NVML reports for the whole GPU
     utilization: int | None = None    # percent over NVML's last sample period
     processes: dict[int, int] = field(default_factory=dict)  # pid -> bytes used
-    minor: int | None = None          # /dev/nvidia<minor>; None: unknown
+    minor: int | None = None          # /dev/nvidia<minor> (a MIG device's: its GPU's)
     parent: int | None = None         # a MIG device: its GPU's index
     mig: str | None = None            # ...its profile ("1g.10gb")
     gi: int | None = None             # ...its GPU instance's id
+    ci: int | None = None             # ...its compute instance's id
 
     def as_gpu(self) -> placement.Gpu:
         """The GPU as placement reads it."""
@@ -64,9 +65,11 @@ def mig_mode(nv: Any, h: Any) -> bool:
         return False
 
 
-def _mig_devices(nv: Any, count: int, parent: int, h: Any) -> list[tuple[Any, GpuStats]]:
-    """The MIG devices of GPU ``parent`` (handle h), each with its handle.
-    NVML's indexes have gaps where no compute instance is (NOT_FOUND)."""
+def _mig_devices(nv: Any, count: int, parent: int, h: Any,
+                 minor: int | None) -> list[tuple[Any, GpuStats]]:
+    """The MIG devices of GPU ``parent`` (handle h, device minor ``minor``),
+    each with its handle. NVML's indexes have gaps where no compute instance
+    is (NOT_FOUND)."""
     try:
         n = int(nv.nvmlDeviceGetMaxMigDeviceCount(h))
     except nv.NVMLError:
@@ -83,6 +86,7 @@ def _mig_devices(nv: Any, count: int, parent: int, h: Any) -> list[tuple[Any, Gp
             name = _text(nv.nvmlDeviceGetName(m))
             total = int(nv.nvmlDeviceGetMemoryInfo(m).total)
             gi = int(nv.nvmlDeviceGetGpuInstanceId(m))
+            ci = int(nv.nvmlDeviceGetComputeInstanceId(m))
         except nv.NVMLError:
             continue                      # destroyed while read: not there
         start = _gi_start(nv, h, gi)
@@ -95,7 +99,8 @@ def _mig_devices(nv: Any, count: int, parent: int, h: Any) -> list[tuple[Any, Gp
                 index += 1
         taken.add(index)
         out.append((m, GpuStats(index=index, uuid=uuid, name=name, memory_total=total,
-                                parent=parent, mig=_profile_of(name), gi=gi)))
+                                minor=minor, parent=parent, mig=_profile_of(name), gi=gi,
+                                ci=ci)))
     return out
 
 
@@ -150,16 +155,16 @@ class Nvml:
         count = nv.nvmlDeviceGetCount()
         for i in range(count):
             h = nv.nvmlDeviceGetHandleByIndex(i)
-            if mig_mode(nv, h):
-                for m, g in _mig_devices(nv, count, i, h):
-                    handles.append(m)
-                    static.append(g)
-                continue
-            mem = nv.nvmlDeviceGetMemoryInfo(h)
             try:
                 minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
             except nv.NVMLError:
                 minor = None
+            if mig_mode(nv, h):
+                for m, g in _mig_devices(nv, count, i, h, minor):
+                    handles.append(m)
+                    static.append(g)
+                continue
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
             handles.append(h)
             static.append(GpuStats(
                 index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),

@@ -10,7 +10,8 @@ gres.conf that matches the daemon (docs/slurm.md).
   is not registered fails (never runs unfenced); a task without shards is
   left alone.
 - ``epilog`` (root): releases the job before Slurm hands its shards out again.
-- ``gres-conf``: the gres.conf lines for the daemon's capacity.
+- ``gres-conf``: the gres.conf lines for the daemon's capacity, GPUs and
+  MIG devices.
 """
 
 from __future__ import annotations
@@ -190,18 +191,24 @@ def epilog(socket_path: str | None) -> int:
     return 0
 
 
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+
+
 @slurm.command("gres-conf")
 @click.option("--shard-size", metavar="SIZE", help="Memory per shard (default: the "
               "daemon's [slurm] shard_size, 1G unless set).")
 @click.option("--dev-dir", default="/dev", show_default=True, metavar="DIR",
-              help="Where the nvidiaN device files are.")
-@click.option("--type", "gpu_type", metavar="NAME", help="The GPUs' Type= in gres.conf.")
+              help="Where the nvidiaN device files (and nvidia-caps/) are.")
+@click.option("--type", "gpu_type", metavar="NAME", help="The GPUs' Type= in gres.conf (a "
+              "MIG device's: NAME_PROFILE, as Slurm names them).")
+@click.option("--mig-minors", default=MIG_MINORS, show_default=True, metavar="FILE",
+              help="The driver's MIG capability minors (read on a node with MIG devices).")
 @click.option("--socket", "socket_path", metavar="PATH", help=SOCKET_HELP)
-def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
+def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None, mig_minors: str,
               socket_path: str | None) -> None:
-    """Print gres.conf lines and the node's Gres= for the daemon's GPUs.
+    """Print gres.conf lines and the node's Gres= for the daemon's GPUs and MIG devices.
 
-    Each GPU carries as many shards as its capacity ((memory - reserve) x
+    Each carries as many shards as its capacity ((memory - reserve) x
     oversubscribe) holds, so Slurm never admits a job the daemon refuses.
     """
     from vgpuctl.cli import args, messages
@@ -219,11 +226,20 @@ def gres_conf(shard_size: str | None, dev_dir: str, gpu_type: str | None,
         messages.warn(f"the daemon's shard size is {format_size(daemon_size)}: set "
                       f"[slurm] shard_size = \"{format_size(size)}\" in its configuration, "
                       "or its limits won't match these counts")
-    gpus = [slurm_text.GresGpu(g["minor"] if g.get("minor") is not None else g["index"],
-                               g["uuid"], g["capacity"]) for g in reply["gpus"]
-            if g.get("parent") is None]   # a MIG device has no /dev/nvidiaN (docs/mig.md)
+    gpus = [slurm_text.GresGpu.of(g["index"], g["uuid"], g["capacity"], g.get("minor"),
+                                  g.get("parent"), g.get("mig"), g.get("gi"), g.get("ci"))
+            for g in reply["gpus"]]
+    minors = None
+    if any(g.parent is not None for g in gpus):
+        try:
+            with open(mig_minors) as f:
+                minors = slurm_text.parse_mig_minors(f.read())
+        except OSError as e:
+            raise UsageError(f"{mig_minors}: {e.strerror}: this node's MIG devices' gres lines "
+                             "name their nvidia-caps files by the driver's minors (give "
+                             "--mig-minors FILE)") from None
     click.echo(slurm_text.gres_conf(gpus, size, node=_node(), dev_dir=dev_dir.rstrip("/"),
-                                    gpu_type=gpu_type), nl=False)
+                                    gpu_type=gpu_type, mig_minors=minors), nl=False)
 
 
 @slurm.command("build-spank")
