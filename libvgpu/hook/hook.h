@@ -273,7 +273,7 @@ uint64_t vgpu_pool_spare(CUmemoryPool pool);
 void vgpu_pool_settle(CUmemoryPool pool, int dev, uint64_t extra);
 void vgpu_pool_settle_all(void);
 void vgpu_pool_forget(CUmemoryPool pool);
-void vgpu_release_slot_memory(struct vgpu_proc_slot *slot);
+uint64_t vgpu_release_slot_memory(struct vgpu_proc_slot *slot);
 uint64_t vgpu_nvml_process_used(const char *uuid);   /* nvml.c */
 
 enum { VGPU_K_EMPTY = 0, VGPU_K_PTR, VGPU_K_HANDLE, VGPU_K_ARRAY, VGPU_K_MIPMAP,

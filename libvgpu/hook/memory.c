@@ -63,8 +63,8 @@ static inline void remember(uint32_t kind, uint64_t key, uint64_t size, int d, C
         remembered(r, &old);
 }
 
-/* After the real free: give back the reservation, or put it back in the
- * table when the free failed. */
+/* A free the driver refused: the allocation is still there, its entry goes
+ * back in the table. */
 static void kept(const struct vgpu_alloc *e)
 {
     struct vgpu_alloc old;
@@ -72,6 +72,8 @@ static void kept(const struct vgpu_alloc *e)
         vgpu_unreserve(old.dev, old.size, 0);
 }
 
+/* After the real free: give back the reservation, or put it back in the
+ * table when the free failed. */
 static inline void settle_free(int had, const struct vgpu_alloc *e, CUresult r)
 {
     if (!had)

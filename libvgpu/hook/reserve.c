@@ -162,15 +162,20 @@ void vgpu_reserve_anyway(int d, uint64_t bytes)
     vgpu_slot_add(vgpu_g_slot, d, bytes);
 }
 
-/* A slot whose process is gone (or exiting): its bytes leave the job. */
-void vgpu_release_slot_memory(struct vgpu_proc_slot *slot)
+/* A slot whose process is gone (or exiting): its bytes leave the job.
+ * Returns how many. */
+uint64_t vgpu_release_slot_memory(struct vgpu_proc_slot *slot)
 {
+    uint64_t freed = 0;
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         uint64_t n = __atomic_exchange_n(&slot->used[d], 0, __ATOMIC_ACQ_REL);
         for (int l = 0; l < VGPU_SLOT_LANES; l++)
             n += __atomic_exchange_n(&slot->lane_used[l][d], 0, __ATOMIC_ACQ_REL);
         __atomic_store_n(&slot->ctx_bytes[d], 0, __ATOMIC_RELAXED);
-        if ((int64_t)n > 0)
+        if ((int64_t)n > 0) {
             vgpu_sub_sat(&vgpu_g_usage->dev[d].used, n);
+            freed += n;
+        }
     }
+    return freed;
 }

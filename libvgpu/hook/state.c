@@ -454,10 +454,7 @@ static uint64_t reap_slot(struct vgpu_proc_slot *s, int32_t pid)
 {
     if (!__atomic_compare_exchange_n(&s->pid, &pid, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
         return 0;
-    uint64_t freed = 0;
-    for (int d = 0; d < VGPU_MAX_DEVICES; d++)
-        freed += vgpu_slot_used(s, d);
-    vgpu_release_slot_memory(s);
+    uint64_t freed = vgpu_release_slot_memory(s);
     clear_slot(s);
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
     return freed;
