@@ -272,8 +272,8 @@ class Supervisor:
 
     def metrics_snapshot(self, gpu_seconds: Callable[[str, str], float | None]) -> Any:
         now = self.clock()
-        jobs = [(views.live_job(j, self.stats, now), views.live_parts(j, self.stats),
-                 j.violation_count) for j in self.table]
+        jobs = [(*views.live_job_parts(j, self.stats, now), j.violation_count)
+                for j in self.table]
         return metrics.snapshot(views.gpus(self.gpus, self.stats, self.config, self.table,
                                            self.suspender.drained),
                                 jobs, gpu_seconds, self.violations.totals)

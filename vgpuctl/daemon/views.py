@@ -50,10 +50,13 @@ def live_job(job: LiveJob, stats: Mapping[str, GpuStats], now: float) -> JobView
     return job_view(job.rec, _live(job, stats), now)
 
 
-def live_parts(job: LiveJob, stats: Mapping[str, GpuStats]) -> list[GpuPart]:
-    """A live job's part on each of its GPUs, typed (the metrics read
-    these; its view's per_gpu is their wire form)."""
-    return gpu_parts(job.rec, _live(job, stats))
+def live_job_parts(job: LiveJob, stats: Mapping[str, GpuStats],
+                   now: float) -> tuple[JobView, list[GpuPart]]:
+    """A live job's view, and its part on each of its GPUs typed (the
+    metrics read these; the view's per_gpu is their wire form), from one
+    reading of what is known of it live."""
+    live = _live(job, stats)
+    return job_view(job.rec, live, now), gpu_parts(job.rec, live)
 
 
 def viewer(uid: int, admin: bool, public: bool) -> Callable[[JobView], JobView]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpuctl.system import sim
+from vgpuctl.system.nvml import nvml_text
 
 PROBE_TIMEOUT = 30.0
 
@@ -59,14 +60,14 @@ def _probe_nvml() -> dict[str, Any]:
     out: dict[str, Any] = {"imported": True, "init": True}
     try:
         v = pynvml.nvmlSystemGetDriverVersion()
-        out["driver"] = v.decode() if isinstance(v, bytes) else str(v)
+        out["driver"] = nvml_text(v)
         n = pynvml.nvmlDeviceGetCount()
         out["count"] = n
         names = []
         for i in range(n):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             nm = pynvml.nvmlDeviceGetName(h)
-            names.append(nm.decode() if isinstance(nm, bytes) else str(nm))
+            names.append(nvml_text(nm))
         out["names"] = names
     except pynvml.NVMLError as e:
         out["error"] = str(e)

@@ -16,7 +16,7 @@ from typing import Any
 
 from vgpuctl.core import placement
 from vgpuctl.errors import AdmissionRefused, NotFound, PermissionDenied, UsageError, VgpuError
-from vgpuctl.system.nvml import GpuStats
+from vgpuctl.system.nvml import GpuStats, nvml_text
 
 # NVML's return codes that mean something here
 _NOT_SUPPORTED = 3
@@ -89,10 +89,6 @@ def _code(e: Exception) -> int | None:
     return getattr(e, "value", None)
 
 
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def _fail(e: Exception, what: str) -> VgpuError:
     """NVML's refusal of `what` as one line."""
     code = _code(e)
@@ -112,7 +108,7 @@ def status(nv: Any, index: int) -> GpuMig:
     """GPU index's MIG state: its mode, profiles (when in MIG mode) and
     instances."""
     h = nv.nvmlDeviceGetHandleByIndex(index)
-    uuid, name = _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))
+    uuid, name = nvml_text(nv.nvmlDeviceGetUUID(h)), nvml_text(nv.nvmlDeviceGetName(h))
     try:
         cur, pend = nv.nvmlDeviceGetMigMode(h)
     except nv.NVMLError:
@@ -133,7 +129,7 @@ def _profile(nv: Any, h: Any, pid: int) -> Profile | None:
     except nv.NVMLError:
         return None
     mem = int(info.memorySizeMB) << 20
-    name = _text(getattr(info, "name", b"")).strip()
+    name = nvml_text(getattr(info, "name", b"")).strip()
     name = name.rpartition(" ")[2] if name else f"{info.sliceCount}g.{round(mem / 1e9)}gb"
     placements: list[tuple[int, int]] = []
     try:
@@ -208,7 +204,7 @@ def _mig_uuid(nv: Any, h: Any, gi: int, ci: int) -> str:
             m = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, k)
             if (int(nv.nvmlDeviceGetGpuInstanceId(m)) == gi
                     and int(nv.nvmlDeviceGetComputeInstanceId(m)) == ci):
-                return _text(nv.nvmlDeviceGetUUID(m))
+                return nvml_text(nv.nvmlDeviceGetUUID(m))
         except nv.NVMLError:
             continue
     return ""

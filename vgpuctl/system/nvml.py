@@ -82,8 +82,8 @@ def _mig_devices(nv: Any, count: int, parent: int, h: Any,
         except nv.NVMLError:
             continue
         try:
-            uuid = _text(nv.nvmlDeviceGetUUID(m))
-            name = _text(nv.nvmlDeviceGetName(m))
+            uuid = nvml_text(nv.nvmlDeviceGetUUID(m))
+            name = nvml_text(nv.nvmlDeviceGetName(m))
             total = int(nv.nvmlDeviceGetMemoryInfo(m).total)
             gi = int(nv.nvmlDeviceGetGpuInstanceId(m))
             ci = int(nv.nvmlDeviceGetComputeInstanceId(m))
@@ -120,7 +120,8 @@ def _profile_of(name: str) -> str | None:
     return tail.strip() or None if sep else None
 
 
-def _text(v: Any) -> str:
+def nvml_text(v: Any) -> str:
+    """A string NVML returned (bytes from older pynvml, str from newer)."""
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
@@ -167,8 +168,8 @@ class Nvml:
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             handles.append(h)
             static.append(GpuStats(
-                index=i, uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                name=_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
+                index=i, uuid=nvml_text(nv.nvmlDeviceGetUUID(h)),
+                name=nvml_text(nv.nvmlDeviceGetName(h)), memory_total=int(mem.total),
                 minor=minor))
         order = sorted(range(len(static)), key=lambda k: static[k].index)  # whole GPUs first
         self._handles = [handles[k] for k in order]
